@@ -1,0 +1,219 @@
+"""One multi-head attention module for self- and cross-attention, with pluggable backends.
+
+Backends are chosen by name and all compute softmax(q k^T / sqrt(d_head) + mask) v:
+
+- `math`: the explicit computation; the only one that can return the probabilities.
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (FlashAttention / memory-efficient kernels on
+  CUDA, a fused kernel on CPU).
+- `flash`: our own Triton kernels; CUDA only, imported lazily from `model.kernels` when asked for.
+
+Asking for weights always works: the call then runs on the `math` path whatever backend serves traffic.
+
+Masks are boolean, True = may attend, broadcastable to (B, n_heads, T_query, T_key). Models build one mask
+per forward (see `causal_mask`, `padding_mask`) and hand it to every layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+BACKENDS = ("math", "sdpa", "flash")
+
+
+class KVWriter(Protocol):
+    """Where a layer's new keys/values go; returns the keys/values the queries should attend over."""
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------------------------------
+def math_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Explicit attention. q: (B, H, Tq, D), k/v: (B, H, Tk, D). Returns (out, probabilities)."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, Tq, Tk)
+    if is_causal:
+        Tq, Tk = q.size(-2), k.size(-2)
+        causal = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    # Softmax in float32 so that bf16/fp16 rows still sum to one.
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    attended = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
+    return attended @ v, probs
+
+
+def sdpa_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0
+) -> tuple[Tensor, None]:
+    """PyTorch's fused attention; `is_causal` without a mask lets it pick the flash kernel."""
+    Tq, Tk = q.size(-2), k.size(-2)
+    if is_causal and (mask is not None or Tq != Tk):
+        # SDPA's own causal flag aligns the diagonal top-left; ours aligns it bottom-right (queries are
+        # the last Tq of Tk positions), so spell the mask out unless the two agree.
+        causal = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+        mask = causal if mask is None else mask & causal
+        is_causal = False
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+    return out, None
+
+
+AttentionFn = Callable[..., tuple[Tensor, Tensor | None]]
+
+
+def get_backend(name: str) -> AttentionFn:
+    """Resolve a backend name to its function; `flash` is imported only when asked for."""
+    if name == "math":
+        return math_attention
+    if name in ("sdpa", "auto"):
+        return sdpa_attention
+    if name == "flash":
+        try:
+            from model.kernels.flash import flash_attention  # noqa: PLC0415 (optional, CUDA-only)
+        except ImportError as exc:
+            raise ValueError(
+                "attention backend 'flash' needs CUDA and Triton (our Triton kernels); "
+                "use 'sdpa' or 'math' on this machine"
+            ) from exc
+        return flash_attention
+    raise ValueError(f"unknown attention backend {name!r}; expected one of {('auto', *BACKENDS)}")
+
+
+def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
+    """Turn `auto` into a concrete backend and check the choice is usable on `device`."""
+    if name == "auto":
+        return "sdpa"
+    if name == "flash" and torch.device(device).type != "cuda":
+        raise ValueError("attention backend 'flash' runs on CUDA only; use 'sdpa' or 'math' on CPU")
+    get_backend(name)
+    return name
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks and rotary embeddings
+# --------------------------------------------------------------------------------------------------
+def padding_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """(B, 1, 1, max_len) True where the key index is < the sequence's length."""
+    return (torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def causal_mask(query_positions: Tensor, key_len: int) -> Tensor:
+    """(B, 1, Tq, key_len) True where key position <= query position (keys are cache positions 0..L-1)."""
+    keys = torch.arange(key_len, device=query_positions.device)
+    return (keys[None, None, :] <= query_positions[:, :, None])[:, None]
+
+
+@dataclass
+class Rotary:
+    """cos/sin tables gathered at the positions of one forward; applied to q and k (GPT-NeoX layout)."""
+
+    cos: Tensor  # (B, 1, T, D/2)
+    sin: Tensor
+
+    @staticmethod
+    def tables(d_head: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
+        angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        return angles.cos(), angles.sin()
+
+    @classmethod
+    def at(cls, cos: Tensor, sin: Tensor, positions: Tensor, dtype: torch.dtype) -> Rotary:
+        return cls(cos[positions][:, None].to(dtype), sin[positions][:, None].to(dtype))
+
+    def apply(self, x: Tensor) -> Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * self.cos - x2 * self.sin, x1 * self.sin + x2 * self.cos), dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The module
+# --------------------------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """Multi-head attention. Self-attention uses one fused QKV projection; cross-attention projects
+    queries from `x` and keys/values from the encoder output (or takes them precomputed from a cache).
+
+    Args:
+        d_model: model width; n_heads: number of heads (d_head = d_model // n_heads).
+        cross: cross-attention (separate `q` and fused `kv` projections) instead of self-attention.
+        bias: biases on the projections.
+        dropout: dropout on the attention probabilities (training only).
+        backend: `auto | math | sdpa | flash`.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        cross: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.cross = cross
+        self.dropout = dropout
+        if cross:
+            self.q = nn.Linear(d_model, d_model, bias=bias)
+            self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
+        else:
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.set_backend(backend)
+
+    def set_backend(self, name: str) -> None:
+        self.backend = name
+        self._attend = get_backend(name)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, -1, self.d_head).transpose(1, 2)  # (B, H, T, D)
+
+    def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys/values of an encoder output (B, S, C) -> two (B, H, S, D)."""
+        k, v = self.kv(context).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        rotary: Rotary | None = None,
+        cache: KVWriter | None = None,
+        context: Tensor | None = None,
+        context_kv: tuple[Tensor, Tensor] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, C). Returns (output (B, T, C), probabilities (B, H, T, Tk) or None).
+
+        Self-attention: new keys/values are written to `cache` (if given), which returns what to attend
+        over. Cross-attention: keys/values come from `context_kv` (cached) or are projected from `context`.
+        """
+        if self.cross:
+            q = self._heads(self.q(x))
+            k, v = context_kv if context_kv is not None else self.project_kv(context)
+        else:
+            q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+            if rotary is not None:
+                q, k = rotary.apply(q), rotary.apply(k)
+            if cache is not None:
+                k, v = cache.update(k, v)
+        attend = math_attention if need_weights else self._attend
+        dropout_p = self.dropout if self.training else 0.0
+        out, probs = attend(q, k, v, mask, is_causal, dropout_p)
+        B, _, T, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, T, -1)), probs

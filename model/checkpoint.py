@@ -1,0 +1,250 @@
+"""Checkpoints: our own format, and detection of Hugging Face directories.
+
+Our format is a directory holding
+    config.json             the model config, with "architecture": decoder | seq2seq | vit
+    model.safetensors       weights (never pickle)
+    tokenizer files         for text models (see model.tokenizer)
+    generation.json         optional decoding defaults (num_beams, max_new_tokens, ...)
+    labels.json             classifiers: class names, index order
+    preprocessing.json      classifiers: image preprocessing
+`load(path)` reads that, or a Hugging Face GPT-2 / Marian / ViT directory through `model.hf_import`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig
+from model.decoder import Decoder
+from model.preprocessing import ImagePreprocessing
+from model.seq2seq import Seq2Seq
+from model.tokenizer import Tokenizer, load_tokenizer
+from model.vit import ViT
+
+log = logging.getLogger(__name__)
+
+TASKS = {"decoder": "text-generation", "seq2seq": "translation", "vit": "image-classification"}
+MODEL_CLASSES: dict[str, type[nn.Module]] = {"decoder": Decoder, "seq2seq": Seq2Seq, "vit": ViT}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing, unsupported or corrupt; the message names the file."""
+
+
+@dataclass
+class GenerationDefaults:
+    """Decoding defaults a checkpoint ships with (Marian's generation_config.json, for instance)."""
+
+    num_beams: int = 1
+    max_new_tokens: int = 128
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    banned_token_ids: list[int] = field(default_factory=list)
+    force_eos_at_max: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationDefaults:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to serve: module on its device, and what is needed around it."""
+
+    path: Path
+    task: str
+    config: BlockConfig
+    model: nn.Module
+    tokenizer: Tokenizer | None = None
+    labels: list[str] | None = None
+    preprocessing: ImagePreprocessing | None = None
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    source_format: str = "tserve"  # or "hf-gpt2", "hf-marian", "hf-vit"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def architecture(self) -> str:
+        return self.config.architecture
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def build_model(config: BlockConfig, backend: str = "auto") -> nn.Module:
+    return MODEL_CLASSES[config.architecture](config, backend=backend)
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    *,
+    tokenizer: Tokenizer | None = None,
+    labels: list[str] | None = None,
+    preprocessing: ImagePreprocessing | None = None,
+    generation: GenerationDefaults | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write a checkpoint in our format. Weights are stored in float32 unless the model is in bf16/fp16."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.cfg.save(path / "config.json")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if getattr(model.cfg, "tie_embeddings", False):
+        state.pop("lm_head.weight", None)  # the same tensor as tok_emb.weight
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt", "producer": "tserve"})
+    if tokenizer is not None:
+        tokenizer.save(path)
+    if labels is not None:
+        (path / "labels.json").write_text(json.dumps(labels, indent=2, ensure_ascii=False) + "\n")
+    if preprocessing is not None:
+        preprocessing.save(path / "preprocessing.json")
+    if generation is not None:
+        (path / "generation.json").write_text(json.dumps(asdict(generation), indent=2) + "\n")
+    for name, text in (extra_files or {}).items():
+        (path / name).write_text(text)
+    return path
+
+
+def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    """Load tensors from a .safetensors file, with an error that names the file when it is bad."""
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing weights file")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{file}: corrupt or unreadable safetensors file ({exc})") from exc
+
+
+def load_state(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
+    """Copy `state` into `model`, naming the file and the keys when they do not fit."""
+    expected = model.state_dict()
+    # Tied output weights are stored once, under the embedding's name.
+    tied = {k for k in expected if k.endswith("lm_head.weight")} if getattr(model.cfg, "tie_embeddings", False) else set()
+    missing = sorted(set(expected) - set(state) - tied)
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{file}: weights do not match the config (missing {missing[:8]}, unexpected {unexpected[:8]})")
+    for k, v in state.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(f"{file}: {k} has shape {tuple(v.shape)}, config expects {tuple(expected[k].shape)}")
+    model.load_state_dict(state, strict=False)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA (float16 where bf16 is unsupported), float32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; expected auto, float32, bfloat16 or float16")
+    return table[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`auto`: CUDA when present, else CPU. Asking for CUDA without one is a clear error."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} asked for, but CUDA is not available here")
+    return device
+
+
+def load(
+    path: str | Path,
+    *,
+    device: str | torch.device | None = "cpu",
+    dtype: str | torch.dtype | None = None,
+    backend: str = "auto",
+) -> LoadedModel:
+    """Load our checkpoint or a Hugging Face GPT-2 / Marian / ViT directory onto `device`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing (a checkpoint directory needs config.json)")
+    try:
+        raw = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
+    start = time.perf_counter()
+    if "architecture" in raw:
+        loaded = _load_ours(path, raw, backend)
+    elif "model_type" in raw:
+        from model.hf_import import load_hf  # noqa: PLC0415
+
+        loaded = load_hf(path, raw, backend)
+    else:
+        raise CheckpointError(f"{config_file}: neither a tserve config (\"architecture\") nor a Hugging Face one (\"model_type\")")
+    dev = resolve_device(device)
+    loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
+    log.info(
+        "model loaded",
+        extra={"path": str(path), "task": loaded.task, "format": loaded.source_format, "device": str(dev),
+               "dtype": str(loaded.dtype), "parameters": loaded.num_parameters(),
+               "seconds": round(time.perf_counter() - start, 3)},
+    )
+    return loaded
+
+
+def _load_ours(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
+    try:
+        config = BlockConfig.from_dict(raw)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path / 'config.json'}: {exc}") from exc
+    model = build_model(config, backend)
+    weights = path / "model.safetensors"
+    load_state(model, read_safetensors(weights), weights)
+    loaded = LoadedModel(path, TASKS[config.architecture], config, model)
+    if isinstance(config, DecoderConfig | Seq2SeqConfig):
+        try:
+            loaded.tokenizer = load_tokenizer(path)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from exc
+    if isinstance(config, ViTConfig):
+        loaded.labels = _read_json(path / "labels.json", required=False) or [str(i) for i in range(config.n_classes)]
+        if len(loaded.labels) != config.n_classes:
+            raise CheckpointError(f"{path / 'labels.json'}: {len(loaded.labels)} labels for {config.n_classes} classes")
+        pre = path / "preprocessing.json"
+        loaded.preprocessing = (
+            ImagePreprocessing.load(pre) if pre.is_file()
+            else ImagePreprocessing(config.image_size, config.n_channels, (0.5,) * config.n_channels, (0.5,) * config.n_channels)
+        )
+    gen = _read_json(path / "generation.json", required=False)
+    if gen:
+        loaded.generation = GenerationDefaults.from_dict(gen)
+    return loaded
+
+
+def _read_json(file: Path, required: bool = True) -> Any:
+    if not file.is_file():
+        if required:
+            raise CheckpointError(f"{file}: missing")
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc

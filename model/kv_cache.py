@@ -1,0 +1,117 @@
+"""Static, preallocated key/value cache.
+
+Buffers have shape (n_layers, num_slots, n_heads, max_len, d_head) and are allocated once. A running
+sequence owns a slot; new keys/values are written in place at (slot, position), so decode steps have
+static shapes (CUDA-graph friendly) and slots are freed and reused independently. Encoder-decoder models
+keep a second cache of the same kind for cross-attention keys/values, written once per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+class KVCache(nn.Module):
+    """Per-layer key/value buffers for `num_slots` sequences of up to `max_len` positions."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        num_slots: int,
+        n_heads: int,
+        max_len: int,
+        d_head: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        shape = (n_layers, num_slots, n_heads, max_len, d_head)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        # Valid length of each slot: bookkeeping for callers (masks, cross-attention source lengths).
+        self.register_buffer("lengths", torch.zeros(num_slots, dtype=torch.long, device=device), persistent=False)
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.size(1)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.size(3)
+
+    def layer(self, index: int, slots: Tensor, positions: Tensor, kv_len: int | None) -> LayerKV:
+        return LayerKV(self.k[index], self.v[index], slots, positions, kv_len)
+
+    def write(self, index: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store whole sequences (B, H, T, D) at positions 0..T-1 of `slots` (cross-attention K/V)."""
+        T = k.size(2)
+        self.k[index, slots, :, :T] = k
+        self.v[index, slots, :, :T] = v
+
+    def read(self, index: int, slots: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """(B, H, length, D) keys and values of `slots`."""
+        return self.k[index, slots, :, :length], self.v[index, slots, :, :length]
+
+    def copy_slots(self, src: Tensor, dst: Tensor) -> None:
+        """Copy whole slots (every layer) from `src` to `dst`, e.g. to reorder beams by their parents.
+        Reads all sources before writing, so `src` and `dst` may overlap."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+        self.lengths[dst] = self.lengths[src]
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+@dataclass
+class LayerKV:
+    """One layer's view of the cache for one forward: writes new keys/values of `slots` at
+    `positions` (B, T) and returns the keys/values the queries attend over."""
+
+    k_cache: Tensor  # (num_slots, H, max_len, D)
+    v_cache: Tensor
+    slots: Tensor  # (B,)
+    positions: Tensor  # (B, T)
+    kv_len: int | None  # None: attend over the new keys only (prefill from an empty slot)
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        rows = self.slots[:, None].expand_as(self.positions)
+        # Advanced indices (rows, positions) around a slice put the indexed dims first: (B, T, H, D).
+        self.k_cache[rows, :, self.positions] = k.transpose(1, 2).to(self.k_cache.dtype)
+        self.v_cache[rows, :, self.positions] = v.transpose(1, 2).to(self.v_cache.dtype)
+        if self.kv_len is None:
+            return k, v
+        return self.k_cache[self.slots, :, : self.kv_len], self.v_cache[self.slots, :, : self.kv_len]
+
+
+class SlotAllocator:
+    """Free list of cache slots; the lowest free slot is handed out first (deterministic)."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_slots - len(self._free)
+
+    def allocate(self, n: int = 1) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"asked for {n} cache slots, {len(self._free)} free")
+        self._free.sort()
+        taken, self._free = self._free[:n], self._free[n:]
+        return taken
+
+    def free(self, slots: list[int]) -> None:
+        for s in slots:
+            if s in self._free or not 0 <= s < self.num_slots:
+                raise RuntimeError(f"slot {s} freed twice or out of range")
+        self._free.extend(slots)

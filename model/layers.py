@@ -1,0 +1,149 @@
+"""Building blocks shared by the three architectures: norms, MLPs (dense and mixture-of-experts),
+sinusoidal positions and the transformer block."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import Attention, KVWriter, Rotary
+from model.config import BlockConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+def make_norm(cfg: BlockConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+class MLP(nn.Module):
+    """fc1 -> activation -> fc2; `swiglu` gates fc1's output with a second projection (LLaMA style)."""
+
+    def __init__(self, cfg: BlockConfig) -> None:
+        super().__init__()
+        self.gated = cfg.activation == "swiglu"
+        self.act = F.silu if self.gated else _ACTIVATIONS[cfg.activation]
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if self.gated else None
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.gate(x)) * self.fc1(x) if self.gated else self.act(self.fc1(x))
+        return self.dropout(self.fc2(h))
+
+
+class MoE(nn.Module):
+    """Top-k routed mixture of MLP experts. Each token's output is the softmax-weighted sum (over its
+    top-k router logits) of the chosen experts' outputs; tokens are grouped per expert so that each
+    expert runs once per forward."""
+
+    def __init__(self, cfg: BlockConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.moe_top_k
+        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(cfg) for _ in range(cfg.n_experts))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # (N, C)
+        weights, chosen = self.router(x).topk(self.top_k, dim=-1)  # (N, k)
+        weights = torch.softmax(weights.float(), dim=-1).to(x.dtype)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token_idx, slot = (chosen == e).nonzero(as_tuple=True)
+            if token_idx.numel():
+                out.index_add_(0, token_idx, expert(x[token_idx]) * weights[token_idx, slot, None])
+        return out.view(shape)
+
+
+def sinusoidal_table(max_len: int, dim: int) -> Tensor:
+    """(max_len, dim): sin of every frequency in the first half, cos in the second (Marian's layout;
+    the same information as Vaswani's interleaved table)."""
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * freqs[None, :]
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)[:, :dim].float()
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, MLP; each sub-layer residual, norm pre or post."""
+
+    def __init__(self, cfg: BlockConfig, *, cross: bool = False, backend: str = "auto") -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm_placement == "pre"
+        attn_args = dict(bias=cfg.bias, dropout=cfg.dropout, backend=backend)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, **attn_args)
+        self.norm1 = make_norm(cfg)
+        self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cross=True, **attn_args) if cross else None
+        self.norm_cross = make_norm(cfg) if cross else None
+        self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
+        self.norm2 = make_norm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
+        out, probs = fn(norm(x) if self.pre_norm else x)
+        x = x + self.dropout(out)
+        return (x if self.pre_norm else norm(x)), probs
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        rotary: Rotary | None = None,
+        cache: KVWriter | None = None,
+        context: Tensor | None = None,
+        context_kv: tuple[Tensor, Tensor] | None = None,
+        context_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Returns (x, self-attention probabilities, cross-attention probabilities); the probabilities
+        are None unless `need_weights`."""
+        x, self_probs = self._sublayer(
+            x,
+            self.norm1,
+            lambda h: self.attn(
+                h, mask=mask, is_causal=is_causal, rotary=rotary, cache=cache, need_weights=need_weights
+            ),
+        )
+        cross_probs = None
+        if self.cross_attn is not None:
+            x, cross_probs = self._sublayer(
+                x,
+                self.norm_cross,
+                lambda h: self.cross_attn(
+                    h, mask=context_mask, context=context, context_kv=context_kv, need_weights=need_weights
+                ),
+            )
+        x, _ = self._sublayer(x, self.norm2, lambda h: (self.mlp(h), None))
+        return x, self_probs, cross_probs
+
+
+def set_attention_backend(module: nn.Module, name: str) -> None:
+    """Switch every attention layer of a model to backend `name`."""
+    for m in module.modules():
+        if isinstance(m, Attention):
+            m.set_backend(name)

@@ -1,0 +1,197 @@
+"""Vaswani encoder-decoder (Marian / opus-mt layout), with cached inference.
+
+Training: `forward(src, src_lengths, tgt)` -> logits (teacher forcing).
+Inference: `start(src, src_lengths, cache, cross_slots)` encodes right-padded sources and stores every
+decoder layer's cross-attention keys/values once per request; `decode_step(...)` then advances each
+running hypothesis by one token against its self-attention slot and its request's cross slot. Beams of
+one request share the cross slot.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from model.attention import Rotary, causal_mask, padding_mask
+from model.config import Seq2SeqConfig
+from model.decoder import _init_weights
+from model.kv_cache import KVCache
+from model.layers import Block, make_norm, sinusoidal_table
+
+
+@dataclass
+class Seq2SeqCache:
+    self_kv: KVCache  # decoder self-attention, one slot per running hypothesis
+    cross_kv: KVCache  # encoder output projected per decoder layer, one slot per request
+
+
+@dataclass
+class Seq2SeqAttention:
+    encoder: dict[int, Tensor]  # layer -> (B, H, S, S)
+    decoder: dict[int, Tensor]  # layer -> (B, H, T, T)
+    cross: dict[int, Tensor]  # layer -> (B, H, T, S)
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig, backend: str = "auto") -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        max_len = max(cfg.max_source_len, cfg.max_target_len)
+        if cfg.positions == "learned":
+            self.enc_pos_emb = nn.Embedding(cfg.max_source_len, cfg.d_model)
+            self.dec_pos_emb = nn.Embedding(cfg.max_target_len, cfg.d_model)
+        elif cfg.positions == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(max_len, cfg.d_model), persistent=False)
+        else:
+            cos, sin = Rotary.tables(cfg.d_head, max_len, cfg.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(Block(cfg, backend=backend) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(Block(cfg, cross=True, backend=backend) for _ in range(cfg.n_decoder_layers))
+        self.enc_norm = make_norm(cfg) if cfg.final_norm else nn.Identity()
+        self.dec_norm = make_norm(cfg) if cfg.final_norm else nn.Identity()
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.final_logits_bias:
+            self.register_buffer("final_logits_bias", torch.zeros(cfg.vocab_size))
+        else:
+            self.final_logits_bias = None
+        self.apply(_init_weights)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+
+    # ----------------------------------------------------------------------------------------------
+    def _embed(self, tokens: Tensor, positions: Tensor, side: str) -> tuple[Tensor, Rotary | None]:
+        x = self.tok_emb(tokens) * self.embed_scale
+        rotary = None
+        if self.cfg.positions == "learned":
+            x = x + (self.enc_pos_emb if side == "enc" else self.dec_pos_emb)(positions)
+        elif self.cfg.positions == "sinusoidal":
+            x = x + self.pos_table[positions].to(x.dtype)
+        else:
+            rotary = Rotary.at(self.rope_cos, self.rope_sin, positions, x.dtype)
+        return self.drop(x), rotary
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        logits = self.lm_head(hidden)
+        return logits if self.final_logits_bias is None else logits + self.final_logits_bias.to(logits.dtype)
+
+    def encode(
+        self, src: Tensor, src_lengths: Tensor, attention_layers: set[int] | None = None
+    ) -> tuple[Tensor, dict[int, Tensor]]:
+        """Right-padded source (B, S) -> encoder output (B, S, C) and requested attention maps."""
+        positions = torch.arange(src.size(1), device=src.device).expand_as(src)
+        x, rotary = self._embed(src, positions, "enc")
+        mask = padding_mask(src_lengths, src.size(1))
+        maps: dict[int, Tensor] = {}
+        for i, block in enumerate(self.encoder):
+            want = attention_layers is not None and i in attention_layers
+            x, probs, _ = block(x, mask=mask, rotary=rotary, need_weights=want)
+            if want:
+                maps[i] = probs
+        return self.enc_norm(x), maps
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_lengths: Tensor,
+        attention_layers: set[int] | None = None,
+    ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
+        """Teacher-forced decoder over target inputs (B, T) -> logits (B, T, V), self and cross maps."""
+        positions = torch.arange(tgt.size(1), device=tgt.device).expand_as(tgt)
+        x, rotary = self._embed(tgt, positions, "dec")
+        context_mask = padding_mask(src_lengths, memory.size(1))
+        self_maps: dict[int, Tensor] = {}
+        cross_maps: dict[int, Tensor] = {}
+        for i, block in enumerate(self.decoder):
+            want = attention_layers is not None and i in attention_layers
+            x, self_probs, cross_probs = block(
+                x, is_causal=True, rotary=rotary, context=memory, context_mask=context_mask, need_weights=want
+            )
+            if want:
+                self_maps[i], cross_maps[i] = self_probs, cross_probs
+        return self._logits(self.dec_norm(x)), self_maps, cross_maps
+
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt: Tensor) -> Tensor:
+        memory, _ = self.encode(src, src_lengths)
+        logits, _, _ = self.decode(tgt, memory, src_lengths)
+        return logits
+
+    def forward_with_attention(
+        self, src: Tensor, src_lengths: Tensor, tgt: Tensor, layers: set[int] | None = None
+    ) -> tuple[Tensor, Seq2SeqAttention]:
+        """Logits and attention maps of `layers` (default all) of encoder, decoder and cross-attention."""
+        enc_layers = set(range(self.cfg.n_encoder_layers)) if layers is None else set(layers)
+        dec_layers = set(range(self.cfg.n_decoder_layers)) if layers is None else set(layers)
+        memory, enc_maps = self.encode(src, src_lengths, enc_layers)
+        logits, self_maps, cross_maps = self.decode(tgt, memory, src_lengths, dec_layers)
+        return logits, Seq2SeqAttention(enc_maps, self_maps, cross_maps)
+
+    # ----------------------------------------------------------------------------------------------
+    def new_cache(
+        self,
+        num_slots: int,
+        num_cross_slots: int | None = None,
+        *,
+        max_target_len: int | None = None,
+        max_source_len: int | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Seq2SeqCache:
+        cfg, p = self.cfg, self.lm_head.weight
+        kw = dict(dtype=dtype or p.dtype, device=p.device)
+        n_dec = cfg.n_decoder_layers
+        return Seq2SeqCache(
+            KVCache(n_dec, num_slots, cfg.n_heads, max_target_len or cfg.max_target_len, cfg.d_head, **kw),
+            KVCache(
+                n_dec, num_cross_slots or num_slots, cfg.n_heads, max_source_len or cfg.max_source_len,
+                cfg.d_head, **kw,
+            ),
+        )
+
+    @torch.inference_mode()
+    def start(self, src: Tensor, src_lengths: Tensor, cache: Seq2SeqCache, cross_slots: Tensor) -> None:
+        """Encode sources (B, S) and store each decoder layer's cross K/V in `cross_slots` (B,)."""
+        memory, _ = self.encode(src, src_lengths)
+        for i, block in enumerate(self.decoder):
+            k, v = block.cross_attn.project_kv(memory)
+            cache.cross_kv.write(i, cross_slots, k, v)
+        cache.cross_kv.lengths[cross_slots] = src_lengths
+
+    @torch.inference_mode()
+    def decode_step(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Seq2SeqCache,
+        slots: Tensor,
+        cross_slots: Tensor,
+        *,
+        kv_len: int | None = None,
+        src_len: int | None = None,
+    ) -> Tensor:
+        """One token per hypothesis: tokens (B,) at `positions` (B,), self-attention in `slots` (B,),
+        cross-attention over `cross_slots` (B,). `kv_len`/`src_len` bound the cache extents attended
+        (default: the whole static caches). Returns logits (B, V)."""
+        kv_len = kv_len or cache.self_kv.max_len
+        src_len = src_len or cache.cross_kv.max_len
+        positions = positions[:, None]
+        x, rotary = self._embed(tokens[:, None], positions, "dec")
+        mask = causal_mask(positions, kv_len)
+        context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
+        for i, block in enumerate(self.decoder):
+            x, _, _ = block(
+                x,
+                mask=mask,
+                rotary=rotary,
+                cache=cache.self_kv.layer(i, slots, positions, kv_len),
+                context_kv=cache.cross_kv.read(i, cross_slots, src_len),
+                context_mask=context_mask,
+            )
+        cache.self_kv.lengths[slots] = positions[:, 0] + 1
+        return self._logits(self.dec_norm(x[:, 0]))

@@ -1,0 +1,194 @@
+"""The three architectures: cached == uncached, padded batch == each alone, causality, configs, MoE."""
+
+import json
+
+import pytest
+import torch
+
+from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig, load_config
+from model.decoder import Decoder
+from model.kv_cache import KVCache, SlotAllocator
+from model.layers import set_attention_backend
+from model.seq2seq import Seq2Seq
+from model.vit import ViT
+
+SMALL = dict(d_model=32, n_heads=4, d_ff=64)
+
+DECODER_VARIANTS = [
+    dict(),
+    dict(positions="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False),
+    dict(positions="sinusoidal", norm_placement="post", activation="relu", scale_embeddings=True),
+    dict(n_experts=4, moe_top_k=2),
+]
+
+
+def _decoder(**kw):
+    torch.manual_seed(0)
+    return Decoder(DecoderConfig(vocab_size=61, n_layers=2, max_seq_len=48, **SMALL, **kw)).eval()
+
+
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=["gpt", "rope-rms-swiglu", "sin-post-relu", "moe"])
+def test_decoder_cached_equals_full_recompute(variant):
+    model = _decoder(**variant)
+    tokens = torch.randint(0, 61, (3, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens)
+    cache = model.new_cache(num_slots=5, max_len=16)
+    slots = torch.tensor([4, 0, 2])
+    logits = model.prefill(tokens[:, :4], torch.tensor([4, 4, 4]), cache, slots)
+    torch.testing.assert_close(logits, full[:, 3], atol=1e-5, rtol=1e-5)
+    for t in range(4, 12):
+        logits = model.decode_step(tokens[:, t], torch.full((3,), t), cache, slots)
+        torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_padded_batch_equals_each_alone_and_independent_positions():
+    model = _decoder()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 61, (n,), generator=g) for n in (7, 3, 5)]
+    padded = torch.zeros(3, 7, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        padded[i, : len(p)] = p
+    lengths = torch.tensor([len(p) for p in prompts])
+    cache = model.new_cache(3, 20)
+    slots = torch.arange(3)
+    batched = model.prefill(padded, lengths, cache, slots)
+    nxt = batched.argmax(-1)
+    step = model.decode_step(nxt, lengths, cache, slots, kv_len=8)
+    for i, p in enumerate(prompts):
+        alone_cache = model.new_cache(1, 20)
+        one = torch.zeros(1, dtype=torch.long)
+        alone = model.prefill(p[None], torch.tensor([len(p)]), alone_cache, one)
+        torch.testing.assert_close(batched[i], alone[0], atol=1e-5, rtol=1e-5)
+        alone_step = model.decode_step(nxt[i : i + 1], torch.tensor([len(p)]), alone_cache, one)
+        torch.testing.assert_close(step[i], alone_step[0], atol=1e-5, rtol=1e-5)
+
+
+def test_changing_a_future_token_never_changes_earlier_outputs():
+    model = _decoder(positions="rope")
+    tokens = torch.randint(0, 61, (1, 10), generator=torch.Generator().manual_seed(3))
+    changed = tokens.clone()
+    changed[0, 6] = (changed[0, 6] + 1) % 61
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, :6], b[:, :6])
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def test_decoder_attention_maps_are_causal_distributions():
+    model = _decoder()
+    tokens = torch.randint(0, 61, (2, 9))
+    logits, maps = model.forward_with_attention(tokens)
+    assert sorted(maps) == [0, 1]
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(tokens), atol=1e-5, rtol=1e-5)
+    for probs in maps.values():
+        assert probs.shape == (2, 4, 9, 9)
+        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 9), atol=1e-5, rtol=0)
+        assert torch.all(probs.triu(1) == 0)
+
+
+def test_backends_agree_for_whole_models():
+    model = _decoder()
+    tokens = torch.randint(0, 61, (2, 9))
+    with torch.no_grad():
+        sdpa = model(tokens)
+        set_attention_backend(model, "math")
+        math = model(tokens)
+    torch.testing.assert_close(sdpa, math, atol=1e-5, rtol=1e-5)
+
+
+def _seq2seq(**kw):
+    torch.manual_seed(0)
+    return Seq2Seq(Seq2SeqConfig(vocab_size=53, n_encoder_layers=2, n_decoder_layers=2, max_source_len=24,
+                                 max_target_len=24, **SMALL, **kw)).eval()
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(norm_placement="pre", final_norm=True, positions="learned"),
+                                     dict(positions="rope", final_logits_bias=True)])
+def test_seq2seq_cached_equals_teacher_forcing_with_padding(variant):
+    model = _seq2seq(**variant)
+    g = torch.Generator().manual_seed(4)
+    src = torch.randint(3, 53, (2, 9), generator=g)
+    src_len = torch.tensor([9, 5])
+    tgt = torch.randint(3, 53, (2, 6), generator=g)
+    with torch.no_grad():
+        full = model(src, src_len, tgt)
+    cache = model.new_cache(4, 3, max_target_len=8, max_source_len=12)
+    slots, cross = torch.tensor([3, 1]), torch.tensor([2, 0])
+    model.start(src, src_len, cache, cross)
+    for t in range(6):
+        logits = model.decode_step(tgt[:, t], torch.full((2,), t), cache, slots, cross)
+        torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
+    # The short source alone gives the same logits as inside the padded batch.
+    with torch.no_grad():
+        alone = model(src[1:, :5], src_len[1:], tgt[1:])
+    torch.testing.assert_close(alone[0], full[1], atol=1e-5, rtol=1e-5)
+
+
+def test_seq2seq_attention_maps():
+    model = _seq2seq()
+    src, tgt = torch.randint(3, 53, (1, 7)), torch.randint(3, 53, (1, 4))
+    _, maps = model.forward_with_attention(src, torch.tensor([7]), tgt, layers={1})
+    assert list(maps.encoder) == [1] and maps.encoder[1].shape == (1, 4, 7, 7)
+    assert maps.decoder[1].shape == (1, 4, 4, 4) and torch.all(maps.decoder[1].triu(1) == 0)
+    assert maps.cross[1].shape == (1, 4, 4, 7)
+    for m in (maps.encoder[1], maps.decoder[1], maps.cross[1]):
+        torch.testing.assert_close(m.sum(-1), torch.ones(m.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_vit_unmasked_attention_and_padding_free_batching():
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(image_size=16, patch_size=4, n_channels=3, n_layers=2, n_classes=5, **SMALL)).eval()
+    pixels = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        batched = model(pixels)
+        for i in range(3):
+            torch.testing.assert_close(model(pixels[i : i + 1])[0], batched[i], atol=1e-5, rtol=1e-5)
+    _, maps = model.forward_with_attention(pixels[:1])
+    assert maps[0].shape == (1, 4, 17, 17)
+    assert model.token_names()[:3] == ["[CLS]", "patch(0,0)", "patch(0,1)"]
+
+
+@pytest.mark.parametrize("cfg", [DecoderConfig(positions="rope", n_experts=4), Seq2SeqConfig(), ViTConfig()])
+def test_config_json_round_trip(cfg, tmp_path):
+    again = BlockConfig.from_json(cfg.to_json())
+    assert again == cfg and type(again) is type(cfg)
+    cfg.save(tmp_path / "config.json")
+    assert load_config(tmp_path / "config.json") == cfg
+    assert json.loads(cfg.to_json())["architecture"] == cfg.architecture
+
+
+@pytest.mark.parametrize("bad", [dict(d_model=30, n_heads=4), dict(norm="batchnorm"), dict(activation="tanh"),
+                                 dict(n_experts=2, moe_top_k=3), dict(positions="alibi")])
+def test_config_validation(bad):
+    with pytest.raises(ValueError):
+        DecoderConfig(**bad)
+    with pytest.raises(ValueError, match="unknown decoder config fields"):
+        DecoderConfig.from_dict({"architecture": "decoder", "n_layerz": 2})
+
+
+def test_moe_routes_to_top_k_experts():
+    torch.manual_seed(0)
+    model = _decoder(n_experts=4, moe_top_k=1)
+    moe = model.blocks[0].mlp
+    x = torch.randn(5, 32)
+    chosen = moe.router(x).argmax(-1)
+    expected = torch.stack([moe.experts[int(e)](x[i]) for i, e in enumerate(chosen)])
+    torch.testing.assert_close(moe(x), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_kv_cache_slots_and_copy():
+    cache = KVCache(2, 4, 2, 8, 3)
+    cache.k[:, 1] = 1.0
+    cache.lengths[1] = 5
+    cache.copy_slots(torch.tensor([1, 1]), torch.tensor([2, 3]))
+    assert torch.all(cache.k[:, 2:] == 1.0) and cache.lengths.tolist() == [0, 5, 5, 5]
+    alloc = SlotAllocator(3)
+    assert alloc.allocate(2) == [0, 1] and alloc.num_free == 1
+    alloc.free([0])
+    assert alloc.allocate(2) == [0, 2]
+    with pytest.raises(RuntimeError):
+        alloc.allocate(1)
+    with pytest.raises(RuntimeError):
+        alloc.free([5])
