@@ -1,0 +1,83 @@
+"""Our checkpoint format: round trip, detection, clear errors, no pickle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from model.checkpoint import CheckpointError, load, resolve_device, resolve_dtype, save_checkpoint
+
+
+def test_round_trip_each_architecture(tiny_lm, tiny_mt, tiny_vit, tmp_path):
+    for path, task in ((tiny_lm, "text-generation"), (tiny_mt, "translation"), (tiny_vit, "image-classification")):
+        first = load(path)
+        assert first.task == task and first.source_format == "tserve"
+        again = load(save_checkpoint(tmp_path / task, first.model, tokenizer=first.tokenizer, labels=first.labels,
+                                     preprocessing=first.preprocessing, generation=first.generation))
+        for (k, a), (k2, b) in zip(first.model.state_dict().items(), again.model.state_dict().items(), strict=True):
+            assert k == k2 and torch.equal(a, b)
+        assert again.generation == first.generation and again.labels == first.labels
+    mt = load(tiny_mt)
+    assert mt.generation.num_beams == 2 and mt.tokenizer.encode("Hello")[-1] == mt.tokenizer.eos_id
+    vit = load(tiny_vit)
+    assert vit.labels == ["circle", "square", "line", "dot"] and vit.preprocessing.invert == "auto"
+
+
+def test_tied_weights_stay_tied_after_load(tiny_lm):
+    m = load(tiny_lm).model
+    assert m.lm_head.weight.data_ptr() == m.tok_emb.weight.data_ptr()
+
+
+def test_dtype_and_device_resolution(tiny_lm):
+    assert load(tiny_lm, dtype="bfloat16").dtype == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("float8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def _copy(src, dst):
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "config.json").unlink(), "config.json: missing"),
+        (lambda d: (d / "config.json").write_text("{not json"), "config.json: not valid JSON"),
+        (lambda d: (d / "config.json").write_text('{"foo": 1}'), "neither a tserve config"),
+        (lambda d: (d / "config.json").write_text('{"model_type": "bert"}'), "model_type 'bert' is not supported"),
+        (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "model.safetensors: corrupt"),
+        (lambda d: (d / "model.safetensors").unlink(), "model.safetensors: missing"),
+        (lambda d: (d / "tokenizer.json").unlink(), "tokenizer"),
+        (lambda d: (d / "config.json").write_text(
+            json.dumps({**json.loads((d / "config.json").read_text()), "d_model": 64})), "weights do not match|shape"),
+        (lambda d: (d / "config.json").write_text(
+            json.dumps({**json.loads((d / "config.json").read_text()), "n_headz": 2})), "unknown decoder config fields"),
+    ],
+)
+def test_bad_checkpoints_name_the_file(tiny_lm, tmp_path, damage, message):
+    d = _copy(tiny_lm, tmp_path / "ckpt")
+    damage(d)
+    with pytest.raises(CheckpointError, match=message):
+        load(d)
+
+
+def test_pickled_hf_weights_are_refused(hf_gpt2, tmp_path):
+    d = _copy(hf_gpt2, tmp_path / "gpt2")
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pickled weights are not loaded"):
+        load(d)
+
+
+def test_not_a_directory(tmp_path):
+    with pytest.raises(CheckpointError, match="not a directory"):
+        load(tmp_path / "nope")

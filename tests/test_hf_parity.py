@@ -1,0 +1,104 @@
+"""Our implementation against `transformers` on the same (random, tiny) weights, in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.beam_search import BeamSettings
+from model.checkpoint import load
+from model.generation import SamplingParams, beam_search, generate_tokens, translate_greedy
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_gpt2_logits_and_greedy_tokens(hf_gpt2):
+    ours = load(hf_gpt2)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(hf_gpt2).eval()
+    assert ours.task == "text-generation" and ours.source_format == "hf-gpt2"
+    tokens = torch.randint(0, ours.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(tokens).logits
+        got = ours.model(tokens)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+    prompt = ours.tokenizer.encode("The quick brown fox")
+    with torch.no_grad():
+        hf_out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=40, pad_token_id=ours.config.eos_token_id)
+    hf_new = hf_out[0, len(prompt):].tolist()
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    our_new = list(generate_tokens(ours.model, prompt, params, ours.config.eos_token_id))
+    assert len(our_new) >= 30 or our_new[-1] == ours.config.eos_token_id
+    assert our_new == hf_new
+
+
+def _marian_inputs(ours, texts):
+    return [ours.tokenizer.encode(t) for t in texts]
+
+
+def test_marian_logits_with_padding(hf_marian):
+    ours = load(hf_marian)
+    hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
+    assert ours.task == "translation" and ours.generation.num_beams == 4
+    sources = _marian_inputs(ours, ["Good morning.", "Where is the station? I don't know why."])
+    S = max(map(len, sources))
+    pad = ours.config.pad_token_id
+    src = torch.tensor([s + [pad] * (S - len(s)) for s in sources])
+    lengths = torch.tensor([len(s) for s in sources])
+    mask = (torch.arange(S)[None] < lengths[:, None]).long()
+    tgt = torch.randint(0, ours.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        got = ours.model(src, lengths, tgt)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+SENTENCES = ["Good morning.", "Where is the station?", "I don't know.", "The weather is nice today, isn't it?",
+             "Once upon a time"]
+
+
+def test_marian_greedy_translation_identical(hf_marian):
+    ours = load(hf_marian)
+    hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
+    sources = _marian_inputs(ours, SENTENCES)
+    gen = ours.generation
+    got = translate_greedy(ours.model, sources, 30, gen.banned_token_ids, gen.force_eos_at_max)
+    for src, ids in zip(sources, got, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([src]), num_beams=1, do_sample=False, max_new_tokens=30)[0, 1:].tolist()
+        assert ids == [t for t in ref if t != ours.config.pad_token_id]
+
+
+def test_marian_beam_search_identical(hf_marian):
+    ours = load(hf_marian)
+    hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
+    gen = ours.generation
+    lengths_seen = set()
+    for text in SENTENCES:
+        src = ours.tokenizer.encode(text)
+        for max_new in (12, 30):
+            settings = BeamSettings(num_beams=4, max_new_tokens=max_new, eos_token_id=ours.config.eos_token_id,
+                                    banned_token_ids=gen.banned_token_ids, force_eos_at_max=gen.force_eos_at_max)
+            ids = beam_search(ours.model, src, settings)
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([src]), num_beams=4, do_sample=False, max_new_tokens=max_new)
+            ref = [t for t in ref[0, 1:].tolist() if t != ours.config.pad_token_id]
+            assert ids == ref, (text, max_new)
+            lengths_seen.add(len(ids))
+    assert len(lengths_seen) > 1  # some hypotheses ended on eos before the limit
+
+
+def test_vit_logits_and_top5(hf_vit):
+    ours = load(hf_vit)
+    hf = transformers.ViTForImageClassification.from_pretrained(hf_vit).eval()
+    assert ours.labels[:2] == ["cat", "dog"] and ours.preprocessing.image_size == 16
+    pixels = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(pixel_values=pixels).logits
+        got = ours.model(pixels)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    ref_p, ref_i = ref.softmax(-1).topk(5)
+    got_p, got_i = got.softmax(-1).topk(5)
+    assert torch.equal(ref_i, got_i)
+    torch.testing.assert_close(got_p, ref_p, atol=1e-4, rtol=0)
