@@ -7,7 +7,7 @@ seeded request draws the same tokens whatever else shares its batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -206,8 +206,10 @@ def translate_greedy(
     max_new_tokens: int,
     banned_token_ids: Sequence[int] = (),
     force_eos_at_max: bool = False,
+    on_step: Callable[[list[int | None]], None] | None = None,
 ) -> list[list[int]]:
-    """Greedy decoding of a batch of source id lists; returns generated ids (eos included when hit)."""
+    """Greedy decoding of a batch of source id lists; returns generated ids (eos included when hit).
+    `on_step`, if given, receives each step's new token per row (None for rows already finished)."""
     cfg, device = model.cfg, model.lm_head.weight.device
     B = len(sources)
     src, src_len = _pad_batch(sources, cfg.pad_token_id, device)
@@ -223,10 +225,14 @@ def translate_greedy(
         logits = model.decode_step(tokens, pos, cache, slots, slots, kv_len=step + 1).float()
         logits = ban_tokens(logits, banned_token_ids, step, max_new_tokens, cfg.eos_token_id, force_eos_at_max)
         tokens = logits.argmax(dim=-1)
+        step_tokens: list[int | None] = []
         for i, t in enumerate(tokens.tolist()):
+            step_tokens.append(None if done[i] else t)
             if not done[i]:
                 outputs[i].append(t)
                 done[i] = t == cfg.eos_token_id
+        if on_step is not None:
+            on_step(step_tokens)
         if all(done):
             break
     return outputs

@@ -1,0 +1,452 @@
+"""One tokenizer interface over HF ``tokenizers`` files and Marian SentencePiece files.
+
+Serving and training code should not care whether a checkpoint came with tokenizer.json, GPT-2's
+vocab.json + merges.txt or an opus-mt directory. The wrappers reproduce the ids of the matching
+``transformers`` tokenizer exactly, because a model only works with the ids it was trained on.
+"""
+
+from __future__ import annotations
+
+import codecs
+import importlib.util
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import sentencepiece
+import tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+__all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "IncrementalDetokenizer", "load_tokenizer"]
+
+SPIECE_UNDERLINE = "▁"
+GPT2_SPECIAL = "<|endoftext|>"
+# Renders bytes that are not valid UTF-8 as "<0xF0>", the way SentencePiece names byte pieces.
+codecs.register_error(
+    "tokenizer_hexbyte", lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end)
+)
+
+
+def _read_json(path: Path, default: Any = None) -> Any:
+    """Parse a JSON file; optional files (configs) return ``default`` when missing."""
+    if default is not None and not path.is_file():
+        return default
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def _token_str(value: Any) -> str | None:
+    """Special tokens appear in configs as plain strings or as serialized ``AddedToken`` dicts."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's ``bytes_to_unicode``: byte-level BPE stores every byte as a printable char."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # '!'..'~', '¡'..'¬', '®'..'ÿ'
+    shifted = [b for b in range(256) if b not in printable]  # stored as chr(256 + n)
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}
+
+
+def _chat_template_of(config: dict[str, Any]) -> str | None:
+    """transformers stores a template string, or a list of named templates of which "default" is used."""
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) and template else None
+
+
+class Tokenizer(ABC):
+    """Common interface; subclasses fill in the special-token ids, the template and the codec methods.
+
+    For a seq2seq model ``encode`` is the source side and ``encode_target``/``decode`` are the target
+    side, so generation code can use ``decode`` unconditionally on what the model produced.
+    """
+
+    _bos_id: int | None = None
+    _eos_id: int | None = None
+    _pad_id: int | None = None
+    _unk_id: int | None = None
+    _special: set[int]
+    _special_tokens: dict[str, str | None]  # "bos_token" -> "<s>", exposed to chat templates
+    _chat_template: str | None = None
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce (what the embedding table must cover)."""
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos_id
+
+    @property
+    def pad_id(self) -> int | None:
+        return self._pad_id
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._unk_id
+
+    @property
+    def special_ids(self) -> set[int]:
+        """Ids dropped by ``decode(skip_special_tokens=True)``."""
+        return set(self._special)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template, or None when there is none or jinja2 is unavailable to render it."""
+        return self._chat_template if importlib.util.find_spec("jinja2") else None
+
+    @abstractmethod
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Encode model input (the source side of a seq2seq model)."""
+
+    def encode_target(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Encode decoder-side text (labels of a seq2seq model); identical to ``encode`` for shared tokenizers."""
+        return self.encode(text, add_special_tokens)
+
+    @abstractmethod
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Decode generated ids (the target side of a seq2seq model)."""
+
+    @abstractmethod
+    def id_to_token(self, i: int) -> str:
+        """Readable text of one token (spaces shown as spaces), for labelling attention maps and logprobs."""
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        """Readable token strings for a sequence of ids."""
+        return [self.id_to_token(int(i)) for i in ids]
+
+    @abstractmethod
+    def save(self, directory: str | Path) -> None:
+        """Write the files ``load_tokenizer`` needs into ``directory`` (created if missing)."""
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render chat messages into a prompt string with the tokenizer's Jinja template.
+
+        ``add_generation_prompt`` defaults to True (unlike transformers) because the server renders
+        chats in order to generate the assistant's reply. Special tokens are available to the template
+        as ``bos_token`` etc., like in transformers, so hub templates render the same.
+        """
+        if self._chat_template is None:
+            raise ValueError(
+                "this tokenizer has no chat template (tokenizer_config.json has no 'chat_template')"
+            )
+        try:
+            from jinja2 import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as e:
+            raise ValueError("rendering the chat template needs jinja2, which is not installed") from e
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        try:
+            return env.from_string(self._chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self._special_tokens
+            )
+        except TemplateError as e:
+            raise ValueError(f"chat template rendering failed: {e}") from e
+
+
+class HFTokenizer(Tokenizer):
+    """Wraps a ``tokenizers.Tokenizer``; special-token roles come from a tokenizer_config.json dict.
+
+    ``config`` holds ``bos_token``/``eos_token``/``pad_token``/``unk_token`` (strings or AddedToken
+    dicts), ``add_bos_token``/``add_eos_token`` and ``chat_template``. With either flag present the
+    flags decide what ``encode`` adds (a missing one counts as False) and the tokenizer.json
+    post-processor is bypassed, so nothing is added twice; without them the post-processor decides
+    (BERT's [CLS]/[SEP], GPT-2's nothing).
+    """
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, config: dict[str, Any] | None = None) -> None:
+        self._tok = tokenizer
+        self._config = cfg = dict(config or {})
+        names = {k: _token_str(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        if not (names["bos_token"] or names["eos_token"]) and tokenizer.token_to_id(GPT2_SPECIAL) is not None:
+            for k in ("bos_token", "eos_token", "unk_token"):  # GPT-2's convention, as in transformers
+                names[k] = names[k] or GPT2_SPECIAL
+        self._special_tokens = names
+        ids = [None if t is None else tokenizer.token_to_id(t) for t in names.values()]
+        self._bos_id, self._eos_id, self._pad_id, self._unk_id = ids
+        self._explicit_flags = "add_bos_token" in cfg or "add_eos_token" in cfg
+        self._add_bos, self._add_eos = bool(cfg.get("add_bos_token")), bool(cfg.get("add_eos_token"))
+        self._chat_template = _chat_template_of(cfg)
+        added = tokenizer.get_added_tokens_decoder()
+        self._added = {i: t.content for i, t in added.items()}
+        self._special = {i for i, t in added.items() if t.special} | {i for i in ids if i is not None}
+        self._byte_level = '"ByteLevel"' in json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> HFTokenizer:
+        """Load tokenizer.json, or GPT-2's vocab.json + merges.txt, plus the optional config files."""
+        d = Path(directory)
+        config = {
+            **_read_json(d / "special_tokens_map.json", {}),
+            **_read_json(d / "tokenizer_config.json", {}),
+        }
+        if "chat_template" not in config and (d / "chat_template.jinja").is_file():
+            config["chat_template"] = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        if (d / "tokenizer.json").is_file():
+            return cls(tokenizers.Tokenizer.from_file(str(d / "tokenizer.json")), config)
+        return cls(gpt2_tokenizer(d / "vocab.json", d / "merges.txt"), config)
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The wrapped ``tokenizers.Tokenizer`` (e.g. for training code that wants batch encoding)."""
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not self._explicit_flags:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self._add_bos and self._bos_id is not None:
+            ids = [self._bos_id, *ids]
+        if add_special_tokens and self._add_eos and self._eos_id is not None:
+            ids = [*ids, self._eos_id]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:  # also drops config-declared specials that tokenizer.json did not flag
+            ids = [i for i in ids if i not in self._special]
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str:
+        if i in self._added:
+            return self._added[i]
+        piece = self._tok.id_to_token(i)
+        if piece is None:
+            return ""
+        if not self._byte_level:
+            return piece.replace(SPIECE_UNDERLINE, " ")
+        table = _byte_decoder()
+        raw = b"".join(bytes([table[c]]) if c in table else c.encode() for c in piece)
+        return raw.decode("utf-8", errors="tokenizer_hexbyte")
+
+    def save(self, directory: str | Path) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(d / "tokenizer.json"))
+        config = dict(self._config, **self._special_tokens)
+        if self._explicit_flags:
+            config.update(add_bos_token=self._add_bos, add_eos_token=self._add_eos)
+        _write_json(d / "tokenizer_config.json", config)
+
+
+def gpt2_tokenizer(vocab_file: str | Path, merges_file: str | Path) -> tokenizers.Tokenizer:
+    """Build the ``tokenizers`` pipeline transformers' GPT2Tokenizer builds from vocab.json + merges.txt.
+
+    Byte-level pre-tokenizer without prefix space and ``<|endoftext|>`` as a special added token
+    (appended to the vocab if missing, as transformers does); no post-processor, so nothing is added.
+    """
+    bpe = models.BPE.from_file(
+        str(vocab_file), str(merges_file), continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False
+    )
+    tok = tokenizers.Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(GPT2_SPECIAL, special=True, normalized=False)])
+    return tok
+
+
+class MarianTokenizer(Tokenizer):
+    """Helsinki-NLP opus-mt layout, reproducing ``transformers.MarianTokenizer`` ids and text.
+
+    Source text goes through source.spm, target text through target.spm; both map pieces through
+    vocab.json (pieces missing from it become ``<unk>``, since Marian's vocab ids are not the spm
+    ids) and get ``</s>`` appended, never a BOS. A leading ``>>xx<<`` language code is kept as one
+    token, and special-token strings inside the text become their ids, as in transformers.
+    """
+
+    def __init__(
+        self,
+        source_spm: bytes,
+        target_spm: bytes,
+        vocab: dict[str, int],
+        *,
+        target_vocab: dict[str, int] | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self._config = dict(config or {})
+        names = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+        names.update({k: _token_str(self._config[k]) for k in names if _token_str(self._config.get(k))})
+        self._special_tokens = {"bos_token": None, **names}
+        if names["unk_token"] not in vocab:
+            raise ValueError(f"Marian vocab.json must contain the unk token {names['unk_token']!r}")
+        self._spm_bytes = (source_spm, target_spm)
+        self._src = sentencepiece.SentencePieceProcessor(model_proto=source_spm)
+        self._tgt = sentencepiece.SentencePieceProcessor(model_proto=target_spm)
+        self._vocab, self._target_vocab = vocab, target_vocab
+        self._decoder = {i: p for p, i in (target_vocab or vocab).items()}
+        extra = [t for t in map(_token_str, self._config.get("additional_special_tokens") or []) if t]
+        self._special_strs = [t for t in [*names.values(), *extra] if t in vocab]
+        self._eos_id, self._unk_id, self._pad_id = (
+            vocab.get(names[k]) for k in ("eos_token", "unk_token", "pad_token")
+        )
+        self._special = {vocab[t] for t in self._special_strs}  # incl. <unk>: transformers skips it too
+        ordered = sorted(self._special_strs, key=len, reverse=True)
+        self._split_re = re.compile("(" + "|".join(map(re.escape, ordered)) + ")") if ordered else None
+        self._chat_template = _chat_template_of(self._config)
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> MarianTokenizer:
+        """Load source.spm, target.spm, vocab.json and the optional tokenizer_config.json / target_vocab.json."""
+        d = Path(directory)
+        config = _read_json(d / "tokenizer_config.json", {})
+        target_vocab = _read_json(d / "target_vocab.json") if config.get("separate_vocabs") else None
+        spms = ((d / "source.spm").read_bytes(), (d / "target.spm").read_bytes())
+        return cls(*spms, _read_json(d / "vocab.json"), target_vocab=target_vocab, config=config)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)  # what transformers reports; the target vocab may differ if separate
+
+    def _encode(
+        self, text: str, spm: sentencepiece.SentencePieceProcessor, vocab: dict[str, int], add: bool
+    ) -> list[int]:
+        ids: list[int] = []
+        unk = vocab.get(str(self._special_tokens["unk_token"]), self._unk_id)
+        for chunk in self._split_re.split(text) if self._split_re else [text]:
+            if not chunk:
+                continue
+            if chunk in self._special_strs:
+                ids.append(vocab.get(chunk, self._vocab[chunk]))
+                continue
+            code: list[str] = []
+            if chunk.startswith(">>") and (end := chunk.find("<<")) != -1:
+                code, chunk = [chunk[: end + 2]], chunk[end + 2 :]
+            ids.extend(vocab.get(p, unk) for p in code + spm.encode(chunk, out_type=str))
+        if add and self._eos_id is not None:
+            ids.append(self._eos_id)
+        return ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._encode(text, self._src, self._vocab, add_special_tokens)
+
+    def encode_target(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._encode(text, self._tgt, self._target_vocab or self._vocab, add_special_tokens)
+
+    def _piece(self, i: int) -> str:
+        if i in self._decoder:
+            return self._decoder[i]
+        # transformers falls back to the target spm's own id space for ids missing from vocab.json
+        ok = 0 <= i < self._tgt.get_piece_size()
+        return self._tgt.id_to_piece(i) if ok else str(self._special_tokens["unk_token"])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Target-side decode, as transformers' ``convert_tokens_to_string`` with ``use_source_tokenizer=False``."""
+        pieces = [self._piece(int(i)) for i in ids if not (skip_special_tokens and int(i) in self._special)]
+        out, run = "", []
+        for piece in pieces:
+            if piece in self._special_strs:  # special tokens must not go through sentencepiece
+                out += self._tgt.decode_pieces(run) + piece + " "
+                run = []
+            else:
+                run.append(piece)
+        out += self._tgt.decode_pieces(run)
+        return out.replace(SPIECE_UNDERLINE, " ").strip()
+
+    def id_to_token(self, i: int) -> str:
+        return self._piece(i).replace(SPIECE_UNDERLINE, " ")
+
+    def save(self, directory: str | Path) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "source.spm").write_bytes(self._spm_bytes[0])
+        (d / "target.spm").write_bytes(self._spm_bytes[1])
+        _write_json(d / "vocab.json", self._vocab)
+        if self._target_vocab is not None:
+            _write_json(d / "target_vocab.json", self._target_vocab)
+        config = dict(self._config, **{k: v for k, v in self._special_tokens.items() if v is not None})
+        _write_json(d / "tokenizer_config.json", config)
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Detect the tokenizer layout in ``directory`` and load it.
+
+    tokenizer.json wins; otherwise source.spm + target.spm + vocab.json is Marian and
+    vocab.json + merges.txt is GPT-2 byte-level BPE.
+    """
+    d = Path(directory)
+    if (d / "tokenizer.json").is_file():
+        return HFTokenizer.from_directory(d)
+    if all((d / f).is_file() for f in ("source.spm", "target.spm", "vocab.json")):
+        return MarianTokenizer.from_directory(d)
+    if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
+        return HFTokenizer.from_directory(d)
+    raise ValueError(
+        f"no tokenizer found in {str(d)!r}: looked for tokenizer.json, or source.spm + target.spm + vocab.json "
+        "(Marian), or vocab.json + merges.txt (GPT-2 byte-level BPE)"
+    )
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of generated ids into text deltas for streaming responses.
+
+    Decoding token by token is wrong twice over: a character may span several byte-level tokens,
+    and SentencePiece decoders drop a word's leading space at the start of a sequence. So, as vLLM
+    and TGI do, each push decodes a short window twice (``[prefix:read]`` and ``[prefix:]``), emits
+    only the difference, and holds text back while it ends in U+FFFD (an unfinished character).
+    Without ``prompt_ids`` the pushes plus ``flush()`` concatenate to ``tokenizer.decode(generated)``;
+    with them, the window starts inside the prompt, so the first word keeps its leading space, as a
+    continuation of the prompt text should.
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True
+    ) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = [int(i) for i in prompt_ids or []]
+        self._read = len(self._ids)
+        self._prefix = max(self._read - 5, 0)  # a few prompt tokens of context, as vLLM uses
+        self._text = ""
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        return self._text
+
+    def _delta(self, force: bool) -> str:
+        prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        new_text = self._tok.decode(self._ids[self._prefix :], self._skip)
+        if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not force):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        delta = new_text[len(prefix_text) :]
+        self._text += delta
+        return delta
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; return the text it completes ('' while a character or word is pending)."""
+        self._ids.append(int(token_id))
+        return self._delta(force=False)
+
+    def flush(self) -> str:
+        """Return whatever is still held back (e.g. a trailing incomplete character) at the end."""
+        return self._delta(force=True)
