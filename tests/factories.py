@@ -151,13 +151,18 @@ def hf_vit_dir(d: Path, seed: int = 0) -> Path:
 # --------------------------------------------------------------------------------------------------
 # Our format (random weights)
 # --------------------------------------------------------------------------------------------------
-def tiny_lm_dir(d: Path, seed: int = 0, **overrides) -> Path:
+def tiny_lm_dir(d: Path, seed: int = 0, sharpen: float = 1.0, **overrides) -> Path:
+    """`sharpen` scales the (tied) embeddings: random weights give near-uniform next-token distributions,
+    where greedy choices could flip on float rounding between batch shapes; sharper ones do not."""
     vocab = write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
     cfg = DecoderConfig(vocab_size=vocab, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=128,
                         bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **overrides)
-    save_checkpoint(d, Decoder(cfg).eval())
+    model = Decoder(cfg).eval()
+    with torch.no_grad():
+        model.tok_emb.weight.mul_(sharpen)
+    save_checkpoint(d, model)
     return d
 
 

@@ -1,0 +1,117 @@
+"""The FastAPI application: lifespan (model loading in the background), middleware (request ids, metrics,
+body-size limit), error handlers and routers."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import APIError, error_response, install_error_handlers
+from service.metrics import Metrics
+from service.registry import ModelRegistry
+from service.routes import classifications, completions, health, translations
+from service.settings import Settings
+
+log = logging.getLogger("tserve.access")
+
+
+class BodyTooLarge(APIError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds {limit} bytes", "invalid_request_error", "body_too_large")
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over the limit, by Content-Length up front or by counting a chunked body."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            status = 413 if length.isdigit() else 400
+            msg = f"request body exceeds {self.limit} bytes" if status == 413 else "bad Content-Length"
+            await error_response(status, msg, "invalid_request_error", "body_too_large")(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+class RequestContextMiddleware:
+    """Request id (X-Request-ID in and out), per-route request counts and latency, one access-log line.
+    Plain ASGI rather than BaseHTTPMiddleware, so that streaming responses and client disconnects pass
+    through untouched."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        start = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            elapsed = time.perf_counter() - start
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(elapsed)
+            log.info("request", extra={"request_id": request_id, "method": scope["method"], "route": route,
+                                       "status": status, "ms": round(elapsed * 1000, 1)})
+
+
+def build_app(settings: Settings | None = None, *, load_models: bool = True) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    registry = ModelRegistry(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if load_models:
+            registry.start_loading()
+        yield
+        registry.wait_loaded(timeout=60)
+        registry.stop()
+
+    app = FastAPI(title="tserve", version="0.1.0", lifespan=lifespan,
+                  description="Transformer inference: text generation, translation, image classification.")
+    app.state.settings, app.state.metrics, app.state.registry = settings, metrics, registry
+    install_error_handlers(app)
+
+    # Added last = outermost: oversized bodies are counted and logged too.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    for router in (health.router, completions.router, translations.router, classifications.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,122 @@
+"""`tserve` command line: `serve` (the HTTP server), plus `train` / `eval` from model.train.
+
+Every server setting is a flag of `tserve serve` and a `TSERVE_*` environment variable; flags win.
+The flags are generated from `service.settings.Settings`, so the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import types
+import typing
+from typing import Any
+
+from pydantic.fields import FieldInfo
+
+from service.settings import Settings
+
+_STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and every `extra=` field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                                 "logger": record.name, "message": record.getMessage()}
+        entry.update({k: v for k, v in vars(record).items() if k not in _STD_ATTRS})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+    logging.getLogger("uvicorn.access").disabled = True  # our middleware logs each request
+
+
+def _flag_type(field: FieldInfo) -> dict[str, Any]:
+    annotation = field.annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = args[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    return {"type": annotation}
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    for name, field in Settings.model_fields.items():
+        if name == "models":
+            parser.add_argument("--model", dest="models", action="append", metavar="NAME=PATH",
+                                help="serve the checkpoint at PATH as NAME (repeatable; default: the bundled "
+                                     "models). PATH: a tserve checkpoint or a Hugging Face GPT-2/Marian/ViT "
+                                     "directory. Env: TSERVE_MODELS=a=/x,b=/y")
+            continue
+        env = f"TSERVE_{name.upper()}"
+        default = field.default if field.default_factory is None else field.default_factory()
+        text = (field.description or "").rstrip(".")
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, **_flag_type(field),
+                            help=f"{text + '; ' if text else ''}default {default!r}; env {env}")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    given = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None}
+    return Settings(**given)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn  # noqa: PLC0415 - only the server needs it
+
+    from service.app import build_app  # noqa: PLC0415
+
+    try:
+        settings = settings_from_args(args)
+        specs = settings.model_specs()
+    except ValueError as exc:
+        print(f"tserve: {exc}", file=sys.stderr)
+        return 2
+    if not specs:
+        print("tserve: no models to serve: the bundled models are not in models/ (train them with "
+              "`tserve train ...`) and no --model NAME=PATH was given", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    app = build_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, log_level=settings.log_level,
+                timeout_graceful_shutdown=int(settings.request_timeout_s))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tserve", description="Transformer inference server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve", help="start the HTTP server")
+    add_settings_flags(serve_parser)
+    serve_parser.set_defaults(func=serve)
+    try:  # TEMP
+        from model.train.cli import register  # noqa: PLC0415 - keeps `serve` start-up light
+        register(sub)
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Prometheus metrics. Each app gets its own registry, so several apps (tests, Ray replicas) can live
+in one process without clashing."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("tserve_requests_total", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.ttft = Histogram("tserve_time_to_first_token_seconds", "Time from arrival to the first token",
+                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("tserve_inter_token_latency_seconds", "Time between consecutive tokens of a request",
+                             ["model"], buckets=_TOKEN_BUCKETS, registry=r)
+        self.latency = Histogram("tserve_request_latency_seconds", "End-to-end request latency", ["route"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("tserve_queue_depth", "Requests waiting for a slot or a batch", ["model"], registry=r)
+        self.running = Gauge("tserve_running_requests", "Requests being processed", ["model"], registry=r)
+        self.kv_in_use = Gauge("tserve_kv_slots_in_use", "KV-cache slots in use", ["model"], registry=r)
+        self.kv_total = Gauge("tserve_kv_slots_total", "KV-cache slots", ["model"], registry=r)
+        self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)
+        self.images = Counter("tserve_images_classified_total", "Images classified", ["model"], registry=r)
+        self.batch_size = Histogram("tserve_batch_size", "Size of the batches run", ["model"],
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

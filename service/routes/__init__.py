@@ -1,0 +1,1 @@
+"""HTTP routes: parse and validate, hand off to the registry's workers, format the answer."""

@@ -1,0 +1,322 @@
+"""OpenAI-compatible text generation: `/v1/completions` and `/v1/chat/completions`.
+
+Each (prompt, choice) pair becomes one engine request; the engine batches them with everybody else's.
+Streams of several choices are merged in arrival order, as OpenAI does (each chunk names its `index`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from model.generation import SamplingParams
+from service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, RequestTimeout, TokenLogprob
+from service.errors import APIError, bad_request, overloaded
+from service.routes.deps import SSE_DONE, SSE_HEADERS, check_count, new_id, now, served_model, settings, sse
+from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+router = APIRouter(tags=["text generation"])
+
+_ERRORS = {400: {"description": "invalid request"}, 404: {"description": "unknown model"},
+           429: {"description": "queue full (Retry-After)"}, 503: {"description": "models loading"}}
+
+
+@dataclass
+class Choice:
+    """The accumulated result of one engine request."""
+
+    index: int
+    request: GenerationRequest
+    prefix: str = ""  # echoed prompt
+    prefix_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    prefix_offsets: list[int] = field(default_factory=list)
+    text: str = ""
+    tokens: int = 0
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # where each generated token starts in prefix + text
+    finish_reason: str | None = None
+
+    def add(self, event: Event) -> list[int]:
+        """Take one event; return the text offsets of its tokens."""
+        start = [len(self.prefix) + len(self.text)] * len(event.logprobs)
+        self.offsets.extend(start)
+        self.text += event.text
+        self.tokens += len(event.token_ids)
+        self.logprobs.extend(event.logprobs)
+        self.finish_reason = event.finish_reason or self.finish_reason
+        return start
+
+    def logprobs_dict(self, tokenizer) -> dict[str, Any]:
+        """The completions API's column format for the whole choice (echoed prompt first)."""
+        items = self.prefix_logprobs + self.logprobs
+        prompt_tokens = tokenizer.tokens(self.request.prompt_ids) if self.prefix_logprobs else []
+        return _legacy_logprobs(items, prompt_tokens + [lp.token for lp in self.logprobs],
+                                self.prefix_offsets + self.offsets)
+
+
+# --------------------------------------------------------------------------------------------------
+# Request -> engine requests
+# --------------------------------------------------------------------------------------------------
+def _sampling(body: SamplingFields, max_tokens: int, seed_offset: int, logprobs: int | None) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens), temperature=body.temperature,
+        top_p=body.top_p, top_k=max(body.top_k, 0), presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        # Choice j of a seeded request uses seed + j: reproducible, yet the n choices differ.
+        seed=None if body.seed is None else (body.seed + seed_offset) % 2**63,
+        stop=list(body.stop or []), ignore_eos=body.ignore_eos, logprobs=logprobs,
+    )
+
+
+def _encode(engine: GenerationEngine, text: str, limit: int, add_special_tokens: bool = True) -> list[int]:
+    if len(text) > limit:
+        raise bad_request(f"the prompt has {len(text)} characters; the limit is {limit}", "input_too_long")
+    ids = engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    if not text or not ids:
+        raise bad_request("the prompt is empty", "empty_prompt")
+    return ids
+
+
+def _submit_all(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]]) -> list[GenerationRequest]:
+    """Queue every job or none: a refusal cancels those already queued."""
+    submitted: list[GenerationRequest] = []
+    try:
+        for ids, params in jobs:
+            submitted.append(engine.submit(ids, params))
+    except (QueueFull, ValueError) as exc:
+        for req in submitted:
+            req.cancel()
+        if isinstance(exc, QueueFull):
+            raise overloaded(str(exc), retry_after=1) from exc
+        raise bad_request(str(exc), "context_length_exceeded") from exc
+    return submitted
+
+
+def _check_max_tokens(max_tokens: int, limit: int) -> None:
+    if max_tokens > limit:
+        raise bad_request(f"max_tokens {max_tokens} exceeds the server's limit of {limit}", "max_tokens_too_large")
+
+
+async def _merged(engine: GenerationEngine, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Event]]:
+    """Events of all choices as they come. Leaving early (client gone) cancels every request."""
+    queue: asyncio.Queue[tuple[Choice, Event | BaseException | None]] = asyncio.Queue()
+
+    async def pump(choice: Choice) -> None:
+        try:
+            async for event in engine.stream(choice.request):
+                queue.put_nowait((choice, event))
+        except Exception as exc:  # surfaces in the consumer
+            queue.put_nowait((choice, exc))
+        finally:
+            queue.put_nowait((choice, None))
+
+    tasks = [asyncio.create_task(pump(c)) for c in choices]
+    try:
+        remaining = len(choices)
+        while remaining:
+            choice, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield choice, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for c in choices:
+            c.request.cancel()
+
+
+def _engine_error(exc: BaseException) -> APIError:
+    if isinstance(exc, RequestTimeout):
+        return APIError(504, str(exc), "server_error", "timeout")
+    return APIError(500, str(exc) or "generation failed", "server_error", "generation_failed")
+
+
+async def _collect(request: Request, engine: GenerationEngine, choices: list[Choice]) -> None:
+    """Run every choice to completion; a client that disconnects cancels them."""
+
+    async def consume() -> None:
+        async for choice, event in _merged(engine, choices):
+            choice.add(event)
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.25)
+
+    consumer, watcher = asyncio.create_task(consume()), asyncio.create_task(watch())
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not consumer.done():
+            consumer.cancel()
+    if consumer in done and (exc := consumer.exception()) is not None:
+        raise _engine_error(exc)
+    if consumer not in done:
+        raise APIError(499, "client closed the request", "invalid_request_error", "client_closed")
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _streaming(chunks: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+# --------------------------------------------------------------------------------------------------
+# Logprob formats
+# --------------------------------------------------------------------------------------------------
+def _legacy_logprobs(items: list[TokenLogprob | None], tokens: list[str], offsets: list[int]) -> dict[str, Any]:
+    return {"tokens": tokens,
+            "token_logprobs": [None if lp is None else lp.logprob for lp in items],
+            "top_logprobs": [None if lp is None else lp.top for lp in items],
+            "text_offset": offsets}
+
+
+def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [entry(lp.token, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top.items()]}
+                        for lp in items]}
+
+
+# --------------------------------------------------------------------------------------------------
+# /v1/completions
+# --------------------------------------------------------------------------------------------------
+@router.post("/v1/completions", responses=_ERRORS)
+async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    cfg = settings(request)
+    served = served_model(request, body.model, "text-generation")
+    engine = served.engine
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    check_count("prompts", len(prompts), cfg.max_prompts)
+    check_count("choices (n)", body.n, cfg.max_n)
+    _check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
+    encoded = [_encode(engine, p, cfg.max_input_chars) for p in prompts]
+    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs)) for ids in encoded for j in range(body.n)]
+    for ids, params in jobs[:: body.n]:
+        try:
+            engine.check_limits(len(ids), params.max_tokens)
+        except ValueError as exc:
+            raise bad_request(str(exc), "context_length_exceeded") from exc
+    echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
+    if body.echo and body.logprobs is not None:
+        echo_logprobs = [await asyncio.to_thread(engine.score_prompt, ids, body.logprobs) for ids in encoded]
+    requests = _submit_all(engine, jobs)
+    choices = []
+    for i, req in enumerate(requests):
+        p = i // body.n
+        offsets = [len(engine.tokenizer.decode(encoded[p][:k])) for k in range(len(echo_logprobs[p]))]
+        choices.append(Choice(i, req, prompts[p] if body.echo else "", echo_logprobs[p], offsets))
+    completion_id, created, model = new_id("cmpl"), now(), served.name
+    prompt_tokens = sum(len(ids) for ids in encoded)
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def chunks() -> AsyncIterator[str]:
+            base = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
+            try:
+                for c in choices:
+                    if c.prefix:
+                        lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
+                        yield sse(base | {"choices": [{"text": c.prefix, "index": c.index, "logprobs": lp,
+                                                       "finish_reason": None}]})
+                async for c, event in _merged(engine, choices):
+                    offsets = c.add(event)
+                    if not (event.text or event.logprobs or event.finish_reason):
+                        continue  # the detokenizer is holding back an unfinished character
+                    lp = None
+                    if body.logprobs is not None:
+                        lp = _legacy_logprobs(event.logprobs, [x.token for x in event.logprobs], offsets)
+                    yield sse(base | {"choices": [{"text": event.text, "index": c.index, "logprobs": lp,
+                                                   "finish_reason": event.finish_reason}]})
+            except Exception as exc:
+                err = _engine_error(exc)
+                yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
+            else:
+                if include_usage:
+                    usage = _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))
+                    yield sse(base | {"choices": [], "usage": usage})
+            yield SSE_DONE
+
+        return _streaming(chunks())
+
+    await _collect(request, engine, choices)
+    out = []
+    for c in choices:
+        lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
+        out.append({"text": c.prefix + c.text, "index": c.index, "logprobs": lp, "finish_reason": c.finish_reason})
+    return {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": out,
+            "usage": _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))}
+
+
+# --------------------------------------------------------------------------------------------------
+# /v1/chat/completions
+# --------------------------------------------------------------------------------------------------
+@router.post("/v1/chat/completions", responses=_ERRORS)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    cfg = settings(request)
+    served = served_model(request, body.model, "text-generation")
+    engine = served.engine
+    if engine.tokenizer.chat_template is None:
+        raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "no_chat_template")
+    check_count("choices (n)", body.n, cfg.max_n)
+    try:
+        prompt = engine.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+    except ValueError as exc:
+        raise bad_request(str(exc), "invalid_messages") from exc
+    ids = _encode(engine, prompt, cfg.max_input_chars, add_special_tokens=False)
+    requested = body.max_completion_tokens or body.max_tokens
+    if requested is not None:
+        _check_max_tokens(requested, cfg.max_tokens_limit)
+    max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    jobs = [(ids, _sampling(body, max_tokens, j, top)) for j in range(body.n)]
+    choices = [Choice(i, req) for i, req in enumerate(_submit_all(engine, jobs))]
+    completion_id, created, model = new_id("chatcmpl"), now(), served.name
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def chunks() -> AsyncIterator[str]:
+            base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
+            for c in choices:
+                yield sse(base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                               "logprobs": None, "finish_reason": None}]})
+            try:
+                async for c, event in _merged(engine, choices):
+                    c.add(event)
+                    if not (event.text or event.logprobs or event.finish_reason):
+                        continue
+                    delta = {"content": event.text} if event.text or event.finish_reason is None else {}
+                    lp = _chat_logprobs(event.logprobs) if body.logprobs else None
+                    yield sse(base | {"choices": [{"index": c.index, "delta": delta, "logprobs": lp,
+                                                   "finish_reason": event.finish_reason}]})
+            except Exception as exc:
+                err = _engine_error(exc)
+                yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
+            else:
+                if include_usage:
+                    yield sse(base | {"choices": [], "usage": _usage(len(ids) * body.n,
+                                                                     sum(c.tokens for c in choices))})
+            yield SSE_DONE
+
+        return _streaming(chunks())
+
+    await _collect(request, engine, choices)
+    out = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+            "logprobs": _chat_logprobs(c.logprobs) if body.logprobs else None, "finish_reason": c.finish_reason}
+           for c in choices]
+    return {"id": completion_id, "object": "chat.completion", "created": created, "model": model, "choices": out,
+            "usage": _usage(len(ids) * body.n, sum(c.tokens for c in choices))}

@@ -1,0 +1,142 @@
+"""Batch functions for the dynamically batched tasks (translation, classification), and image decoding.
+Everything here runs in worker threads; nothing here knows about HTTP."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from model.beam_search import BeamSettings
+from model.checkpoint import LoadedModel
+from model.generation import beam_search, translate_greedy
+from model.tokenizer import IncrementalDetokenizer
+
+
+class InvalidInput(ValueError):
+    """Input the model cannot take (HTTP 400)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Translation
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class TranslationJob:
+    source_ids: list[int]
+    num_beams: int
+    max_new_tokens: int
+    on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
+
+
+@dataclass
+class TranslationResult:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Translator:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
+        self.cfg, self.gen = loaded.config, loaded.generation
+
+    def job(self, text: str, num_beams: int | None, max_tokens: int | None) -> TranslationJob:
+        ids = self.tokenizer.encode(text)
+        if len(ids) > self.cfg.max_source_len:
+            raise InvalidInput(f"input has {len(ids)} tokens; this model takes at most {self.cfg.max_source_len}")
+        if max_tokens is not None and max_tokens > self.cfg.max_target_len:
+            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
+        max_new = max_tokens or min(self.gen.max_new_tokens, self.cfg.max_target_len)
+        return TranslationJob(ids, num_beams or self.gen.num_beams, max_new)
+
+    def beam_settings(self, job: TranslationJob) -> BeamSettings:
+        g = self.gen
+        return BeamSettings(num_beams=job.num_beams, max_new_tokens=job.max_new_tokens,
+                            eos_token_id=self.cfg.eos_token_id, length_penalty=g.length_penalty,
+                            early_stopping=g.early_stopping, banned_token_ids=g.banned_token_ids,
+                            force_eos_at_max=g.force_eos_at_max)
+
+    def run_batch(self, jobs: list[TranslationJob]) -> list[TranslationResult]:
+        """Greedy jobs with the same length limit decode as one batch; beam jobs run one by one."""
+        outputs: dict[int, list[int]] = {}
+        greedy_groups: dict[int, list[int]] = {}
+        for i, job in enumerate(jobs):
+            if job.num_beams == 1:
+                greedy_groups.setdefault(job.max_new_tokens, []).append(i)
+            else:
+                outputs[i] = beam_search(self.model, job.source_ids, self.beam_settings(job))
+        for max_new, idx in greedy_groups.items():
+            group = [jobs[i] for i in idx]
+            streams = {j: IncrementalDetokenizer(self.tokenizer) for j, job in enumerate(group) if job.on_text}
+
+            def on_step(tokens: list[int | None], group=group, streams=streams) -> None:
+                for j, detok in streams.items():
+                    t = tokens[j]
+                    if t is not None and t != self.cfg.eos_token_id:
+                        piece = detok.push(t)
+                        if piece:
+                            group[j].on_text(piece)
+
+            results = translate_greedy(self.model, [j.source_ids for j in group], max_new,
+                                       self.gen.banned_token_ids, self.gen.force_eos_at_max,
+                                       on_step if streams else None)
+            outputs.update(zip(idx, results, strict=True))
+        return [self._result(jobs[i], outputs[i]) for i in range(len(jobs))]
+
+    def _result(self, job: TranslationJob, ids: list[int]) -> TranslationResult:
+        return TranslationResult(self.tokenizer.decode(ids), len(job.source_ids), len(ids))
+
+
+# --------------------------------------------------------------------------------------------------
+# Classification
+# --------------------------------------------------------------------------------------------------
+def open_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
+    """Decode an upload safely: size and pixel-count limits are checked from the header, before the
+    pixels are decompressed (decompression bombs never expand)."""
+    if not data:
+        raise InvalidInput("the image is empty")
+    if len(data) > max_bytes:
+        raise InvalidInput(f"the image is {len(data)} bytes; the limit is {max_bytes}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            w, h = image.size
+            if w * h > max_pixels:
+                raise InvalidInput(f"the image is {w}x{h} pixels; the limit is {max_pixels} pixels")
+            image.load()
+    except InvalidInput:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InvalidInput(f"not a readable image ({type(exc).__name__})") from exc
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise InvalidInput(f"the image is corrupt or truncated ({exc})") from exc
+    return image
+
+
+class Classifier:
+    def __init__(self, loaded: LoadedModel, max_image_bytes: int, max_image_pixels: int) -> None:
+        self.loaded, self.model = loaded, loaded.model
+        self.labels, self.preprocessing = loaded.labels, loaded.preprocessing
+        self.max_bytes, self.max_pixels = max_image_bytes, max_image_pixels
+
+    def preprocess(self, data: bytes) -> torch.Tensor:
+        """Image bytes -> normalised (C, H, W) tensor; raises InvalidInput."""
+        image = open_image(data, self.max_bytes, self.max_pixels)
+        try:
+            return self.preprocessing(image)
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"the image could not be converted ({exc})") from exc
+
+    @torch.inference_mode()
+    def run_batch(self, pixels: list[torch.Tensor]) -> list[list[tuple[str, float]]]:
+        """Each image's (label, probability) pairs, most likely first."""
+        batch = torch.stack(pixels).to(self.loaded.device, self.loaded.dtype)
+        probs = torch.softmax(self.model(batch).float(), dim=-1)
+        scores, order = probs.sort(dim=-1, descending=True)
+        return [[(self.labels[i], s) for i, s in zip(o, sc, strict=True)]
+                for o, sc in zip(order.tolist(), scores.tolist(), strict=True)]

@@ -1,0 +1,200 @@
+"""Request and response bodies (pydantic). Field names and shapes follow the OpenAI API where one exists;
+extensions are marked."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Request(BaseModel):
+    # Unknown fields are ignored (clients send vendor extras); NaN and inf are refused.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class SamplingFields(_Request):
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    n: int = Field(1, ge=1)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    user: str | None = None
+    # Extensions (vLLM-compatible names).
+    top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filter")
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> list[str]:
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return stops
+
+
+class CompletionRequest(SamplingFields):
+    model: str | None = None
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt list is empty")
+        return v
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatCompletionRequest(SamplingFields):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=5)
+
+
+class TranslationRequest(_Request):
+    model: str | None = None
+    input: str | list[str]
+    num_beams: int | None = Field(None, ge=1, le=16)
+    max_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and not v:
+            raise ValueError("input list is empty")
+        return v
+
+
+class ClassificationRequest(_Request):
+    model: str | None = None
+    image: str | None = Field(None, description="base64-encoded image (PNG, JPEG, ... anything Pillow reads)")
+    images: list[str] | None = None
+    top_k: int = Field(5, ge=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Responses
+# --------------------------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: dict | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class TranslationItem(BaseModel):
+    index: int
+    translation: str
+
+
+class TranslationResponse(BaseModel):
+    object: Literal["translation"] = "translation"
+    model: str
+    data: list[TranslationItem]
+    usage: Usage
+
+
+class Prediction(BaseModel):
+    label: str
+    score: float
+
+
+class ClassificationItem(BaseModel):
+    index: int
+    predictions: list[Prediction]
+
+
+class ClassificationResponse(BaseModel):
+    object: Literal["classification"] = "classification"
+    model: str
+    data: list[ClassificationItem]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tserve"
+    task: Literal["text-generation", "translation", "image-classification"]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

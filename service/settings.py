@@ -1,0 +1,75 @@
+"""Server settings: every option is a `TSERVE_*` environment variable and (for the common ones) a CLI
+flag. This is the only module that reads the environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TSERVE_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: all interfaces)")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port")
+    # NAME=PATH entries; empty = the bundled models under models/.
+    models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
+    attention_backend: Literal["auto", "math", "sdpa", "flash"] = Field(
+        "auto", description="attention kernels (auto: sdpa)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="JSON logs to stderr")
+
+    # Generation engine (one per language model).
+    max_running_requests: int = Field(16, ge=1, description="KV-cache slots per language model")
+    max_queue: int = Field(256, ge=0, description="waiting requests per model before 429")
+    max_model_len: int | None = Field(None, ge=2, description="cap on prompt + completion tokens (default: model's)")
+    request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
+    max_tokens_limit: int = Field(2048, ge=1, description="largest max_tokens a request may ask for")
+    max_n: int = Field(8, ge=1, description="largest `n` (choices per prompt)")
+    max_prompts: int = Field(32, ge=1, description="largest list of prompts / inputs / images in one request")
+
+    # Dynamic batching (translation, classification).
+    batch_max_size: int = Field(16, ge=1, description="largest translation/classification batch (beams count)")
+    batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a batch waits to fill up")
+
+    # Input limits.
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
+    max_image_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest encoded image")
+    max_image_pixels: int = Field(40_000_000, ge=1, description="largest image width x height")
+    max_input_chars: int = Field(100_000, ge=1, description="longest prompt / translation input")
+
+    warmup: bool = Field(True, description="run one request through each model before turning ready")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        # From the environment: "lm=/path,mt=/other" (or a JSON list, which pydantic-settings parses).
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    def model_specs(self) -> dict[str, Path]:
+        """NAME -> checkpoint directory. Without --model: every checkpoint under models/."""
+        if not self.models:
+            if not BUNDLED_MODELS_DIR.is_dir():
+                return {}
+            return {p.name: p for p in sorted(BUNDLED_MODELS_DIR.iterdir()) if (p / "config.json").is_file()}
+        specs: dict[str, Path] = {}
+        for entry in self.models:
+            name, sep, path = entry.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--model takes NAME=PATH, got {entry!r}")
+            if name in specs:
+                raise ValueError(f"model name {name!r} given twice")
+            specs[name] = Path(path).expanduser()
+        return specs

@@ -1,0 +1,70 @@
+"""Runs `tserve serve` as a real server process for HTTP tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], log_file: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_file = log_file
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(self.port), *args],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 120.0) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_file.read_text(errors="replace")[-5000:]
+
+    def metric(self, name: str, model: str) -> float:
+        """Current value of a gauge/counter sample with label model=..."""
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        prefix = f'{name}{{model="{model}"}} '
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                return float(line[len(prefix):])
+        raise KeyError(f"{name} for {model} not in /metrics")
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._log.close()
+        return code
