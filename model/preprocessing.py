@@ -27,8 +27,13 @@ class ImagePreprocessing:
     """Resize, rescale to [0, 1], normalise with mean/std.
 
     `invert`: "never", "always", or "auto" — datasets like MNIST draw light objects on a dark ground;
-    with "auto" an image whose border is brighter than its centre is inverted to match.
-    `fit`: "resize" stretches to image_size; "pad" keeps the aspect ratio and pads with the background.
+    with "auto" an image whose border (background) is on the bright side is inverted to match.
+    `fit`: "resize" stretches to image_size; "pad" keeps the aspect ratio and pads with the background;
+    "content" crops to the object (pixels brighter than `threshold` of the maximum, after inversion and
+    autocontrast), scales its longer side to `content_size` and centres it on a black canvas, the way
+    MNIST digits were normalised: photos with the object anywhere in the frame then look like the data.
+    `autocontrast`: subtract the background level (median of the border) and stretch the brightest pixel
+    to white, so that a grey paper background becomes black as in MNIST-style data.
     """
 
     image_size: int = 224
@@ -38,6 +43,9 @@ class ImagePreprocessing:
     resample: str = "bilinear"
     invert: str = "never"
     fit: str = "resize"
+    autocontrast: bool = False
+    content_size: int | None = None  # for fit="content"; default image_size
+    threshold: float = 0.2  # for fit="content": share of the maximum above which a pixel is object
 
     def __post_init__(self) -> None:
         if self.n_channels not in (1, 3):
@@ -46,8 +54,10 @@ class ImagePreprocessing:
             raise ValueError("mean and std need one value per channel")
         if self.resample not in _RESAMPLE or self.invert not in ("never", "always", "auto"):
             raise ValueError(f"bad resample {self.resample!r} or invert {self.invert!r}")
-        if self.fit not in ("resize", "pad"):
-            raise ValueError(f"fit must be 'resize' or 'pad', got {self.fit!r}")
+        if self.fit not in ("resize", "pad", "content"):
+            raise ValueError(f"fit must be 'resize', 'pad' or 'content', got {self.fit!r}")
+        if self.content_size is not None and not 1 <= self.content_size <= self.image_size:
+            raise ValueError(f"content_size must be in [1, image_size], got {self.content_size}")
         self.mean, self.std = tuple(self.mean), tuple(self.std)
 
     def to_image(self, image: Image.Image) -> Image.Image:
@@ -61,10 +71,36 @@ class ImagePreprocessing:
         image = image.convert("L" if self.n_channels == 1 else "RGB")
         if self._should_invert(image):
             image = ImageOps.invert(image)
+        if self.autocontrast:
+            image = _autocontrast(image)
         size = (self.image_size, self.image_size)
+        if self.fit == "content":
+            return self._fit_content(image)
         if self.fit == "pad":
             return ImageOps.pad(image, size, method=_RESAMPLE[self.resample], color=0)
         return image.resize(size, _RESAMPLE[self.resample])
+
+    def _fit_content(self, image: Image.Image) -> Image.Image:
+        """Crop to the bounding box of the bright object, scale it into `content_size` keeping the aspect
+        ratio, and paste it centred on a black `image_size` canvas."""
+        pixels = np.asarray(image.convert("L"), dtype=np.float32)
+        peak = float(pixels.max())
+        canvas = Image.new(image.mode, (self.image_size, self.image_size), 0)
+        if peak <= 0:
+            return canvas
+        rows = np.flatnonzero((pixels > self.threshold * peak).any(axis=1))
+        cols = np.flatnonzero((pixels > self.threshold * peak).any(axis=0))
+        box = (int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1)
+        crop = image.crop(box)
+        target = self.content_size or self.image_size
+        scale = target / max(crop.size)
+        w, h = max(1, round(crop.size[0] * scale)), max(1, round(crop.size[1] * scale))
+        # Shrinking a large photo in one bilinear step aliases thin strokes away; reduce first.
+        if min(crop.size[0] // w, crop.size[1] // h) >= 2:
+            crop = crop.reduce(min(crop.size[0] // w, crop.size[1] // h))
+        crop = crop.resize((w, h), _RESAMPLE[self.resample])
+        canvas.paste(crop, ((self.image_size - w) // 2, (self.image_size - h) // 2))
+        return canvas
 
     def _should_invert(self, image: Image.Image) -> bool:
         if self.invert != "auto":
@@ -74,7 +110,12 @@ class ImagePreprocessing:
         bh, bw = max(1, h // 8), max(1, w // 8)
         border = np.concatenate([grey[:bh].ravel(), grey[-bh:].ravel(), grey[:, :bw].ravel(), grey[:, -bw:].ravel()])
         centre = grey[h // 4 : h - h // 4 or None, w // 4 : w - w // 4 or None]
-        return float(border.mean()) > float(centre.mean())
+        # The background is what most of the border shows: invert when it is on the bright side of the
+        # image's range. (Comparing means flips objects that touch the border, e.g. wide pullovers.)
+        low, high = float(grey.min()), float(grey.max())
+        if high - low < 1:
+            return low > 127
+        return float(np.median(border)) > (low + high) / 2 and float(border.mean()) > float(centre.mean())
 
     def __call__(self, image: Image.Image) -> Tensor:
         """PIL image -> float tensor (C, H, W)."""
@@ -90,6 +131,11 @@ class ImagePreprocessing:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    def to_array(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 array (H, W) in any polarity/framing -> the uint8 image the model sees (H', W')."""
+        mode = "L" if pixels.ndim == 2 else "RGB"
+        return np.asarray(self.to_image(Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), mode)))
 
     @classmethod
     def load(cls, path: str | Path) -> ImagePreprocessing:
@@ -107,3 +153,18 @@ class ImagePreprocessing:
         mean = cfg.get("image_mean", [0.5] * n_channels) if normalize else [0.0] * n_channels
         std = cfg.get("image_std", [0.5] * n_channels) if normalize else [1.0] * n_channels
         return cls(image_size, n_channels, tuple(mean), tuple(std), _HF_RESAMPLE.get(cfg.get("resample", 2), "bilinear"))
+
+
+def _autocontrast(image: Image.Image) -> Image.Image:
+    """Background (median of a border strip) -> 0, brightest pixel -> 255."""
+    pixels = np.asarray(image, dtype=np.float32)
+    grey = pixels if pixels.ndim == 2 else pixels.mean(axis=2)
+    h, w = grey.shape
+    bh, bw = max(1, h // 10), max(1, w // 10)
+    border = np.concatenate([grey[:bh].ravel(), grey[-bh:].ravel(), grey[:, :bw].ravel(), grey[:, -bw:].ravel()])
+    low = float(np.median(border))
+    high = float(pixels.max())
+    if high - low < 1:
+        return image
+    out = np.clip((pixels - low) * (255.0 / (high - low)), 0, 255).astype(np.uint8)
+    return Image.fromarray(out, image.mode)
