@@ -82,7 +82,10 @@ class GenerationRequest:
         self.cancelled = True
 
     def emit(self, event: Event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop that submitted it has closed: nobody is listening any more
+            self.cancelled = True
 
 
 class GenerationEngine:

@@ -1,0 +1,233 @@
+"""Load test of text generation over HTTP, compared in the same run with Hugging Face `transformers`
+`generate` on the same weights.
+
+    python bench/load.py                       # GPT-2 small shape (124M, random weights), 1 and 8 clients
+    python bench/load.py --size distil --concurrency 1 4 8 16 --requests 32 --max-tokens 64
+    python bench/load.py --url http://host:8000 --model lm --skip-hf   # an already running server
+
+For each concurrency level C, C clients each send requests back to back (streaming, greedy, fixed output
+length via ignore_eos), so C requests are always in flight. Reported: output tokens/s over the run,
+time to first token (TTFT) and inter-token latency (ITL) percentiles, end-to-end latency.
+The `transformers` baseline serves the same prompts the way a plain pipeline server does: one request at a
+time (`hf sequential`), and as static padded batches of C (`hf batch`, which needs all C requests up
+front and returns nothing until the whole batch is done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+SIZES = {  # GPT-2 family shapes
+    "tiny": {"n_layer": 2, "n_embd": 128, "n_head": 4},
+    "distil": {"n_layer": 6, "n_embd": 768, "n_head": 12},
+    "small": {"n_layer": 12, "n_embd": 768, "n_head": 12},
+}
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
+         "they you were her she there been one all we their its has would more when if no out so said what up").split()
+
+
+@dataclass
+class Run:
+    name: str
+    concurrency: int
+    seconds: float = 0.0
+    tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def make_prompts(n: int, words: int, seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+
+
+def make_gpt2(size: str, directory: Path) -> Path:
+    """A GPT-2 checkpoint with random weights, the GPT-2 tokenizer files from the test factory."""
+    import factories
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if (directory / "model.safetensors").exists():
+        return directory
+    factories.hf_gpt2_dir(directory)  # writes tokenizer files (and a tiny model we overwrite)
+    vocab = len(json.loads((directory / "vocab.json").read_text()))
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab, n_positions=1024, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
+                     **SIZES[size])
+    GPT2LMHeadModel(cfg).eval().save_pretrained(directory)
+    return directory
+
+
+# --------------------------------------------------------------------------------------------------
+# HTTP side
+# --------------------------------------------------------------------------------------------------
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, run: Run) -> None:
+    start = time.perf_counter()
+    last = None
+    async with client.stream("POST", url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if not chunk.get("choices"):
+                continue
+            now = time.perf_counter()
+            if last is None:
+                run.ttft.append(now - start)
+            else:
+                run.itl.append(now - last)
+            last = now
+    run.latency.append(time.perf_counter() - start)
+
+
+async def http_run(url: str, model: str | None, prompts: list[str], concurrency: int, max_tokens: int) -> Run:
+    run = Run("tserve (HTTP)", concurrency)
+    queue = list(prompts)
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while queue:
+            prompt = queue.pop()
+            body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            if model:
+                body["model"] = model
+            await one_request(client, f"{url}/v1/completions", body, run)
+            run.tokens += max_tokens
+
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        run.seconds = time.perf_counter() - start
+    return run
+
+
+# --------------------------------------------------------------------------------------------------
+# transformers side
+# --------------------------------------------------------------------------------------------------
+def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, threads: int) -> list[Run]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.pad_token, tok.padding_side = tok.eos_token, "left"
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    kw = {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False,
+          "pad_token_id": tok.eos_token_id}
+    with torch.inference_mode():
+        model.generate(**tok(["warm up"], return_tensors="pt"), **kw)
+        seq = Run("hf generate, sequential", concurrency)
+        start = time.perf_counter()
+        for p in prompts:
+            t0 = time.perf_counter()
+            model.generate(**tok([p], return_tensors="pt"), **kw)
+            seq.latency.append(time.perf_counter() - t0)
+            seq.tokens += max_tokens
+        seq.seconds = time.perf_counter() - start
+        runs = [seq]
+        if concurrency > 1:
+            batch = Run(f"hf generate, batch of {concurrency}", concurrency)
+            start = time.perf_counter()
+            for i in range(0, len(prompts), concurrency):
+                t0 = time.perf_counter()
+                chunk = prompts[i: i + concurrency]
+                model.generate(**tok(chunk, return_tensors="pt", padding=True), **kw)
+                batch.latency.extend([time.perf_counter() - t0] * len(chunk))
+                batch.tokens += max_tokens * len(chunk)
+            batch.seconds = time.perf_counter() - start
+            runs.append(batch)
+    return runs
+
+
+# --------------------------------------------------------------------------------------------------
+def start_server(path: Path, args: argparse.Namespace, log: Path):
+    from server import ServerProcess
+
+    extra = ["--max-running-requests", str(max(args.concurrency) * 2), "--attention-backend", args.backend]
+    return ServerProcess(["--model", f"lm={path}", *extra], log,
+                         env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
+
+
+def print_table(runs: list[Run]) -> None:
+    header = (f"| {'system':<28} | {'clients':>7} | {'tok/s':>7} | {'TTFT p50':>8} | {'TTFT p95':>8} | "
+              f"{'ITL p50':>7} | {'ITL p95':>7} | {'latency p50':>11} |")
+    print(header)
+    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    for r in runs:
+        ms = lambda v: f"{1000 * v:.0f} ms" if v == v else "-"  # noqa: E731 - NaN prints as '-'
+        print(f"| {r.name:<28} | {r.concurrency:>7} | {r.tokens_per_s:>7.1f} | {ms(pct(r.ttft, 50)):>8} | "
+              f"{ms(pct(r.ttft, 95)):>8} | {ms(pct(r.itl, 50)):>7} | {ms(pct(r.itl, 95)):>7} | "
+              f"{ms(pct(r.latency, 50)):>11} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(SIZES), default="small", help="GPT-2 shape to benchmark")
+    ap.add_argument("--checkpoint", type=Path, help="a Hugging Face GPT-2 directory instead of random weights")
+    ap.add_argument("--url", help="benchmark this running server instead of starting one")
+    ap.add_argument("--model", help="model name on --url")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt-words", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
+    ap.add_argument("--backend", default="auto", help="attention backend of the server")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tserve-bench-"))
+    path = args.checkpoint or make_gpt2(args.size, ROOT / "runs" / f"bench-gpt2-{args.size}")
+    server = None if args.url else start_server(path, args, work / "server.log")
+    url = args.url or server.url
+    runs: list[Run] = []
+    try:
+        for c in args.concurrency:
+            prompts = make_prompts(max(args.requests, c), args.prompt_words, seed=c)
+            asyncio.run(http_run(url, args.model, prompts[:c], c, 4))  # warm-up at this batch size
+            runs.append(asyncio.run(http_run(url, args.model, prompts, c, args.max_tokens)))
+            print(f"tserve, {c} clients: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
+    finally:
+        if server is not None:
+            server.stop()
+    if not args.skip_hf:
+        for c in args.concurrency:
+            prompts = make_prompts(max(args.requests, c), args.prompt_words, seed=c)
+            runs.extend(hf_runs(path, prompts, c, args.max_tokens, args.threads))
+            print(f"hf, {c}: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
+    runs.sort(key=lambda r: (r.concurrency, r.name))
+    print(f"\nmodel: {path} ({args.size}), {args.max_tokens} new tokens per request, "
+          f"{args.prompt_words}-word prompts, greedy, float32, {args.threads} threads\n")
+    print_table(runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The generation engine and the dynamic batcher in-process (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import factories
+from model import checkpoint
+from model.generation import SamplingParams, generate_tokens
+from service.batcher import DynamicBatcher
+from service.engine import GenerationEngine, QueueFull, RequestTimeout
+from service.metrics import Metrics
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return checkpoint.load(factories.tiny_lm_dir(tmp_path_factory.mktemp("lm"), sharpen=20.0), device="cpu")
+
+
+def make_engine(lm, **kw) -> GenerationEngine:
+    opts = {"max_slots": 8, "max_queue": 64, "max_model_len": None, "timeout_s": 60.0} | kw
+    engine = GenerationEngine("lm", lm, metrics=Metrics(), **opts)
+    engine.start()
+    return engine
+
+
+async def collect(engine: GenerationEngine, req) -> tuple[list[int], str, str]:
+    ids, text, reason = [], "", None
+    async for event in engine.stream(req):
+        ids += event.token_ids
+        text += event.text
+        reason = event.finish_reason
+    return ids, text, reason
+
+
+def test_greedy_alone_equals_among_fifty_others(lm):
+    prompts = [lm.tokenizer.encode(f"prompt number {i} " + "word " * (i % 7)) for i in range(50)]
+    lengths = [5 + (i * 7) % 30 for i in range(50)]  # requests finish at different steps: slots churn
+    reference = [list(generate_tokens(lm.model, p, SamplingParams(max_tokens=n, temperature=0.0), lm.tokenizer.eos_id))
+                 for p, n in zip(prompts, lengths, strict=True)]
+    reference = [[t for t in r if t != lm.tokenizer.eos_id] for r in reference]
+    engine = make_engine(lm)
+
+    async def run() -> list:
+        reqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0.0))
+                for p, n in zip(prompts, lengths, strict=True)]
+        return await asyncio.gather(*(collect(engine, r) for r in reqs))
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert [ids for ids, _, _ in results] == reference
+    for (ids, text, _), prompt in zip(results, prompts, strict=True):
+        full = lm.tokenizer.decode(prompt + ids)
+        assert full.endswith(text)
+
+
+def test_cancel_frees_the_slot_within_a_step(lm):
+    engine = make_engine(lm, max_slots=2)
+
+    async def run() -> None:
+        req = engine.submit(lm.tokenizer.encode("hello"), SamplingParams(max_tokens=100, ignore_eos=True))
+        first = await req.events.get()
+        assert first.token_ids
+        assert engine.slots_in_use == 1
+        req.cancel()
+        for _ in range(200):
+            if engine.slots_in_use == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert engine.slots_in_use == 0 and not engine.running
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
+
+
+def test_timeout_and_queue_limits(lm):
+    engine = make_engine(lm, max_slots=1, max_queue=1, timeout_s=0.05)
+
+    async def run() -> None:
+        params = SamplingParams(max_tokens=120, ignore_eos=True)
+        first = engine.submit(lm.tokenizer.encode("a"), params)
+        assert (await first.events.get()).token_ids  # admitted: the queue is empty again
+        engine.submit(lm.tokenizer.encode("b"), params)
+        with pytest.raises(QueueFull):
+            for _ in range(5):
+                engine.submit(lm.tokenizer.encode("c"), params)
+        with pytest.raises(RequestTimeout):
+            await collect(engine, first)
+        with pytest.raises(ValueError, match="context"):
+            engine.submit(lm.tokenizer.encode("a"), SamplingParams(max_tokens=10_000))
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
+
+
+def test_a_failing_step_fails_its_requests_not_the_engine(lm, monkeypatch):
+    engine = make_engine(lm)
+    original = lm.model.decode_step
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected fault")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lm.model, "decode_step", flaky)
+
+    async def run() -> None:
+        bad = engine.submit(lm.tokenizer.encode("x"), SamplingParams(max_tokens=20, ignore_eos=True))
+        with pytest.raises(RuntimeError, match="generation failed"):
+            await collect(engine, bad)
+        good = engine.submit(lm.tokenizer.encode("x"), SamplingParams(max_tokens=5, ignore_eos=True))
+        ids, _, reason = await collect(engine, good)
+        assert len(ids) == 5 and reason == "length"
+        assert engine.slots_in_use == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
+
+
+def test_graceful_stop_drains_running_requests(lm):
+    engine = make_engine(lm)
+    done = {}
+
+    async def run() -> None:
+        req = engine.submit(lm.tokenizer.encode("x"), SamplingParams(max_tokens=30, ignore_eos=True))
+        stopper = threading.Thread(target=engine.stop)
+        await asyncio.sleep(0.01)
+        stopper.start()
+        done["ids"], _, done["reason"] = await collect(engine, req)
+        with pytest.raises(QueueFull):
+            engine.submit(lm.tokenizer.encode("y"), SamplingParams(max_tokens=3))
+        await asyncio.to_thread(stopper.join)
+
+    asyncio.run(run())
+    assert len(done["ids"]) == 30 and done["reason"] == "length"
+
+
+# --------------------------------------------------------------------------------------------------
+# Dynamic batcher
+# --------------------------------------------------------------------------------------------------
+def test_batcher_batches_and_isolates_failures():
+    seen: list[int] = []
+
+    def batch_fn(items: list[int]) -> list:
+        seen.append(len(items))
+        time.sleep(0.01)
+        return [ValueError(f"bad {x}") if x < 0 else x * 2 for x in items]
+
+    batcher = DynamicBatcher("b", batch_fn, max_batch_size=4, max_wait_ms=20, max_queue=100, metrics=Metrics())
+    batcher.start()
+
+    async def run() -> list:
+        return await asyncio.gather(*(batcher.submit(x) for x in [1, 2, -3, 4, 5, 6, 7, 8, 9]),
+                                    return_exceptions=True)
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        batcher.stop()
+    assert results[:2] == [2, 4] and results[3:] == [8, 10, 12, 14, 16, 18]
+    assert isinstance(results[2], ValueError)
+    assert max(seen) <= 4 and sum(seen) == 9 and len(seen) < 9  # batched, never above the limit
+
+
+def test_batcher_queue_limit():
+    gate = threading.Event()
+    batcher = DynamicBatcher("b", lambda items: (gate.wait(5), items)[1], max_batch_size=1, max_wait_ms=0,
+                             max_queue=2, metrics=Metrics())
+    batcher.start()
+    try:
+        first = batcher.enqueue([1])  # taken by the worker, which then blocks
+        time.sleep(0.1)
+        batcher.enqueue([2, 3])
+        with pytest.raises(QueueFull):
+            batcher.enqueue([4])
+    finally:
+        gate.set()
+        batcher.stop()
+    assert first[0].future.result(timeout=5) == 1
