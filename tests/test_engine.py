@@ -6,9 +6,9 @@ import asyncio
 import threading
 import time
 
+import factories
 import pytest
 
-import factories
 from model import checkpoint
 from model.generation import SamplingParams, generate_tokens
 from service.batcher import DynamicBatcher
