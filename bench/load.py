@@ -114,8 +114,10 @@ async def http_run(url: str, model: str | None, prompts: list[str], concurrency:
     async def client_loop(client: httpx.AsyncClient) -> None:
         while queue:
             prompt = queue.pop()
+            # logprobs=0: every token is its own chunk, even where random weights emit bytes that do not
+            # form UTF-8 text yet (the server holds such text back until it is complete).
             body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                    "stream": True, "stream_options": {"include_usage": True}}
+                    "stream": True, "logprobs": 0}
             if model:
                 body["model"] = model
             await one_request(client, f"{url}/v1/completions", body, run)

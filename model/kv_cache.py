@@ -85,7 +85,21 @@ class LayerKV:
         self.v_cache[rows, :, self.positions] = v.transpose(1, 2).to(self.v_cache.dtype)
         if self.kv_len is None:
             return k, v
+        first = _consecutive_start(self.slots)
+        if first is not None:  # a view instead of a gathered copy
+            rows = slice(first, first + self.slots.numel())
+            return self.k_cache[rows, :, : self.kv_len], self.v_cache[rows, :, : self.kv_len]
         return self.k_cache[self.slots, :, : self.kv_len], self.v_cache[self.slots, :, : self.kv_len]
+
+
+def _consecutive_start(slots: Tensor) -> int | None:
+    """The first slot when `slots` are s, s+1, ... on the CPU. Reading the cache through a slice then costs
+    nothing, where a gather copies every key and value. (On CUDA the gather stays: it needs no host sync
+    and keeps shapes static for CUDA graphs.)"""
+    if slots.device.type != "cpu":
+        return None
+    values = slots.tolist()
+    return values[0] if values == list(range(values[0], values[0] + len(values))) else None
 
 
 class SlotAllocator:

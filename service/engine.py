@@ -216,7 +216,8 @@ class GenerationEngine:
         admitted = self._admit(now)
         if admitted:
             self._prefill(admitted)
-        ready = [r for r in self.running if r.next_token is not None]
+        # In slot order: consecutive slots let the model read the cache through a view instead of a gather.
+        ready = sorted((r for r in self.running if r.next_token is not None), key=lambda r: r.slot)
         if ready:
             self._decode(ready)
         self._update_gauges()
