@@ -20,6 +20,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
     # NAME=PATH entries; empty = the bundled models under models/.
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    models_dir: Path = Field(BUNDLED_MODELS_DIR, description="where the bundled models are (served without --model)")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
@@ -61,9 +62,9 @@ class Settings(BaseSettings):
     def model_specs(self) -> dict[str, Path]:
         """NAME -> checkpoint directory. Without --model: every checkpoint under models/."""
         if not self.models:
-            if not BUNDLED_MODELS_DIR.is_dir():
+            if not self.models_dir.is_dir():
                 return {}
-            return {p.name: p for p in sorted(BUNDLED_MODELS_DIR.iterdir()) if (p / "config.json").is_file()}
+            return {p.name: p for p in sorted(self.models_dir.iterdir()) if (p / "config.json").is_file()}
         specs: dict[str, Path] = {}
         for entry in self.models:
             name, sep, path = entry.partition("=")
