@@ -134,23 +134,30 @@ async def http_run(url: str, model: str | None, prompts: list[str], concurrency:
 # --------------------------------------------------------------------------------------------------
 # transformers side
 # --------------------------------------------------------------------------------------------------
-def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, threads: int) -> list[Run]:
+def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, threads: int,
+            device: str, dtype: str) -> list[Run]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(path)
     tok.pad_token, tok.padding_side = tok.eos_token, "left"
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def encode(texts: list[str]) -> dict:
+        return tok(texts, return_tensors="pt", padding=True).to(device)
+
     kw = {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False,
           "pad_token_id": tok.eos_token_id}
     with torch.inference_mode():
-        model.generate(**tok(["warm up"], return_tensors="pt"), **kw)
+        model.generate(**encode(["warm up"]), **kw)
         seq = Run("hf generate, sequential", concurrency)
         start = time.perf_counter()
         for p in prompts:
             t0 = time.perf_counter()
-            model.generate(**tok([p], return_tensors="pt"), **kw)
+            model.generate(**encode([p]), **kw)
+            sync()
             seq.latency.append(time.perf_counter() - t0)
             seq.tokens += max_tokens
         seq.seconds = time.perf_counter() - start
@@ -161,7 +168,8 @@ def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, t
             for i in range(0, len(prompts), concurrency):
                 t0 = time.perf_counter()
                 chunk = prompts[i: i + concurrency]
-                model.generate(**tok(chunk, return_tensors="pt", padding=True), **kw)
+                model.generate(**encode(chunk), **kw)
+                sync()
                 batch.latency.extend([time.perf_counter() - t0] * len(chunk))
                 batch.tokens += max_tokens * len(chunk)
             batch.seconds = time.perf_counter() - start
@@ -173,7 +181,8 @@ def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, t
 def start_server(path: Path, args: argparse.Namespace, log: Path):
     from server import ServerProcess
 
-    extra = ["--max-running-requests", str(max(args.concurrency) * 2), "--attention-backend", args.backend]
+    extra = ["--max-running-requests", str(max(args.concurrency) * 2), "--attention-backend", args.backend,
+             "--device", args.device, "--dtype", args.dtype]
     return ServerProcess(["--model", f"lm={path}", *extra], log,
                          env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
 
@@ -202,6 +211,8 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
     ap.add_argument("--backend", default="auto", help="attention backend of the server")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (both sides)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="both sides")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
 
@@ -222,11 +233,11 @@ def main() -> None:
     if not args.skip_hf:
         for c in args.concurrency:
             prompts = make_prompts(max(args.requests, c), args.prompt_words, seed=c)
-            runs.extend(hf_runs(path, prompts, c, args.max_tokens, args.threads))
+            runs.extend(hf_runs(path, prompts, c, args.max_tokens, args.threads, args.device, args.dtype))
             print(f"hf, {c}: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
     runs.sort(key=lambda r: (r.concurrency, r.name))
     print(f"\nmodel: {path} ({args.size}), {args.max_tokens} new tokens per request, "
-          f"{args.prompt_words}-word prompts, greedy, float32, {args.threads} threads\n")
+          f"{args.prompt_words}-word prompts, greedy, {args.dtype}, {args.device}, {args.threads} threads\n")
     print_table(runs)
 
 
