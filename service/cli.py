@@ -105,11 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser = sub.add_parser("serve", help="start the HTTP server")
     add_settings_flags(serve_parser)
     serve_parser.set_defaults(func=serve)
-    try:  # TEMP
-        from model.train.cli import register  # noqa: PLC0415 - keeps `serve` start-up light
-        register(sub)
-    except ImportError:
-        pass
+    from model.train.cli import register  # noqa: PLC0415 - keeps `serve` start-up light
+
+    register(sub)
     return parser
 
 

@@ -7,7 +7,7 @@ Streams of several choices are merged in arrival order, as OpenAI does (each chu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,13 +163,41 @@ async def _collect(request: Request, engine: GenerationEngine, choices: list[Cho
         raise APIError(499, "client closed the request", "invalid_request_error", "client_closed")
 
 
+async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: dict[str, Any],
+                        render: Callable[[Choice, Event, list[int]], dict[str, Any]],
+                        usage: Callable[[], dict[str, int]] | None) -> AsyncIterator[str]:
+    """SSE chunks of the merged choices (rendered per API), an engine failure as an error event, the usage
+    chunk when asked for, then [DONE]."""
+    try:
+        async for c, event in _merged(engine, choices):
+            offsets = c.add(event)
+            if not (event.text or event.logprobs or event.finish_reason):
+                continue  # the detokenizer is holding back an unfinished character
+            yield sse(base | {"choices": [render(c, event, offsets)]})
+    except Exception as exc:
+        err = _engine_error(exc)
+        yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
+    else:
+        if usage is not None:
+            yield sse(base | {"choices": [], "usage": usage()})
+    yield SSE_DONE
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _streaming(chunks: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+def _streaming(chunks: AsyncIterator[str], choices: list[Choice]) -> StreamingResponse:
+    async def guarded() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:  # the client left before the end (even before the first event): free the slots
+            for c in choices:
+                c.request.cancel()
+
+    return StreamingResponse(guarded(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -226,31 +254,23 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 
         async def chunks() -> AsyncIterator[str]:
             base = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
-            try:
-                for c in choices:
-                    if c.prefix:
-                        lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
-                        yield sse(base | {"choices": [{"text": c.prefix, "index": c.index, "logprobs": lp,
-                                                       "finish_reason": None}]})
-                async for c, event in _merged(engine, choices):
-                    offsets = c.add(event)
-                    if not (event.text or event.logprobs or event.finish_reason):
-                        continue  # the detokenizer is holding back an unfinished character
-                    lp = None
-                    if body.logprobs is not None:
-                        lp = _legacy_logprobs(event.logprobs, [x.token for x in event.logprobs], offsets)
-                    yield sse(base | {"choices": [{"text": event.text, "index": c.index, "logprobs": lp,
-                                                   "finish_reason": event.finish_reason}]})
-            except Exception as exc:
-                err = _engine_error(exc)
-                yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
-            else:
-                if include_usage:
-                    usage = _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))
-                    yield sse(base | {"choices": [], "usage": usage})
-            yield SSE_DONE
+            for c in choices:
+                if c.prefix:
+                    lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
+                    yield sse(base | {"choices": [{"text": c.prefix, "index": c.index, "logprobs": lp,
+                                                   "finish_reason": None}]})
 
-        return _streaming(chunks())
+            def render(c: Choice, event: Event, offsets: list[int]) -> dict[str, Any]:
+                lp = None
+                if body.logprobs is not None:
+                    lp = _legacy_logprobs(event.logprobs, [x.token for x in event.logprobs], offsets)
+                return {"text": event.text, "index": c.index, "logprobs": lp, "finish_reason": event.finish_reason}
+
+            usage = (lambda: _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))) if include_usage else None
+            async for chunk in _event_stream(engine, choices, base, render, usage):
+                yield chunk
+
+        return _streaming(chunks(), choices)
 
     await _collect(request, engine, choices)
     out = []
@@ -294,25 +314,17 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             for c in choices:
                 yield sse(base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                "logprobs": None, "finish_reason": None}]})
-            try:
-                async for c, event in _merged(engine, choices):
-                    c.add(event)
-                    if not (event.text or event.logprobs or event.finish_reason):
-                        continue
-                    delta = {"content": event.text} if event.text or event.finish_reason is None else {}
-                    lp = _chat_logprobs(event.logprobs) if body.logprobs else None
-                    yield sse(base | {"choices": [{"index": c.index, "delta": delta, "logprobs": lp,
-                                                   "finish_reason": event.finish_reason}]})
-            except Exception as exc:
-                err = _engine_error(exc)
-                yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
-            else:
-                if include_usage:
-                    yield sse(base | {"choices": [], "usage": _usage(len(ids) * body.n,
-                                                                     sum(c.tokens for c in choices))})
-            yield SSE_DONE
 
-        return _streaming(chunks())
+            def render(c: Choice, event: Event, _: list[int]) -> dict[str, Any]:
+                delta = {"content": event.text} if event.text or event.finish_reason is None else {}
+                lp = _chat_logprobs(event.logprobs) if body.logprobs else None
+                return {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": event.finish_reason}
+
+            usage = (lambda: _usage(len(ids) * body.n, sum(c.tokens for c in choices))) if include_usage else None
+            async for chunk in _event_stream(engine, choices, base, render, usage):
+                yield chunk
+
+        return _streaming(chunks(), choices)
 
     await _collect(request, engine, choices)
     out = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
