@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageFilter, ImageOps
 from torch import Tensor
 
 _RESAMPLE = {
@@ -83,7 +83,12 @@ class ImagePreprocessing:
     def _fit_content(self, image: Image.Image) -> Image.Image:
         """Crop to the bounding box of the bright object, scale it into `content_size` keeping the aspect
         ratio, and paste it centred on a black `image_size` canvas."""
-        pixels = np.asarray(image.convert("L"), dtype=np.float32)
+        grey = image.convert("L")
+        if grey.width * grey.height > 4 * self.image_size**2:
+            # Photos: find the object on a median-filtered copy, so that sensor noise and specks do not
+            # stretch its bounding box.
+            grey = grey.filter(ImageFilter.MedianFilter(5))
+        pixels = np.asarray(grey, dtype=np.float32)
         peak = float(pixels.max())
         canvas = Image.new(image.mode, (self.image_size, self.image_size), 0)
         if peak <= 0:
@@ -163,7 +168,8 @@ def _autocontrast(image: Image.Image) -> Image.Image:
     bh, bw = max(1, h // 10), max(1, w // 10)
     border = np.concatenate([grey[:bh].ravel(), grey[-bh:].ravel(), grey[:, :bw].ravel(), grey[:, -bw:].ravel()])
     low = float(np.median(border))
-    high = float(pixels.max())
+    # In photos the brightest pixel is often noise; a high percentile is the object's real white.
+    high = float(np.percentile(grey, 99.9)) if grey.size > 4 * 28 * 28 else float(pixels.max())
     if high - low < 1:
         return image
     out = np.clip((pixels - low) * (255.0 / (high - low)), 0, 255).astype(np.uint8)

@@ -1,0 +1,122 @@
+"""`train` and `eval` subcommands, registered on any argparse parser (the service's `tserve` command
+and `python -m model.train` share them). Task modules are imported only when a command runs, so that
+building the parser stays cheap."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+TASKS = ("translation", "lm", "vit")
+DEFAULT_OUT = {
+    "translation": "models/tserve-en-de",
+    "lm": "models/tserve-lm",
+    ("vit", "fashion-mnist"): "models/tserve-vit-fashion",
+    ("vit", "mnist-digits"): "models/tserve-vit-digits",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `train` and `eval` to `subparsers`; each sets `func(namespace) -> int`."""
+    t = subparsers.add_parser("train", help="train a bundled model (translation, lm, vit)",
+                              description="Train a model from scratch on the packaged data sets.")
+    t.add_argument("task", choices=TASKS)
+    t.add_argument("--dataset", default=None, help="vit: fashion-mnist (default) or mnist-digits")
+    t.add_argument("--out", default=None, help="checkpoint directory (default models/<name>)")
+    t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    t.add_argument("--preset", default="cpu", choices=("cpu", "gpu"), help="model/schedule size")
+    length = t.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None, help="optimiser steps (overrides the preset)")
+    length.add_argument("--epochs", type=float, default=None, help="passes over the training data")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
+    t.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
+    t.set_defaults(func=run_train)
+
+    e = subparsers.add_parser("eval", help="evaluate a checkpoint on its held-out test split",
+                              description="Compute test metrics, write metrics.json and update MODEL_CARD.md.")
+    e.add_argument("checkpoint", help="checkpoint directory")
+    e.add_argument("--limit", type=int, default=None, help="evaluate on the first N test items only")
+    e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    e.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
+    e.add_argument("--no-write", action="store_true", help="print metrics without writing them")
+    e.set_defaults(func=run_eval)
+
+
+def default_out(task: str, dataset: str | None) -> str:
+    if task == "vit":
+        return DEFAULT_OUT[("vit", dataset or "fashion-mnist")]
+    return DEFAULT_OUT[task]
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from model.train.common import RunOptions, setup_logging  # noqa: PLC0415
+
+    if args.task == "vit" and args.dataset not in (None, "fashion-mnist", "mnist-digits"):
+        print(f"unknown dataset {args.dataset!r} for vit: expected fashion-mnist or mnist-digits", file=sys.stderr)
+        return 2
+    if args.task != "vit" and args.dataset is not None:
+        print(f"--dataset applies to vit only; {args.task} has one data set", file=sys.stderr)
+        return 2
+    out = Path(args.out or default_out(args.task, args.dataset))
+    out.mkdir(parents=True, exist_ok=True)
+    setup_logging(out / "train_log.jsonl")
+    opts = RunOptions(
+        out=out, device=args.device, preset=args.preset, steps=args.steps, epochs=args.epochs, seed=args.seed,
+        max_minutes=args.max_minutes, dataset=args.dataset, data_root=args.data_dir,
+        command=" ".join(shlex.quote(a) for a in _command_line()),
+    )
+    try:
+        if args.task == "vit":
+            from model.train.vit import train  # noqa: PLC0415
+        elif args.task == "lm":
+            from model.train.lm import train  # noqa: PLC0415
+        else:
+            from model.train.translation import train  # noqa: PLC0415
+        path = train(opts)
+    except (ValueError, FileNotFoundError) as exc:
+        logging.getLogger("model.train").error("training failed: %s", exc)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"saved {path}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from model.train.common import setup_logging  # noqa: PLC0415
+    from model.train.evaluate import evaluate_checkpoint  # noqa: PLC0415
+
+    setup_logging()
+    try:
+        metrics = evaluate_checkpoint(args.checkpoint, limit=args.limit, device=args.device,
+                                      data_root=args.data_dir, write=not args.no_write)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    import json  # noqa: PLC0415
+
+    print(json.dumps({k: v for k, v in metrics.items() if k != "samples"}, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _command_line() -> list[str]:
+    argv = list(sys.argv)
+    if argv and argv[0].endswith("__main__.py"):
+        argv[0:1] = ["python", "-m", "model.train"]
+    elif argv:
+        argv[0] = Path(argv[0]).name
+    return argv
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m model.train", description="Train and evaluate tserve models.")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,145 @@
+"""Small pieces every trainer needs: seeding, device choice, hardware description, structured logs.
+
+Kept apart from the loop so that evaluation and the command line can use them without importing
+training code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger("model.train")
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and torch (all devices) and return a CPU generator for data order/augmentation,
+    so that two runs with the same seed and device see the same batches."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def resolve_device(spec: str | None) -> torch.device:
+    """`auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`; asking for absent CUDA is an error."""
+    if spec in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {spec} asked for, but CUDA is not available here")
+    return device
+
+
+def configure_threads() -> int:
+    """Honour OMP_NUM_THREADS for torch's intra-op pool (torch ignores it when set after import)."""
+    n = os.environ.get("OMP_NUM_THREADS")
+    if n and n.isdigit() and int(n) > 0:
+        torch.set_num_threads(int(n))
+    return torch.get_num_threads()
+
+
+def hardware_description(device: torch.device) -> str:
+    """One line for the model card: GPU name, or CPU model and the number of threads torch used."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {cpu}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings count once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def log_event(event: str, **fields: Any) -> None:
+    """A structured log record: the message is the event name, the fields travel as `extra` (for JSON
+    handlers) and are appended as JSON for plain text handlers."""
+    extra = {("field_" + k if k in _STANDARD_RECORD_FIELDS else k): v for k, v in fields.items()}
+    log.info("%s %s", event, json.dumps(fields, default=str, sort_keys=True), extra={"event": event, **extra})
+
+
+class JsonLinesHandler(logging.Handler):
+    """Writes one JSON object per record (training logs under the output directory are machine-readable)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        row = {"time": round(time.time(), 3), "level": record.levelname, "event": getattr(record, "event", None)}
+        if row["event"] is None:
+            row["message"] = record.getMessage()
+        for k, v in record.__dict__.items():
+            if k not in _STANDARD_RECORD_FIELDS and k not in row:
+                row[k] = v
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+_STANDARD_RECORD_FIELDS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+def setup_logging(log_file: str | Path | None = None) -> None:
+    """Console logs for people (when nothing else configured logging) plus an optional JSON-lines file."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
+    if log_file is not None:
+        for h in list(log.handlers):
+            if isinstance(h, JsonLinesHandler):
+                log.removeHandler(h)
+        log.addHandler(JsonLinesHandler(log_file))
+
+
+def batches_per_epoch(n: int, batch_size: int) -> int:
+    return max(1, n // batch_size)
+
+
+@dataclass
+class RunOptions:
+    """What the command line (or a test) asks of a trainer; None means "the preset decides"."""
+
+    out: Path
+    device: str = "auto"
+    preset: str = "cpu"
+    steps: int | None = None
+    epochs: float | None = None
+    seed: int = 0
+    max_minutes: float | None = None
+    dataset: str | None = None
+    command: str | None = None
+    data_root: str | None = None
+    progress: bool = True
+
+
+def planned_steps(opts: RunOptions, preset_steps: int | None, preset_epochs: float | None, n_train: int,
+                  batch_size: int) -> int:
+    """--steps wins over --epochs, which wins over the preset (steps, else epochs)."""
+    if opts.steps is not None:
+        return max(1, opts.steps)
+    epochs = opts.epochs if opts.epochs is not None else preset_epochs
+    if epochs is not None:
+        return max(1, round(epochs * n_train / batch_size))
+    return max(1, preset_steps or 1)

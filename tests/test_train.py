@@ -1,0 +1,310 @@
+"""Training side: tokenizer training, the loop, the three trainers on tiny configs, evaluation, cards, CLI.
+Everything runs on CPU in seconds with synthetic or inline data (no downloads)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from factories import DE, EN
+from PIL import Image
+
+from model.checkpoint import load
+from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
+from model.decoder import Decoder
+from model.generation import SamplingParams, generate_tokens
+from model.preprocessing import ImagePreprocessing
+from model.seq2seq import Seq2Seq
+from model.tokenizer import load_tokenizer
+from model.train import bpe, cli, evaluate, lm, translation, vit
+from model.train.card import render_card
+from model.train.common import RunOptions, count_parameters, planned_steps
+from model.train.data import TranslationPair
+from model.train.loop import LoopConfig, learning_rate, train_loop
+from model.vit import ViT
+
+PAIRS = [TranslationPair(en, de, "ding") for en, de in zip(EN, DE, strict=True)]
+LM_TEXTS = [" ".join(EN * 4), " ".join(reversed(EN)) * 3, "To be, or not to be: that is the question."] * 4
+
+
+def _loop(steps: int, lr: float = 3e-3) -> LoopConfig:
+    return LoopConfig(steps=steps, lr=lr, warmup_steps=2, eval_every=10_000, log_every=10_000)
+
+
+def _loss_drop(model, batch, loss_fn, steps: int = 40, lr: float = 3e-3) -> tuple[float, float]:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        before = float(loss_fn(model.eval(), batch)[0])
+    train_loop(model, itertools.repeat(batch), loss_fn, _loop(steps, lr), device=torch.device("cpu"))
+    with torch.no_grad():
+        after = float(loss_fn(model.eval(), batch)[0])
+    return before, after
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizers
+# --------------------------------------------------------------------------------------------------
+def test_translation_tokenizer_round_trip(tmp_path):
+    tok = bpe.train_translation_tokenizer((EN + DE) * 5, vocab_size=300, min_frequency=1)
+    assert [tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id] == [0, 1, 2, 3]
+    text = "Guten Morgen. Where is the station?"
+    ids = tok.encode(text)
+    assert ids[-1] == tok.eos_id and tok.bos_id not in ids
+    assert tok.decode(ids) == text
+    tok.save(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.encode(text) == ids and again.decode(ids) == text
+    assert tok.unk_id in tok.encode("日本")  # symbols never seen map to <unk>
+
+
+def test_lm_tokenizer_is_byte_level_and_lossless(tmp_path):
+    tok = bpe.train_lm_tokenizer(LM_TEXTS, vocab_size=400, min_frequency=1)
+    assert tok.eos_id == tok.bos_id == 0
+    for text in ["To be, or not to be.", "naïve café — 日本 🙂\n\n  indented"]:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text and tok.eos_id not in ids
+    tok.save(tmp_path)
+    assert load_tokenizer(tmp_path).encode("To be") == tok.encode("To be")
+    stream = lm.token_stream(tok, ["ab", "cd"])
+    assert stream.tolist().count(0) == 2 and stream[-1] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Loop pieces
+# --------------------------------------------------------------------------------------------------
+def test_learning_rate_schedules():
+    cfg = LoopConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert learning_rate(cfg, 0) == pytest.approx(0.1) and learning_rate(cfg, 9) == pytest.approx(1.0)
+    assert learning_rate(cfg, 99) == pytest.approx(0.1)
+    assert all(learning_rate(cfg, s) >= learning_rate(cfg, s + 1) for s in range(10, 99))
+    vas = LoopConfig(steps=100, lr=1.0, warmup_steps=16, schedule="vaswani")
+    assert learning_rate(vas, 15) == pytest.approx(1.0) and learning_rate(vas, 63) == pytest.approx(0.5)
+
+
+def test_planned_steps_priorities(tmp_path):
+    opts = RunOptions(out=tmp_path)
+    assert planned_steps(opts, 7, None, 1000, 10) == 7
+    assert planned_steps(opts, None, 2.0, 1000, 10) == 200
+    assert planned_steps(RunOptions(out=tmp_path, epochs=0.5), 7, 2.0, 1000, 10) == 50
+    assert planned_steps(RunOptions(out=tmp_path, steps=3, epochs=0.5), 7, 2.0, 1000, 10) == 3
+
+
+def test_time_budget_stops_and_validates(tmp_path):
+    model = ViT(ViTConfig(image_size=8, patch_size=4, d_model=16, n_heads=2, d_ff=32, n_layers=1, n_classes=2))
+    batch = (torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 0, 1]))
+    loss_fn = lambda m, b: (torch.nn.functional.cross_entropy(m(b[0]), b[1]), 4)  # noqa: E731
+    saved = []
+    cfg = _loop(1000)
+    cfg.max_minutes = 1e-9
+    result = train_loop(model, itertools.repeat(batch), loss_fn, cfg, device=torch.device("cpu"),
+                        validate=lambda m: {"val": 1.0}, save=lambda m, s: saved.append(s))
+    assert result.steps == 1 and result.stopped_early and saved == [1] and result.validations[0]["val"] == 1.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Each task learns a fixed batch
+# --------------------------------------------------------------------------------------------------
+def test_vit_loss_decreases_on_fixed_batch():
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(image_size=28, patch_size=7, d_model=32, n_heads=4, d_ff=64, n_layers=2, n_classes=4))
+    batch = (torch.randn(16, 1, 28, 28), torch.arange(16) % 4)
+    loss_fn = lambda m, b: (torch.nn.functional.cross_entropy(m(b[0]), b[1]), len(b[1]))  # noqa: E731
+    before, after = _loss_drop(model, batch, loss_fn)
+    assert after < 0.5 * before
+
+
+def test_lm_loss_decreases_on_fixed_batch():
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=32))
+    batch = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(0))
+    before, after = _loss_drop(model, batch, lambda m, b: lm.lm_loss(m, b, torch.device("cpu")))
+    assert after < 0.6 * before
+
+
+def test_translation_loss_decreases_on_fixed_batch():
+    tok = bpe.train_translation_tokenizer((EN + DE) * 5, vocab_size=200, min_frequency=1)
+    examples = translation.encode_pairs(tok, PAIRS)
+    batch = translation.collate(examples, tok.pad_id, tok.bos_id)
+    src, lengths, tgt_in, labels = batch
+    assert (tgt_in[:, 0] == tok.bos_id).all() and (labels[lengths.new_tensor(range(len(examples))), 0] >= 0).all()
+    torch.manual_seed(0)
+    model = Seq2Seq(Seq2SeqConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1,
+                                  n_decoder_layers=1, max_source_len=64, max_target_len=64, pad_token_id=tok.pad_id,
+                                  eos_token_id=tok.eos_id, decoder_start_token_id=tok.bos_id))
+    before, after = _loss_drop(model, batch, lambda m, b: translation.mt_loss(m, b, torch.device("cpu"), 0.0),
+                               steps=60, lr=5e-3)
+    assert after < 0.5 * before
+
+
+def test_translation_batches_respect_token_budget():
+    examples = [([1] * n, [2] * (n + 1)) for n in range(1, 40)]
+    batches = translation.make_batches(examples, 60, torch.Generator().manual_seed(0))
+    assert sorted(i for b in batches for i in b) == list(range(len(examples)))
+    for b in batches:
+        longest = max(len(examples[i][0]) for i in b) + max(len(examples[i][1]) for i in b) + 1
+        assert len(b) == 1 or len(b) * longest <= 60
+
+
+def test_vit_augment_keeps_shape_and_range():
+    pixels = torch.rand(8, 1, 28, 28)
+    out = vit.augment(pixels, vit.preset("fashion-mnist", "cpu"), torch.Generator().manual_seed(0))
+    assert out.shape == pixels.shape and out.min() >= 0 and out.max() <= 1.0001
+    dim = vit.ViTPreset(model={}, contrast=(0.5, 0.5), max_rotation=0, max_shift=0, scale=(1.0, 1.0))
+    assert torch.allclose(vit.augment(pixels, dim, torch.Generator()), pixels * 0.5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Preprocessing of user images
+# --------------------------------------------------------------------------------------------------
+def test_content_fit_turns_dark_on_light_photo_into_mnist_format():
+    pre = vit.preprocessing_for("mnist-digits")
+    photo = np.full((300, 200, 3), 230, dtype=np.uint8)  # light grey paper, colour image
+    photo[200:280, 40:60] = 20  # a dark vertical stroke near the bottom
+    noise = np.random.default_rng(0).normal(0, 8, photo.shape)  # sensor noise must not move the crop
+    photo = np.clip(photo + noise, 0, 255).astype(np.uint8)
+    out = np.asarray(pre.to_image(Image.fromarray(photo)))
+    assert out.shape == (28, 28)
+    assert out[0].max() == 0 and out[:, 0].max() == 0  # black background
+    rows, cols = np.nonzero(out > 128)
+    assert rows.min() >= 3 and rows.max() <= 24  # scaled into the 20-pixel box, centred
+    assert abs((cols.min() + cols.max()) / 2 - 13.5) <= 1.5
+    same = np.asarray(pre.to_image(Image.fromarray(255 - photo[:, :, 0])))  # light-on-dark, greyscale
+    assert np.abs(same.astype(int) - out.astype(int)).mean() < 5
+    tensor = pre(Image.fromarray(photo))
+    assert tensor.shape == (1, 28, 28)
+
+
+def test_preprocessing_options_round_trip(tmp_path):
+    pre = vit.preprocessing_for("fashion-mnist")
+    pre.save(tmp_path / "p.json")
+    assert ImagePreprocessing.load(tmp_path / "p.json") == pre
+    with pytest.raises(ValueError):
+        ImagePreprocessing(28, 1, (0.5,), (0.5,), fit="crop")
+    blank = ImagePreprocessing(28, 1, (0.5,), (0.5,), fit="content", autocontrast=True)
+    assert np.asarray(blank.to_image(Image.new("L", (50, 50), 0))).max() == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiny end-to-end runs: checkpoint, load, outputs, evaluation, card
+# --------------------------------------------------------------------------------------------------
+def _images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Four easy classes: a bright square in one of the four quadrants."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 4
+    x = rng.integers(0, 30, size=(n, 28, 28)).astype(np.uint8)
+    for i, c in enumerate(y):
+        r, q = divmod(int(c), 2)
+        x[i, 2 + 12 * r : 12 + 12 * r, 2 + 12 * q : 12 + 12 * q] = 255
+    return x, y.astype(np.int64)
+
+
+@pytest.fixture(scope="module")
+def tiny_vit_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vit-run")
+    cfg = vit.ViTPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=1, patch_size=7), batch_size=32,
+                        epochs=4, loop=_loop(0), max_rotation=0, max_shift=0, scale=(1.0, 1.0))
+    data = {"train": _images(200, 0), "test": _images(40, 1)}
+    vit.train(RunOptions(out=out, device="cpu", dataset="mnist-digits", command="pytest"), data=data, config=cfg)
+    return out, data
+
+
+def test_vit_checkpoint_loads_and_classifies(tiny_vit_run):
+    out, data = tiny_vit_run
+    loaded = load(out)
+    assert loaded.labels == [str(i) for i in range(10)] and loaded.preprocessing.fit == "content"
+    logits = loaded.model(loaded.preprocessing(Image.fromarray(data["test"][0][0]))[None])
+    assert logits.shape == (1, 10)
+    # Quadrant squares cannot be content-cropped apart, so accuracy is not asserted; eval must run.
+    metrics = evaluate.evaluate_vit(loaded, *data["test"])
+    assert metrics["n"] == 40 and 0 <= metrics["accuracy"] <= 1
+    assert json.loads((out / "training.json").read_text())["task"] == "vit"
+    assert "## Training" in (out / "MODEL_CARD.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def tiny_lm_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm-run")
+    cfg = lm.LMPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=2), vocab_size=300, context=32,
+                      batch_size=8, steps=60, loop=_loop(60), val_windows=4)
+    corpus = {"train": LM_TEXTS, "valid": LM_TEXTS[:2], "test": LM_TEXTS[2:4]}
+    lm.train(RunOptions(out=out, device="cpu", command="pytest"), corpus=corpus, config=cfg)
+    return out, corpus
+
+
+def test_lm_checkpoint_generates_and_evaluates(tiny_lm_run):
+    out, corpus = tiny_lm_run
+    loaded = load(out)
+    ids = list(generate_tokens(loaded.model, loaded.tokenizer.encode("The quick"),
+                               SamplingParams(max_tokens=8, temperature=0.0), loaded.model.cfg.eos_token_id))
+    assert 1 <= len(ids) <= 8
+    metrics = evaluate.evaluate_lm(loaded, corpus["test"], corpus["train"], corpus["valid"])
+    assert metrics["perplexity"] < metrics["unigram_ppl"]  # memorised repetitive text
+    assert len(metrics["samples"]) == len(evaluate.LM_PROMPTS)
+
+
+def test_ngram_baselines_match_hand_computation():
+    train = np.array([0, 1, 0, 1, 0, 2])
+    test = np.array([0, 1, 2])
+    m = evaluate.ngram_baselines(train, test, vocab_size=3, ks=(1.0,))
+    uni = (np.bincount(train, minlength=3) + 1) / (len(train) + 3)
+    assert m["unigram_ppl"] == pytest.approx(math.exp(-np.log(uni[[1, 2]]).mean()), abs=0.01)
+    # bigram add-1: p(1|0) = (2+1)/(3+3), p(2|1) = (0+1)/(2+3)
+    assert m["bigram_ppl"] == pytest.approx(math.exp(-(math.log(3 / 6) + math.log(1 / 5)) / 2), abs=0.01)
+
+
+@pytest.fixture(scope="module")
+def tiny_mt_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mt-run")
+    cfg = translation.MTPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=1),
+                               vocab_size=200, max_len=48, batch_tokens=400, epochs=60, loop=_loop(0))
+    pairs = {"train": PAIRS * 2, "valid": PAIRS[:2], "test": PAIRS[:3]}
+    translation.train(RunOptions(out=out, device="cpu", command="pytest"), pairs=pairs, config=cfg)
+    return out, pairs
+
+
+def test_translation_checkpoint_translates_and_evaluates(tiny_mt_run):
+    out, pairs = tiny_mt_run
+    loaded = load(out)
+    assert loaded.generation.num_beams == 4 and loaded.tokenizer.pad_id in loaded.generation.banned_token_ids
+    metrics = evaluate.evaluate_translation(loaded, pairs["test"], num_beams=2)
+    assert metrics["n"] == 3 and 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100
+    info = json.loads((out / "training.json").read_text())
+    assert info["final_loss"] < math.log(loaded.tokenizer.vocab_size)  # it learnt something
+    assert {"ding"} == set(metrics["by_source"]) and metrics["samples"][0][0] == evaluate.PROBES[0]
+    (out / "metrics.json").write_text(json.dumps({"task": "translation", **metrics}))
+    card = render_card(out)
+    assert "bleu" in card and "dict-freedict-eng-deu" in card and "GPL-3+" in card
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+def test_cli_registers_train_and_eval():
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train", "vit", "--dataset", "mnist-digits", "--steps", "5", "--device", "cpu",
+                              "--preset", "gpu", "--seed", "3", "--max-minutes", "1.5"])
+    assert args.func is cli.run_train and args.task == "vit" and args.steps == 5 and args.max_minutes == 1.5
+    assert cli.default_out(args.task, args.dataset) == "models/tserve-vit-digits"
+    assert cli.default_out("translation", None) == "models/tserve-en-de"
+    args = parser.parse_args(["eval", "models/x", "--limit", "10"])
+    assert args.func is cli.run_eval and args.limit == 10
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "vit", "--steps", "1", "--epochs", "2"])
+
+
+def test_cli_rejects_unknown_dataset(tmp_path, capsys):
+    assert cli.main(["train", "vit", "--dataset", "cifar", "--out", str(tmp_path / "x")]) == 2
+    assert cli.main(["train", "lm", "--dataset", "cifar", "--out", str(tmp_path / "x")]) == 2
+    assert "fashion-mnist" in capsys.readouterr().err
+
+
+def test_count_parameters_counts_tied_weights_once():
+    model = Decoder(DecoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_seq_len=8))
+    assert count_parameters(model) == sum(p.numel() for p in model.parameters())
+    assert count_parameters(model) < sum(p.numel() for p in model.state_dict().values())
