@@ -69,9 +69,10 @@ def make_prompts(n: int, words: int, seed: int = 0) -> list[str]:
 
 def make_gpt2(size: str, directory: Path) -> Path:
     """A GPT-2 checkpoint with random weights, the GPT-2 tokenizer files from the test factory."""
-    import factories
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    import factories
 
     if (directory / "model.safetensors").exists():
         return directory

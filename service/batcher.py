@@ -1,6 +1,6 @@
 """Dynamic batching (as Triton / Ray Serve do it): items arriving within `max_wait_ms` of the first one,
 up to `max_batch_size`, run together through a batch function in a worker thread. Used for
-classification and whole-request translation."""
+image classification."""
 
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ class DynamicBatcher(Generic[T, R]):
     """
 
     def __init__(self, name: str, batch_fn: Callable[[list[T]], list[R | BaseException]], *, max_batch_size: int,
-                 max_wait_ms: float, max_queue: int, metrics: Metrics, cost: Callable[[T], int] = lambda _: 1) -> None:
+                 max_wait_ms: float, max_queue: int, metrics: Metrics) -> None:
         self.name, self.batch_fn = name, batch_fn
         self.max_batch_size, self.max_wait_s, self.max_queue = max_batch_size, max_wait_ms / 1000.0, max_queue
-        self.metrics, self.cost = metrics, cost
+        self.metrics = metrics
         self._queue: list[_Pending[T]] = []
         self._cond = threading.Condition()
         self._stop = False
@@ -96,24 +96,20 @@ class DynamicBatcher(Generic[T, R]):
         return await self.result(self.enqueue([item])[0])
 
     def _take_batch(self) -> list[_Pending[T]]:
-        """Wait for a first item, then up to max_wait for more, up to max_batch_size (by cost)."""
+        """Wait for a first item, then up to max_wait for more, up to max_batch_size."""
         with self._cond:
             while not self._queue and not self._stop:
                 self._cond.wait(timeout=0.5)
             if self._stop:
                 return []
             deadline = time.monotonic() + self.max_wait_s
-            while sum(self.cost(p.item) for p in self._queue) < self.max_batch_size and not self._stop:
+            while len(self._queue) < self.max_batch_size and not self._stop:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(timeout=left)
-            batch, budget = [], self.max_batch_size
-            while self._queue and (not batch or self.cost(self._queue[0].item) <= budget):
-                p = self._queue.pop(0)
-                budget -= self.cost(p.item)
-                if not p.cancelled:
-                    batch.append(p)
+            taken, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+            batch = [p for p in taken if not p.cancelled]
             self.metrics.queue_depth.labels(self.name).set(len(self._queue))
             return batch
 

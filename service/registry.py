@@ -13,13 +13,14 @@ from tqdm import tqdm
 
 from model import checkpoint
 from model.attention import resolve_backend
-from model.generation import SamplingParams
+from model.generation import SamplingParams, generate_tokens, translate_greedy
 from service.batcher import DynamicBatcher
-from service.engine import GenerationEngine
 from service.errors import bad_request, not_found
+from service.generation_engine import GenerationEngine
 from service.metrics import Metrics
-from service.runners import Classifier, TranslationJob, Translator
+from service.runners import Classifier
 from service.settings import Settings
+from service.translation_engine import TranslationEngine
 
 log = logging.getLogger("tserve.registry")
 
@@ -29,8 +30,7 @@ class ServedModel:
     name: str
     loaded: checkpoint.LoadedModel
     created: int
-    engine: GenerationEngine | None = None
-    translator: Translator | None = None
+    engine: GenerationEngine | TranslationEngine | None = None
     classifier: Classifier | None = None
     batcher: DynamicBatcher | None = None
 
@@ -86,10 +86,8 @@ class ModelRegistry:
                                              max_model_len=s.max_model_len, timeout_s=s.request_timeout_s,
                                              metrics=self.metrics)
         elif loaded.task == "translation":
-            served.translator = Translator(loaded)
-            served.batcher = DynamicBatcher(name, served.translator.run_batch, max_batch_size=s.batch_max_size,
-                                            max_wait_ms=s.batch_max_wait_ms, max_queue=s.max_queue,
-                                            metrics=self.metrics, cost=lambda job: job.num_beams)
+            served.engine = TranslationEngine(name, loaded, max_rows=s.max_running_requests, max_queue=s.max_queue,
+                                              timeout_s=s.request_timeout_s, metrics=self.metrics)
         else:
             served.classifier = Classifier(loaded, s.max_image_bytes, s.max_image_pixels)
             served.batcher = DynamicBatcher(name, served.classifier.run_batch, max_batch_size=s.batch_max_size,
@@ -103,14 +101,12 @@ class ModelRegistry:
     def _warmup(self, served: ServedModel) -> None:
         """One small request through each model so that the first real one does not pay for lazy init."""
         start = time.perf_counter()
-        if served.engine is not None:
-            from model.generation import generate_tokens  # noqa: PLC0415
-
-            ids = served.loaded.tokenizer.encode("Hello") or [0]
+        tokenizer = served.loaded.tokenizer
+        if served.task == "text-generation":
+            ids = tokenizer.encode("Hello") or [0]
             list(generate_tokens(served.loaded.model, ids, SamplingParams(max_tokens=2, temperature=0.0)))
-        elif served.translator is not None:
-            t = served.translator
-            t.run_batch([TranslationJob(t.tokenizer.encode("Hello"), 1, 2)])
+        elif served.task == "translation":
+            translate_greedy(served.loaded.model, [tokenizer.encode("Hello")], 2)
         else:
             cfg = served.loaded.config
             served.classifier.run_batch([torch.zeros(cfg.n_channels, cfg.image_size, cfg.image_size)])

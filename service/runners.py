@@ -1,11 +1,10 @@
-"""Batch functions for the dynamically batched tasks (translation, classification), and image decoding.
-Everything here runs in worker threads; nothing here knows about HTTP."""
+"""Translation request validation, image decoding and the classifier's batch function. Nothing here knows
+about HTTP."""
 
 from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,8 +12,6 @@ from PIL import Image, UnidentifiedImageError
 
 from model.beam_search import BeamSettings
 from model.checkpoint import LoadedModel
-from model.generation import beam_search, translate_greedy
-from model.tokenizer import IncrementalDetokenizer
 
 
 class InvalidInput(ValueError):
@@ -29,17 +26,11 @@ class TranslationJob:
     source_ids: list[int]
     num_beams: int
     max_new_tokens: int
-    on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
-
-
-@dataclass
-class TranslationResult:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
 
 
 class Translator:
+    """Validation of translation requests against the checkpoint's limits and generation defaults."""
+
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         self.cfg, self.gen = loaded.config, loaded.generation
@@ -59,36 +50,6 @@ class Translator:
                             eos_token_id=self.cfg.eos_token_id, length_penalty=g.length_penalty,
                             early_stopping=g.early_stopping, banned_token_ids=g.banned_token_ids,
                             force_eos_at_max=g.force_eos_at_max)
-
-    def run_batch(self, jobs: list[TranslationJob]) -> list[TranslationResult]:
-        """Greedy jobs with the same length limit decode as one batch; beam jobs run one by one."""
-        outputs: dict[int, list[int]] = {}
-        greedy_groups: dict[int, list[int]] = {}
-        for i, job in enumerate(jobs):
-            if job.num_beams == 1:
-                greedy_groups.setdefault(job.max_new_tokens, []).append(i)
-            else:
-                outputs[i] = beam_search(self.model, job.source_ids, self.beam_settings(job))
-        for max_new, idx in greedy_groups.items():
-            group = [jobs[i] for i in idx]
-            streams = {j: IncrementalDetokenizer(self.tokenizer) for j, job in enumerate(group) if job.on_text}
-
-            def on_step(tokens: list[int | None], group=group, streams=streams) -> None:
-                for j, detok in streams.items():
-                    t = tokens[j]
-                    if t is not None and t != self.cfg.eos_token_id:
-                        piece = detok.push(t)
-                        if piece:
-                            group[j].on_text(piece)
-
-            results = translate_greedy(self.model, [j.source_ids for j in group], max_new,
-                                       self.gen.banned_token_ids, self.gen.force_eos_at_max,
-                                       on_step if streams else None)
-            outputs.update(zip(idx, results, strict=True))
-        return [self._result(jobs[i], outputs[i]) for i in range(len(jobs))]
-
-    def _result(self, job: TranslationJob, ids: list[int]) -> TranslationResult:
-        return TranslationResult(self.tokenizer.decode(ids), len(job.source_ids), len(ids))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -166,7 +166,9 @@ def tiny_lm_dir(d: Path, seed: int = 0, sharpen: float = 1.0, **overrides) -> Pa
     return d
 
 
-def tiny_mt_dir(d: Path, seed: int = 0) -> Path:
+def tiny_mt_dir(d: Path, seed: int = 0, sharpen: float = 1.0) -> Path:
+    """`sharpen`: as for tiny_lm_dir (peaked distributions, so that exact comparisons of decoded tokens
+    across batch shapes do not hinge on float rounding)."""
     vocab = write_bpe_tokenizer(d, add_eos=True)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
@@ -174,7 +176,10 @@ def tiny_mt_dir(d: Path, seed: int = 0) -> Path:
                         max_source_len=64, max_target_len=64, decoder_start_token_id=tok.bos_id,
                         eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     gen = GenerationDefaults(num_beams=2, max_new_tokens=24, banned_token_ids=[tok.pad_id])
-    save_checkpoint(d, Seq2Seq(cfg).eval(), generation=gen)
+    model = Seq2Seq(cfg).eval()
+    with torch.no_grad():
+        model.tok_emb.weight.mul_(sharpen)
+    save_checkpoint(d, model, generation=gen)
     return d
 
 

@@ -6,13 +6,14 @@ import asyncio
 import threading
 import time
 
-import factories
 import pytest
 
+import factories
 from model import checkpoint
 from model.generation import SamplingParams, generate_tokens
 from service.batcher import DynamicBatcher
-from service.engine import GenerationEngine, QueueFull, RequestTimeout
+from service.engine import QueueFull, RequestTimeout
+from service.generation_engine import GenerationEngine
 from service.metrics import Metrics
 
 

@@ -8,16 +8,16 @@ import base64
 import io
 import json
 
-import factories
 import httpx
 import openai
 import pytest
 import torch
 from PIL import Image
-from server import ServerProcess
 
+import factories
 from model import checkpoint
 from model.generation import SamplingParams, generate_tokens, translate_greedy
+from server import ServerProcess
 
 PROMPTS = [f"{word} {i}" for i, word in enumerate(
     "The quick brown fox jumps over the lazy dog Hello world this is a small test corpus for tokenizers Good "

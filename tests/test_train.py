@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from factories import DE, EN
 from PIL import Image
 
+from factories import DE, EN
 from model.checkpoint import load
 from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.decoder import Decoder

@@ -15,8 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.generation import SamplingParams
-from service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, RequestTimeout, TokenLogprob
+from service.engine import Event, QueueFull, RequestTimeout, TokenLogprob
 from service.errors import APIError, bad_request, overloaded
+from service.generation_engine import GenerationEngine, GenerationRequest
 from service.routes.deps import SSE_DONE, SSE_HEADERS, check_count, new_id, now, served_model, settings, sse
 from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 

