@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="JSON logs to stderr")
 
     # Generation engine (one per language model).
-    max_running_requests: int = Field(16, ge=1, description="KV-cache slots per language model")
+    max_running_requests: int = Field(16, ge=1, description="KV-cache rows per generative model (a beam request takes num_beams)")
     max_queue: int = Field(256, ge=0, description="waiting requests per model before 429")
     max_model_len: int | None = Field(None, ge=2, description="cap on prompt + completion tokens (default: model's)")
     request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     max_prompts: int = Field(32, ge=1, description="largest list of prompts / inputs / images in one request")
 
     # Dynamic batching (translation, classification).
-    batch_max_size: int = Field(16, ge=1, description="largest translation/classification batch (beams count)")
+    batch_max_size: int = Field(16, ge=1, description="largest classification batch")
     batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a batch waits to fill up")
 
     # Input limits.
