@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.errors import APIError, error_response, install_error_handlers
 from service.metrics import Metrics
 from service.registry import ModelRegistry
-from service.routes import classifications, completions, health, translations
+from service.routes import attention, classifications, completions, health, translations
 from service.settings import Settings
 
 log = logging.getLogger("tserve.access")
@@ -112,6 +112,7 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     # Added last = outermost: oversized bodies are counted and logged too.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
-    for router in (health.router, completions.router, translations.router, classifications.router):
+    for router in (health.router, completions.router, translations.router, classifications.router,
+                   attention.router):
         app.include_router(router)
     return app

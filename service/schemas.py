@@ -96,6 +96,17 @@ class ClassificationRequest(_Request):
     top_k: int = Field(5, ge=1)
 
 
+class AttentionRequest(_Request):
+    model: str | None = None
+    input: str | None = Field(None, description="LM text, or the translation source")
+    target: str | None = Field(None, description="translation target to score (default: the model's own translation)")
+    image: str | None = Field(None, description="base64 image (ViT)")
+    layers: list[int] | None = Field(None, description="default: all")
+    heads: list[int] | None = Field(None, description="default: all")
+    format: Literal["json", "png", "bertviz"] = "json"
+    rollout: bool = Field(False, description="png of a ViT: attention rollout across the selected layers")
+
+
 # --------------------------------------------------------------------------------------------------
 # Responses
 # --------------------------------------------------------------------------------------------------

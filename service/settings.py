@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest encoded image")
     max_image_pixels: int = Field(40_000_000, ge=1, description="largest image width x height")
+    max_attention_floats: int = Field(2_000_000, ge=1, description="most attention weights one request may return")
     max_input_chars: int = Field(100_000, ge=1, description="longest prompt / translation input")
 
     warmup: bool = Field(True, description="run one request through each model before turning ready")

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 import factories
-from model import checkpoint
+from model import attention_maps, checkpoint
 from model.generation import SamplingParams, generate_tokens, translate_greedy
 from server import ServerProcess
 
@@ -39,7 +39,7 @@ def checkpoints(tmp_path_factory):
 def server(checkpoints, tmp_path_factory):
     args = [a for name, path in checkpoints.items() for a in ("--model", f"{name}={path}")]
     args += ["--max-running-requests", "8", "--max-body-bytes", "200000", "--max-image-bytes", "100000",
-             "--max-n", "4", "--max-prompts", "8"]
+             "--max-n", "4", "--max-prompts", "8", "--max-attention-floats", "5000"]
     srv = ServerProcess(args, tmp_path_factory.mktemp("logs") / "server.log").wait_ready()
     yield srv
     code = srv.stop()
@@ -284,6 +284,57 @@ def test_classification_json_and_multipart(server, checkpoints):
 
 
 # --------------------------------------------------------------------------------------------------
+# Attention maps
+# --------------------------------------------------------------------------------------------------
+def test_attention_json_equals_math_path_while_serving(server, checkpoints):
+    """The server runs sdpa and is busy with other requests; its maps equal the math path's in-process."""
+    ref_lm = checkpoint.load(checkpoints["lm"], device="cpu", backend="math")
+    ref = attention_maps.lm_attention(ref_lm, "Hello world, good morning", layers=[1], heads=[0, 2])
+    body = {"model": "lm", "input": "Hello world, good morning", "layers": [1], "heads": [0, 2]}
+    busy = {"model": "lm", "prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True}
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(server.url + "/v1/completions", json=busy) for _ in range(6)),
+                                        *(client.post(server.url + "/v1/attention", json=body) for _ in range(3)))
+
+    for resp in asyncio.run(together())[6:]:
+        maps = resp.json()["maps"]
+        assert len(maps) == 1 and maps[0]["module"] == "decoder.self" and maps[0]["layer"] == 1
+        assert maps[0]["query_tokens"] == ref[0].query_tokens
+        torch.testing.assert_close(torch.tensor(maps[0]["weights"]), ref[0].weights, atol=1e-5, rtol=0)
+
+
+def test_attention_translation_bertviz_and_png(server, checkpoints):
+    mt = checkpoint.load(checkpoints["mt"], device="cpu")
+    resp = post(server, "/v1/attention", json={"model": "mt", "input": "Good morning.", "target": "Guten Morgen.",
+                                               "format": "bertviz"}).json()
+    n_dec = mt.config.n_decoder_layers
+    assert len(resp["cross_attention"]) == n_dec and len(resp["encoder_attention"]) == mt.config.n_encoder_layers
+    cross = torch.tensor(resp["cross_attention"][0])
+    assert cross.shape == (1, mt.config.n_heads, len(resp["decoder_tokens"]), len(resp["encoder_tokens"]))
+    torch.testing.assert_close(cross.sum(-1), torch.ones(cross.shape[:3]))
+    own = post(server, "/v1/attention", json={"model": "mt", "input": "Good morning.", "layers": [0],
+                                              "heads": [0]}).json()
+    assert isinstance(own["target"], str) and {m["module"] for m in own["maps"]} >= {"decoder.cross"}
+
+    png = post(server, "/v1/attention", json={"model": "mt", "input": "Good morning.", "layers": [0],
+                                              "heads": [0, 1], "format": "png"})
+    assert png.headers["content-type"] == "image/png"
+    image = Image.open(io.BytesIO(png.content))
+    assert image.format == "PNG" and image.width > 100 and image.height > 100
+
+
+def test_attention_vit_png_and_json(server):
+    image = base64.b64encode(png_bytes((64, 64), (250, 250, 250))).decode()
+    resp = post(server, "/v1/attention", json={"model": "vit", "image": image, "layers": [1]}).json()
+    assert resp["maps"][0]["query_tokens"][0] == "[CLS]"
+    for rollout in (False, True):
+        png = post(server, "/v1/attention", json={"image": image, "format": "png", "rollout": rollout})
+        assert Image.open(io.BytesIO(png.content)).format == "PNG"
+
+
+# --------------------------------------------------------------------------------------------------
 # Bad input: every case a 4xx with an OpenAI-style error body; the server stays ready
 # --------------------------------------------------------------------------------------------------
 _PNG = base64.b64encode(png_bytes()).decode()
@@ -341,6 +392,16 @@ BAD_INPUTS = [
      400),
     ("classifications: upload without file", "/v1/classifications", {"data": {"model": "vit"}, "files": [
         ("other", ("x.txt", b"abc"))]}, 400),
+    ("attention: layer that does not exist", "/v1/attention", {"json": {"model": "lm", "input": "hi",
+                                                                         "layers": [7]}}, 400),
+    ("attention: head that does not exist", "/v1/attention", {"json": {"model": "lm", "input": "hi",
+                                                                        "heads": [4]}}, 400),
+    ("attention: too many weights", "/v1/attention", {"json": {"model": "lm", "input": "word " * 60}}, 400),
+    ("attention: no input", "/v1/attention", {"json": {"model": "lm"}}, 400),
+    ("attention: image model without image", "/v1/attention", {"json": {"model": "vit", "input": "hi"}}, 400),
+    ("attention: model not said", "/v1/attention", {"json": {"input": "hi"}}, 400),
+    ("attention: unknown model", "/v1/attention", {"json": {"model": "nope", "input": "hi"}}, 404),
+    ("attention: bad format", "/v1/attention", {"json": {"model": "lm", "input": "hi", "format": "gif"}}, 400),
     ("classifications: unknown model", "/v1/classifications", {"json": {"model": "nope", "image": _PNG}}, 404),
 ]
 

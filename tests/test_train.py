@@ -247,6 +247,17 @@ def test_lm_checkpoint_generates_and_evaluates(tiny_lm_run):
     assert len(metrics["samples"]) == len(evaluate.LM_PROMPTS)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 20])
+def test_strided_windows_score_every_token_once(n):
+    stream = np.arange(100, 100 + n)
+    inputs, targets = lm.strided_windows(stream, context=4, stride=2)
+    scored = targets[targets != -100].tolist()
+    assert scored == stream[1:].tolist()
+    for inp, tgt in zip(inputs, targets, strict=True):  # each target follows its input token
+        keep = tgt != -100
+        assert (tgt[keep] == inp[keep] + 1).all()
+
+
 def test_ngram_baselines_match_hand_computation():
     train = np.array([0, 1, 0, 1, 0, 2])
     test = np.array([0, 1, 2])

@@ -1,0 +1,154 @@
+"""Attention maps of any of the three model kinds, for debugging: which tokens (or image patches) each
+head of each layer attended to.
+
+The weights come from a separate forward pass on the `math` path (the serving kernels such as FlashAttention
+never materialise them), for the requested layers only; nothing here touches a KV cache, so it can run
+beside a serving engine. Modules are named `decoder.self`, `encoder.self` and `decoder.cross`
+(query = target tokens, key = source tokens); a ViT's tokens are `[CLS]` and `patch(r,c)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from model.checkpoint import LoadedModel
+from model.generation import translate_greedy
+
+
+@dataclass
+class AttentionMap:
+    module: str
+    layer: int
+    query_tokens: list[str]
+    key_tokens: list[str]
+    weights: Tensor  # (heads, query, key), float32, rows sum to 1
+
+    def to_dict(self) -> dict:
+        return {"module": self.module, "layer": self.layer, "query_tokens": self.query_tokens,
+                "key_tokens": self.key_tokens, "weights": self.weights.tolist()}
+
+
+def _selection(what: str, asked: Sequence[int] | None, count: int) -> list[int]:
+    if asked is None:
+        return list(range(count))
+    bad = [i for i in asked if not 0 <= i < count]
+    if bad:
+        raise ValueError(f"{what} {bad} do not exist: this model has {count} {what}, numbered 0 to {count - 1}")
+    return sorted(set(asked))
+
+
+def layer_counts(loaded: LoadedModel) -> dict[str, int]:
+    """Layers per module kind, for validation and for the viewer."""
+    cfg = loaded.config
+    if loaded.task == "translation":
+        return {"encoder.self": cfg.n_encoder_layers, "decoder.self": cfg.n_decoder_layers,
+                "decoder.cross": cfg.n_decoder_layers}
+    module = "decoder.self" if loaded.task == "text-generation" else "encoder.self"
+    return {module: cfg.n_layers}
+
+
+def check_selection(loaded: LoadedModel, layers: Sequence[int] | None,
+                    heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """Validated (layers, heads); ValueError names what exists."""
+    n_layers = max(layer_counts(loaded).values())
+    return _selection("layers", layers, n_layers), _selection("heads", heads, loaded.config.n_heads)
+
+
+def _maps(module: str, per_layer: dict[int, Tensor], layers: list[int], heads: list[int], q_tokens: list[str],
+          k_tokens: list[str], n_layers: int) -> list[AttentionMap]:
+    idx = torch.tensor(heads)
+    return [AttentionMap(module, i, q_tokens, k_tokens, per_layer[i][0, idx].float().cpu())
+            for i in layers if i < n_layers]
+
+
+@torch.inference_mode()
+def lm_attention(loaded: LoadedModel, text: str, layers: Sequence[int] | None = None,
+                 heads: Sequence[int] | None = None) -> list[AttentionMap]:
+    layers, heads = check_selection(loaded, layers, heads)
+    ids = loaded.tokenizer.encode(text)
+    if not ids:
+        raise ValueError("the input is empty after tokenization")
+    if len(ids) > loaded.config.max_seq_len:
+        raise ValueError(f"the input has {len(ids)} tokens; this model takes at most {loaded.config.max_seq_len}")
+    _, per_layer = loaded.model.forward_with_attention(torch.tensor([ids], device=loaded.device), set(layers))
+    tokens = loaded.tokenizer.tokens(ids)
+    return _maps("decoder.self", per_layer, layers, heads, tokens, tokens, loaded.config.n_layers)
+
+
+@torch.inference_mode()
+def translation_attention(loaded: LoadedModel, source: str, target: str | None = None,
+                          layers: Sequence[int] | None = None,
+                          heads: Sequence[int] | None = None) -> tuple[list[AttentionMap], str]:
+    """Maps of the model reading `source` and producing `target` (default: its own greedy translation).
+    Returns the maps and the target text used."""
+    layers, heads = check_selection(loaded, layers, heads)
+    cfg, tok, dev = loaded.config, loaded.tokenizer, loaded.device
+    src = tok.encode(source)
+    if len(src) > cfg.max_source_len:
+        raise ValueError(f"the input has {len(src)} tokens; this model takes at most {cfg.max_source_len}")
+    if target is None:
+        g = loaded.generation
+        out = translate_greedy(loaded.model, [src], min(g.max_new_tokens, cfg.max_target_len),
+                               g.banned_token_ids, g.force_eos_at_max)[0]
+        target_ids = [t for t in out if t != cfg.eos_token_id]
+        target = tok.decode(target_ids)
+    else:
+        target_ids = [t for t in tok.encode_target(target) if t != cfg.eos_token_id]
+    dec_in = [cfg.decoder_start_token_id, *target_ids][: cfg.max_target_len]
+    _, att = loaded.model.forward_with_attention(
+        torch.tensor([src], device=dev), torch.tensor([len(src)], device=dev), torch.tensor([dec_in], device=dev),
+        set(layers))
+    src_tokens, tgt_tokens = tok.tokens(src), tok.tokens(dec_in)
+    maps = _maps("encoder.self", att.encoder, layers, heads, src_tokens, src_tokens, cfg.n_encoder_layers)
+    maps += _maps("decoder.self", att.decoder, layers, heads, tgt_tokens, tgt_tokens, cfg.n_decoder_layers)
+    maps += _maps("decoder.cross", att.cross, layers, heads, tgt_tokens, src_tokens, cfg.n_decoder_layers)
+    return maps, target
+
+
+@torch.inference_mode()
+def vit_attention(loaded: LoadedModel, pixels: Tensor, layers: Sequence[int] | None = None,
+                  heads: Sequence[int] | None = None) -> list[AttentionMap]:
+    """pixels: one preprocessed image (C, H, W)."""
+    layers, heads = check_selection(loaded, layers, heads)
+    _, per_layer = loaded.model.forward_with_attention(pixels[None].to(loaded.device, loaded.dtype), set(layers))
+    tokens = loaded.model.token_names()
+    return _maps("encoder.self", per_layer, layers, heads, tokens, tokens, loaded.config.n_layers)
+
+
+def attention_rollout(maps: list[AttentionMap]) -> Tensor:
+    """Abnar & Zuidema's rollout over consecutive layers of one module: heads averaged, the residual
+    connection added as identity, rows renormalised, then multiplied through. (Q, K) for the last layer."""
+    result = None
+    for m in sorted(maps, key=lambda m: m.layer):
+        a = m.weights.mean(0)
+        a = a + torch.eye(a.size(0), a.size(1))
+        a = a / a.sum(-1, keepdim=True)
+        result = a if result is None else a @ result
+    if result is None:
+        raise ValueError("no maps to roll out")
+    return result
+
+
+def to_bertviz(maps: list[AttentionMap], task: str) -> dict:
+    """The shapes of transformers' `output_attentions`, which BertViz's `head_view` / `model_view` take:
+    per layer a nested list [1][head][query][key], plus the tokens."""
+
+    def stack(module: str) -> list:
+        return [[m.weights.tolist()] for m in sorted(maps, key=lambda m: m.layer) if m.module == module]
+
+    def tokens(module: str, side: str) -> list[str]:
+        for m in maps:
+            if m.module == module:
+                return m.query_tokens if side == "query" else m.key_tokens
+        return []
+
+    if task == "translation":
+        return {"encoder_attention": stack("encoder.self"), "decoder_attention": stack("decoder.self"),
+                "cross_attention": stack("decoder.cross"), "encoder_tokens": tokens("encoder.self", "query"),
+                "decoder_tokens": tokens("decoder.self", "query")}
+    module = "decoder.self" if task == "text-generation" else "encoder.self"
+    return {"attention": stack(module), "tokens": tokens(module, "query")}

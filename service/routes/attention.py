@@ -1,0 +1,88 @@
+"""`/v1/attention`: attention maps of any served model, as JSON, in BertViz's shapes, or as a PNG."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from model import attention_maps as am
+from service.attention_png import heatmap_grid, image_overlay
+from service.errors import bad_request
+from service.registry import ServedModel
+from service.routes.classifications import _decode_b64
+from service.routes.deps import registry, served_model, settings
+from service.runners import InvalidInput, open_image
+from service.schemas import AttentionRequest
+
+router = APIRouter(tags=["attention"])
+
+_MAX_PANELS = 64
+
+
+def _model(request: Request, body: AttentionRequest) -> ServedModel:
+    models = registry(request).models
+    if body.model is not None:
+        task = models[body.model].task if body.model in models else "text-generation"  # unknown: 404 below
+    elif body.image is not None:
+        task = "image-classification"
+    elif body.target is not None:
+        task = "translation"
+    else:
+        raise bad_request("say which model with 'model'", "model_required")
+    return served_model(request, body.model, task)
+
+
+def _compute(served: ServedModel, body: AttentionRequest, max_bytes: int, max_pixels: int) -> tuple[list, Any, str]:
+    """(maps, decoded image or None, translation target or '') in a worker thread; ValueError -> 400."""
+    loaded, image, target = served.loaded, None, ""
+    if served.task == "image-classification":
+        if body.image is None:
+            raise ValueError("this model reads images: give 'image' (base64)")
+        image = open_image(_decode_b64(body.image, 0), max_bytes, max_pixels)
+        maps = am.vit_attention(loaded, loaded.preprocessing(image), body.layers, body.heads)
+    else:
+        if not body.input or not body.input.strip():
+            raise ValueError("give the text to look at in 'input'")
+        if served.task == "translation":
+            maps, target = am.translation_attention(loaded, body.input, body.target, body.layers, body.heads)
+        else:
+            maps = am.lm_attention(loaded, body.input, body.layers, body.heads)
+    return maps, image, target
+
+
+@router.post("/v1/attention", responses={200: {"content": {"image/png": {}}},
+                                         400: {"description": "invalid request or selection"},
+                                         404: {"description": "unknown model"}})
+async def attention(body: AttentionRequest, request: Request) -> Any:
+    cfg = settings(request)
+    served = _model(request, body)
+    try:
+        maps, image, target = await asyncio.to_thread(_compute, served, body, cfg.max_image_bytes,
+                                                      cfg.max_image_pixels)
+    except (ValueError, InvalidInput) as exc:
+        raise bad_request(str(exc), "invalid_attention_request") from exc
+    floats = sum(m.weights.numel() for m in maps)
+    if floats > cfg.max_attention_floats:
+        raise bad_request(f"this selection has {floats} attention weights; the limit is {cfg.max_attention_floats}: "
+                          "ask for fewer 'layers' or 'heads', or a shorter input", "too_many_weights")
+    heads = am.check_selection(served.loaded, body.layers, body.heads)[1]
+    if body.format == "bertviz":
+        return {"model": served.name, **am.to_bertviz(maps, served.task)}
+    if body.format == "png":
+        if image is not None:
+            cls = am.attention_rollout(maps)[0, 1:] if body.rollout else maps[-1].weights.mean(0)[0, 1:]
+            title = "rollout" if body.rollout else f"layer {maps[-1].layer}, heads averaged"
+            png = image_overlay(image, cls, served.loaded.config.grid_size, f"[CLS] attention, {title}")
+        else:
+            if len(maps) * len(heads) > _MAX_PANELS:
+                raise bad_request(f"{len(maps) * len(heads)} heatmaps asked for; a picture holds at most "
+                                  f"{_MAX_PANELS}: select 'layers' and 'heads'", "too_many_panels")
+            png = heatmap_grid(maps, heads)
+        return Response(png, media_type="image/png")
+    out: dict[str, Any] = {"model": served.name, "maps": [m.to_dict() for m in maps]}
+    if served.task == "translation":
+        out["target"] = target
+    return out
