@@ -65,18 +65,28 @@ def _maps(module: str, per_layer: dict[int, Tensor], layers: list[int], heads: l
             for i in layers if i < n_layers]
 
 
-@torch.inference_mode()
 def lm_attention(loaded: LoadedModel, text: str, layers: Sequence[int] | None = None,
                  heads: Sequence[int] | None = None) -> list[AttentionMap]:
-    layers, heads = check_selection(loaded, layers, heads)
     ids = loaded.tokenizer.encode(text)
     if not ids:
         raise ValueError("the input is empty after tokenization")
     if len(ids) > loaded.config.max_seq_len:
         raise ValueError(f"the input has {len(ids)} tokens; this model takes at most {loaded.config.max_seq_len}")
+    return lm_attention_ids(loaded, ids, layers, heads)
+
+
+@torch.inference_mode()
+def lm_attention_ids(loaded: LoadedModel, ids: list[int], layers: Sequence[int] | None = None,
+                     heads: Sequence[int] | None = None, first_query: int = 0) -> list[AttentionMap]:
+    """Maps of a token sequence; `first_query` > 0 keeps only the rows of the later tokens (e.g. the
+    generated ones after a prompt)."""
+    layers, heads = check_selection(loaded, layers, heads)
     _, per_layer = loaded.model.forward_with_attention(torch.tensor([ids], device=loaded.device), set(layers))
     tokens = loaded.tokenizer.tokens(ids)
-    return _maps("decoder.self", per_layer, layers, heads, tokens, tokens, loaded.config.n_layers)
+    maps = _maps("decoder.self", per_layer, layers, heads, tokens, tokens, loaded.config.n_layers)
+    for m in maps:
+        m.query_tokens, m.weights = m.query_tokens[first_query:], m.weights[:, first_query:]
+    return maps
 
 
 @torch.inference_mode()
@@ -85,8 +95,8 @@ def translation_attention(loaded: LoadedModel, source: str, target: str | None =
                           heads: Sequence[int] | None = None) -> tuple[list[AttentionMap], str]:
     """Maps of the model reading `source` and producing `target` (default: its own greedy translation).
     Returns the maps and the target text used."""
-    layers, heads = check_selection(loaded, layers, heads)
-    cfg, tok, dev = loaded.config, loaded.tokenizer, loaded.device
+    check_selection(loaded, layers, heads)
+    cfg, tok = loaded.config, loaded.tokenizer
     src = tok.encode(source)
     if len(src) > cfg.max_source_len:
         raise ValueError(f"the input has {len(src)} tokens; this model takes at most {cfg.max_source_len}")
@@ -98,6 +108,17 @@ def translation_attention(loaded: LoadedModel, source: str, target: str | None =
         target = tok.decode(target_ids)
     else:
         target_ids = [t for t in tok.encode_target(target) if t != cfg.eos_token_id]
+    return translation_attention_ids(loaded, src, target_ids, layers, heads), target
+
+
+@torch.inference_mode()
+def translation_attention_ids(loaded: LoadedModel, src: list[int], target_ids: list[int],
+                              layers: Sequence[int] | None = None,
+                              heads: Sequence[int] | None = None) -> list[AttentionMap]:
+    """Maps of the model reading source ids and producing target ids (teacher-forced; eos dropped)."""
+    layers, heads = check_selection(loaded, layers, heads)
+    cfg, tok, dev = loaded.config, loaded.tokenizer, loaded.device
+    target_ids = [t for t in target_ids if t != cfg.eos_token_id]
     dec_in = [cfg.decoder_start_token_id, *target_ids][: cfg.max_target_len]
     _, att = loaded.model.forward_with_attention(
         torch.tensor([src], device=dev), torch.tensor([len(src)], device=dev), torch.tensor([dec_in], device=dev),
@@ -106,7 +127,7 @@ def translation_attention(loaded: LoadedModel, source: str, target: str | None =
     maps = _maps("encoder.self", att.encoder, layers, heads, src_tokens, src_tokens, cfg.n_encoder_layers)
     maps += _maps("decoder.self", att.decoder, layers, heads, tgt_tokens, tgt_tokens, cfg.n_decoder_layers)
     maps += _maps("decoder.cross", att.cross, layers, heads, tgt_tokens, src_tokens, cfg.n_decoder_layers)
-    return maps, target
+    return maps
 
 
 @torch.inference_mode()

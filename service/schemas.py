@@ -13,6 +13,13 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+class AttentionSelection(_Request):
+    """Extension: return the attention maps of the generated tokens (non-streaming requests)."""
+
+    layers: list[int] | None = Field(None, description="default: all")
+    heads: list[int] | None = Field(None, description="default: all")
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
@@ -51,6 +58,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
+    return_attention: AttentionSelection | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -80,6 +88,7 @@ class TranslationRequest(_Request):
     num_beams: int | None = Field(None, ge=1, le=16)
     max_tokens: int | None = Field(None, ge=1)
     stream: bool = False
+    return_attention: AttentionSelection | None = None
 
     @field_validator("input")
     @classmethod
@@ -163,6 +172,7 @@ class ChatCompletionResponse(BaseModel):
 class TranslationItem(BaseModel):
     index: int
     translation: str
+    attention: dict | None = Field(None, description="with return_attention: {'maps': [...]}")
 
 
 class TranslationResponse(BaseModel):

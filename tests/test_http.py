@@ -325,6 +325,29 @@ def test_attention_translation_bertviz_and_png(server, checkpoints):
     assert image.format == "PNG" and image.width > 100 and image.height > 100
 
 
+def test_return_attention_extension(server, checkpoints):
+    lm = checkpoint.load(checkpoints["lm"], device="cpu")
+    body = {"model": "lm", "prompt": "Hello world", "max_tokens": 5, "temperature": 0,
+            "return_attention": {"layers": [1], "heads": [2]}}
+    choice = post(server, "/v1/completions", json=body).json()["choices"][0]
+    (m,) = choice["attention"]["maps"]
+    prompt = lm.tokenizer.encode("Hello world")
+    generated = len(m["query_tokens"])
+    assert 1 <= generated <= 5 and len(m["key_tokens"]) == len(prompt) + generated
+    weights = torch.tensor(m["weights"])
+    assert weights.shape == (1, generated, len(prompt) + generated)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, generated))
+    assert torch.all(weights[0, :, len(prompt) + 1:].triu() == 0)  # no token looks at later ones
+
+    tr = post(server, "/v1/translations", json={"model": "mt", "input": ["Good morning."], "num_beams": 1,
+                                                 "max_tokens": 6, "return_attention": {"layers": [0],
+                                                                                      "heads": [0]}}).json()
+    maps = tr["data"][0]["attention"]["maps"]
+    assert {m["module"] for m in maps} == {"decoder.self", "decoder.cross"}
+    cross = next(m for m in maps if m["module"] == "decoder.cross")
+    torch.testing.assert_close(torch.tensor(cross["weights"]).sum(-1), torch.ones(1, len(cross["query_tokens"])))
+
+
 def test_attention_vit_png_and_json(server):
     image = base64.b64encode(png_bytes((64, 64), (250, 250, 250))).decode()
     resp = post(server, "/v1/attention", json={"model": "vit", "image": image, "layers": [1]}).json()
@@ -402,6 +425,12 @@ BAD_INPUTS = [
     ("attention: model not said", "/v1/attention", {"json": {"input": "hi"}}, 400),
     ("attention: unknown model", "/v1/attention", {"json": {"model": "nope", "input": "hi"}}, 404),
     ("attention: bad format", "/v1/attention", {"json": {"model": "lm", "input": "hi", "format": "gif"}}, 400),
+    ("return_attention with stream", "/v1/completions", {"json": {"model": "lm", "prompt": "a", "stream": True,
+                                                                   "return_attention": {}}}, 400),
+    ("return_attention: bad layer", "/v1/completions", {"json": {"model": "lm", "prompt": "a",
+                                                                  "return_attention": {"layers": [5]}}}, 400),
+    ("return_attention: too many weights", "/v1/translations", {"json": {"input": "hello", "max_tokens": 60,
+                                                                          "return_attention": {}}}, 400),
     ("classifications: unknown model", "/v1/classifications", {"json": {"model": "nope", "image": _PNG}}, 404),
 ]
 

@@ -14,11 +14,22 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from model.attention_maps import lm_attention_ids
 from model.generation import SamplingParams
 from service.engine import Event, QueueFull, RequestTimeout, TokenLogprob
 from service.errors import APIError, bad_request, overloaded
 from service.generation_engine import GenerationEngine, GenerationRequest
-from service.routes.deps import SSE_DONE, SSE_HEADERS, check_count, new_id, now, served_model, settings, sse
+from service.routes.deps import (
+    SSE_DONE,
+    SSE_HEADERS,
+    attention_selection,
+    check_count,
+    new_id,
+    now,
+    served_model,
+    settings,
+    sse,
+)
 from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 router = APIRouter(tags=["text generation"])
@@ -38,6 +49,7 @@ class Choice:
     prefix_offsets: list[int] = field(default_factory=list)
     text: str = ""
     tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob | None] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)  # where each generated token starts in prefix + text
     finish_reason: str | None = None
@@ -48,6 +60,7 @@ class Choice:
         self.offsets.extend(start)
         self.text += event.text
         self.tokens += len(event.token_ids)
+        self.token_ids += event.token_ids
         self.logprobs.extend(event.logprobs)
         self.finish_reason = event.finish_reason or self.finish_reason
         return start
@@ -238,6 +251,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
             engine.check_limits(len(ids), params.max_tokens)
         except ValueError as exc:
             raise bad_request(str(exc), "context_length_exceeded") from exc
+    max_prompt = max(len(ids) for ids in encoded)
+    attention = attention_selection(served.loaded, body.return_attention, body.stream, len(jobs),
+                                    body.max_tokens or 16, max_prompt + (body.max_tokens or 16),
+                                    cfg.max_attention_floats)
     echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
     if body.echo and body.logprobs is not None:
         echo_logprobs = [await asyncio.to_thread(engine.score_prompt, ids, body.logprobs) for ids in encoded]
@@ -278,6 +295,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     for c in choices:
         lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
         out.append({"text": c.prefix + c.text, "index": c.index, "logprobs": lp, "finish_reason": c.finish_reason})
+    if attention is not None:
+        for item, c in zip(out, choices, strict=True):
+            ids = c.request.prompt_ids + c.token_ids
+            maps = await asyncio.to_thread(lm_attention_ids, served.loaded, ids, *attention, len(c.request.prompt_ids))
+            item["attention"] = {"maps": [m.to_dict() for m in maps]}
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": out,
             "usage": _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))}
 

@@ -9,8 +9,11 @@ from typing import Any
 
 from fastapi import Request
 
+from model.attention_maps import check_selection
+from model.checkpoint import LoadedModel
 from service.errors import APIError, bad_request, overloaded
 from service.registry import ModelRegistry, ServedModel
+from service.schemas import AttentionSelection
 from service.settings import Settings
 
 
@@ -35,6 +38,26 @@ def served_model(request: Request, name: str | None, task: str) -> ServedModel:
 def check_count(what: str, n: int, limit: int) -> None:
     if n > limit:
         raise bad_request(f"{n} {what} in one request; the limit is {limit}", "too_many_inputs")
+
+
+def attention_selection(loaded: LoadedModel, selection: AttentionSelection | None, stream: bool, outputs: int,
+                        queries: int, keys: int, limit: int) -> tuple[list[int], list[int]] | None:
+    """Validate a `return_attention` extension up front: (layers, heads), or None when not asked for.
+    The weight count is bounded before generating (`outputs` sequences of at most `queries` x `keys`)."""
+    if selection is None:
+        return None
+    if stream:
+        raise bad_request("return_attention needs stream false", "stream_unsupported")
+    try:
+        layers, heads = check_selection(loaded, selection.layers, selection.heads)
+    except ValueError as exc:
+        raise bad_request(str(exc), "invalid_attention_request") from exc
+    modules = 2 if loaded.task == "translation" else 1  # decoder.self (+ decoder.cross)
+    floats = outputs * modules * len(layers) * len(heads) * queries * keys
+    if floats > limit:
+        raise bad_request(f"return_attention could return up to {floats} weights; the limit is {limit}: select "
+                          "fewer layers or heads, or lower max_tokens", "too_many_weights")
+    return layers, heads
 
 
 def sse(data: dict[str, Any] | str) -> str:

@@ -10,9 +10,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from model.attention_maps import translation_attention_ids
 from service.engine import QueueFull, RequestTimeout
 from service.errors import APIError, bad_request, overloaded
-from service.routes.deps import SSE_DONE, SSE_HEADERS, check_count, served_model, settings, sse
+from service.routes.deps import (
+    SSE_DONE,
+    SSE_HEADERS,
+    attention_selection,
+    check_count,
+    served_model,
+    settings,
+    sse,
+)
 from service.runners import InvalidInput, TranslationJob
 from service.schemas import TranslationRequest, TranslationResponse
 from service.translation_engine import TranslationEngine
@@ -32,15 +41,15 @@ def _error(exc: BaseException) -> APIError:
     return APIError(500, str(exc) or "translation failed", "server_error", "translation_failed")
 
 
-async def _translate(engine: TranslationEngine, req: EngineRequest) -> tuple[str, int]:
-    text, tokens = "", 0
+async def _translate(engine: TranslationEngine, req: EngineRequest) -> tuple[str, list[int]]:
+    text, ids = "", []
     async for event in engine.stream(req):
         text += event.text
-        tokens += len(event.token_ids)
-    return text, tokens
+        ids += event.token_ids
+    return text, ids
 
 
-@router.post("/v1/translations", response_model=TranslationResponse,
+@router.post("/v1/translations", response_model=TranslationResponse, response_model_exclude_none=True,
              responses={400: {"description": "invalid request"}, 404: {"description": "unknown model"},
                         429: {"description": "queue full (Retry-After)"}})
 async def create_translation(body: TranslationRequest, request: Request) -> Any:
@@ -62,6 +71,10 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
             raise bad_request(f"input {i}: {exc}", "input_too_long") from exc
     if body.stream and (len(jobs) != 1 or jobs[0].num_beams != 1):
         raise bad_request("streaming takes exactly one input and greedy decoding (num_beams 1)", "stream_unsupported")
+    longest = max(len(j.source_ids) for j in jobs)
+    steps = max(j.max_new_tokens for j in jobs) + 1
+    attention = attention_selection(engine.translator.loaded, body.return_attention, body.stream, len(jobs), steps,
+                                    steps + longest, cfg.max_attention_floats)
     submitted: list[EngineRequest] = []
     try:
         for job in jobs:
@@ -83,8 +96,13 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
             for task in tasks:
                 task.cancel()
         data = [{"index": i, "translation": text} for i, (text, _) in enumerate(results)]
+        if attention is not None:
+            for item, job, (_, ids) in zip(data, jobs, results, strict=True):
+                maps = await asyncio.to_thread(translation_attention_ids, served.loaded, job.source_ids, ids,
+                                               *attention)
+                item["attention"] = {"maps": [m.to_dict() for m in maps if m.module != "encoder.self"]}
         return {"object": "translation", "model": served.name, "data": data,
-                "usage": _usage(jobs, sum(n for _, n in results))}
+                "usage": _usage(jobs, sum(len(ids) for _, ids in results))}
 
     async def chunks() -> AsyncIterator[str]:
         base = {"object": "translation.chunk", "model": served.name}
