@@ -9,12 +9,14 @@ import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import APIError, error_response, install_error_handlers
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.routes import attention, classifications, completions, health, translations
+from service.security import APIKeyMiddleware
 from service.settings import Settings
 
 log = logging.getLogger("tserve.access")
@@ -109,8 +111,13 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     app.state.settings, app.state.metrics, app.state.registry = settings, metrics, registry
     install_error_handlers(app)
 
-    # Added last = outermost: oversized bodies are counted and logged too.
+    # Added last = outermost: refused requests (no key, oversized body) are counted and logged too.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public_paths=settings.public_paths,
+                       max_in_flight_per_key=settings.max_requests_per_key)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"])
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     for router in (health.router, completions.router, translations.router, classifications.router,
                    attention.router):

@@ -54,6 +54,8 @@ def _flag_type(field: FieldInfo) -> dict[str, Any]:
         return {"choices": list(typing.get_args(annotation))}
     if annotation is bool:
         return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(annotation) is list:  # comma-separated, as in the environment
+        return {"type": str, "metavar": "A,B,..."}
     return {"type": annotation}
 
 

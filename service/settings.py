@@ -48,9 +48,18 @@ class Settings(BaseSettings):
     max_attention_floats: int = Field(2_000_000, ge=1, description="most attention weights one request may return")
     max_input_chars: int = Field(100_000, ge=1, description="longest prompt / translation input")
 
+    # Access.
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="accepted API keys (comma-separated); empty: no authentication")
+    public_paths: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["/healthz", "/readyz", "/metrics"], description="paths open without a key")
+    max_requests_per_key: int = Field(0, ge=0, description="requests in flight per API key (0: no limit)")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="origins allowed by CORS (comma-separated); empty: CORS closed")
+
     warmup: bool = Field(True, description="run one request through each model before turning ready")
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "api_keys", "public_paths", "cors_origins", mode="before")
     @classmethod
     def _split_models(cls, value: object) -> object:
         # From the environment: "lm=/path,mt=/other" (or a JSON list, which pydantic-settings parses).

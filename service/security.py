@@ -1,0 +1,80 @@
+"""API keys (`Authorization: Bearer ...`, compared in constant time) and a per-key limit on requests in
+flight. Plain ASGI middleware, so streaming responses pass through untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from collections import Counter
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.errors import error_response
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+class KeyChecker:
+    """Compares digests (equal length, whatever the key) with `hmac.compare_digest` against every key,
+    without stopping at the first match, so the time taken says nothing about how much of a key matched."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self._digests = [_digest(k) for k in keys if k]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
+    def match(self, presented: str) -> int | None:
+        """Index of the matching key, or None."""
+        candidate = _digest(presented)
+        found = None
+        for i, d in enumerate(self._digests):
+            if hmac.compare_digest(candidate, d):
+                found = i
+        return found
+
+
+def bearer_token(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, keys: list[str], public_paths: list[str], max_in_flight_per_key: int) -> None:
+        self.app, self.checker = app, KeyChecker(keys)
+        self.public = set(public_paths)
+        self.limit = max_in_flight_per_key
+        self.in_flight: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.checker.enabled or scope["path"] in self.public:
+            await self.app(scope, receive, send)
+            return
+        key = self.checker.match(bearer_token(scope))
+        if key is None:
+            response = error_response(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                      "invalid_request_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        with self._lock:
+            busy = self.limit and self.in_flight[key] >= self.limit
+            if not busy:
+                self.in_flight[key] += 1
+        if busy:
+            response = error_response(429, f"this API key has {self.limit} requests in flight; retry later",
+                                      "server_overloaded", "rate_limit_exceeded", {"Retry-After": "1"})
+            await response(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            with self._lock:
+                self.in_flight[key] -= 1

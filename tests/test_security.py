@@ -1,0 +1,130 @@
+"""API keys, per-key concurrency and CORS, in-process (the models are not needed to answer 401/429)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from service.app import build_app
+from service.security import KeyChecker
+from service.settings import Settings
+
+KEY = "sk-test-0123456789abcdef"
+
+
+def client(**settings) -> httpx.AsyncClient:
+    app = build_app(Settings(**settings), load_models=False)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize(("headers", "status"), [
+    ({}, 401),
+    ({"Authorization": "Bearer wrong"}, 401),
+    ({"Authorization": f"Basic {KEY}"}, 401),
+    ({"Authorization": f"Bearer {KEY}"}, 200),
+])
+def test_api_key_required(headers, status):
+    async def go() -> httpx.Response:
+        async with client(api_keys=[KEY, "other"]) as c:
+            return await c.get("/v1/models", headers=headers)
+
+    resp = run(go())
+    assert resp.status_code == status
+    if status == 401:
+        assert resp.json()["error"]["code"] == "invalid_api_key"
+        assert resp.headers["www-authenticate"] == "Bearer"
+
+
+def test_health_and_metrics_open_unless_configured():
+    async def go() -> list[int]:
+        async with client(api_keys=[KEY]) as c:
+            open_ = [(await c.get(p)).status_code for p in ("/healthz", "/metrics")]
+        async with client(api_keys=[KEY], public_paths=[]) as c:
+            closed = [(await c.get(p)).status_code for p in ("/healthz", "/metrics")]
+        return open_ + closed
+
+    assert run(go()) == [200, 200, 401, 401]
+
+
+def test_keys_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TSERVE_API_KEYS", f"{KEY},second")
+    assert Settings().api_keys == [KEY, "second"]
+
+
+def test_no_keys_no_authentication():
+    async def go() -> int:
+        async with client() as c:
+            return (await c.get("/v1/models")).status_code
+
+    assert run(go()) == 200
+
+
+def test_in_flight_limit_per_key():
+    """A key with one request in flight gets 429 for the next; another key is not affected."""
+    app = build_app(Settings(api_keys=[KEY, "k2"], max_requests_per_key=1), load_models=False)
+    gate = asyncio.Event()
+
+    @app.get("/slow")
+    async def slow() -> dict:
+        await gate.wait()
+        return {"ok": True}
+
+    async def go() -> tuple[int, int, int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            first = asyncio.create_task(c.get("/slow", headers={"Authorization": f"Bearer {KEY}"}))
+            await asyncio.sleep(0.05)
+            second = await c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+            other = await c.get("/v1/models", headers={"Authorization": "Bearer k2"})
+            gate.set()
+            return (await first).status_code, second.status_code, other.status_code
+
+    first, second, other = run(go())
+    assert (first, second, other) == (200, 429, 200)
+
+
+def test_cors_closed_by_default_and_open_when_configured():
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        async with client() as c:
+            closed = await c.options("/v1/completions", headers=preflight)
+        async with client(cors_origins=["https://app.example"]) as c:
+            opened = await c.options("/v1/completions", headers=preflight)
+        return closed, opened
+
+    closed, opened = run(go())
+    assert "access-control-allow-origin" not in closed.headers
+    assert opened.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_key_comparison_is_constant_time(monkeypatch):
+    """Whatever the candidate (no common prefix, all but the last character, the key itself), the check
+    makes the same calls: hmac.compare_digest on equal-length digests, once per configured key, with no
+    early exit. (Proven by construction rather than by timing, which a shared CI machine cannot resolve.)"""
+    import service.security as security
+
+    calls: list[tuple[int, int]] = []
+    real = security.hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        calls.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(security.hmac, "compare_digest", recording)
+    key = "k" * 64
+    checker = KeyChecker(["first-key", key, "third"])
+    traces = []
+    for candidate in ("x" * 64, "k" * 63 + "x", key, ""):
+        calls.clear()
+        checker.match(candidate)
+        traces.append(list(calls))
+    assert all(trace == traces[0] for trace in traces)
+    assert traces[0] == [(32, 32)] * 3
+    assert checker.match(key) == 1 and checker.match("k" * 63 + "x") is None
