@@ -17,8 +17,9 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -86,6 +87,9 @@ class StepEngine:
         self._stop = False
         self._draining = False
         self._thread: threading.Thread | None = None
+        self.restarts = 0
+        # Tests only: called with each request as it is processed after a step; raising fails that request.
+        self.fault_hook: Callable[[EngineRequest], None] | None = None
         metrics.kv_total.labels(name).set(capacity)
 
     # ----------------------------------------------------------------------------------------------
@@ -142,20 +146,57 @@ class StepEngine:
     # Worker thread
     # ----------------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        """Supervisor: if the step loop itself dies, fail what was in flight and start it again."""
+        while not self._stop:
+            try:
+                self._run_steps()
+            except Exception as exc:
+                log.exception("engine loop died; restarting it", extra={"model": self.name})
+                self.restarts += 1
+                for req in list(self.running):
+                    self._fail(req, exc)
+        for req in list(self.running) + list(self.waiting):
+            self._finish(req, Event(error=RuntimeError("server shutting down")))
+
+    def _run_steps(self) -> None:
         while not self._stop:
             if not self.running and not self.waiting:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
+            with torch.inference_mode():
+                self.step()
+
+    def _fail(self, req: EngineRequest, exc: BaseException) -> None:
+        log.error("request failed", exc_info=exc, extra={"model": self.name})
+        self._finish(req, Event(error=RuntimeError(f"generation failed: {type(exc).__name__}")))
+
+    def _isolated(self, reqs: list, forward: Callable[[list], Any], consume: Callable[[list, Any], None]) -> None:
+        """Run `consume(reqs, forward(reqs))` so that a fault fails only the requests it belongs to: when a
+        batch fails, its requests run again one by one (re-writing a cache position is idempotent), and
+        the one that fails alone is failed. `consume` must isolate its per-request part itself and do its
+        batched part before it emits anything."""
+        try:
+            consume(reqs, forward(reqs))
+        except Exception as exc:
+            if len(reqs) == 1:
+                self._fail(reqs[0], exc)
+                return
+            log.warning("batch failed; running its requests one by one", extra={"model": self.name,
+                                                                                 "size": len(reqs)})
+            for req in reqs:
+                if not req.finished:
+                    self._isolated([req], forward, consume)
+
+    def _each(self, reqs: list, work: Callable[[Any], None]) -> None:
+        """`work(req)` for every request; an exception fails that request alone."""
+        for req in reqs:
             try:
-                with torch.inference_mode():
-                    self.step()
-            except Exception as exc:  # one bad batch fails its requests, never the engine
-                log.exception("engine step failed", extra={"model": self.name})
-                for req in list(self.running):
-                    self._finish(req, Event(error=RuntimeError(f"generation failed: {type(exc).__name__}")))
-        for req in list(self.running) + list(self.waiting):
-            self._finish(req, Event(error=RuntimeError("server shutting down")))
+                if self.fault_hook is not None:
+                    self.fault_hook(req)
+                work(req)
+            except Exception as exc:
+                self._fail(req, exc)
 
     def step(self) -> None:
         now = time.perf_counter()

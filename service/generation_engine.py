@@ -98,6 +98,15 @@ class GenerationEngine(StepEngine):
             req.slot = -1
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
+        self._isolated(reqs, self._prefill_forward, self._sample_and_emit)
+
+    def _decode(self) -> None:
+        # In slot order: consecutive slots let the model read the cache through a view instead of a gather.
+        reqs = sorted((r for r in self.running if r.next_token is not None), key=lambda r: r.slot)
+        if reqs:
+            self._isolated(reqs, self._decode_forward, self._sample_and_emit)
+
+    def _prefill_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         lengths = [len(r.prompt_ids) for r in reqs]
         tokens = torch.zeros(len(reqs), max(lengths), dtype=torch.long)
         for i, r in enumerate(reqs):
@@ -106,13 +115,9 @@ class GenerationEngine(StepEngine):
         logits = self.model.prefill(tokens.to(self.device), torch.tensor(lengths, device=self.device),
                                     self.cache, slots)
         self.metrics.batch_size.labels(self.name).observe(len(reqs))
-        self._sample_and_emit(reqs, logits)
+        return logits
 
-    def _decode(self) -> None:
-        # In slot order: consecutive slots let the model read the cache through a view instead of a gather.
-        reqs = sorted((r for r in self.running if r.next_token is not None), key=lambda r: r.slot)
-        if not reqs:
-            return
+    def _decode_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         positions = [len(r.prompt_ids) + len(r.generated) - 1 for r in reqs]
         dev = self.device
         logits = self.model.decode_step(
@@ -120,7 +125,7 @@ class GenerationEngine(StepEngine):
             self.cache, torch.tensor([r.slot for r in reqs], device=dev), kv_len=max(positions) + 1,
         )
         self.metrics.batch_size.labels(self.name).observe(len(reqs))
-        self._sample_and_emit(reqs, logits)
+        return logits
 
     def _sample_and_emit(self, reqs: list[GenerationRequest], logits: torch.Tensor) -> None:
         logits = logits.float()
@@ -146,13 +151,19 @@ class GenerationEngine(StepEngine):
         if want_logprobs:
             chosen, top_v, top_i = (t.tolist() for t in token_logprobs(logits, tokens, n_top))
         now = time.perf_counter()
-        for i, (req, token) in enumerate(zip(reqs, tokens.tolist(), strict=True)):
+        row = {id(r): i for i, r in enumerate(reqs)}
+        sampled = tokens.tolist()
+
+        def emit(req: GenerationRequest) -> None:
+            i, token = row[id(req)], sampled[row[id(req)]]
             lp = None
             if want_logprobs and req.params.logprobs is not None:
                 k = req.params.logprobs
                 top = {self.tokenizer.tokens([t])[0]: v for t, v in zip(top_i[i][:k], top_v[i][:k], strict=True)}
                 lp = TokenLogprob(self.tokenizer.tokens([token])[0], chosen[i], top)
             self._append(req, token, lp, now)
+
+        self._each(reqs, emit)
 
     def _counts(self, req: GenerationRequest) -> torch.Tensor:
         if req.counts is None:

@@ -82,6 +82,9 @@ class TranslationEngine(StepEngine):
             req.cross_slot = -1
 
     def _prefill(self, reqs: list[TranslationRequest]) -> None:
+        self._isolated(reqs, self._encode, self._begin)
+
+    def _encode(self, reqs: list[TranslationRequest]) -> None:
         """Encode the admitted sources as one padded batch into their cross slots."""
         lengths = [len(r.job.source_ids) for r in reqs]
         src = torch.full((len(reqs), max(lengths)), self.cfg.pad_token_id, dtype=torch.long)
@@ -91,13 +94,19 @@ class TranslationEngine(StepEngine):
         self.model.start(src.to(dev), torch.tensor(lengths, device=dev), self.cache,
                          torch.tensor([r.cross_slot for r in reqs], device=dev))
         self.metrics.batch_size.labels(self.name).observe(len(reqs))
-        for r in reqs:
-            if not r.greedy:
-                r.search = BeamSearch(self.translator.beam_settings(r.job), self.cfg.decoder_start_token_id,
-                                      device=dev)
+
+    def _begin(self, reqs: list[TranslationRequest], _: None) -> None:
+        def begin(req: TranslationRequest) -> None:
+            if not req.greedy:
+                req.search = BeamSearch(self.translator.beam_settings(req.job), self.cfg.decoder_start_token_id,
+                                        device=self.device)
+
+        self._each(reqs, begin)
 
     def _decode(self) -> None:
-        reqs = sorted(self.running, key=lambda r: r.rows[0])
+        self._isolated(sorted(self.running, key=lambda r: r.rows[0]), self._decode_forward, self._advance)
+
+    def _decode_forward(self, reqs: list[TranslationRequest]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         rows, crosses, tokens, positions, spans = [], [], [], [], []
         for r in reqs:
             n = len(r.rows)
@@ -117,13 +126,22 @@ class TranslationEngine(StepEngine):
             kv_len=max(positions) + 1, src_len=max(len(r.job.source_ids) for r in reqs),
         ).float()
         self.metrics.batch_size.labels(self.name).observe(len(rows))
+        return logits, spans
+
+    def _advance(self, reqs: list[TranslationRequest], output: tuple[torch.Tensor, list[tuple[int, int]]]) -> None:
+        logits, spans = output
         now = time.perf_counter()
-        for r, (a, b) in zip(reqs, spans, strict=True):
+        span = {id(r): s for r, s in zip(reqs, spans, strict=True)}
+
+        def advance(req: TranslationRequest) -> None:
+            a, b = span[id(req)]
             self.metrics.generated_tokens.labels(self.name).inc()
-            if r.greedy:
-                self._advance_greedy(r, logits[a:b], now)
+            if req.greedy:
+                self._advance_greedy(req, logits[a:b], now)
             else:
-                self._advance_beams(r, logits[a:b], now)
+                self._advance_beams(req, logits[a:b], now)
+
+        self._each(reqs, advance)
 
     def _advance_greedy(self, req: TranslationRequest, logits: torch.Tensor, now: float) -> None:
         g, job, eos = self.translator.gen, req.job, self.cfg.eos_token_id

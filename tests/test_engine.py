@@ -150,6 +150,102 @@ def test_graceful_stop_drains_running_requests(lm):
     assert len(done["ids"]) == 30 and done["reason"] == "length"
 
 
+def _reference(lm, prompts, n):
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    return [list(generate_tokens(lm.model, p, params, lm.tokenizer.eos_id)) for p in prompts]
+
+
+def _run_all(engine, lm, prompts, n) -> list:
+    async def go() -> list:
+        reqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
+        return await asyncio.gather(*(collect(engine, r) for r in reqs), return_exceptions=True)
+
+    return asyncio.run(go())
+
+
+def test_a_fault_in_one_request_leaves_the_others_identical(lm):
+    prompts = [lm.tokenizer.encode(f"request {i} says hello") for i in range(8)]
+    reference = _reference(lm, prompts, 12)
+    engine = make_engine(lm)
+    victim = prompts[3]
+    steps = {"n": 0}
+
+    def hook(req) -> None:
+        if req.prompt_ids == victim:
+            steps["n"] += 1
+            if steps["n"] == 4:
+                raise RuntimeError("injected")
+
+    engine.fault_hook = hook
+    try:
+        results = _run_all(engine, lm, prompts, 12)
+    finally:
+        engine.stop()
+    for i, (result, ref) in enumerate(zip(results, reference, strict=True)):
+        if i == 3:
+            assert isinstance(result, RuntimeError) and "generation failed" in str(result)
+        else:
+            assert result[0] == ref
+    assert engine.slots_in_use == 0
+
+
+def test_a_failing_batch_forward_is_retried_one_by_one(lm, monkeypatch):
+    """A forward that fails whenever one poisoned request is in the batch: the others finish identical
+    to a clean run, the poisoned one fails."""
+    prompts = [lm.tokenizer.encode(f"batch member {i}") for i in range(6)]
+    reference = _reference(lm, prompts, 10)
+    engine = make_engine(lm)
+    original = lm.model.decode_step
+    poisoned: dict[str, int] = {}
+
+    def decode_step(tokens, positions, cache, slots, kv_len=None):
+        if poisoned.get("slot") in slots.tolist() and positions.max() > len(prompts[2]) + 3:
+            raise RuntimeError("poisoned batch")
+        return original(tokens, positions, cache, slots, kv_len=kv_len)
+
+    monkeypatch.setattr(lm.model, "decode_step", decode_step)
+
+    async def go() -> list:
+        params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+        reqs = [engine.submit(p, params) for p in prompts]
+        await asyncio.sleep(0)
+        results = asyncio.gather(*(collect(engine, r) for r in reqs), return_exceptions=True)
+        for _ in range(200):
+            if reqs[2].slot >= 0:
+                poisoned["slot"] = reqs[2].slot
+                break
+            await asyncio.sleep(0.001)
+        return await results
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        engine.stop()
+    assert isinstance(results[2], RuntimeError)
+    assert [r[0] for i, r in enumerate(results) if i != 2] == [ref for i, ref in enumerate(reference) if i != 2]
+
+
+def test_the_engine_loop_restarts_when_it_dies(lm, monkeypatch):
+    engine = make_engine(lm)
+    original = engine.step
+    calls = {"n": 0}
+
+    def dying_step() -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise SystemError("loop crash")  # outside the per-request isolation
+        original()
+
+    monkeypatch.setattr(engine, "step", dying_step)
+    try:
+        first = _run_all(engine, lm, [lm.tokenizer.encode("first")], 20)
+        second = _run_all(engine, lm, [lm.tokenizer.encode("second")], 5)
+    finally:
+        engine.stop()
+    assert isinstance(first[0], RuntimeError) and engine.restarts == 1
+    assert len(second[0][0]) == 5
+
+
 # --------------------------------------------------------------------------------------------------
 # Dynamic batcher
 # --------------------------------------------------------------------------------------------------

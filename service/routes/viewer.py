@@ -1,0 +1,28 @@
+"""`GET /viewer`: a self-contained page (inline CSS and JS, nothing fetched from elsewhere) that calls
+`/v1/models` and `/v1/attention` and draws the answer: a heatmap per module / layer / head, the cross-attention
+alignment of a translation, and a ViT's [CLS] attention over the image."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+router = APIRouter(tags=["viewer"])
+
+
+@cache
+def _page() -> str:
+    return resources.files("service").joinpath("static", "viewer.html").read_text(encoding="utf-8")
+
+
+@router.get("/viewer", response_class=HTMLResponse, include_in_schema=True,
+            responses={200: {"content": {"text/html": {}}, "description": "the attention viewer page"}})
+async def viewer() -> HTMLResponse:
+    # The page's script is inline; forbid loading anything from other origins.
+    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return HTMLResponse(_page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
+                                          "X-Content-Type-Options": "nosniff"})
