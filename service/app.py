@@ -103,6 +103,7 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
         if load_models:
             registry.start_loading()
         yield
+        registry.ready = False  # /readyz answers 503 while in-flight work drains
         registry.wait_loaded(timeout=60)
         registry.stop()
 

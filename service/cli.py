@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import types
 import typing
@@ -96,8 +97,11 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.log_level)
     app = build_app(settings)
+    # uvicorn finishes in-flight requests on SIGTERM, then raises the signal again with the handler found
+    # at start-up restored. A no-op handler makes that a clean exit 0 instead of death by signal.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, log_level=settings.log_level,
-                timeout_graceful_shutdown=int(settings.request_timeout_s))
+                timeout_graceful_shutdown=int(settings.request_timeout_s), timeout_keep_alive=settings.keep_alive_s)
     return 0
 
 
