@@ -361,6 +361,24 @@ def test_attention_vit_png_and_json(server):
 # Bad input: every case a 4xx with an OpenAI-style error body; the server stays ready
 # --------------------------------------------------------------------------------------------------
 _PNG = base64.b64encode(png_bytes()).decode()
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height: only the header, no pixel data (a decompression bomb's
+    first bytes)."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+
+def _zip_bomb_png() -> bytes:
+    """A small file that decompresses to 10000 x 10000 pixels."""
+    buf = io.BytesIO()
+    Image.new("L", (10000, 10000), 0).save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
 BAD_INPUTS = [
     ("completions: malformed JSON", "/v1/completions", {"content": b"{not json", "headers": {
         "content-type": "application/json"}}, 400),
@@ -431,6 +449,23 @@ BAD_INPUTS = [
                                                                   "return_attention": {"layers": [5]}}}, 400),
     ("return_attention: too many weights", "/v1/translations", {"json": {"input": "hello", "max_tokens": 60,
                                                                           "return_attention": {}}}, 400),
+    ("hostile: deep nesting", "/v1/completions", {"content": b'{"prompt": ' + b"[" * 60_000 + b"]" * 60_000 + b"}",
+                                                   "headers": {"content-type": "application/json"}}, 400),
+    ("hostile: invalid UTF-8", "/v1/completions", {"content": b'{"prompt": "\xff\xfe\xfa"}',
+                                                   "headers": {"content-type": "application/json"}}, 400),
+    ("hostile: NaN temperature", "/v1/completions", {"content": b'{"prompt": "a", "temperature": NaN}',
+                                                     "headers": {"content-type": "application/json"}}, 400),
+    ("hostile: infinite penalty", "/v1/completions", {"content": b'{"prompt": "a", "presence_penalty": Infinity}',
+                                                      "headers": {"content-type": "application/json"}}, 400),
+    ("hostile: text/plain body", "/v1/completions", {"content": b"prompt=hello",
+                                                     "headers": {"content-type": "text/plain"}}, 400),
+    ("hostile: form body to JSON route", "/v1/translations", {"data": {"input": "hello"}}, 400),
+    ("hostile: huge JSON string", "/v1/completions", {"json": {"model": "lm", "prompt": "x" * 150_000}}, 400),
+    ("hostile: 50k x 50k PNG header", "/v1/classifications", {"files": [("file", ("big.png",
+                                                                                  _png_header(50_000, 50_000)))]}, 400),
+    ("hostile: zip-bomb PNG", "/v1/classifications", {"files": [("file", ("bomb.png", _zip_bomb_png()))]}, 400),
+    ("hostile: XML to classifications", "/v1/classifications", {"content": b"<image/>",
+                                                                "headers": {"content-type": "application/xml"}}, 400),
     ("classifications: unknown model", "/v1/classifications", {"json": {"model": "nope", "image": _PNG}}, 404),
 ]
 
