@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from service.engine import QueueFull
+from service.engine import QueueFull, request_error
 from service.metrics import Metrics
 
 log = logging.getLogger("tserve.batcher")
@@ -129,7 +129,7 @@ class DynamicBatcher(Generic[T, R]):
                 results: list[Any] = self.batch_fn([p.item for p in batch])
             except Exception as exc:  # the batch fails, the batcher keeps going
                 log.exception("batch failed", extra={"model": self.name, "size": len(batch)})
-                results = [RuntimeError(f"batch failed: {type(exc).__name__}")] * len(batch)
+                results = [request_error(exc)] * len(batch)
             for p, r in zip(batch, results, strict=True):
                 if isinstance(r, BaseException):
                     p.future.set_exception(r)

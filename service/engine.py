@@ -36,6 +36,17 @@ class RequestTimeout(Exception):
     """A request ran past its deadline."""
 
 
+class OutOfMemory(Exception):
+    """The device ran out of memory even for this request alone (HTTP 503: retry later)."""
+
+
+def request_error(exc: BaseException) -> Exception:
+    """What a request that hit `exc` in the engine reports: no internals, only the kind of failure."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return OutOfMemory("the device is out of memory; retry later or with a smaller request")
+    return RuntimeError(f"generation failed: {type(exc).__name__}")
+
+
 @dataclass
 class TokenLogprob:
     token: str
@@ -169,7 +180,7 @@ class StepEngine:
 
     def _fail(self, req: EngineRequest, exc: BaseException) -> None:
         log.error("request failed", exc_info=exc, extra={"model": self.name})
-        self._finish(req, Event(error=RuntimeError(f"generation failed: {type(exc).__name__}")))
+        self._finish(req, Event(error=request_error(exc)))
 
     def _isolated(self, reqs: list, forward: Callable[[list], Any], consume: Callable[[list, Any], None]) -> None:
         """Run `consume(reqs, forward(reqs))` so that a fault fails only the requests it belongs to: when a

@@ -58,6 +58,7 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed by CORS (comma-separated); empty: CORS closed")
 
+    log_prompts: bool = Field(False, description="log prompt / input text (off: user text never reaches the logs)")
     warmup: bool = Field(True, description="run one request through each model before turning ready")
 
     @field_validator("models", "api_keys", "public_paths", "cors_origins", mode="before")

@@ -7,12 +7,13 @@ import threading
 import time
 
 import pytest
+import torch
 
 import factories
 from model import checkpoint
 from model.generation import SamplingParams, generate_tokens
 from service.batcher import DynamicBatcher
-from service.engine import QueueFull, RequestTimeout
+from service.engine import OutOfMemory, QueueFull, RequestTimeout
 from service.generation_engine import GenerationEngine
 from service.metrics import Metrics
 
@@ -187,6 +188,20 @@ def test_a_fault_in_one_request_leaves_the_others_identical(lm):
         else:
             assert result[0] == ref
     assert engine.slots_in_use == 0
+
+
+def test_out_of_memory_is_reported_as_such(lm):
+    engine = make_engine(lm)
+
+    def hook(req) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    engine.fault_hook = hook
+    try:
+        (result,) = _run_all(engine, lm, [lm.tokenizer.encode("x")], 4)
+    finally:
+        engine.stop()
+    assert isinstance(result, OutOfMemory)
 
 
 def test_a_failing_batch_forward_is_retried_one_by_one(lm, monkeypatch):

@@ -481,6 +481,13 @@ def test_bad_input_gets_4xx(server, path, kwargs, status):
     assert httpx.get(server.url + "/readyz").status_code == 200
 
 
+def test_user_text_stays_out_of_the_logs(server):
+    marker = "zebra-marker-4711"
+    post(server, "/v1/completions", json={"model": "lm", "prompt": marker, "max_tokens": 2})
+    post(server, "/v1/translations", json={"input": marker, "max_tokens": 2})
+    assert marker not in server.log()
+
+
 def test_unknown_route_is_json_404(server):
     resp = httpx.get(server.url + "/v1/nothing")
     assert resp.status_code == 404 and resp.json()["error"]["message"]

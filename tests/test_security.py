@@ -128,3 +128,19 @@ def test_key_comparison_is_constant_time(monkeypatch):
     assert all(trace == traces[0] for trace in traces)
     assert traces[0] == [(32, 32)] * 3
     assert checker.match(key) == 1 and checker.match("k" * 63 + "x") is None
+
+
+def test_prompts_are_logged_only_when_asked(caplog):
+    from types import SimpleNamespace
+
+    from service.routes.deps import log_inputs
+
+    def request(log_prompts: bool):
+        app = SimpleNamespace(state=SimpleNamespace(settings=Settings(log_prompts=log_prompts)))
+        return SimpleNamespace(app=app, state=SimpleNamespace(request_id="r1"))
+
+    with caplog.at_level("INFO", logger="tserve.requests"):
+        log_inputs(request(False), ["secret text"])
+        assert not caplog.records
+        log_inputs(request(True), ["secret text"])
+    assert caplog.records[0].inputs == ["secret text"] and caplog.records[0].request_id == "r1"

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from service.engine import QueueFull
+from service.engine import OutOfMemory, QueueFull
 from service.errors import APIError, bad_request, overloaded
 from service.routes.deps import check_count, served_model, settings
 from service.runners import InvalidInput
@@ -104,6 +104,8 @@ async def create_classification(request: Request) -> Any:
         raise overloaded(str(exc)) from exc
     try:
         results = await asyncio.gather(*(served.batcher.result(p) for p in pending))
+    except OutOfMemory as exc:
+        raise overloaded(str(exc), retry_after=1, status=503) from exc
     except RuntimeError as exc:
         raise APIError(500, str(exc), "server_error", "classification_failed") from exc
     request.app.state.metrics.images.labels(served.name).inc(len(results))

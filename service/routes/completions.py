@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import lm_attention_ids
 from model.generation import SamplingParams
-from service.engine import Event, QueueFull, RequestTimeout, TokenLogprob
+from service.engine import Event, OutOfMemory, QueueFull, RequestTimeout, TokenLogprob
 from service.errors import APIError, bad_request, overloaded
 from service.generation_engine import GenerationEngine, GenerationRequest
 from service.routes.deps import (
@@ -24,6 +24,7 @@ from service.routes.deps import (
     SSE_HEADERS,
     attention_selection,
     check_count,
+    log_inputs,
     new_id,
     now,
     served_model,
@@ -150,6 +151,8 @@ async def _merged(engine: GenerationEngine, choices: list[Choice]) -> AsyncItera
 def _engine_error(exc: BaseException) -> APIError:
     if isinstance(exc, RequestTimeout):
         return APIError(504, str(exc), "server_error", "timeout")
+    if isinstance(exc, OutOfMemory):
+        return overloaded(str(exc), retry_after=1, status=503)
     return APIError(500, str(exc) or "generation failed", "server_error", "generation_failed")
 
 
@@ -244,6 +247,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     check_count("prompts", len(prompts), cfg.max_prompts)
     check_count("choices (n)", body.n, cfg.max_n)
     _check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
+    log_inputs(request, prompts)
     encoded = [_encode(engine, p, cfg.max_input_chars) for p in prompts]
     jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs)) for ids in encoded for j in range(body.n)]
     for ids, params in jobs[:: body.n]:
@@ -319,6 +323,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         prompt = engine.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
     except ValueError as exc:
         raise bad_request(str(exc), "invalid_messages") from exc
+    log_inputs(request, [prompt])
     ids = _encode(engine, prompt, cfg.max_input_chars, add_special_tokens=False)
     requested = body.max_completion_tokens or body.max_tokens
     if requested is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -33,6 +34,15 @@ def served_model(request: Request, name: str | None, task: str) -> ServedModel:
             raise APIError(503, f"models failed to load: {reg.error}", "server_error", "not_ready")
         raise overloaded("models are still loading", retry_after=5, status=503)
     return reg.get(name, task)
+
+
+log = logging.getLogger("tserve.requests")
+
+
+def log_inputs(request: Request, texts: list[str]) -> None:
+    """User text goes to the logs only when the operator opted in (TSERVE_LOG_PROMPTS)."""
+    if settings(request).log_prompts:
+        log.info("inputs", extra={"request_id": getattr(request.state, "request_id", None), "inputs": texts})
 
 
 def check_count(what: str, n: int, limit: int) -> None:

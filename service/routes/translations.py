@@ -11,13 +11,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
-from service.engine import QueueFull, RequestTimeout
+from service.engine import OutOfMemory, QueueFull, RequestTimeout
 from service.errors import APIError, bad_request, overloaded
 from service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
     attention_selection,
     check_count,
+    log_inputs,
     served_model,
     settings,
     sse,
@@ -38,6 +39,8 @@ def _usage(jobs: list[TranslationJob], completion_tokens: int) -> dict[str, int]
 def _error(exc: BaseException) -> APIError:
     if isinstance(exc, RequestTimeout):
         return APIError(504, str(exc), "server_error", "timeout")
+    if isinstance(exc, OutOfMemory):
+        return overloaded(str(exc), retry_after=1, status=503)
     return APIError(500, str(exc) or "translation failed", "server_error", "translation_failed")
 
 
@@ -58,6 +61,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     engine: TranslationEngine = served.engine
     inputs = [body.input] if isinstance(body.input, str) else body.input
     check_count("inputs", len(inputs), cfg.max_prompts)
+    log_inputs(request, inputs)
     jobs: list[TranslationJob] = []
     for i, text in enumerate(inputs):
         if not text.strip():
