@@ -1,28 +1,86 @@
-# CPU image of the server with the bundled models. Build: docker build -t tserve .
-# Run:   docker run -p 8000:8000 tserve      (settings: -e TSERVE_...)
-FROM python:3.11-slim
+# syntax=docker/dockerfile:1
+# tserve: the HTTP inference server with the bundled models.
+#
+#   CPU:   docker build -t tserve:cpu .
+#   CUDA:  docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t tserve:cuda .
+#   Run:   docker run --rm -p 8000:8000 tserve:cpu
+#          docker run --rm --gpus all -p 8000:8000 tserve:cuda
+#
+# Settings are TSERVE_* environment variables (docker run -e TSERVE_MAX_QUEUE=64 ...); see docs/DEPLOY.md.
+# The CUDA builds of torch carry the CUDA runtime libraries as wheels, so both variants use the same
+# Python base image; a CUDA host needs only the NVIDIA driver and the NVIDIA Container Toolkit.
 
+# Base image of both stages. The virtual environment is copied from the builder to the final stage,
+# so both must have the same Python at the same path.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# ------------------------------------------------------------------------------------------------------
+# Builder: a virtual environment with torch and tserve installed.
+# ------------------------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS builder
+
+# Same version as TORCH_VERSION in the Makefile (tests/test_deploy.py checks it).
 ARG TORCH_VERSION=2.13.0
+# cpu, or a CUDA build such as https://download.pytorch.org/whl/cu128
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    TSERVE_HOST=0.0.0.0 \
-    TSERVE_PORT=8000 \
-    TSERVE_MODELS_DIR=/app/models
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
 
-WORKDIR /app
-# The CPU build of torch first, so that installing tserve does not pull a CUDA build.
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+# The install steps of the Makefile, in the same order: torch first (from TORCH_INDEX_URL, so that
+# installing tserve finds its torch requirement met and does not pull another build), then the package.
+RUN python -m venv /opt/venv \
+    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY model ./model
 COPY service ./service
-RUN pip install . && useradd --create-home --uid 10001 tserve
-COPY models ./models
+RUN pip install --no-cache-dir .
 
-USER tserve
+# The checkpoints, readable by the unprivileged user whatever their modes in the build context.
+COPY models /opt/models
+RUN chmod -R a+rX,go-w /opt/models
+
+# ------------------------------------------------------------------------------------------------------
+# Final image: the virtual environment, the bundled models and an unprivileged user; no build tools.
+# ------------------------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS runtime
+
+LABEL org.opencontainers.image.title="tserve" \
+      org.opencontainers.image.description="HTTP inference server for transformer models" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+RUN groupadd --system --gid 10001 tserve \
+    && useradd --system --uid 10001 --gid tserve --home-dir /app --no-create-home --shell /usr/sbin/nologin tserve
+
+COPY --from=builder /opt/venv /opt/venv
+WORKDIR /app
+COPY --from=builder /opt/models ./models
+
+# TSERVE_DEVICE / TSERVE_DTYPE "auto": CUDA with bfloat16 when a GPU is visible, else CPU with float32.
+# TSERVE_REQUEST_TIMEOUT_S is also how long a stopping server waits for running requests: give
+# `docker stop` a longer time (docker stop -t 330, or stop_grace_period in compose).
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    TSERVE_HOST=0.0.0.0 \
+    TSERVE_PORT=8000 \
+    TSERVE_MODELS_DIR=/app/models \
+    TSERVE_DEVICE=auto \
+    TSERVE_DTYPE=auto \
+    TSERVE_LOG_LEVEL=info \
+    TSERVE_REQUEST_TIMEOUT_S=300
+
+USER 10001:10001
 EXPOSE 8000
-HEALTHCHECK --interval=15s --timeout=3s --start-period=60s \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+STOPSIGNAL SIGTERM
+
+# Liveness only: the process answers. Readiness (every model loaded and warmed up) is GET /readyz.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('TSERVE_PORT', '8000') + '/healthz', timeout=2)"]
+
 CMD ["tserve", "serve"]
