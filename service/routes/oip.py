@@ -1,0 +1,199 @@
+"""The Open Inference Protocol (KServe / Triton "v2" REST) beside our own API, for the classifier
+(BYTES images, base64, or FP32 pixels [N, C, H, W]) and the translator (BYTES text in and out).
+Errors are `{"error": "..."}`, as the protocol says."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from typing import Any
+
+import torch
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.engine import QueueFull
+from service.registry import ServedModel
+from service.routes.deps import registry
+from service.runners import InvalidInput
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol"])
+
+_TASKS = ("image-classification", "translation")
+
+
+class OIPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def oip_error_response(exc: OIPError) -> JSONResponse:
+    return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+
+def _model(request: Request, name: str) -> ServedModel:
+    served = registry(request).models.get(name)
+    if served is None or served.task not in _TASKS:
+        raise OIPError(404, f"model {name!r} is not served over this protocol; models: "
+                            f"{sorted(n for n, m in registry(request).models.items() if m.task in _TASKS)}")
+    return served
+
+
+def _metadata(served: ServedModel) -> dict[str, Any]:
+    if served.task == "translation":
+        inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        outputs = [{"name": "translation", "datatype": "BYTES", "shape": [-1]}]
+    else:
+        cfg = served.loaded.config
+        inputs = [{"name": "image", "datatype": "BYTES", "shape": [-1]},
+                  {"name": "pixels", "datatype": "FP32", "shape": [-1, cfg.n_channels, cfg.image_size, cfg.image_size]}]
+        outputs = [{"name": "label", "datatype": "BYTES", "shape": [-1]},
+                   {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(served.loaded.labels)]}]
+    return {"name": served.name, "versions": ["1"], "platform": "tserve-pytorch", "inputs": inputs,
+            "outputs": outputs}
+
+
+@router.get("/health/live")
+async def live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/health/ready")
+async def ready(request: Request) -> JSONResponse:
+    ok = registry(request).ready
+    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+@router.get("/models/{name}/ready")
+async def model_ready(name: str, request: Request) -> JSONResponse:
+    served = _model(request, name)
+    ok = registry(request).ready
+    return JSONResponse({"name": served.name, "ready": ok}, status_code=200 if ok else 503)
+
+
+@router.get("/models/{name}")
+async def model_metadata(name: str, request: Request) -> dict[str, Any]:
+    return _metadata(_model(request, name))
+
+
+def _tensor(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise OIPError(400, f"'inputs' must hold exactly one tensor, named one of {list(names)}")
+    tensor = inputs[0]
+    if tensor.get("name") not in names:
+        raise OIPError(400, f"unknown input {tensor.get('name')!r}; expected one of {list(names)}")
+    shape, data = tensor.get("shape"), tensor.get("data")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) or not isinstance(data, list):
+        raise OIPError(400, "each input needs a 'shape' (list of non-negative ints) and 'data' (a flat list)")
+    expected = 1
+    for d in shape:
+        expected *= d
+    if len(data) != expected:
+        raise OIPError(400, f"'data' has {len(data)} elements; shape {shape} needs {expected}")
+    return tensor
+
+
+def _strings(tensor: dict[str, Any], limit: int) -> list[str]:
+    if tensor.get("datatype") != "BYTES" or len(tensor["shape"]) != 1:
+        raise OIPError(400, f"input {tensor['name']!r} must be BYTES with shape [N]")
+    if not tensor["data"] or len(tensor["data"]) > limit:
+        raise OIPError(400, f"give 1 to {limit} elements")
+    if not all(isinstance(x, str) for x in tensor["data"]):
+        raise OIPError(400, "BYTES elements must be strings")
+    return tensor["data"]
+
+
+async def _classify(served: ServedModel, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
+    cfg, limits = served.loaded.config, request.app.state.settings
+    classifier = served.classifier
+    if tensor["name"] == "image":
+        pixels = []
+        for i, item in enumerate(_strings(tensor, limits.max_prompts)):
+            try:
+                blob = base64.b64decode(item, validate=True)
+                pixels.append(await asyncio.to_thread(classifier.preprocess, blob))
+            except (binascii.Error, ValueError, InvalidInput) as exc:
+                raise OIPError(400, f"image {i}: {exc}") from exc
+    else:
+        want = [cfg.n_channels, cfg.image_size, cfg.image_size]
+        if tensor.get("datatype") != "FP32" or len(tensor["shape"]) != 4 or tensor["shape"][1:] != want:
+            raise OIPError(400, f"'pixels' must be FP32 with shape [N, {', '.join(map(str, want))}]")
+        if not 1 <= tensor["shape"][0] <= limits.max_prompts:
+            raise OIPError(400, f"give 1 to {limits.max_prompts} images")
+        try:
+            batch = torch.tensor(tensor["data"], dtype=torch.float32).reshape(tensor["shape"])
+        except (TypeError, ValueError) as exc:
+            raise OIPError(400, "'pixels' data must be numbers") from exc
+        if not torch.isfinite(batch).all():
+            raise OIPError(400, "'pixels' must be finite")
+        pixels = list(batch)
+    results = await asyncio.gather(*(served.batcher.result(p) for p in _enqueue(served, pixels)))
+    request.app.state.metrics.images.labels(served.name).inc(len(results))
+    index = {label: i for i, label in enumerate(served.loaded.labels)}
+    probs = [[0.0] * len(index) for _ in results]
+    for row, ranked in zip(probs, results, strict=True):
+        for label, score in ranked:
+            row[index[label]] = score
+    n = len(results)
+    return [{"name": "label", "datatype": "BYTES", "shape": [n], "data": [r[0][0] for r in results]},
+            {"name": "probabilities", "datatype": "FP32", "shape": [n, len(index)],
+             "data": [p for row in probs for p in row]}]
+
+
+def _enqueue(served: ServedModel, items: list) -> list:
+    try:
+        return served.batcher.enqueue(items)
+    except QueueFull as exc:
+        raise OIPError(503, str(exc)) from exc
+
+
+async def _translate(served: ServedModel, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
+    engine, limits = served.engine, request.app.state.settings
+    texts = _strings(tensor, limits.max_prompts)
+    try:
+        jobs = [engine.translator.job(t, None, None) for t in texts]
+    except InvalidInput as exc:
+        raise OIPError(400, str(exc)) from exc
+    requests = []
+    try:
+        for job in jobs:
+            requests.append(engine.submit(job))
+    except (QueueFull, ValueError) as exc:
+        for r in requests:
+            r.cancel()
+        raise OIPError(503 if isinstance(exc, QueueFull) else 400, str(exc)) from exc
+
+    async def text_of(req) -> str:
+        return "".join([event.text async for event in engine.stream(req)])
+
+    out = await asyncio.gather(*(text_of(r) for r in requests))
+    return [{"name": "translation", "datatype": "BYTES", "shape": [len(out)], "data": list(out)}]
+
+
+@router.post("/models/{name}/infer")
+async def infer(name: str, request: Request) -> dict[str, Any]:
+    if not registry(request).ready:
+        raise OIPError(503, "models are still loading")
+    served = _model(request, name)
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OIPError(400, f"the body is not valid JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise OIPError(400, "the body must be a JSON object")
+    if served.task == "translation":
+        outputs = await _translate(served, _tensor(body, ("text",)), request)
+    else:
+        outputs = await _classify(served, _tensor(body, ("image", "pixels")), request)
+    wanted = body.get("outputs")
+    if isinstance(wanted, list) and wanted:
+        names = {o.get("name") for o in wanted if isinstance(o, dict)}
+        outputs = [o for o in outputs if o["name"] in names]
+    answer = {"model_name": served.name, "model_version": "1", "outputs": outputs}
+    if isinstance(body.get("id"), str):
+        answer["id"] = body["id"]
+    return answer

@@ -1,0 +1,107 @@
+"""Open Inference Protocol (v2) endpoints for the classifier and the translator, with the protocol's JSON."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import pytest
+import torch
+from PIL import Image
+
+import factories
+from model import checkpoint
+from model.generation import translate_greedy
+from server import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("oip")
+    return {"mt": factories.tiny_mt_dir(root / "mt", sharpen=8.0), "vit": factories.tiny_vit_dir(root / "vit"),
+            "lm": factories.tiny_lm_dir(root / "lm")}
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    args = [a for name, path in models.items() for a in ("--model", f"{name}={path}")]
+    srv = ServerProcess(args, tmp_path_factory.mktemp("oip-logs") / "server.log").wait_ready()
+    yield srv
+    srv.stop()
+
+
+def png(color) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_health_and_metadata(server):
+    assert httpx.get(server.url + "/v2/health/live").json() == {"live": True}
+    assert httpx.get(server.url + "/v2/health/ready").json() == {"ready": True}
+    assert httpx.get(server.url + "/v2/models/vit/ready").json() == {"name": "vit", "ready": True}
+    meta = httpx.get(server.url + "/v2/models/vit").json()
+    assert meta["name"] == "vit" and {i["name"] for i in meta["inputs"]} == {"image", "pixels"}
+    pixels = next(i for i in meta["inputs"] if i["name"] == "pixels")
+    assert pixels == {"name": "pixels", "datatype": "FP32", "shape": [-1, 1, 28, 28]}
+    meta = httpx.get(server.url + "/v2/models/mt").json()
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+
+
+def test_classify_bytes_and_pixels(server, models):
+    vit = checkpoint.load(models["vit"], device="cpu")
+    images = [png((200, 20, 20)), png((250, 250, 250))]
+    body = {"id": "req-1", "inputs": [{"name": "image", "datatype": "BYTES", "shape": [2],
+                                        "data": [base64.b64encode(b).decode() for b in images]}]}
+    resp = httpx.post(server.url + "/v2/models/vit/infer", json=body).json()
+    assert resp["model_name"] == "vit" and resp["id"] == "req-1"
+    outputs = {o["name"]: o for o in resp["outputs"]}
+    assert outputs["probabilities"]["shape"] == [2, len(vit.labels)]
+    pixels = torch.stack([vit.preprocessing(Image.open(io.BytesIO(b))) for b in images])
+    with torch.no_grad():
+        ref = torch.softmax(vit.model(pixels), -1)
+    got = torch.tensor(outputs["probabilities"]["data"]).reshape(2, -1)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+    assert outputs["label"]["data"] == [vit.labels[int(i)] for i in ref.argmax(-1)]
+
+    body = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 1, 28, 28],
+                        "data": pixels.flatten().tolist()}], "outputs": [{"name": "label"}]}
+    resp = httpx.post(server.url + "/v2/models/vit/infer", json=body).json()
+    assert [o["name"] for o in resp["outputs"]] == ["label"]
+    assert resp["outputs"][0]["data"] == outputs["label"]["data"]
+
+
+def test_translate_bytes(server, models):
+    mt = checkpoint.load(models["mt"], device="cpu")
+    texts = ["Good morning.", "Where is the station?"]
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": texts}]}
+    resp = httpx.post(server.url + "/v2/models/mt/infer", json=body).json()
+    (out,) = resp["outputs"]
+    assert out["name"] == "translation" and out["shape"] == [2]
+    g = mt.generation
+    if g.num_beams == 1:
+        ref = translate_greedy(mt.model, [mt.tokenizer.encode(t) for t in texts], g.max_new_tokens,
+                               g.banned_token_ids, g.force_eos_at_max)
+        assert out["data"] == [mt.tokenizer.decode(r) for r in ref]
+    same = httpx.post(server.url + "/v1/translations", json={"model": "mt", "input": texts}).json()
+    assert out["data"] == [d["translation"] for d in same["data"]]
+
+
+@pytest.mark.parametrize(("path", "body", "status"), [
+    ("/v2/models/nope/infer", {"inputs": []}, 404),
+    ("/v2/models/lm/infer", {"inputs": []}, 404),
+    ("/v2/models/vit/infer", {"inputs": []}, 400),
+    ("/v2/models/vit/infer", {"inputs": [{"name": "other", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}, 400),
+    ("/v2/models/vit/infer", {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": ["x"]}]}, 400),
+    ("/v2/models/vit/infer", {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                                          "data": ["bm90IGFuIGltYWdl"]}]}, 400),
+    ("/v2/models/vit/infer", {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 28, 28],
+                                          "data": [0.0] * (3 * 28 * 28)}]}, 400),
+    ("/v2/models/mt/infer", {"inputs": [{"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400),
+    ("/v2/models/mt/infer", [1, 2], 400),
+])
+def test_errors_are_protocol_shaped(server, path, body, status):
+    resp = httpx.post(server.url + path, json=body)
+    assert resp.status_code == status
+    assert set(resp.json()) == {"error"} and resp.json()["error"]
