@@ -134,6 +134,22 @@ class StepEngine:
             self.metrics.queue_depth.labels(self.name).set(len(self.waiting))
         self._wake.set()
 
+    def submit_all(self, jobs: list[Any]) -> list[EngineRequest]:
+        """Queue every job or none: when one is refused (QueueFull, ValueError), those already queued are
+        cancelled and the error is raised."""
+        submitted: list[EngineRequest] = []
+        try:
+            for job in jobs:
+                submitted.append(self.submit_job(job))
+        except (QueueFull, ValueError):
+            for req in submitted:
+                req.cancel()
+            raise
+        return submitted
+
+    def submit_job(self, job: Any) -> EngineRequest:
+        raise NotImplementedError
+
     async def stream(self, req: EngineRequest) -> AsyncIterator[Event]:
         """Events of one request until it finishes. Leaving early (disconnect) cancels the request."""
         try:

@@ -62,6 +62,9 @@ class GenerationEngine(StepEngine):
         self._enqueue(req)
         return req
 
+    def submit_job(self, job: tuple[list[int], SamplingParams]) -> GenerationRequest:
+        return self.submit(*job)
+
     @property
     def slots_in_use(self) -> int:
         return self.slots.num_used

@@ -59,6 +59,9 @@ class TranslationEngine(StepEngine):
         self._enqueue(req)
         return req
 
+    def submit_job(self, job: TranslationJob) -> TranslationRequest:
+        return self.submit(job)
+
     # ----------------------------------------------------------------------------------------------
     # Worker thread
     # ----------------------------------------------------------------------------------------------

@@ -16,20 +16,22 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import lm_attention_ids
 from model.generation import SamplingParams
-from service.engine import Event, OutOfMemory, QueueFull, RequestTimeout, TokenLogprob
-from service.errors import APIError, bad_request, overloaded
+from service.engine import Event, QueueFull, TokenLogprob
+from service.errors import APIError, bad_request
 from service.generation_engine import GenerationEngine, GenerationRequest
 from service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
     attention_selection,
     check_count,
+    engine_error,
     log_inputs,
     new_id,
     now,
     served_model,
     settings,
     sse,
+    submission_error,
 )
 from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -97,19 +99,13 @@ def _encode(engine: GenerationEngine, text: str, limit: int, add_special_tokens:
     return ids
 
 
-def _submit_all(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]]) -> list[GenerationRequest]:
-    """Queue every job or none: a refusal cancels those already queued."""
-    submitted: list[GenerationRequest] = []
+def _submit(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]]) -> list[GenerationRequest]:
     try:
-        for ids, params in jobs:
-            submitted.append(engine.submit(ids, params))
+        return engine.submit_all(jobs)
     except (QueueFull, ValueError) as exc:
-        for req in submitted:
-            req.cancel()
-        if isinstance(exc, QueueFull):
-            raise overloaded(str(exc), retry_after=1) from exc
-        raise bad_request(str(exc), "context_length_exceeded") from exc
-    return submitted
+        if isinstance(exc, ValueError):
+            raise bad_request(str(exc), "context_length_exceeded") from exc
+        raise submission_error(exc) from exc
 
 
 def _check_max_tokens(max_tokens: int, limit: int) -> None:
@@ -148,14 +144,6 @@ async def _merged(engine: GenerationEngine, choices: list[Choice]) -> AsyncItera
             c.request.cancel()
 
 
-def _engine_error(exc: BaseException) -> APIError:
-    if isinstance(exc, RequestTimeout):
-        return APIError(504, str(exc), "server_error", "timeout")
-    if isinstance(exc, OutOfMemory):
-        return overloaded(str(exc), retry_after=1, status=503)
-    return APIError(500, str(exc) or "generation failed", "server_error", "generation_failed")
-
-
 async def _collect(request: Request, engine: GenerationEngine, choices: list[Choice]) -> None:
     """Run every choice to completion; a client that disconnects cancels them."""
 
@@ -175,7 +163,7 @@ async def _collect(request: Request, engine: GenerationEngine, choices: list[Cho
         if not consumer.done():
             consumer.cancel()
     if consumer in done and (exc := consumer.exception()) is not None:
-        raise _engine_error(exc)
+        raise engine_error(exc, "generation")
     if consumer not in done:
         raise APIError(499, "client closed the request", "invalid_request_error", "client_closed")
 
@@ -192,7 +180,7 @@ async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: d
                 continue  # the detokenizer is holding back an unfinished character
             yield sse(base | {"choices": [render(c, event, offsets)]})
     except Exception as exc:
-        err = _engine_error(exc)
+        err = engine_error(exc, "generation")
         yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
     else:
         if usage is not None:
@@ -262,7 +250,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
     if body.echo and body.logprobs is not None:
         echo_logprobs = [await asyncio.to_thread(engine.score_prompt, ids, body.logprobs) for ids in encoded]
-    requests = _submit_all(engine, jobs)
+    requests = _submit(engine, jobs)
     choices = []
     for i, req in enumerate(requests):
         p = i // body.n
@@ -331,7 +319,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
     top = (body.top_logprobs or 0) if body.logprobs else None
     jobs = [(ids, _sampling(body, max_tokens, j, top)) for j in range(body.n)]
-    choices = [Choice(i, req) for i, req in enumerate(_submit_all(engine, jobs))]
+    choices = [Choice(i, req) for i, req in enumerate(_submit(engine, jobs))]
     completion_id, created, model = new_id("chatcmpl"), now(), served.name
 
     if body.stream:

@@ -158,13 +158,9 @@ async def _translate(served: ServedModel, tensor: dict[str, Any], request: Reque
         jobs = [engine.translator.job(t, None, None) for t in texts]
     except InvalidInput as exc:
         raise OIPError(400, str(exc)) from exc
-    requests = []
     try:
-        for job in jobs:
-            requests.append(engine.submit(job))
+        requests = engine.submit_all(jobs)
     except (QueueFull, ValueError) as exc:
-        for r in requests:
-            r.cancel()
         raise OIPError(503 if isinstance(exc, QueueFull) else 400, str(exc)) from exc
 
     async def text_of(req) -> str:

@@ -11,17 +11,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
-from service.engine import OutOfMemory, QueueFull, RequestTimeout
-from service.errors import APIError, bad_request, overloaded
+from service.engine import QueueFull
+from service.errors import bad_request
 from service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
     attention_selection,
     check_count,
+    engine_error,
     log_inputs,
     served_model,
     settings,
     sse,
+    submission_error,
 )
 from service.runners import InvalidInput, TranslationJob
 from service.schemas import TranslationRequest, TranslationResponse
@@ -34,14 +36,6 @@ router = APIRouter(tags=["translation"])
 def _usage(jobs: list[TranslationJob], completion_tokens: int) -> dict[str, int]:
     prompt = sum(len(j.source_ids) for j in jobs)
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
-
-
-def _error(exc: BaseException) -> APIError:
-    if isinstance(exc, RequestTimeout):
-        return APIError(504, str(exc), "server_error", "timeout")
-    if isinstance(exc, OutOfMemory):
-        return overloaded(str(exc), retry_after=1, status=503)
-    return APIError(500, str(exc) or "translation failed", "server_error", "translation_failed")
 
 
 async def _translate(engine: TranslationEngine, req: EngineRequest) -> tuple[str, list[int]]:
@@ -79,23 +73,17 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     steps = max(j.max_new_tokens for j in jobs) + 1
     attention = attention_selection(engine.translator.loaded, body.return_attention, body.stream, len(jobs), steps,
                                     steps + longest, cfg.max_attention_floats)
-    submitted: list[EngineRequest] = []
     try:
-        for job in jobs:
-            submitted.append(engine.submit(job))
+        submitted: list[EngineRequest] = engine.submit_all(jobs)
     except (QueueFull, ValueError) as exc:
-        for req in submitted:
-            req.cancel()
-        if isinstance(exc, QueueFull):
-            raise overloaded(str(exc)) from exc
-        raise bad_request(str(exc), "too_many_beams") from exc
+        raise submission_error(exc) from exc
 
     if not body.stream:
         tasks = [asyncio.ensure_future(_translate(engine, r)) for r in submitted]
         try:
             results = await asyncio.gather(*tasks)
         except Exception as exc:
-            raise _error(exc) from exc
+            raise engine_error(exc, "translation") from exc
         finally:
             for task in tasks:
                 task.cancel()
@@ -122,7 +110,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                     chunk |= {"finish_reason": event.finish_reason, "usage": _usage(jobs, tokens)}
                 yield sse(chunk)
         except Exception as exc:
-            err = _error(exc)
+            err = engine_error(exc, "translation")
             yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
         finally:
             submitted[0].cancel()
