@@ -82,6 +82,8 @@ def test_learning_rate_schedules():
     assert learning_rate(cfg, 0) == pytest.approx(0.1) and learning_rate(cfg, 9) == pytest.approx(1.0)
     assert learning_rate(cfg, 99) == pytest.approx(0.1)
     assert all(learning_rate(cfg, s) >= learning_rate(cfg, s + 1) for s in range(10, 99))
+    assert learning_rate(cfg, 20, time_fraction=1.0) == pytest.approx(0.1)  # the time budget ends the run
+    assert learning_rate(cfg, 20, time_fraction=0.01) == pytest.approx(learning_rate(cfg, 20))
     vas = LoopConfig(steps=100, lr=1.0, warmup_steps=16, schedule="vaswani")
     assert learning_rate(vas, 15) == pytest.approx(1.0) and learning_rate(vas, 63) == pytest.approx(0.5)
 
@@ -256,6 +258,19 @@ def test_strided_windows_score_every_token_once(n):
     for inp, tgt in zip(inputs, targets, strict=True):  # each target follows its input token
         keep = tgt != -100
         assert (tgt[keep] == inp[keep] + 1).all()
+
+
+def test_lm_training_continues_from_a_checkpoint(tiny_lm_run, tmp_path):
+    out, corpus = tiny_lm_run
+    cfg = lm.LMPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=2), vocab_size=300, context=32,
+                      batch_size=8, steps=5, loop=_loop(5), val_windows=4)
+    lm.train(RunOptions(out=tmp_path, device="cpu", command="again", init_from=str(out)), corpus=corpus, config=cfg)
+    info = json.loads((tmp_path / "training.json").read_text())
+    assert info["continued_from"]["command"] == "pytest" and info["steps"] == 5
+    assert (tmp_path / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
+    assert "continued from" in (tmp_path / "MODEL_CARD.md").read_text()
+    with pytest.raises(ValueError):
+        translation.train(RunOptions(out=tmp_path / "x", device="cpu", init_from=str(out)), pairs={"train": PAIRS})
 
 
 def test_ngram_baselines_match_hand_computation():

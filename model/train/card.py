@@ -95,6 +95,11 @@ def render_card(directory: str | Path) -> str:
     lines += ["## Training", ""]
     if info.get("command"):
         lines += ["```", info["command"], "```", ""]
+    earlier = info.get("continued_from")
+    if earlier:
+        lines += [f"Training continued from an earlier run ({_fmt(earlier.get('steps'))} steps, "
+                  f"{(earlier.get('seconds') or 0) / 60:.1f} min): `{earlier.get('command')}`; the figures below "
+                  "are those of the continuation.", ""]
     rows = [("preset", info.get("preset")), ("seed", info.get("seed")), ("steps", info.get("steps")),
             ("wall time", f"{info['seconds'] / 60:.1f} min" if "seconds" in info else None),
             ("hardware", info.get("hardware")), ("final training loss", info.get("final_loss")),

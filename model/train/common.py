@@ -132,6 +132,20 @@ class RunOptions:
     command: str | None = None
     data_root: str | None = None
     progress: bool = True
+    init_from: str | None = None  # continue from this checkpoint's weights (and tokenizer): fresh optimiser
+
+
+def load_init(opts: RunOptions, architecture: str):
+    """The checkpoint `opts.init_from` in float32 on CPU, checked to be of `architecture` (or None)."""
+    if not opts.init_from:
+        return None
+    from model.checkpoint import load  # noqa: PLC0415
+
+    loaded = load(opts.init_from, device="cpu", dtype="float32")
+    if loaded.config.architecture != architecture:
+        raise ValueError(f"{opts.init_from} is a {loaded.config.architecture} checkpoint, not {architecture}")
+    log_event("init_from", path=str(opts.init_from), parameters=count_parameters(loaded.model))
+    return loaded
 
 
 def planned_steps(opts: RunOptions, preset_steps: int | None, preset_epochs: float | None, n_train: int,
@@ -143,3 +157,14 @@ def planned_steps(opts: RunOptions, preset_steps: int | None, preset_epochs: flo
     if epochs is not None:
         return max(1, round(epochs * n_train / batch_size))
     return max(1, preset_steps or 1)
+
+
+def record_init(info: dict, opts: RunOptions) -> None:
+    """Note in training.json that (and from what) training continued, with the earlier run's record."""
+    if not opts.init_from:
+        return
+    earlier = Path(opts.init_from) / "training.json"
+    info["continued_from"] = {"path": str(opts.init_from)}
+    if earlier.is_file():
+        prev = json.loads(earlier.read_text(encoding="utf-8"))
+        info["continued_from"].update({k: prev.get(k) for k in ("command", "steps", "seconds", "final_loss")})

@@ -2,8 +2,9 @@
 
 - translation: SacreBLEU BLEU and chrF of beam search (the checkpoint's generation.json, 4 beams) on
   the test split, overall and per source, plus the Ding example sentences alone and a few fixed probes;
-- lm: test-split perplexity, next to unigram and bigram (add-k) baselines estimated on the training
-  split with the same tokenizer, so the numbers are comparable; plus a few sampled continuations;
+- lm: test-split perplexity (sliding windows, every token predicted once with at least half a context
+  of history), next to unigram and bigram (add-k) baselines estimated on the training split with the
+  same tokenizer, so the numbers are comparable; plus a few sampled continuations;
 - vit: test accuracy through the full serving preprocessing, and again on colour-inverted test images
   (what a dark-on-light photo looks like), and on "photo-like" versions (enlarged, dark on light grey
   paper, off centre, colour JPEG), which the preprocessing must bring back to the training format.
@@ -39,17 +40,21 @@ LM_PROMPTS = ["The king said", "It is a truth universally acknowledged", "Love i
 # --------------------------------------------------------------------------------------------------
 def translate(loaded: LoadedModel, sources: Sequence[str], num_beams: int | None = None,
               max_new_tokens: int | None = None) -> list[str]:
-    """Beam-search translations with the checkpoint's decoding defaults."""
+    """Beam-search translations with the checkpoint's decoding defaults. The output length is also
+    capped at 2 x source tokens + 10 (German runs longer than English, but not that much), which only
+    bounds the time spent on degenerate hypotheses."""
     tok, gen, model = loaded.tokenizer, loaded.generation, loaded.model
     assert tok is not None
-    settings = BeamSettings(
-        num_beams=num_beams or max(1, gen.num_beams), max_new_tokens=max_new_tokens or gen.max_new_tokens,
-        eos_token_id=model.cfg.eos_token_id, length_penalty=gen.length_penalty, early_stopping=gen.early_stopping,
-        banned_token_ids=gen.banned_token_ids, force_eos_at_max=gen.force_eos_at_max,
-    )
     out = []
     for text in sources:
         ids = tok.encode(text)[: model.cfg.max_source_len]
+        settings = BeamSettings(
+            num_beams=num_beams or max(1, gen.num_beams),
+            max_new_tokens=min(max_new_tokens or gen.max_new_tokens, 2 * len(ids) + 10),
+            eos_token_id=model.cfg.eos_token_id, length_penalty=gen.length_penalty,
+            early_stopping=gen.early_stopping, banned_token_ids=gen.banned_token_ids,
+            force_eos_at_max=gen.force_eos_at_max,
+        )
         out.append(tok.decode(beam_search(model, ids, settings)).strip())
     return out
 
@@ -118,14 +123,15 @@ def ngram_baselines(train_ids: np.ndarray, test_ids: np.ndarray, vocab_size: int
 
 def evaluate_lm(loaded: LoadedModel, test_texts: Sequence[str], train_texts: Sequence[str],
                 valid_texts: Sequence[str] = (), samples: bool = True) -> dict[str, Any]:
-    from model.train.lm import eval_windows, mean_nll, token_stream  # noqa: PLC0415
+    from model.train.lm import strided_nll, token_stream  # noqa: PLC0415
 
     start = time.perf_counter()
     tok, model = loaded.tokenizer, loaded.model
     test_stream = token_stream(tok, list(test_texts))
-    nll, count = mean_nll(model, eval_windows(test_stream, model.cfg.max_seq_len))
+    context = model.cfg.max_seq_len
+    nll, count = strided_nll(model, test_stream, context, context // 2)
     metrics: dict[str, Any] = {"perplexity": round(math.exp(nll), 2), "loss": round(nll, 4), "test_tokens": count,
-                               "context": model.cfg.max_seq_len}
+                               "context": context, "stride": context // 2}
     if train_texts:
         train_stream = token_stream(tok, list(train_texts))
         valid_stream = token_stream(tok, list(valid_texts)) if valid_texts else None

@@ -31,8 +31,10 @@ from model.train.common import (
     configure_threads,
     count_parameters,
     hardware_description,
+    load_init,
     log_event,
     planned_steps,
+    record_init,
     resolve_device,
     seed_everything,
 )
@@ -125,6 +127,46 @@ def mean_nll(model: Decoder, windows: Tensor, batch_size: int = 16) -> tuple[flo
     return total / max(1, count), count
 
 
+def strided_windows(stream: np.ndarray, context: int, stride: int | None = None) -> tuple[Tensor, Tensor]:
+    """Overlapping evaluation windows: inputs and targets (N, context). Each window starts `stride` tokens
+    after the previous one; targets already scored by an earlier window (and padding) are -100, so every
+    token is predicted exactly once, all but the first `context - stride` with at least that much history
+    (a fairer perplexity than disjoint windows, whose first tokens have no context at all)."""
+    stride = stride or max(1, context // 2)
+    data = torch.from_numpy(stream.astype(np.int64))
+    inputs, targets = [], []
+    done, start = 0, 0  # targets at stream positions 1..done are scored
+    while done < len(data) - 1:
+        window = data[start : start + context + 1]
+        m = len(window) - 1
+        inp = torch.zeros(context, dtype=torch.long)
+        tgt = torch.full((context,), -100, dtype=torch.long)
+        inp[:m], tgt[:m] = window[:-1], window[1:]
+        tgt[: max(0, done - start)] = -100
+        inputs.append(inp)
+        targets.append(tgt)
+        done, start = start + m, start + stride
+    if not inputs:
+        return torch.zeros(0, context, dtype=torch.long), torch.zeros(0, context, dtype=torch.long)
+    return torch.stack(inputs), torch.stack(targets)
+
+
+@torch.no_grad()
+def strided_nll(model: Decoder, stream: np.ndarray, context: int, stride: int | None = None,
+                batch_size: int = 16) -> tuple[float, int]:
+    """Mean next-token NLL (nats) over the whole stream with sliding windows, and the number of tokens."""
+    device = next(model.parameters()).device
+    inputs, targets = strided_windows(stream, context, stride)
+    total, count = 0.0, 0
+    for i in range(0, len(inputs), batch_size):
+        inp, tgt = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
+        logits = model(inp).float()
+        total += float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1), ignore_index=-100,
+                                       reduction="sum"))
+        count += int((tgt != -100).sum())
+    return total / max(1, count), count
+
+
 def lm_loss(model: Decoder, batch: Tensor, device: torch.device) -> tuple[Tensor, int]:
     batch = batch.to(device, non_blocking=True)
     logits = model(batch[:, :-1])
@@ -140,7 +182,8 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     g = seed_everything(opts.seed)
     t0 = time.perf_counter()
     splits = corpus if corpus is not None else data_mod.load_lm_corpus(opts.data_root)
-    tokenizer = train_lm_tokenizer(splits["train"], vocab_size=p.vocab_size)
+    init = load_init(opts, "decoder")
+    tokenizer = init.tokenizer if init is not None else train_lm_tokenizer(splits["train"], vocab_size=p.vocab_size)
     train_stream = token_stream(tokenizer, splits["train"])
     valid_stream = token_stream(tokenizer, splits.get("valid") or splits["train"][:1])
     val = eval_windows(valid_stream, p.context, p.val_windows)
@@ -150,7 +193,8 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     eot = tokenizer.eos_id
     cfg = DecoderConfig(vocab_size=tokenizer.vocab_size, max_seq_len=p.context, bos_token_id=eot, eos_token_id=eot,
                         pad_token_id=eot, **p.model)
-    model = Decoder(cfg)
+    model = Decoder(cfg) if init is None else init.model.train()
+    cfg = model.cfg
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas)})
     tokens_per_step = p.batch_size * p.context
     loop.steps = planned_steps(opts, p.steps, None, len(train_stream), tokens_per_step)
@@ -168,6 +212,7 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
                             "loop": asdict(loop)},
         "description": "Small GPT-style English language model trained from scratch (byte-level BPE).",
     }
+    record_init(info, opts)
 
     def validate(m: Decoder) -> dict[str, float]:
         nll, _ = mean_nll(m, val)

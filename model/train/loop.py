@@ -46,8 +46,10 @@ class LoopConfig:
     amp: bool = True  # only takes effect on CUDA
 
 
-def learning_rate(cfg: LoopConfig, step: int) -> float:
-    """Learning rate for optimiser step `step` (0-based)."""
+def learning_rate(cfg: LoopConfig, step: int, time_fraction: float = 0.0) -> float:
+    """Learning rate for optimiser step `step` (0-based). `time_fraction` (elapsed / time budget) moves the
+    cosine decay forward when the budget, not the step count, will end the run: a run cut short by
+    `max_minutes` (a slower or busier machine) still finishes with an annealed learning rate."""
     s = step + 1
     if cfg.schedule == "vaswani":
         # lr * min(s^-0.5, s * warmup^-1.5), normalised so that the peak equals cfg.lr.
@@ -57,7 +59,7 @@ def learning_rate(cfg: LoopConfig, step: int) -> float:
         return cfg.lr * s / max(1, cfg.warmup_steps)
     if cfg.schedule == "constant":
         return cfg.lr
-    progress = min(1.0, (s - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    progress = min(1.0, max((s - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps), time_fraction))
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -128,7 +130,8 @@ def train_loop(
     log_event("train_start", steps=cfg.steps, lr=cfg.lr, schedule=cfg.schedule, device=str(device))
     step = 0
     for step in range(cfg.steps):
-        lr = learning_rate(cfg, step)
+        time_fraction = (time.perf_counter() - start) / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
+        lr = learning_rate(cfg, step, time_fraction)
         for group in opt.param_groups:
             group["lr"] = lr
         batch = next(batches)

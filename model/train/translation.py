@@ -30,8 +30,10 @@ from model.train.common import (
     configure_threads,
     count_parameters,
     hardware_description,
+    load_init,
     log_event,
     planned_steps,
+    record_init,
     resolve_device,
     seed_everything,
 )
@@ -170,8 +172,12 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     t0 = time.perf_counter()
     splits = pairs if pairs is not None else data_mod.load_translation_pairs(opts.data_root)
     train_pairs = splits["train"]
-    tokenizer = train_translation_tokenizer((t for pair in train_pairs for t in (pair.en, pair.de)),
-                                            vocab_size=p.vocab_size)
+    init = load_init(opts, "seq2seq")
+    if init is not None:
+        tokenizer = init.tokenizer
+    else:
+        tokenizer = train_translation_tokenizer((t for pair in train_pairs for t in (pair.en, pair.de)),
+                                                vocab_size=p.vocab_size)
     pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     assert pad is not None and bos is not None and eos is not None
     examples = encode_pairs(tokenizer, train_pairs, p.max_len)
@@ -183,7 +189,8 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, max_source_len=max(256, p.max_len),
                         max_target_len=max(256, p.max_len), decoder_start_token_id=bos, eos_token_id=eos,
                         pad_token_id=pad, **p.model)
-    model = Seq2Seq(cfg)
+    model = Seq2Seq(cfg) if init is None else init.model.train()
+    cfg = model.cfg
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas), "d_model": cfg.d_model})
     n_batches = len(make_batches(examples, p.batch_tokens, torch.Generator().manual_seed(0)))
     loop.steps = planned_steps(opts, None, p.epochs, n_batches, 1)
@@ -202,6 +209,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
         "description": "English → German transformer translator trained from scratch; decode with beam search "
                        "(4 beams, generation.json).",
     }
+    record_init(info, opts)
 
     def validate(m: Seq2Seq) -> dict[str, float]:
         return {"val_loss": mean_nll(m, val_examples, pad, bos)}

@@ -31,8 +31,10 @@ from model.train.common import (
     configure_threads,
     count_parameters,
     hardware_description,
+    load_init,
     log_event,
     planned_steps,
+    record_init,
     resolve_device,
     seed_everything,
 )
@@ -196,7 +198,8 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
     log_event("data_ready", dataset=dataset, train=len(x_train), valid=len(x_val), seconds=round(time.perf_counter() - t0, 1))
 
     cfg = ViTConfig(image_size=pre.image_size, n_channels=1, n_classes=len(labels), **p.model)
-    model = ViT(cfg)
+    init = load_init(opts, "vit")
+    model = ViT(cfg) if init is None else init.model.train()
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas)})
     loop.steps = planned_steps(opts, None, p.epochs, len(x_train), p.batch_size)
     loop.max_minutes = opts.max_minutes if opts.max_minutes is not None else loop.max_minutes
@@ -213,10 +216,11 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
                             "label_smoothing": p.label_smoothing},
         "description": f"ViT trained from scratch on {dataset}; labels: {', '.join(labels)}.",
     }
+    record_init(info, opts)
 
     def loss_fn(m: ViT, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, int]:
         xb, yb = batch
-        xb = normalise(pre, augment(xb, p, g).to(device))
+        xb = normalise(pre, augment(xb.to(device), p, g))
         logits = m(xb)
         return F.cross_entropy(logits.float(), yb.to(device), label_smoothing=p.label_smoothing), len(yb)
 
