@@ -1,0 +1,294 @@
+"""tserve on Ray Serve (deploy/ray_serve.py): the options and the config file, then a real local Ray cluster
+with two replicas behind Serve's HTTP proxy: answers equal the plain server's, and killing a replica loses
+no request."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from PIL import Image
+
+import factories
+from server import ROOT, ServerProcess, free_port
+from service.settings import Settings
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+if str(ROOT) not in sys.path:  # deploy/ is not an installed package: import it from the repository root
+    sys.path.insert(0, str(ROOT))
+
+from deploy.ray_serve import RayServeOptions, TServeDeployment, app_builder  # noqa: E402
+
+CONFIG = ROOT / "deploy" / "ray" / "serve_config.yaml"
+PROMPTS = ["Hello world", "Good morning", "The quick brown fox", "Where is the station", "Once upon a time",
+           "I don't know", "The weather is nice", "Three daughters"]
+
+
+def options_of(app) -> tuple[dict, dict]:
+    """(deployment config, ray_actor_options) of a built application."""
+    deployment = app._bound_deployment
+    return deployment._deployment_config, deployment.ray_actor_options
+
+
+# --------------------------------------------------------------------------------------------------------
+# Options and the config file (no cluster)
+# --------------------------------------------------------------------------------------------------------
+def test_options_from_environment_and_arguments(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("TSERVE_"):
+            monkeypatch.delenv(key)
+    cfg, actor = options_of(app_builder({}))
+    assert cfg.num_replicas == 1 and cfg.autoscaling_config is None
+    assert actor["num_cpus"] == 1 and actor["num_gpus"] == 0
+    assert cfg.max_ongoing_requests == 2 * Settings().max_running_requests
+
+    monkeypatch.setenv("TSERVE_RAY_NUM_REPLICAS", "auto")
+    monkeypatch.setenv("TSERVE_RAY_MIN_REPLICAS", "2")
+    monkeypatch.setenv("TSERVE_RAY_MAX_REPLICAS", "6")
+    monkeypatch.setenv("TSERVE_RAY_NUM_CPUS", "0.5")
+    monkeypatch.setenv("TSERVE_MAX_RUNNING_REQUESTS", "8")
+    monkeypatch.setenv("TSERVE_DEVICE", "cuda")
+    cfg, actor = options_of(app_builder({}))
+    auto = cfg.autoscaling_config
+    assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (2, 6, 8)
+    assert cfg.max_ongoing_requests == 16
+    assert actor == {"num_cpus": 0.5, "num_gpus": 1.0}
+
+    # Arguments win over the environment; settings among them go to the replicas.
+    app = app_builder({"num_replicas": "3", "num_gpus": 0, "models": "lm=/x", "device": "cpu"})
+    cfg, actor = options_of(app)
+    assert cfg.num_replicas == 3 and cfg.autoscaling_config is None and actor["num_gpus"] == 0
+    assert app._bound_deployment.init_args == ({"models": "lm=/x", "device": "cpu"},)
+
+    with pytest.raises(ValueError, match="no_such_option"):
+        app_builder({"no_such_option": 1})
+    with pytest.raises(ValueError, match="min_replicas"):
+        RayServeOptions(min_replicas=5, max_replicas=2)
+
+
+def test_serve_config_file(monkeypatch):
+    config = yaml.safe_load(CONFIG.read_text())
+    (app,) = config["applications"]
+    module, _, attr = app["import_path"].partition(":")
+    assert getattr(importlib.import_module(module), attr) is app_builder
+    assert app["route_prefix"] == "/"
+    env = app["runtime_env"]["env_vars"]
+    assert all(isinstance(v, str) for v in env.values()), "runtime_env.env_vars values must be strings"
+    server = {k.removeprefix("TSERVE_").lower(): v for k, v in env.items()
+              if k.startswith("TSERVE_") and not k.startswith("TSERVE_RAY_")}
+    assert set(server) <= set(Settings.model_fields), set(server) - set(Settings.model_fields)
+    settings = Settings(**server)
+    for key in list(os.environ):
+        if key.startswith("TSERVE_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg, actor = options_of(app_builder(app.get("args") or {}))
+    auto = cfg.autoscaling_config
+    assert auto is not None and auto.target_ongoing_requests == settings.max_running_requests
+    assert cfg.graceful_shutdown_timeout_s > settings.request_timeout_s
+    assert actor["num_cpus"] == float(env["TSERVE_RAY_NUM_CPUS"])
+    assert config["http_options"]["port"] == Settings().port
+
+
+def test_deployment_has_health_check_and_builds_its_app_per_replica():
+    cls = TServeDeployment.func_or_class
+    assert callable(cls.check_health) and callable(cls.__serve_build_asgi_app__)
+
+
+# --------------------------------------------------------------------------------------------------------
+# A real cluster
+# --------------------------------------------------------------------------------------------------------
+def png_b64() -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def requests_to_send() -> list[tuple[str, dict]]:
+    image = png_b64()
+    out: list[tuple[str, dict]] = []
+    for p in PROMPTS:
+        body = {"model": "lm", "prompt": p, "max_tokens": 16, "temperature": 0}
+        out += [("/v1/completions", body), ("/v1/completions", body | {"stream": True})]
+        for beams in (1, 2):
+            out.append(("/v1/translations", {"model": "mt", "input": p, "num_beams": beams, "max_tokens": 8}))
+    out.append(("/v1/classifications", {"model": "vit", "image": image, "top_k": 2}))
+    return out
+
+
+def answer(path: str, resp: httpx.Response) -> object:
+    """The part of a response that must not depend on which server answered."""
+    if resp.headers["content-type"].startswith("text/event-stream"):
+        lines = [line[6:] for line in resp.text.splitlines() if line.startswith("data: ")]
+        assert lines[-1] == "[DONE]", lines[-3:]
+        return ["".join(c["text"] for line in lines[:-1] for c in json.loads(line)["choices"])]
+    body = resp.json()
+    if path == "/v1/completions":
+        return [c["text"] for c in body["choices"]]
+    if path == "/v1/translations":
+        return [d["translation"] for d in body["data"]]
+    return [[p["label"] for p in d["predictions"]] for d in body["data"]]
+
+
+def replica_actor_names() -> set[str]:
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::") and "#tserve#" in a["name"]}
+
+
+def running_replicas() -> int:
+    status = serve.status().applications["tserve"].deployments["tserve"]
+    return status.replica_states.get("RUNNING", 0)
+
+
+def print_serve_logs(ray_dir: Path) -> None:
+    for log in sorted(ray_dir.glob("session_*/logs/serve/*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        print(f"===== {log.name} (last 40 lines)", *lines[-40:], sep="\n")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray-serve")
+    return {"lm": factories.tiny_lm_dir(root / "lm", sharpen=20.0),
+            "mt": factories.tiny_mt_dir(root / "mt", sharpen=8.0),
+            "vit": factories.tiny_vit_dir(root / "vit")}
+
+
+@pytest.mark.slow
+def test_two_replicas_match_plain_server_and_survive_a_replica_kill(checkpoints, tmp_path, monkeypatch):
+    work = requests_to_send()
+
+    # Expected answers from the plain server, one request at a time; stopped before Ray starts.
+    args = [a for name, path in checkpoints.items() for a in ("--model", f"{name}={path}")]
+    plain = ServerProcess([*args, "--max-running-requests", "8", "--device", "cpu"], tmp_path / "plain.log")
+    try:
+        plain.wait_ready()
+        with httpx.Client(base_url=plain.url, timeout=60) as c:
+            expected = []
+            for path, body in work:
+                resp = c.post(path, json=body)
+                assert resp.status_code == 200, resp.text
+                expected.append(answer(path, resp))
+    finally:
+        plain.stop()
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a cluster of its own, never one that is running
+    env = {"TSERVE_MODELS": ",".join(f"{n}={p}" for n, p in checkpoints.items()), "TSERVE_DEVICE": "cpu",
+           "TSERVE_MAX_RUNNING_REQUESTS": "8", "TSERVE_LOG_LEVEL": "warning", "OMP_NUM_THREADS": "1"}
+    port = free_port()
+    ray_dir = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray puts unix sockets under it
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2, _temp_dir=str(ray_dir),
+             runtime_env={"env_vars": env}, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        t0 = time.monotonic()
+        serve.run(app_builder({"num_replicas": 2, "num_cpus": 0.5}), name="tserve", route_prefix="/")
+        print(f"2 replicas running after {time.monotonic() - t0:.1f} s")
+        url = f"http://127.0.0.1:{port}"
+        assert running_replicas() == 2
+        replicas = replica_actor_names()
+        assert len(replicas) == 2, replicas
+
+        ready = httpx.get(url + "/readyz", timeout=10)
+        assert ready.status_code == 200 and ready.json()["models"] == ["lm", "mt", "vit"]
+
+        # Concurrent requests through the proxy (each request three times): the plain server's answers.
+        async def concurrently() -> list[tuple[int, object]]:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                async def one(i: int) -> tuple[int, object]:
+                    path, body = work[i % len(work)]
+                    resp = await client.post(path, json=body)
+                    assert resp.status_code == 200, f"{path}: {resp.status_code} {resp.text[:300]}"
+                    return i, answer(path, resp)
+
+                return await asyncio.gather(*(one(i) for i in range(3 * len(work))))
+
+        for i, got in asyncio.run(concurrently()):
+            assert got == expected[i % len(work)], (work[i % len(work)], got, expected[i % len(work)])
+
+        # Kill one replica while clients keep sending; Serve starts a replacement. Every request must end
+        # with a 200 and the right answer (a client retries errors), and the surviving replica must answer
+        # while the replacement starts.
+        victim = sorted(replicas)[0]
+        events: dict[str, float] = {}
+
+        def replace_and_wait() -> None:
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+            events["killed"] = time.monotonic()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                names = replica_actor_names()
+                if victim not in names and len(names) == 2 and running_replicas() == 2:
+                    events["replaced"] = time.monotonic()
+                    return
+                time.sleep(0.25)
+
+        async def load_during_kill() -> tuple[list[tuple[float, int, object]], int]:
+            done: list[tuple[float, int, object]] = []  # (finish time, request index, answer)
+            retries = 0
+            stop = asyncio.Event()
+
+            async def client_loop(client: httpx.AsyncClient, k: int) -> None:
+                nonlocal retries
+                i = k
+                while not stop.is_set():
+                    path, body = work[i % len(work)]
+                    deadline = time.monotonic() + 90
+                    while True:
+                        try:
+                            resp = await client.post(path, json=body)
+                            if resp.status_code == 200:
+                                done.append((time.monotonic(), i % len(work), answer(path, resp)))
+                                break
+                        except httpx.HTTPError:
+                            pass
+                        retries += 1
+                        assert time.monotonic() < deadline, f"{path} never succeeded after the kill"
+                        await asyncio.sleep(0.2)
+                    i += 7
+
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                clients = [asyncio.create_task(client_loop(client, k)) for k in range(4)]
+                await asyncio.sleep(0.5)  # requests in flight on both replicas when one dies
+                await asyncio.to_thread(replace_and_wait)
+                await asyncio.sleep(2.0)  # and a little traffic on the new pair
+                stop.set()
+                await asyncio.gather(*clients)
+            return done, retries
+
+        done, retries = asyncio.run(load_during_kill())
+        assert "replaced" in events, f"no replacement replica RUNNING within 120 s: {serve.status()}"
+        for _, i, got in done:
+            assert got == expected[i], (work[i], got, expected[i])
+        during = [t for t, _, _ in done if events["killed"] < t < events["replaced"]]
+        print(f"replacement took {events['replaced'] - events['killed']:.1f} s; {len(done)} requests answered, "
+              f"{len(during)} of them during the replacement, {retries} retries")
+        assert len(during) >= 5, f"only {len(during)} requests answered while the replacement started"
+        assert victim not in replica_actor_names()
+
+        # The new pair answers like the old one.
+        for i, got in asyncio.run(concurrently()):
+            assert got == expected[i % len(work)]
+    except BaseException:
+        print_serve_logs(ray_dir)
+        raise
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
