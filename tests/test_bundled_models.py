@@ -20,8 +20,9 @@ from model.train.evaluate import SLICE_KEYS, evaluate_loaded, task_of
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ["tserve-vit-fashion", "tserve-vit-digits", "tserve-lm", "tserve-en-de"]
 TOLERANCE = {"accuracy": 1e-6, "bleu": 0.05, "chrf": 0.05, "perplexity": 0.01}
-# What the bundled models must at least reach on the full test split (see their MODEL_CARD.md).
-MINIMUM = {"tserve-vit-fashion": ("accuracy", 0.85), "tserve-vit-digits": ("accuracy", 0.95)}
+# Sanity floors on the recorded full-test metrics (a bundled model that falls below was mis-trained).
+MINIMUM = {"tserve-vit-fashion": ("accuracy", 0.85), "tserve-vit-digits": ("accuracy", 0.9),
+           "tserve-en-de": ("bleu", 10.0)}
 
 
 @pytest.mark.parametrize("name", BUNDLED)
