@@ -129,12 +129,19 @@ class Decoder(nn.Module):
         covers every position saves work on CPU). Returns logits (B, V)."""
         kv_len = kv_len or cache.max_len
         positions = positions[:, None]
-        mask = causal_mask(positions, kv_len)
+        mask = None if _attends_to_all(positions, kv_len) else causal_mask(positions, kv_len)
         hidden, _ = self._run(
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len
         )
         cache.lengths[slots] = positions[:, 0] + 1
         return self.lm_head(hidden[:, 0])
+
+
+def _attends_to_all(positions: Tensor, kv_len: int) -> bool:
+    """True on the CPU when every row sits at the last of the `kv_len` positions: the mask would allow
+    everything, and SDPA without a mask takes its faster path. (On CUDA the mask stays: deciding would
+    cost a host sync, and CUDA graphs want the same ops every step.)"""
+    return positions.device.type == "cpu" and int(positions.min()) == kv_len - 1
 
 
 def _init_weights(module: nn.Module) -> None:
