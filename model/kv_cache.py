@@ -34,6 +34,8 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         # Valid length of each slot: bookkeeping for callers (masks, cross-attention source lengths).
         self.register_buffer("lengths", torch.zeros(num_slots, dtype=torch.long, device=device), persistent=False)
+        self._seen_slots: Tensor | None = None
+        self._first_slot: int | None = None
 
     @property
     def num_slots(self) -> int:
@@ -44,7 +46,10 @@ class KVCache(nn.Module):
         return self.k.size(3)
 
     def layer(self, index: int, slots: Tensor, positions: Tensor, kv_len: int | None) -> LayerKV:
-        return LayerKV(self.k[index], self.v[index], slots, positions, kv_len)
+        # Every layer of one forward gets the same `slots` tensor: look at it once, not once per layer.
+        if slots is not self._seen_slots:
+            self._seen_slots, self._first_slot = slots, _consecutive_start(slots)
+        return LayerKV(self.k[index], self.v[index], slots, positions, kv_len, self._first_slot)
 
     def write(self, index: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
         """Store whole sequences (B, H, T, D) at positions 0..T-1 of `slots` (cross-attention K/V)."""
@@ -77,6 +82,7 @@ class LayerKV:
     slots: Tensor  # (B,)
     positions: Tensor  # (B, T)
     kv_len: int | None  # None: attend over the new keys only (prefill from an empty slot)
+    first_slot: int | None = None  # set when `slots` are consecutive: the cache is read through a view
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         rows = self.slots[:, None].expand_as(self.positions)
@@ -85,9 +91,8 @@ class LayerKV:
         self.v_cache[rows, :, self.positions] = v.transpose(1, 2).to(self.v_cache.dtype)
         if self.kv_len is None:
             return k, v
-        first = _consecutive_start(self.slots)
-        if first is not None:  # a view instead of a gathered copy
-            rows = slice(first, first + self.slots.numel())
+        if self.first_slot is not None:  # a view instead of a gathered copy
+            rows = slice(self.first_slot, self.first_slot + self.slots.numel())
             return self.k_cache[rows, :, : self.kv_len], self.v_cache[rows, :, : self.kv_len]
         return self.k_cache[self.slots, :, : self.kv_len], self.v_cache[self.slots, :, : self.kv_len]
 
