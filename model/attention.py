@@ -5,7 +5,8 @@ Backends are chosen by name and all compute softmax(q k^T / sqrt(d_head) + mask)
 - `math`: the explicit computation; the only one that can return the probabilities.
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (FlashAttention / memory-efficient kernels on
   CUDA, a fused kernel on CPU).
-- `flash`: our own Triton kernels; CUDA only, imported lazily from `model.kernels` when asked for.
+- `flash`: our own Triton kernels (`model.kernels.flash`); CUDA only, imported lazily when asked for. Its
+  decode kernel reads each sequence's keys straight from the KV cache up to that sequence's own length.
 
 Asking for weights always works: the call then runs on the `math` path whatever backend serves traffic.
 
@@ -23,6 +24,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from model.kv_cache import LayerKV
 
 BACKENDS = ("math", "sdpa", "flash")
 
@@ -69,6 +72,19 @@ def sdpa_attention(
 
 
 AttentionFn = Callable[..., tuple[Tensor, Tensor | None]]
+# (q (B, H, 1, D), k_cache, v_cache (slots, H, L, D), slots (B,), lengths (B,), max_len) -> (B, H, 1, D)
+CachedDecodeFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
+
+
+def _flash_module():  # noqa: ANN202
+    try:
+        from model.kernels import flash  # noqa: PLC0415 (optional, CUDA-only)
+    except ImportError as exc:
+        raise ValueError(
+            "attention backend 'flash' needs CUDA and Triton (our Triton kernels); "
+            "use 'sdpa' or 'math' on this machine"
+        ) from exc
+    return flash
 
 
 def get_backend(name: str) -> AttentionFn:
@@ -78,15 +94,13 @@ def get_backend(name: str) -> AttentionFn:
     if name in ("sdpa", "auto"):
         return sdpa_attention
     if name == "flash":
-        try:
-            from model.kernels.flash import flash_attention  # noqa: PLC0415 (optional, CUDA-only)
-        except ImportError as exc:
-            raise ValueError(
-                "attention backend 'flash' needs CUDA and Triton (our Triton kernels); "
-                "use 'sdpa' or 'math' on this machine"
-            ) from exc
-        return flash_attention
+        return _flash_module().flash_attention
     raise ValueError(f"unknown attention backend {name!r}; expected one of {('auto', *BACKENDS)}")
+
+
+def get_cached_decode(name: str) -> CachedDecodeFn | None:
+    """A backend's kernel for one-token decode straight from the KV cache, if it has one."""
+    return _flash_module().flash_decode if name == "flash" else None
 
 
 def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
@@ -176,6 +190,7 @@ class Attention(nn.Module):
     def set_backend(self, name: str) -> None:
         self.backend = name
         self._attend = get_backend(name)
+        self._cached_decode = get_cached_decode(name)
 
     def _heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -211,9 +226,19 @@ class Attention(nn.Module):
             if rotary is not None:
                 q, k = rotary.apply(q), rotary.apply(k)
             if cache is not None:
+                if self._cached_decode is not None and not need_weights and _direct_decode(q, cache):
+                    # One token per sequence: attend over [0, position] of its own slot, no gather.
+                    cache.store(k, v)
+                    lengths = cache.positions[:, -1] + 1
+                    out = self._cached_decode(q, cache.k_cache, cache.v_cache, cache.slots, lengths, cache.kv_len)
+                    return self.proj(out.transpose(1, 2).reshape(q.size(0), 1, -1)), None
                 k, v = cache.update(k, v)
         attend = math_attention if need_weights else self._attend
         dropout_p = self.dropout if self.training else 0.0
         out, probs = attend(q, k, v, mask, is_causal, dropout_p)
         B, _, T, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, T, -1)), probs
+
+
+def _direct_decode(q: Tensor, cache: KVWriter) -> bool:
+    return isinstance(cache, LayerKV) and q.size(2) == 1 and cache.kv_len is not None

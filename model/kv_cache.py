@@ -84,11 +84,15 @@ class LayerKV:
     kv_len: int | None  # None: attend over the new keys only (prefill from an empty slot)
     first_slot: int | None = None  # set when `slots` are consecutive: the cache is read through a view
 
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def store(self, k: Tensor, v: Tensor) -> None:
+        """Write the new keys/values (B, H, T, D) of `slots` at `positions`."""
         rows = self.slots[:, None].expand_as(self.positions)
         # Advanced indices (rows, positions) around a slice put the indexed dims first: (B, T, H, D).
         self.k_cache[rows, :, self.positions] = k.transpose(1, 2).to(self.k_cache.dtype)
         self.v_cache[rows, :, self.positions] = v.transpose(1, 2).to(self.v_cache.dtype)
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.store(k, v)
         if self.kv_len is None:
             return k, v
         if self.first_slot is not None:  # a view instead of a gathered copy

@@ -9,6 +9,7 @@ import time
 import torch
 
 from model.checkpoint import LoadedModel
+from model.cuda_graphs import BucketedDecode, default_buckets
 from model.generation import SamplingParams, StopStrings, apply_penalties, sample, token_logprobs
 from model.kv_cache import SlotAllocator
 from model.tokenizer import IncrementalDetokenizer
@@ -18,14 +19,15 @@ from service.metrics import Metrics
 
 class GenerationRequest(EngineRequest):
     def __init__(self, prompt_ids: list[int], params: SamplingParams, deadline: float,
-                 detokenizer: IncrementalDetokenizer) -> None:
+                 detokenizer: IncrementalDetokenizer, device: torch.device | str = "cpu") -> None:
         super().__init__(deadline)
         self.prompt_ids = prompt_ids
         self.params = params
         self.slot = -1
         self.generated: list[int] = []
         self.next_token: int | None = None  # sampled, not yet fed to the model
-        self.generator = None if params.greedy else params.make_generator()
+        # On the model's device, so that sampling needs no copy of the probabilities to the host.
+        self.generator = None if params.greedy else params.make_generator(device)
         self.counts: torch.Tensor | None = None
         self.detok = detokenizer
         self.stops = StopStrings(params.stop)
@@ -33,14 +35,25 @@ class GenerationRequest(EngineRequest):
 
 class GenerationEngine(StepEngine):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
-                 max_model_len: int | None, timeout_s: float, metrics: Metrics) -> None:
+                 max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         self.max_len = min(max_model_len or loaded.config.max_seq_len, loaded.config.max_seq_len)
         self.eos = loaded.tokenizer.eos_id if loaded.tokenizer.eos_id is not None else loaded.config.eos_token_id
         self.device = loaded.device
-        self.cache = self.model.new_cache(max_slots, self.max_len)
         self.slots = SlotAllocator(max_slots)
+        self.graphed: BucketedDecode | None = None
+        if cuda_graphs and self.device.type == "cuda":
+            # One extra cache slot, owned by no request, for the rows that pad a batch up to its bucket.
+            self.cache = self.model.new_cache(max_slots + 1, self.max_len)
+            self.graphed = BucketedDecode(
+                lambda tokens, positions, slots: self.model.decode_step(tokens, positions, self.cache, slots),
+                pad_values=(0, 0, max_slots), buckets=default_buckets(max_slots), device=self.device,
+                use_graphs=True,
+            )
+            self.graphed.capture()
+        else:
+            self.cache = self.model.new_cache(max_slots, self.max_len)
 
     # ----------------------------------------------------------------------------------------------
     # Event-loop side
@@ -58,7 +71,7 @@ class GenerationEngine(StepEngine):
         """Queue a request (raises QueueFull or ValueError). Must be called on the event loop."""
         self.check_limits(len(prompt_ids), params.max_tokens)
         req = GenerationRequest(prompt_ids, params, time.perf_counter() + self.timeout_s,
-                                IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids))
+                                IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids), self.device)
         self._enqueue(req)
         return req
 
@@ -122,13 +135,15 @@ class GenerationEngine(StepEngine):
 
     def _decode_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         positions = [len(r.prompt_ids) + len(r.generated) - 1 for r in reqs]
+        self.metrics.batch_size.labels(self.name).observe(len(reqs))
+        if self.graphed is not None:  # static shapes: the whole cache, batch padded to a captured bucket
+            return self.graphed([r.next_token for r in reqs], positions, [r.slot for r in reqs])
         dev = self.device
-        logits = self.model.decode_step(
+        # Eager (CPU): attend only over the positions in use, which is where a CPU spends its time.
+        return self.model.decode_step(
             torch.tensor([r.next_token for r in reqs], device=dev), torch.tensor(positions, device=dev),
             self.cache, torch.tensor([r.slot for r in reqs], device=dev), kv_len=max(positions) + 1,
         )
-        self.metrics.batch_size.labels(self.name).observe(len(reqs))
-        return logits
 
     def _sample_and_emit(self, reqs: list[GenerationRequest], logits: torch.Tensor) -> None:
         logits = logits.float()

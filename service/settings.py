@@ -26,6 +26,8 @@ class Settings(BaseSettings):
         "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
     attention_backend: Literal["auto", "math", "sdpa", "flash"] = Field(
         "auto", description="attention kernels (auto: sdpa)")
+    cuda_graphs: bool = Field(
+        True, description="on CUDA, replay LM decode steps from CUDA graphs captured per batch-size bucket")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="JSON logs to stderr")
 
     # Generation engine (one per language model).

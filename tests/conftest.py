@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,21 @@ sys.path.insert(0, str(Path(__file__).parent))
 import factories  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    # Without a GPU, Triton's interpreter runs our kernels on CPU tensors. It must be on before any kernel
+    # module is imported (the @triton.jit decorator reads it).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

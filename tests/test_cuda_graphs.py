@@ -1,0 +1,80 @@
+"""Bucketed decode steps: padding a batch up to its bucket changes nothing for the real rows. The CUDA-graph
+replay of the same buckets is checked in test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.config import DecoderConfig
+from model.cuda_graphs import BucketedDecode, default_buckets
+from model.decoder import Decoder
+
+
+def test_default_buckets():
+    assert default_buckets(1) == [1]
+    assert default_buckets(3) == [1, 2, 3]
+    assert default_buckets(16) == [1, 2, 4, 8, 16]
+    assert default_buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert default_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def test_graphs_need_cuda():
+    with pytest.raises(ValueError, match="CUDA"):
+        BucketedDecode(lambda x: x, [0], [1], "cpu", use_graphs=True)
+
+
+@pytest.fixture(scope="module")
+def lm() -> Decoder:
+    torch.manual_seed(0)
+    cfg = DecoderConfig(vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=48)
+    return Decoder(cfg).eval()
+
+
+def _prefilled(model: Decoder, prompts: list[list[int]], slots: list[int], num_slots: int):
+    cache = model.new_cache(num_slots, 48)
+    lengths = torch.tensor([len(p) for p in prompts])
+    tokens = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p)
+    model.prefill(tokens, lengths, cache, torch.tensor(slots))
+    return cache
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 7])
+def test_padded_bucket_step_equals_unpadded_step(lm, n):
+    prompts = [[(7 * i + j) % 60 + 1 for j in range(3 + 2 * i)] for i in range(n)]
+    slots = list(range(n))[::-1]  # any slot order
+    scratch = 8
+    eager_cache = _prefilled(lm, prompts, slots, scratch + 1)
+    bucket_cache = _prefilled(lm, prompts, slots, scratch + 1)
+    runner = BucketedDecode(lambda t, p, s: lm.decode_step(t, p, bucket_cache, s), pad_values=(0, 0, scratch),
+                            buckets=default_buckets(8), device="cpu")
+    assert runner.bucket(n) >= n
+    tokens = [3 + i for i in range(n)]
+    positions = [len(p) for p in prompts]
+    for _ in range(4):  # a few steps: the padded rows must not disturb later ones either
+        ref = lm.decode_step(torch.tensor(tokens), torch.tensor(positions), eager_cache, torch.tensor(slots))
+        out = runner(tokens, positions, slots)
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        tokens = ref.argmax(-1).tolist()
+        positions = [p + 1 for p in positions]
+    real = torch.tensor(slots)
+    torch.testing.assert_close(bucket_cache.k[:, real], eager_cache.k[:, real])
+
+
+def test_batches_above_the_largest_bucket_run_eagerly(lm):
+    prompts = [[1, 2, 3]] * 5
+    cache = _prefilled(lm, prompts, list(range(5)), 6)
+    calls = []
+
+    def step(t, p, s):
+        calls.append(len(t))
+        return lm.decode_step(t, p, cache, s)
+
+    runner = BucketedDecode(step, pad_values=(0, 0, 5), buckets=[1, 2], device="cpu")
+    out = runner([4] * 5, [3] * 5, list(range(5)))
+    assert out.shape == (5, 64) and calls == [5]
+    runner([4, 4], [4, 4], [0, 1])
+    assert calls[-1] == 2
