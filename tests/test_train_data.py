@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import os
+import pickle
 import struct
 
 import numpy as np
@@ -74,6 +76,30 @@ def test_read_mnist_csv_plain_and_gzip():
         assert y.tolist() == [7, 0, 3]
     with pytest.raises(data.DataPreparationError):
         data.read_mnist_csv(b"1,2,3\n")
+
+
+def test_read_mnist_pickle_merges_train_and_valid():
+    rng = np.random.default_rng(1)
+    parts = tuple((rng.integers(0, 256, size=(n, 784)).astype(np.float32) / 255, rng.integers(0, 10, n))
+                  for n in (5, 2, 3))
+    x_bytes = np.rint(parts[0][0] * 255).astype(np.uint8)
+    blob = gzip.compress(pickle.dumps(parts, protocol=2))
+    out = data.read_mnist_pickle(blob)
+    assert out["train"][0].shape == (7, 28, 28) and out["test"][0].shape == (3, 28, 28)
+    assert out["train"][0].dtype == np.uint8 and (out["train"][0][:5].reshape(5, -1) == x_bytes).all()
+    assert out["train"][1].tolist() == parts[0][1].tolist() + parts[1][1].tolist()
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_read_mnist_pickle_refuses_anything_but_arrays():
+    with pytest.raises(data.DataPreparationError, match="refusing"):
+        data.read_mnist_pickle(pickle.dumps((_Exploit(),) * 3))
+    with pytest.raises(data.DataPreparationError):
+        data.read_mnist_pickle(pickle.dumps((1, 2)))
 
 
 def _idx_bytes(arr: np.ndarray) -> bytes:

@@ -1670,13 +1670,14 @@ def load_mnist_digits(
 
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles numpy arrays and nothing else: a data file must not be able to run code, so every
-    global other than the three that rebuild an ``ndarray`` is refused."""
+    global other than those that rebuild an ``ndarray`` is refused."""
 
     _ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"): ("numpy._core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"): ("numpy._core.multiarray", "_reconstruct"),
         ("numpy", "ndarray"): ("numpy", "ndarray"),
         ("numpy", "dtype"): ("numpy", "dtype"),
+        ("_codecs", "encode"): ("codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
     }
 
     def find_class(self, module: str, name: str) -> Any:
