@@ -41,6 +41,7 @@ class DynamicBatcher(Generic[T, R]):
         self.name, self.batch_fn = name, batch_fn
         self.max_batch_size, self.max_wait_s, self.max_queue = max_batch_size, max_wait_ms / 1000.0, max_queue
         self.metrics = metrics
+        self.m = metrics.for_model(name)
         self._queue: list[_Pending[T]] = []
         self._cond = threading.Condition()
         self._stop = False
@@ -81,7 +82,7 @@ class DynamicBatcher(Generic[T, R]):
             if len(self._queue) + len(items) > self.max_queue:
                 raise QueueFull(f"model {self.name!r} has {len(self._queue)} items waiting; retry later")
             self._queue.extend(pending)
-            self.metrics.queue_depth.labels(self.name).set(len(self._queue))
+            self.m.queue_depth.set(len(self._queue))
             self._cond.notify()
         return pending
 
@@ -110,7 +111,7 @@ class DynamicBatcher(Generic[T, R]):
                 self._cond.wait(timeout=left)
             taken, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
             batch = [p for p in taken if not p.cancelled]
-            self.metrics.queue_depth.labels(self.name).set(len(self._queue))
+            self.m.queue_depth.set(len(self._queue))
             return batch
 
     def _loop(self) -> None:
@@ -123,8 +124,8 @@ class DynamicBatcher(Generic[T, R]):
             if not batch:
                 continue
             self._running = len(batch)
-            self.metrics.running.labels(self.name).set(len(batch))
-            self.metrics.batch_size.labels(self.name).observe(len(batch))
+            self.m.running.set(len(batch))
+            self.m.batch_size.observe(len(batch))
             try:
                 results: list[Any] = self.batch_fn([p.item for p in batch])
             except Exception as exc:  # the batch fails, the batcher keeps going
@@ -136,4 +137,4 @@ class DynamicBatcher(Generic[T, R]):
                 else:
                     p.future.set_result(r)
             self._running = 0
-            self.metrics.running.labels(self.name).set(0)
+            self.m.running.set(0)

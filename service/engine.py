@@ -101,7 +101,8 @@ class StepEngine:
         self.restarts = 0
         # Tests only: called with each request as it is processed after a step; raising fails that request.
         self.fault_hook: Callable[[EngineRequest], None] | None = None
-        metrics.kv_total.labels(name).set(capacity)
+        self.m = metrics.for_model(name)
+        self.m.kv_total.set(capacity)
 
     # ----------------------------------------------------------------------------------------------
     # Event-loop side
@@ -131,7 +132,7 @@ class StepEngine:
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"model {self.name!r} has {len(self.waiting)} requests waiting; retry later")
             self.waiting.append(req)
-            self.metrics.queue_depth.labels(self.name).set(len(self.waiting))
+            self.m.queue_depth.set(len(self.waiting))
         self._wake.set()
 
     def submit_all(self, jobs: list[Any]) -> list[EngineRequest]:
@@ -258,9 +259,9 @@ class StepEngine:
     def _publish(self, req: EngineRequest, event: Event, now: float) -> None:
         """Send a non-final event and record first-token / inter-token latency."""
         if req.last_emit == 0.0:
-            self.metrics.ttft.labels(self.name).observe(now - req.arrival)
+            self.m.ttft.observe(now - req.arrival)
         else:
-            self.metrics.itl.labels(self.name).observe(now - req.last_emit)
+            self.m.itl.observe(now - req.last_emit)
         req.last_emit = now
         if event.finish_reason is not None:
             self._finish(req, event)
@@ -277,10 +278,10 @@ class StepEngine:
             req.emit(event)
 
     def _update_gauges(self) -> None:
-        m, name = self.metrics, self.name
-        m.queue_depth.labels(name).set(len(self.waiting))
-        m.running.labels(name).set(len(self.running))
-        m.kv_in_use.labels(name).set(self.rows_in_use)
+        m = self.m
+        m.queue_depth.set(len(self.waiting))
+        m.running.set(len(self.running))
+        m.kv_in_use.set(self.rows_in_use)
 
     # ----------------------------------------------------------------------------------------------
     # What each kind of model fills in

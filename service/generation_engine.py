@@ -130,12 +130,12 @@ class GenerationEngine(StepEngine):
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
         logits = self.model.prefill(tokens.to(self.device), torch.tensor(lengths, device=self.device),
                                     self.cache, slots)
-        self.metrics.batch_size.labels(self.name).observe(len(reqs))
+        self.m.batch_size.observe(len(reqs))
         return logits
 
     def _decode_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         positions = [len(r.prompt_ids) + len(r.generated) - 1 for r in reqs]
-        self.metrics.batch_size.labels(self.name).observe(len(reqs))
+        self.m.batch_size.observe(len(reqs))
         if self.graphed is not None:  # static shapes: the whole cache, batch padded to a captured bucket
             return self.graphed([r.next_token for r in reqs], positions, [r.slot for r in reqs])
         dev = self.device
@@ -157,13 +157,16 @@ class GenerationEngine(StepEngine):
             ban = [i for i, r in enumerate(reqs) if r.params.ignore_eos or len(r.generated) < r.params.min_tokens]
             if ban:
                 logits[ban, self.eos] = float("-inf")
-        tokens = sample(
-            logits,
-            torch.tensor([p.temperature for p in params], device=dev),
-            torch.tensor([max(p.top_k, 0) for p in params], device=dev),
-            torch.tensor([p.top_p for p in params], device=dev),
-            [r.generator for r in reqs],
-        )
+        if all(p.greedy for p in params):  # no per-row parameter tensors to build and copy
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = sample(
+                logits,
+                torch.tensor([p.temperature for p in params], device=dev),
+                torch.tensor([max(p.top_k, 0) for p in params], device=dev),
+                torch.tensor([p.top_p for p in params], device=dev),
+                [r.generator for r in reqs],
+            )
         n_top = max((p.logprobs or 0) for p in params)
         want_logprobs = any(p.logprobs is not None for p in params)
         if want_logprobs:
@@ -206,7 +209,7 @@ class GenerationEngine(StepEngine):
             elif len(req.generated) >= p.max_tokens or len(req.prompt_ids) + len(req.generated) >= self.max_len:
                 text += req.stops.feed(req.detok.flush())[0] + req.stops.flush()
                 finish = "length"
-        self.metrics.generated_tokens.labels(self.name).inc()
+        self.m.generated_tokens.inc()
         req.next_token = token
         event = Event(text, [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish)
         self._publish(req, event, now)

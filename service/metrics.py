@@ -32,3 +32,20 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def for_model(self, name: str) -> ModelMetrics:
+        return ModelMetrics(self, name)
+
+
+class ModelMetrics:
+    """One model's series of every per-model metric (`m.ttft` is `metrics.ttft.labels(name)`), each looked up
+    on first use and kept: `labels()` takes a lock and a dict lookup, and the engines record several values
+    per generated token."""
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self._metrics, self._name = metrics, name
+
+    def __getattr__(self, attr: str):  # noqa: ANN204 (a prometheus child of whichever kind `attr` is)
+        child = getattr(self._metrics, attr).labels(self._name)
+        setattr(self, attr, child)
+        return child

@@ -96,7 +96,7 @@ class TranslationEngine(StepEngine):
         dev = self.device
         self.model.start(src.to(dev), torch.tensor(lengths, device=dev), self.cache,
                          torch.tensor([r.cross_slot for r in reqs], device=dev))
-        self.metrics.batch_size.labels(self.name).observe(len(reqs))
+        self.m.batch_size.observe(len(reqs))
 
     def _begin(self, reqs: list[TranslationRequest], _: None) -> None:
         def begin(req: TranslationRequest) -> None:
@@ -128,7 +128,7 @@ class TranslationEngine(StepEngine):
             torch.tensor(rows, device=dev), torch.tensor(crosses, device=dev),
             kv_len=max(positions) + 1, src_len=max(len(r.job.source_ids) for r in reqs),
         ).float()
-        self.metrics.batch_size.labels(self.name).observe(len(rows))
+        self.m.batch_size.observe(len(rows))
         return logits, spans
 
     def _advance(self, reqs: list[TranslationRequest], output: tuple[torch.Tensor, list[tuple[int, int]]]) -> None:
@@ -138,7 +138,7 @@ class TranslationEngine(StepEngine):
 
         def advance(req: TranslationRequest) -> None:
             a, b = span[id(req)]
-            self.metrics.generated_tokens.labels(self.name).inc()
+            self.m.generated_tokens.inc()
             if req.greedy:
                 self._advance_greedy(req, logits[a:b], now)
             else:
