@@ -36,7 +36,16 @@ class BeamSettings:
 
 
 class BeamSearch:
-    def __init__(self, settings: BeamSettings, start_token_id: int, device: torch.device | str = "cpu") -> None:
+    """One request's beams. `advance` takes one step; `advance_many` takes one step for several requests with
+    the same beam settings (apart from max_new_tokens) in one set of tensor operations, which is what keeps a
+    GPU busy when many beam requests run together. Both give each request exactly the result it gets alone.
+
+    `width` (optional) sizes the hypothesis buffers, so that requests with different `max_new_tokens` can
+    be stacked; positions past a hypothesis' length are never read.
+    """
+
+    def __init__(self, settings: BeamSettings, start_token_id: int, device: torch.device | str = "cpu",
+                 width: int | None = None) -> None:
         if settings.num_beams < 1 or settings.max_new_tokens < 1:
             raise ValueError("num_beams and max_new_tokens must be >= 1")
         self.s = settings
@@ -44,16 +53,16 @@ class BeamSearch:
         self.num_candidates = 2 * nb
         self.max_length = 1 + settings.max_new_tokens  # HF counts the decoder start token
         self.cur_len = 1
-        self.running = torch.full((nb, self.max_length), start_token_id, dtype=torch.long, device=device)
+        width = max(width or 0, self.max_length)
+        self.running = torch.full((nb, width), start_token_id, dtype=torch.long, device=device)
         self.running_scores = torch.zeros(nb, device=device)
         self.running_scores[1:] = _NEG  # all beams start identical: only the first may expand
         self.finished = self.running.clone()
         self.finished_scores = torch.full((nb,), _NEG, device=device)
         self.finished_lengths = torch.zeros(nb, dtype=torch.long, device=device)
         self.is_finished = torch.zeros(nb, dtype=torch.bool, device=device)
-        self.improvable = True
+        self.improvable = torch.ones((), dtype=torch.bool, device=device)
         self.done = False
-        self._top_mask = torch.arange(self.num_candidates, device=device) < nb
 
     @property
     def step_index(self) -> int:
@@ -65,60 +74,93 @@ class BeamSearch:
         """(num_beams,) the token each running beam feeds to the decoder next."""
         return self.running[:, self.cur_len - 1]
 
+    def group_key(self) -> tuple:
+        """Requests with equal keys can advance together."""
+        s = self.s
+        return (s.num_beams, s.eos_token_id, s.length_penalty, s.early_stopping, tuple(s.banned_token_ids),
+                s.force_eos_at_max, self.running.size(1), self.running.device)
+
     def advance(self, log_probs: Tensor) -> Tensor:
         """Take one step given log-probs (num_beams, V) of the running beams. Returns the parent row
         (num_beams,) of each new running beam."""
-        s, nb = self.s, self.s.num_beams
-        log_probs = log_probs.float().clone()
-        if s.banned_token_ids:
-            log_probs[:, list(s.banned_token_ids)] = float("-inf")
-        if s.force_eos_at_max and self.cur_len == self.max_length - 1:
-            log_probs = torch.full_like(log_probs, float("-inf"))
-            log_probs[:, s.eos_token_id] = 0.0
+        return BeamSearch.advance_many([self], log_probs)[0]
+
+    @staticmethod
+    def advance_many(searches: Sequence[BeamSearch], log_probs: Tensor) -> Tensor:
+        """One step for R requests of one `group_key`: log_probs (R * num_beams, V), the requests' rows in
+        order. Returns parents (R, num_beams); each search's state and `done` are updated (one host sync)."""
+        first = searches[0]
+        s, nb, R = first.s, first.s.num_beams, len(searches)
+        device = log_probs.device
         V = log_probs.size(-1)
-        accumulated = (log_probs + self.running_scores[:, None]).view(-1)
-        top_scores, top_idx = torch.topk(accumulated, k=self.num_candidates)
+        lp = log_probs.float().reshape(R, nb, V).clone()
+        if s.banned_token_ids:
+            lp[:, :, list(s.banned_token_ids)] = float("-inf")
+        cur_len = torch.tensor([x.cur_len for x in searches], device=device)
+        max_length = torch.tensor([x.max_length for x in searches], device=device)
+        if s.force_eos_at_max:
+            only_eos = torch.full((V,), float("-inf"), device=device)
+            only_eos[s.eos_token_id] = 0.0
+            lp = torch.where((cur_len == max_length - 1)[:, None, None], only_eos, lp)
+        running = torch.stack([x.running for x in searches])  # (R, nb, W)
+        running_scores = torch.stack([x.running_scores for x in searches])
+        W = running.size(-1)
+
+        accumulated = (lp + running_scores[:, :, None]).view(R, nb * V)
+        top_scores, top_idx = torch.topk(accumulated, k=2 * nb, dim=1)
         beam, token = top_idx // V, top_idx % V
-        cand = self.running[beam].clone()
-        cand[:, self.cur_len] = token
-        ends = (token == s.eos_token_id) | (self.cur_len + 1 >= self.max_length)
+        cand = running.gather(1, beam[:, :, None].expand(R, 2 * nb, W))
+        cand.scatter_(2, cur_len[:, None, None].expand(R, 2 * nb, 1), token[:, :, None])
+        ends = (token == s.eos_token_id) | (cur_len + 1 >= max_length)[:, None]
 
         # Running beams for the next step: the best candidates that did not end.
-        running_scores = top_scores + ends.to(torch.float32) * _NEG
-        keep = torch.topk(running_scores, k=nb)[1]
-        parents = beam[keep]
-        self.running, self.running_scores = cand[keep], running_scores[keep]
+        next_scores = top_scores + ends.to(torch.float32) * _NEG
+        keep = torch.topk(next_scores, k=nb, dim=1)[1]
+        parents = beam.gather(1, keep)
+        running = cand.gather(1, keep[:, :, None].expand(R, nb, W))
+        running_scores = next_scores.gather(1, keep)
 
         # Finished hypotheses: merge candidates that just ended among the top num_beams.
-        just_ended = ends & self._top_mask
-        scores = top_scores / ((self.cur_len + 1 - 1) ** s.length_penalty)
-        full = torch.all(self.is_finished) & (s.early_stopping is True)
-        scores += full.to(torch.float32) * _NEG
-        scores += float(not self.improvable) * _NEG
-        scores += (~just_ended) * _NEG
-        merged = torch.topk(torch.cat((self.finished_scores, scores)), k=nb)[1]
-        lengths = torch.full_like(token, self.cur_len)
-        self.finished = torch.cat((self.finished, cand))[merged]
-        self.finished_scores = torch.cat((self.finished_scores, scores))[merged]
-        self.finished_lengths = torch.cat((self.finished_lengths, lengths))[merged]
-        self.is_finished = torch.cat((self.is_finished, just_ended))[merged]
+        is_finished = torch.stack([x.is_finished for x in searches])
+        finished_scores = torch.stack([x.finished_scores for x in searches])
+        improvable = torch.stack([x.improvable for x in searches])
+        just_ended = ends & (torch.arange(2 * nb, device=device) < nb)
+        # Length penalties computed on the host in double precision, as transformers does, then float32.
+        pen = lambda n: float(n) ** s.length_penalty  # noqa: E731
+        scores = top_scores / torch.tensor([pen(x.cur_len) for x in searches], device=device)[:, None]
+        if s.early_stopping is True:
+            scores = scores + torch.all(is_finished, dim=1, keepdim=True).to(torch.float32) * _NEG
+        scores = scores + (~improvable)[:, None].to(torch.float32) * _NEG
+        scores = scores + (~just_ended).to(torch.float32) * _NEG
+        all_scores = torch.cat((finished_scores, scores), 1)
+        merged = torch.topk(all_scores, k=nb, dim=1)[1]
+        finished = torch.cat((torch.stack([x.finished for x in searches]), cand), 1)
+        finished = finished.gather(1, merged[:, :, None].expand(R, nb, W))
+        finished_scores = all_scores.gather(1, merged)
+        lengths = torch.cat((torch.stack([x.finished_lengths for x in searches]),
+                             cur_len[:, None].expand(R, 2 * nb)), 1)
+        finished_lengths = lengths.gather(1, merged)
+        is_finished = torch.cat((is_finished, just_ended), 1).gather(1, merged)
 
-        self.cur_len += 1
-        self._update_improvable()
-        all_full = bool(torch.all(self.is_finished)) and s.early_stopping is True
-        self.done = not self.improvable or all_full or bool(torch.all(ends))
-        return parents
-
-    def _update_improvable(self) -> None:
-        """Can the best running beam still beat the worst finished one? (HF's early-stop heuristic)"""
-        s = self.s
+        # Can the best running beam still beat the worst finished one? (HF's early-stop heuristic)
         if s.early_stopping == "never" and s.length_penalty > 0.0:
-            best_len = self.max_length - 1
+            best_len = [x.max_length - 1 for x in searches]
         else:
-            best_len = self.cur_len - 1
-        best_possible = self.running_scores[0] / (best_len**s.length_penalty)
-        worst = torch.where(self.is_finished, self.finished_scores.min(), self.finished_scores.new_tensor(_NEG))
-        self.improvable = self.improvable and bool(torch.any(best_possible > worst))
+            best_len = [x.cur_len for x in searches]  # the new length minus the start token
+        best_possible = running_scores[:, 0] / torch.tensor([pen(n) for n in best_len], device=device)
+        worst = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True)[0],
+                            torch.full_like(finished_scores, _NEG))
+        improvable = improvable & torch.any(best_possible[:, None] > worst, dim=1)
+        done = ~improvable | torch.all(ends, dim=1)
+        if s.early_stopping is True:
+            done |= torch.all(is_finished, dim=1)
+
+        for i, (x, d) in enumerate(zip(searches, done.tolist(), strict=True)):  # the one host sync
+            x.running, x.running_scores = running[i], running_scores[i]
+            x.finished, x.finished_scores = finished[i], finished_scores[i]
+            x.finished_lengths, x.is_finished = finished_lengths[i], is_finished[i]
+            x.improvable, x.cur_len, x.done = improvable[i], x.cur_len + 1, d
+        return parents
 
     def best(self) -> list[int]:
         """Generated ids of the best finished hypothesis (eos included when it ended on eos)."""

@@ -99,10 +99,13 @@ class TranslationEngine(StepEngine):
         self.m.batch_size.observe(len(reqs))
 
     def _begin(self, reqs: list[TranslationRequest], _: None) -> None:
+        # Buffers as wide as the longest possible output, so that any beam requests can be stacked.
+        width = self.cfg.max_target_len + 1
+
         def begin(req: TranslationRequest) -> None:
             if not req.greedy:
                 req.search = BeamSearch(self.translator.beam_settings(req.job), self.cfg.decoder_start_token_id,
-                                        device=self.device)
+                                        device=self.device, width=width)
 
         self._each(reqs, begin)
 
@@ -111,20 +114,26 @@ class TranslationEngine(StepEngine):
 
     def _decode_forward(self, reqs: list[TranslationRequest]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         rows, crosses, tokens, positions, spans = [], [], [], [], []
+        beam_rows: list[int] = []
         for r in reqs:
             n = len(r.rows)
             spans.append((len(rows), len(rows) + n))
-            rows += r.rows
-            crosses += [r.cross_slot] * n
             if r.greedy:
                 tokens.append(r.generated[-1] if r.generated else self.cfg.decoder_start_token_id)
                 positions.append(len(r.generated))
             else:
-                tokens += r.search.last_tokens.tolist()
+                beam_rows += range(len(rows), len(rows) + n)
+                tokens += [0] * n  # filled in on the device below
                 positions += [r.search.step_index] * n
+            rows += r.rows
+            crosses += [r.cross_slot] * n
         dev = self.device
+        token_ids = torch.tensor(tokens, device=dev)
+        if beam_rows:  # the beams' last tokens stay on the device: no copy to the host and back
+            token_ids[torch.tensor(beam_rows, device=dev)] = torch.cat([r.search.last_tokens for r in reqs
+                                                                       if not r.greedy])
         logits = self.model.decode_step(
-            torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev), self.cache,
+            token_ids, torch.tensor(positions, device=dev), self.cache,
             torch.tensor(rows, device=dev), torch.tensor(crosses, device=dev),
             kv_len=max(positions) + 1, src_len=max(len(r.job.source_ids) for r in reqs),
         ).float()
@@ -132,25 +141,52 @@ class TranslationEngine(StepEngine):
         return logits, spans
 
     def _advance(self, reqs: list[TranslationRequest], output: tuple[torch.Tensor, list[tuple[int, int]]]) -> None:
+        """Batched first (all greedy rows in one argmax; beam requests in groups that advance together),
+        then each request's own part (text, events) in isolation."""
         logits, spans = output
         now = time.perf_counter()
         span = {id(r): s for r, s in zip(reqs, spans, strict=True)}
+        greedy = [r for r in reqs if r.greedy]
+        chosen = dict(zip(map(id, greedy), self._greedy_tokens(greedy, logits, span), strict=True))
+        groups: dict[tuple, list[TranslationRequest]] = {}
+        for r in reqs:
+            if not r.greedy:
+                groups.setdefault(r.search.group_key(), []).append(r)
+        failed: set[int] = set()
+        for group in groups.values():
+            try:
+                self._advance_beams(group, logits, span)
+            except Exception as exc:  # their beam states may have moved: these cannot be run again
+                failed.update(map(id, group))
+                for r in group:
+                    self._fail(r, exc)
 
-        def advance(req: TranslationRequest) -> None:
-            a, b = span[id(req)]
+        def emit(req: TranslationRequest) -> None:
             self.m.generated_tokens.inc()
             if req.greedy:
-                self._advance_greedy(req, logits[a:b], now)
-            else:
-                self._advance_beams(req, logits[a:b], now)
+                self._emit_greedy(req, chosen[id(req)], now)
+            elif req.search.done:
+                ids = req.search.best()
+                finish = "stop" if ids and ids[-1] == self.cfg.eos_token_id else "length"
+                self._publish(req, Event(self.tokenizer.decode(ids), ids, finish_reason=finish), now)
 
-        self._each(reqs, advance)
+        self._each([r for r in reqs if id(r) not in failed], emit)
 
-    def _advance_greedy(self, req: TranslationRequest, logits: torch.Tensor, now: float) -> None:
-        g, job, eos = self.translator.gen, req.job, self.cfg.eos_token_id
-        scores = ban_tokens(logits, g.banned_token_ids, len(req.generated), job.max_new_tokens, eos,
-                            g.force_eos_at_max)
-        token = int(scores.argmax(dim=-1)[0])
+    def _greedy_tokens(self, reqs: list[TranslationRequest], logits: torch.Tensor,
+                       span: dict[int, tuple[int, int]]) -> list[int]:
+        if not reqs:
+            return []
+        g, eos = self.translator.gen, self.cfg.eos_token_id
+        scores = logits[torch.tensor([span[id(r)][0] for r in reqs], device=logits.device)]
+        scores = ban_tokens(scores, g.banned_token_ids, -1, 0, eos, False)
+        last = [i for i, r in enumerate(reqs) if len(r.generated) == r.job.max_new_tokens - 1]
+        if g.force_eos_at_max and eos is not None and last:  # only eos may come at the last position
+            scores[last] = float("-inf")
+            scores[last, eos] = 0.0
+        return scores.argmax(dim=-1).tolist()
+
+    def _emit_greedy(self, req: TranslationRequest, token: int, now: float) -> None:
+        job, eos = req.job, self.cfg.eos_token_id
         req.generated.append(token)
         finish = None
         if token == eos:
@@ -161,12 +197,10 @@ class TranslationEngine(StepEngine):
                 text, finish = text + req.detok.flush(), "length"
         self._publish(req, Event(text, [token], finish_reason=finish), now)
 
-    def _advance_beams(self, req: TranslationRequest, logits: torch.Tensor, now: float) -> None:
-        parents = req.search.advance(torch.log_softmax(logits, dim=-1))
-        if parents is not None:
-            rows = torch.tensor(req.rows, device=self.device)
-            self.cache.self_kv.copy_slots(rows[parents], rows)
-        if req.search.done:
-            ids = req.search.best()
-            finish = "stop" if ids and ids[-1] == self.cfg.eos_token_id else "length"
-            self._publish(req, Event(self.tokenizer.decode(ids), ids, finish_reason=finish), now)
+    def _advance_beams(self, group: list[TranslationRequest], logits: torch.Tensor,
+                       span: dict[int, tuple[int, int]]) -> None:
+        dev = logits.device
+        idx = torch.tensor([i for r in group for i in range(*span[id(r)])], device=dev)
+        parents = BeamSearch.advance_many([r.search for r in group], torch.log_softmax(logits[idx], dim=-1))
+        rows = torch.tensor([r.rows for r in group], device=dev)  # (R, num_beams)
+        self.cache.self_kv.copy_slots(rows.gather(1, parents).flatten(), rows.flatten())

@@ -94,3 +94,31 @@ def test_generate_tokens_stops_and_respects_min_tokens(tiny_lm):
     seeded = [list(generate_tokens(lm.model, prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True), eos))
               for _ in range(2)]
     assert seeded[0] == seeded[1] and len(seeded[0]) == 8
+
+
+def test_beam_searches_advanced_together_equal_each_alone():
+    from model.beam_search import BeamSearch, BeamSettings
+
+    V, width = 11, 20
+    settings = [BeamSettings(num_beams=3, max_new_tokens=m, eos_token_id=2, length_penalty=lp, early_stopping=es,
+                             banned_token_ids=[0], force_eos_at_max=True)
+                for m, lp, es in ((6, 1.0, False), (12, 1.0, False), (3, 1.0, False), (9, 1.0, False))]
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.log_softmax(torch.randn(len(settings), 3, V, generator=g) * 3, -1) for _ in range(14)]
+    alone = []
+    for i, st in enumerate(settings):
+        search = BeamSearch(st, 1, width=width)
+        k = 0
+        while not search.done:
+            search.advance(steps[k][i])
+            k += 1
+        alone.append((search.best(), search.best_score))
+    together = [BeamSearch(st, 1, width=width) for st in settings]
+    assert len({s.group_key() for s in together}) == 1
+    k = 0
+    while any(not s.done for s in together):
+        live = [i for i, s in enumerate(together) if not s.done]
+        parents = BeamSearch.advance_many([together[i] for i in live], steps[k][live].reshape(-1, V))
+        assert parents.shape == (len(live), 3)
+        k += 1
+    assert [(s.best(), s.best_score) for s in together] == alone
