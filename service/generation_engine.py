@@ -35,7 +35,8 @@ class GenerationRequest(EngineRequest):
 
 class GenerationEngine(StepEngine):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
-                 max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True) -> None:
+                 max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
+                 compile: bool = False) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         self.max_len = min(max_model_len or loaded.config.max_seq_len, loaded.config.max_seq_len)
@@ -43,17 +44,20 @@ class GenerationEngine(StepEngine):
         self.device = loaded.device
         self.slots = SlotAllocator(max_slots)
         self.graphed: BucketedDecode | None = None
-        if cuda_graphs and self.device.type == "cuda":
-            # One extra cache slot, owned by no request, for the rows that pad a batch up to its bucket.
-            self.cache = self.model.new_cache(max_slots + 1, self.max_len)
+        graphs = cuda_graphs and self.device.type == "cuda"
+        # With graphs, one extra cache slot, owned by no request, takes the rows that pad a batch to its bucket.
+        self.cache = self.model.new_cache(max_slots + 1 if graphs else max_slots, self.max_len)
+        self._decode_step = self.model.decode_step
+        if compile:
+            # Shapes vary only in the batch size (and, on CPU, the attended length): compile those dynamically.
+            self._decode_step = torch.compile(self.model.decode_step, dynamic=None)
+        if graphs:
             self.graphed = BucketedDecode(
-                lambda tokens, positions, slots: self.model.decode_step(tokens, positions, self.cache, slots),
+                lambda tokens, positions, slots: self._decode_step(tokens, positions, self.cache, slots),
                 pad_values=(0, 0, max_slots), buckets=default_buckets(max_slots), device=self.device,
                 use_graphs=True,
             )
             self.graphed.capture()
-        else:
-            self.cache = self.model.new_cache(max_slots, self.max_len)
 
     # ----------------------------------------------------------------------------------------------
     # Event-loop side
@@ -140,7 +144,7 @@ class GenerationEngine(StepEngine):
             return self.graphed([r.next_token for r in reqs], positions, [r.slot for r in reqs])
         dev = self.device
         # Eager (CPU): attend only over the positions in use, which is where a CPU spends its time.
-        return self.model.decode_step(
+        return self._decode_step(
             torch.tensor([r.next_token for r in reqs], device=dev), torch.tensor(positions, device=dev),
             self.cache, torch.tensor([r.slot for r in reqs], device=dev), kv_len=max(positions) + 1,
         )

@@ -84,7 +84,8 @@ class ModelRegistry:
         if loaded.task == "text-generation":
             served.engine = GenerationEngine(name, loaded, max_slots=s.max_running_requests, max_queue=s.max_queue,
                                              max_model_len=s.max_model_len, timeout_s=s.request_timeout_s,
-                                             metrics=self.metrics, cuda_graphs=s.cuda_graphs)
+                                             metrics=self.metrics, cuda_graphs=s.cuda_graphs,
+                                             compile=s.compile)
         elif loaded.task == "translation":
             served.engine = TranslationEngine(name, loaded, max_rows=s.max_running_requests, max_queue=s.max_queue,
                                               timeout_s=s.request_timeout_s, metrics=self.metrics)

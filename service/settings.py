@@ -28,6 +28,7 @@ class Settings(BaseSettings):
         "auto", description="attention kernels (auto: sdpa)")
     cuda_graphs: bool = Field(
         True, description="on CUDA, replay LM decode steps from CUDA graphs captured per batch-size bucket")
+    compile: bool = Field(False, description="compile the LM decode step with torch.compile (slower start-up)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="JSON logs to stderr")
 
     # Generation engine (one per language model).

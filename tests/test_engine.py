@@ -303,3 +303,23 @@ def test_batcher_queue_limit():
         gate.set()
         batcher.stop()
     assert first[0].future.result(timeout=5) == 1
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_gives_the_same_tokens(lm):
+    prompts = [lm.tokenizer.encode(f"compile me {i} " + "word " * i) for i in range(4)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+    async def run(engine) -> list:
+        reqs = [engine.submit(p, params) for p in prompts]
+        return [ids for ids, _, _ in await asyncio.gather(*(collect(engine, r) for r in reqs))]
+
+    outputs = []
+    for compiled in (False, True):
+        engine = make_engine(lm, compile=compiled)
+        assert hasattr(engine._decode_step, "_torchdynamo_orig_callable") == compiled
+        try:
+            outputs.append(asyncio.run(run(engine)))
+        finally:
+            engine.stop()
+    assert outputs[1] == outputs[0]
