@@ -88,7 +88,8 @@ class ModelRegistry:
                                              compile=s.compile)
         elif loaded.task == "translation":
             served.engine = TranslationEngine(name, loaded, max_rows=s.max_running_requests, max_queue=s.max_queue,
-                                              timeout_s=s.request_timeout_s, metrics=self.metrics)
+                                              timeout_s=s.request_timeout_s, metrics=self.metrics,
+                                              cuda_graphs=s.cuda_graphs)
         else:
             served.classifier = Classifier(loaded, s.max_image_bytes, s.max_image_pixels)
             served.batcher = DynamicBatcher(name, served.classifier.run_batch, max_batch_size=s.batch_max_size,

@@ -16,6 +16,7 @@ import torch
 
 from model.beam_search import BeamSearch
 from model.checkpoint import LoadedModel
+from model.cuda_graphs import BucketedDecode, default_buckets
 from model.generation import ban_tokens
 from model.kv_cache import SlotAllocator
 from model.tokenizer import IncrementalDetokenizer
@@ -41,14 +42,21 @@ class TranslationRequest(EngineRequest):
 
 class TranslationEngine(StepEngine):
     def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, cuda_graphs: bool = True) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
         self.translator = Translator(loaded)
         self.model, self.tokenizer, self.cfg = loaded.model, loaded.tokenizer, loaded.config
         self.device = loaded.device
-        self.cache = self.model.new_cache(max_rows, max_rows)
         self.rows = SlotAllocator(max_rows)
         self.cross_slots = SlotAllocator(max_rows)
+        self.graphed: BucketedDecode | None = None
+        if cuda_graphs and self.device.type == "cuda":
+            self.cache = self.model.new_cache(max_rows + 1, max_rows + 1)
+            self.graphed = static_decode(self.model, self.cache, scratch=max_rows, max_batch=max_rows,
+                                         use_graphs=True)
+            self.graphed.capture()
+        else:
+            self.cache = self.model.new_cache(max_rows, max_rows)
 
     def submit(self, job: TranslationJob) -> TranslationRequest:
         """Queue a translation (raises QueueFull or ValueError). Must be called on the event loop."""
@@ -132,12 +140,14 @@ class TranslationEngine(StepEngine):
         if beam_rows:  # the beams' last tokens stay on the device: no copy to the host and back
             token_ids[torch.tensor(beam_rows, device=dev)] = torch.cat([r.search.last_tokens for r in reqs
                                                                        if not r.greedy])
+        self.m.batch_size.observe(len(rows))
+        if self.graphed is not None:  # the whole static caches, batch padded to a captured bucket
+            return self.graphed(token_ids, positions, rows, crosses).float(), spans
         logits = self.model.decode_step(
             token_ids, torch.tensor(positions, device=dev), self.cache,
             torch.tensor(rows, device=dev), torch.tensor(crosses, device=dev),
             kv_len=max(positions) + 1, src_len=max(len(r.job.source_ids) for r in reqs),
         ).float()
-        self.m.batch_size.observe(len(rows))
         return logits, spans
 
     def _advance(self, reqs: list[TranslationRequest], output: tuple[torch.Tensor, list[tuple[int, int]]]) -> None:
@@ -204,3 +214,15 @@ class TranslationEngine(StepEngine):
         parents = BeamSearch.advance_many([r.search for r in group], torch.log_softmax(logits[idx], dim=-1))
         rows = torch.tensor([r.rows for r in group], device=dev)  # (R, num_beams)
         self.cache.self_kv.copy_slots(rows.gather(1, parents).flatten(), rows.flatten())
+
+
+def static_decode(model, cache, *, scratch: int, max_batch: int, use_graphs: bool) -> BucketedDecode:  # noqa: ANN001
+    """Decoder steps of a `Seq2Seq` over its whole static caches, at bucketed batch sizes. Padding rows use
+    self-attention slot and cross slot `scratch`, which no request owns; the scratch source has length 1 so
+    that its cross-attention is well defined."""
+    cache.cross_kv.lengths[scratch] = 1
+    return BucketedDecode(
+        lambda tokens, positions, rows, crosses: model.decode_step(tokens, positions, cache, rows, crosses),
+        pad_values=(0, 0, scratch, scratch), buckets=default_buckets(max_batch), device=cache.self_kv.k.device,
+        use_graphs=use_graphs,
+    )

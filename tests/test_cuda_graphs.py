@@ -78,3 +78,36 @@ def test_batches_above_the_largest_bucket_run_eagerly(lm):
     assert out.shape == (5, 64) and calls == [5]
     runner([4, 4], [4, 4], [0, 1])
     assert calls[-1] == 2
+
+
+def test_padded_translation_step_equals_unpadded_step():
+    from model.config import Seq2SeqConfig
+    from model.seq2seq import Seq2Seq
+    from service.translation_engine import static_decode
+
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=60, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                        max_source_len=24, max_target_len=16, decoder_start_token_id=1, eos_token_id=2,
+                        pad_token_id=0)
+    model = Seq2Seq(cfg).eval()
+    sources = [[5, 6, 7, 2], list(range(8, 28)) + [2], [9, 2]]
+    src = torch.zeros(3, 21, dtype=torch.long)
+    for i, s in enumerate(sources):
+        src[i, : len(s)] = torch.tensor(s)
+    lengths = torch.tensor([len(s) for s in sources])
+    scratch = 7
+    caches = [model.new_cache(scratch + 1, scratch + 1) for _ in range(2)]
+    cross = torch.tensor([3, 0, 5])
+    for cache in caches:
+        model.start(src, lengths, cache, cross)
+    runner = static_decode(model, caches[1], scratch=scratch, max_batch=scratch, use_graphs=False)
+    rows = [6, 1, 2, 4]  # the second source runs two beams
+    crosses = [3, 0, 0, 5]
+    tokens = torch.tensor([1, 1, 1, 1])
+    for step in range(5):
+        positions = [step] * 4
+        ref = model.decode_step(tokens, torch.tensor(positions), caches[0], torch.tensor(rows), torch.tensor(crosses),
+                                kv_len=step + 1, src_len=int(lengths.max()))
+        out = runner(tokens, positions, rows, crosses)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        tokens = ref.argmax(-1)

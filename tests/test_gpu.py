@@ -96,3 +96,36 @@ def test_engine_on_gpu_concurrent_equals_alone(lm_dir, graphs):
         assert first == second  # per-request generators on the GPU: reproducible whatever the neighbours
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
+    from model.generation import beam_search, translate_greedy
+    from service.translation_engine import TranslationEngine
+
+    mt = checkpoint.load(factories.tiny_mt_dir(tmp_path / "mt", sharpen=20.0), device=CUDA, dtype="float32")
+    engine = TranslationEngine("mt", mt, max_rows=16, max_queue=64, timeout_s=60.0, metrics=Metrics(),
+                               cuda_graphs=graphs)
+    assert (engine.graphed is not None) == graphs
+    texts = ["hello world", "good morning to you", "the house is small", "where is the station"] * 3
+    jobs = [engine.translator.job(t, num_beams=(1, 2, 4)[i % 3], max_tokens=12) for i, t in enumerate(texts)]
+    gen = mt.generation
+    alone = [translate_greedy(mt.model, [j.source_ids], j.max_new_tokens, gen.banned_token_ids,
+                              gen.force_eos_at_max)[0] if j.num_beams == 1
+             else beam_search(mt.model, j.source_ids, engine.translator.beam_settings(j)) for j in jobs]
+    engine.start()
+
+    async def run():
+        reqs = [engine.submit(j) for j in jobs]
+        out = []
+        for r in reqs:
+            ids = []
+            async for event in engine.stream(r):
+                ids += event.token_ids
+            out.append(ids)
+        return out
+
+    try:
+        assert asyncio.run(run()) == alone
+    finally:
+        engine.stop()
