@@ -29,6 +29,10 @@ class ViT(nn.Module):
 
     def tokens(self, pixels: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, 1 + n_patches, C): class token then patches in row-major order."""
+        if pixels.is_cuda:
+            # Channels-last: the patch convolution then writes (B, h, w, C), which is already the token layout
+            # the transpose below asks for, and cuDNN's fast bf16 kernels want this format anyway.
+            pixels = pixels.contiguous(memory_format=torch.channels_last)
         x = self.patch_embed(pixels).flatten(2).transpose(1, 2)
         cls = self.cls_token.expand(x.size(0), -1, -1).to(x.dtype)
         return self.drop(torch.cat((cls, x), dim=1) + self.pos_emb.to(x.dtype))
