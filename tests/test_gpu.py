@@ -129,3 +129,16 @@ def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
         assert asyncio.run(run()) == alone
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+def test_vit_on_gpu_matches_cpu(tmp_path, backend):
+    d = factories.tiny_vit_dir(tmp_path / "vit")
+    cpu = checkpoint.load(d, device="cpu", dtype="float32")
+    gpu = checkpoint.load(d, device=CUDA, dtype="bfloat16", backend=backend)
+    x = torch.randn(64, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = cpu.model(x)
+        out = gpu.model(x.to(CUDA, torch.bfloat16)).float().cpu()
+    assert float((out - ref).norm() / ref.norm()) <= 2e-2
+    assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
