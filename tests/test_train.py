@@ -7,6 +7,7 @@ import argparse
 import itertools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -334,3 +335,17 @@ def test_count_parameters_counts_tied_weights_once():
     model = Decoder(DecoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_seq_len=8))
     assert count_parameters(model) == sum(p.numel() for p in model.parameters())
     assert count_parameters(model) < sum(p.numel() for p in model.state_dict().values())
+
+
+def test_plan_loop_applies_the_command_line():
+    from model.train.common import plan_loop
+    from model.train.loop import LoopConfig
+
+    loop = plan_loop(LoopConfig(lr=2e-3, warmup_steps=500, eval_every=1000), RunOptions(out=Path("x"), lr=1e-4,
+                     epochs=2, max_minutes=3.0), None, 10.0, 640, 64)
+    assert (loop.steps, loop.lr, loop.max_minutes, loop.warmup_steps, loop.eval_every) == (20, 1e-4, 3.0, 2, 20)
+    loop = plan_loop(LoopConfig(lr=2e-3), RunOptions(out=Path("x")), 7, None, 640, 64)
+    assert (loop.steps, loop.lr) == (7, 2e-3)
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    assert parser.parse_args(["train", "vit", "--lr", "3e-4"]).lr == 3e-4

@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
     t.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     t.add_argument("--init-from", default=None, metavar="DIR",
                    help="continue training from this checkpoint's weights (and tokenizer)")
     t.set_defaults(func=run_train)
@@ -72,6 +73,7 @@ def run_train(args: argparse.Namespace) -> int:
     opts = RunOptions(
         out=out, device=args.device, preset=args.preset, steps=args.steps, epochs=args.epochs, seed=args.seed,
         max_minutes=args.max_minutes, dataset=args.dataset, data_root=args.data_dir, init_from=args.init_from,
+        lr=args.lr,
         command=" ".join(shlex.quote(a) for a in _command_line()),
     )
     try:

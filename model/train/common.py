@@ -133,6 +133,7 @@ class RunOptions:
     data_root: str | None = None
     progress: bool = True
     init_from: str | None = None  # continue from this checkpoint's weights (and tokenizer): fresh optimiser
+    lr: float | None = None  # peak learning rate (overrides the preset; lower it to fine-tune with --init-from)
 
 
 def load_init(opts: RunOptions, architecture: str):
@@ -157,6 +158,18 @@ def planned_steps(opts: RunOptions, preset_steps: int | None, preset_epochs: flo
     if epochs is not None:
         return max(1, round(epochs * n_train / batch_size))
     return max(1, preset_steps or 1)
+
+
+def plan_loop(loop: Any, opts: RunOptions, preset_steps: int | None, preset_epochs: float | None, n_train: int,
+              batch_size: int) -> Any:
+    """Fill a trainer's LoopConfig from the command line: steps (see `planned_steps`), wall-time limit, peak
+    learning rate, and warm-up / evaluation intervals that fit a short run."""
+    loop.steps = planned_steps(opts, preset_steps, preset_epochs, n_train, batch_size)
+    loop.max_minutes = opts.max_minutes if opts.max_minutes is not None else loop.max_minutes
+    loop.lr = opts.lr if opts.lr is not None else loop.lr
+    loop.warmup_steps = min(loop.warmup_steps, max(1, loop.steps // 10))
+    loop.eval_every = min(loop.eval_every, loop.steps)
+    return loop
 
 
 def record_init(info: dict, opts: RunOptions) -> None:

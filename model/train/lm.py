@@ -33,7 +33,7 @@ from model.train.common import (
     hardware_description,
     load_init,
     log_event,
-    planned_steps,
+    plan_loop,
     record_init,
     resolve_device,
     seed_everything,
@@ -197,10 +197,7 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     cfg = model.cfg
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas)})
     tokens_per_step = p.batch_size * p.context
-    loop.steps = planned_steps(opts, p.steps, None, len(train_stream), tokens_per_step)
-    loop.max_minutes = opts.max_minutes if opts.max_minutes is not None else loop.max_minutes
-    loop.warmup_steps = min(loop.warmup_steps, max(1, loop.steps // 10))
-    loop.eval_every = min(loop.eval_every, loop.steps)
+    plan_loop(loop, opts, p.steps, None, len(train_stream), tokens_per_step)
     out = Path(opts.out)
     generation = GenerationDefaults(num_beams=1, max_new_tokens=128)
     info: dict[str, Any] = {

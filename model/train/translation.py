@@ -32,7 +32,7 @@ from model.train.common import (
     hardware_description,
     load_init,
     log_event,
-    planned_steps,
+    plan_loop,
     record_init,
     resolve_device,
     seed_everything,
@@ -193,10 +193,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     cfg = model.cfg
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas), "d_model": cfg.d_model})
     n_batches = len(make_batches(examples, p.batch_tokens, torch.Generator().manual_seed(0)))
-    loop.steps = planned_steps(opts, None, p.epochs, n_batches, 1)
-    loop.max_minutes = opts.max_minutes if opts.max_minutes is not None else loop.max_minutes
-    loop.warmup_steps = min(loop.warmup_steps, max(1, loop.steps // 10))
-    loop.eval_every = min(loop.eval_every, loop.steps)
+    plan_loop(loop, opts, None, p.epochs, n_batches, 1)
     out = Path(opts.out)
     generation = generation_defaults(tokenizer)
     info: dict[str, Any] = {

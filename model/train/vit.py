@@ -33,7 +33,7 @@ from model.train.common import (
     hardware_description,
     load_init,
     log_event,
-    planned_steps,
+    plan_loop,
     record_init,
     resolve_device,
     seed_everything,
@@ -206,10 +206,7 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
     init = load_init(opts, "vit")
     model = ViT(cfg) if init is None else init.model.train()
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas)})
-    loop.steps = planned_steps(opts, None, p.epochs, len(x_train), p.batch_size)
-    loop.max_minutes = opts.max_minutes if opts.max_minutes is not None else loop.max_minutes
-    loop.warmup_steps = min(loop.warmup_steps, max(1, loop.steps // 10))
-    loop.eval_every = min(loop.eval_every, loop.steps)
+    plan_loop(loop, opts, None, p.epochs, len(x_train), p.batch_size)
     out = Path(opts.out)
     info: dict[str, Any] = {
         "task": "vit", "dataset": dataset, "preset": opts.preset, "seed": opts.seed, "command": opts.command,
