@@ -166,7 +166,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
     torch.manual_seed(0)
     cfg = GPT2Config(**g, bos_token_id=g["vocab_size"] - 1, eos_token_id=g["vocab_size"] - 1)
     GPT2LMHeadModel(cfg).save_pretrained(d)
-    hf = GPT2LMHeadModel.from_pretrained(d, torch_dtype=dtype).to(device).eval()
+    hf = GPT2LMHeadModel.from_pretrained(d, dtype=dtype).to(device).eval()
     loaded = checkpoint.load(d, device=device, dtype=dtype, backend=backend)
     n_new, plen = shape["lm_tokens"], shape["prompt"]
     gen = torch.Generator().manual_seed(1)
@@ -229,7 +229,7 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
                        max_position_embeddings=m["max_pos"], pad_token_id=pad, decoder_start_token_id=pad,
                        eos_token_id=0, forced_eos_token_id=0, activation_function="swish", scale_embedding=True)
     MarianMTModel(cfg).save_pretrained(d)
-    hf = MarianMTModel.from_pretrained(d, torch_dtype=dtype).to(device).eval()
+    hf = MarianMTModel.from_pretrained(d, dtype=dtype).to(device).eval()
     loaded = checkpoint.load(d, device=device, dtype=dtype, backend=backend)
     n, new = shape["mt_batch"], shape["mt_tokens"]
     gen = torch.Generator().manual_seed(2)
@@ -273,7 +273,7 @@ def bench_vit(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pa
     d = workdir / "vit"
     torch.manual_seed(0)
     ViTForImageClassification(ViTConfig(**shape["vit"])).save_pretrained(d)
-    hf = ViTForImageClassification.from_pretrained(d, torch_dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    hf = ViTForImageClassification.from_pretrained(d, dtype=dtype, attn_implementation="sdpa").to(device).eval()
     ours = checkpoint.load(d, device=device, dtype=dtype, backend=backend).model
     size = shape["vit"]["image_size"]
     for b in shape["vit_batches"]:

@@ -62,6 +62,9 @@ class BucketedDecode:
         # Host staging buffers in pinned memory, so the copy to the device is asynchronous.
         pin = self.device.type == "cuda"
         self._staging = [torch.empty(max(self.buckets), dtype=dtype, pin_memory=pin) for _ in self.pad_values]
+        # Marks when the last asynchronous copy out of the staging buffers has finished, so that they are not
+        # overwritten while a copy may still be reading them.
+        self._copied = torch.cuda.Event() if pin else None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, Tensor] = {}
 
@@ -96,6 +99,8 @@ class BucketedDecode:
         if b is None:
             return self.step(*(self._to_device(x) for x in inputs))
         bufs = self._inputs[b]
+        if self._copied is not None:
+            self._copied.synchronize()
         for buf, stage, x, pad in zip(bufs, self._staging, inputs, self.pad_values, strict=True):
             if isinstance(x, Tensor):
                 buf[:n].copy_(x, non_blocking=True)
@@ -104,6 +109,8 @@ class BucketedDecode:
                 buf[:n].copy_(stage[:n], non_blocking=True)
             if n < b:
                 buf[n:].fill_(pad)
+        if self._copied is not None:
+            self._copied.record()
         if self.use_graphs:
             self.capture()
             self._graphs[b].replay()

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from model.attention import Rotary, causal_mask
 from model.config import DecoderConfig
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, consecutive_start
 from model.layers import Block, make_norm, sinusoidal_table
 
 
@@ -69,8 +69,9 @@ class Decoder(nn.Module):
         asked for (each (B, H, T, Tk))."""
         x, rotary = self._embed(tokens, positions)
         maps: dict[int, Tensor] = {}
+        first_slot = consecutive_start(slots) if cache is not None and kv_len is not None else None
         for i, block in enumerate(self.blocks):
-            layer_cache = cache.layer(i, slots, positions, kv_len) if cache is not None else None
+            layer_cache = cache.layer(i, slots, positions, kv_len, first_slot) if cache is not None else None
             want = attention_layers is not None and i in attention_layers
             x, probs, _ = block(
                 x, mask=mask, is_causal=is_causal, rotary=rotary, cache=layer_cache, need_weights=want

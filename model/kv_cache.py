@@ -34,8 +34,6 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         # Valid length of each slot: bookkeeping for callers (masks, cross-attention source lengths).
         self.register_buffer("lengths", torch.zeros(num_slots, dtype=torch.long, device=device), persistent=False)
-        self._seen_slots: Tensor | None = None
-        self._first_slot: int | None = None
 
     @property
     def num_slots(self) -> int:
@@ -45,11 +43,11 @@ class KVCache(nn.Module):
     def max_len(self) -> int:
         return self.k.size(3)
 
-    def layer(self, index: int, slots: Tensor, positions: Tensor, kv_len: int | None) -> LayerKV:
-        # Every layer of one forward gets the same `slots` tensor: look at it once, not once per layer.
-        if slots is not self._seen_slots:
-            self._seen_slots, self._first_slot = slots, _consecutive_start(slots)
-        return LayerKV(self.k[index], self.v[index], slots, positions, kv_len, self._first_slot)
+    def layer(self, index: int, slots: Tensor, positions: Tensor, kv_len: int | None,
+              first_slot: int | None = None) -> LayerKV:
+        """Layer `index`'s view for one forward. `first_slot`: `consecutive_start(slots)`, which callers
+        work out once per forward, not once per layer."""
+        return LayerKV(self.k[index], self.v[index], slots, positions, kv_len, first_slot)
 
     def write(self, index: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
         """Store whole sequences (B, H, T, D) at positions 0..T-1 of `slots` (cross-attention K/V)."""
@@ -101,7 +99,7 @@ class LayerKV:
         return self.k_cache[self.slots, :, : self.kv_len], self.v_cache[self.slots, :, : self.kv_len]
 
 
-def _consecutive_start(slots: Tensor) -> int | None:
+def consecutive_start(slots: Tensor) -> int | None:
     """The first slot when `slots` are s, s+1, ... on the CPU. Reading the cache through a slice then costs
     nothing, where a gather copies every key and value. (On CUDA the gather stays: it needs no host sync
     and keeps shapes static for CUDA graphs.)"""

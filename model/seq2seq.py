@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from model.attention import Rotary, causal_mask, padding_mask
 from model.config import Seq2SeqConfig
 from model.decoder import _init_weights
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, consecutive_start
 from model.layers import Block, make_norm, sinusoidal_table
 
 
@@ -184,12 +184,13 @@ class Seq2Seq(nn.Module):
         x, rotary = self._embed(tokens[:, None], positions, "dec")
         mask = causal_mask(positions, kv_len)
         context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
+        first_slot = consecutive_start(slots)
         for i, block in enumerate(self.decoder):
             x, _, _ = block(
                 x,
                 mask=mask,
                 rotary=rotary,
-                cache=cache.self_kv.layer(i, slots, positions, kv_len),
+                cache=cache.self_kv.layer(i, slots, positions, kv_len, first_slot),
                 context_kv=cache.cross_kv.read(i, cross_slots, src_len),
                 context_mask=context_mask,
             )

@@ -44,13 +44,12 @@ class GenerationEngine(StepEngine):
         self.device = loaded.device
         self.slots = SlotAllocator(max_slots)
         self.graphed: BucketedDecode | None = None
-        graphs = cuda_graphs and self.device.type == "cuda"
+        # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
+        graphs = cuda_graphs and self.device.type == "cuda" and not loaded.config.n_experts
         # With graphs, one extra cache slot, owned by no request, takes the rows that pad a batch to its bucket.
         self.cache = self.model.new_cache(max_slots + 1 if graphs else max_slots, self.max_len)
-        self._decode_step = self.model.decode_step
-        if compile:
-            # Shapes vary only in the batch size (and, on CPU, the attended length): compile those dynamically.
-            self._decode_step = torch.compile(self.model.decode_step, dynamic=None)
+        # Shapes vary only in the batch size (and, on CPU, the attended length): compiled dynamically.
+        self._compiled = torch.compile(self.model.decode_step, dynamic=None) if compile else None
         if graphs:
             self.graphed = BucketedDecode(
                 lambda tokens, positions, slots: self._decode_step(tokens, positions, self.cache, slots),
@@ -136,6 +135,9 @@ class GenerationEngine(StepEngine):
                                     self.cache, slots)
         self.m.batch_size.observe(len(reqs))
         return logits
+
+    def _decode_step(self, *args, **kwargs) -> torch.Tensor:  # noqa: ANN002, ANN003
+        return (self._compiled or self.model.decode_step)(*args, **kwargs)
 
     def _decode_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         positions = [len(r.prompt_ids) + len(r.generated) - 1 for r in reqs]

@@ -50,7 +50,7 @@ class TranslationEngine(StepEngine):
         self.rows = SlotAllocator(max_rows)
         self.cross_slots = SlotAllocator(max_rows)
         self.graphed: BucketedDecode | None = None
-        if cuda_graphs and self.device.type == "cuda":
+        if cuda_graphs and self.device.type == "cuda" and not self.cfg.n_experts:  # MoE routing: dynamic shapes
             self.cache = self.model.new_cache(max_rows + 1, max_rows + 1)
             self.graphed = static_decode(self.model, self.cache, scratch=max_rows, max_batch=max_rows,
                                          use_graphs=True)

@@ -111,3 +111,16 @@ def test_padded_translation_step_equals_unpadded_step():
         out = runner(tokens, positions, rows, crosses)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         tokens = ref.argmax(-1)
+
+
+def test_reused_input_buffers_never_read_the_cache_through_an_old_view(lm):
+    """The bucket's input tensors are the same objects every call: whether slots are consecutive must be
+    decided from their values each time (slots 0, 1 first, then 3, 2)."""
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    eager_cache = _prefilled(lm, prompts, [0, 1, 2, 3], 5)
+    bucket_cache = _prefilled(lm, prompts, [0, 1, 2, 3], 5)
+    runner = BucketedDecode(lambda t, p, s: lm.decode_step(t, p, bucket_cache, s), pad_values=(0, 0, 4),
+                            buckets=[2], device="cpu")
+    for slots, positions in (([0, 1], [3, 2]), ([3, 2], [1, 4])):
+        ref = lm.decode_step(torch.tensor([5, 6]), torch.tensor(positions), eager_cache, torch.tensor(slots))
+        torch.testing.assert_close(runner([5, 6], positions, slots), ref, atol=1e-5, rtol=1e-5)

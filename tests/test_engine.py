@@ -317,7 +317,7 @@ def test_compiled_decode_step_gives_the_same_tokens(lm):
     outputs = []
     for compiled in (False, True):
         engine = make_engine(lm, compile=compiled)
-        assert hasattr(engine._decode_step, "_torchdynamo_orig_callable") == compiled
+        assert hasattr(engine._compiled, "_torchdynamo_orig_callable") == compiled
         try:
             outputs.append(asyncio.run(run(engine)))
         finally:

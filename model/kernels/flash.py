@@ -58,8 +58,8 @@ def _flash_fwd_kernel(
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)  # (batch x heads) on the first grid axis, which has no 65,535 limit
+    pid_m = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -129,7 +129,7 @@ def flash_attention(
         mask_strides = (0, 0, 0, 0)
     block_m = 16 if Tq <= 16 else 64
     block_n = 64
-    grid = (triton.cdiv(Tq, block_m), B * H)
+    grid = (B * H, triton.cdiv(Tq, block_m))
     _flash_fwd_kernel[grid](
         q, k, v, out, mask if mask is not None else q,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *mask_strides,
@@ -245,7 +245,7 @@ def flash_decode(
     out = torch.empty_like(q)
     qs = q[:, :, 0]
     _flash_decode_split_kernel[(B * H, num_splits)](
-        qs, k_cache, v_cache, slots, lengths.to(torch.int32), part_o, part_m, part_l,
+        qs, k_cache, v_cache, slots.contiguous(), lengths.to(torch.int32).contiguous(), part_o, part_m, part_l,
         *qs.stride(), *k_cache.stride(), *v_cache.stride(),
         H, D, split_len, num_splits, LOG2E / math.sqrt(D),
         BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
