@@ -1,0 +1,1 @@
+"""Custom GPU kernels (Triton): imported only when the `flash` attention backend is asked for."""
