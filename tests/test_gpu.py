@@ -23,6 +23,17 @@ pytestmark = pytest.mark.gpu
 CUDA = "cuda"
 
 
+async def token_ids(engine, reqs) -> list[list[int]]:
+    """Every request's streamed token ids, in submission order."""
+    out = []
+    for r in reqs:
+        ids = []
+        async for event in engine.stream(r):
+            ids += event.token_ids
+        out.append(ids)
+    return out
+
+
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
     return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm-gpu"), sharpen=20.0)
@@ -80,14 +91,7 @@ def test_engine_on_gpu_concurrent_equals_alone(lm_dir, graphs):
     engine.start()
 
     async def run(params_for):
-        reqs = [engine.submit(p, params_for(i)) for i, p in enumerate(prompts)]
-        out = []
-        for r in reqs:
-            ids = []
-            async for event in engine.stream(r):
-                ids += event.token_ids
-            out.append(ids)
-        return out
+        return await token_ids(engine, [engine.submit(p, params_for(i)) for i, p in enumerate(prompts)])
 
     try:
         assert asyncio.run(run(lambda i: greedy)) == alone
@@ -116,14 +120,7 @@ def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
     engine.start()
 
     async def run():
-        reqs = [engine.submit(j) for j in jobs]
-        out = []
-        for r in reqs:
-            ids = []
-            async for event in engine.stream(r):
-                ids += event.token_ids
-            out.append(ids)
-        return out
+        return await token_ids(engine, [engine.submit(j) for j in jobs])
 
     try:
         assert asyncio.run(run()) == alone
