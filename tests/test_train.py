@@ -269,7 +269,13 @@ def test_lm_training_continues_from_a_checkpoint(tiny_lm_run, tmp_path):
     info = json.loads((tmp_path / "training.json").read_text())
     assert info["continued_from"]["command"] == "pytest" and info["steps"] == 5
     assert (tmp_path / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
-    assert "continued from" in (tmp_path / "MODEL_CARD.md").read_text()
+    assert "continued from 1 earlier run" in (tmp_path / "MODEL_CARD.md").read_text()
+    third = tmp_path / "third"
+    lm.train(RunOptions(out=third, device="cpu", command="third", init_from=str(tmp_path)), corpus=corpus, config=cfg)
+    lineage = json.loads((third / "training.json").read_text())["continued_from"]
+    assert lineage["command"] == "again" and lineage["continued_from"]["command"] == "pytest"
+    card = (third / "MODEL_CARD.md").read_text()
+    assert "continued from 2 earlier runs" in card and card.index("`pytest`") < card.index("`again`")
     with pytest.raises(ValueError):
         translation.train(RunOptions(out=tmp_path / "x", device="cpu", init_from=str(out)), pairs={"train": PAIRS})
 

@@ -95,11 +95,17 @@ def render_card(directory: str | Path) -> str:
     lines += ["## Training", ""]
     if info.get("command"):
         lines += ["```", info["command"], "```", ""]
-    earlier = info.get("continued_from")
-    if earlier:
-        lines += [f"Training continued from an earlier run ({_fmt(earlier.get('steps'))} steps, "
-                  f"{(earlier.get('seconds') or 0) / 60:.1f} min): `{earlier.get('command')}`; the figures below "
-                  "are those of the continuation.", ""]
+    chain, earlier = [], info.get("continued_from")
+    while earlier:
+        chain.append(earlier)
+        earlier = earlier.get("continued_from")
+    if chain:
+        total = (info.get("seconds") or 0) + sum(e.get("seconds") or 0 for e in chain)
+        lines += [f"Training continued from {len(chain)} earlier run{'s' if len(chain) > 1 else ''} "
+                  f"({total / 60:.1f} min in all, this one included); the figures below are those of the last "
+                  "one. Earlier runs, oldest first:", ""]
+        lines += [f"- `{e.get('command')}`: {_fmt(e.get('steps'))} steps, {(e.get('seconds') or 0) / 60:.1f} min"
+                  for e in reversed(chain)] + [""]
     rows = [("preset", info.get("preset")), ("seed", info.get("seed")), ("steps", info.get("steps")),
             ("wall time", f"{info['seconds'] / 60:.1f} min" if "seconds" in info else None),
             ("hardware", info.get("hardware")), ("final training loss", info.get("final_loss")),

@@ -181,3 +181,5 @@ def record_init(info: dict, opts: RunOptions) -> None:
     if earlier.is_file():
         prev = json.loads(earlier.read_text(encoding="utf-8"))
         info["continued_from"].update({k: prev.get(k) for k in ("command", "steps", "seconds", "final_loss")})
+        if prev.get("continued_from"):  # keep the whole lineage, not just the last run
+            info["continued_from"]["continued_from"] = prev["continued_from"]
