@@ -189,3 +189,14 @@ def tiny_vit_dir(d: Path, seed: int = 0) -> Path:
     pre = ImagePreprocessing(28, 1, (0.5,), (0.5,), invert="auto")
     save_checkpoint(d, ViT(cfg).eval(), labels=["circle", "square", "line", "dot"], preprocessing=pre)
     return d
+
+
+def tiny_model_set(root: Path, *, lm_sharpen: float = 1.0, mt_sharpen: float = 1.0) -> dict[str, Path]:
+    """One tiny checkpoint of each kind under `root`: {"lm", "mt", "vit"} -> directory."""
+    return {"lm": tiny_lm_dir(root / "lm", sharpen=lm_sharpen), "mt": tiny_mt_dir(root / "mt", sharpen=mt_sharpen),
+            "vit": tiny_vit_dir(root / "vit")}
+
+
+def model_flags(models: dict[str, Path]) -> list[str]:
+    """`--model NAME=PATH` for each checkpoint, as `tserve serve` takes them."""
+    return [a for name, path in models.items() for a in ("--model", f"{name}={path}")]

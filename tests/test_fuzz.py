@@ -17,9 +17,8 @@ from service.settings import Settings
 @pytest.fixture(scope="module")
 def fuzzed_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
-    models = {"lm": factories.tiny_lm_dir(root / "lm"), "mt": factories.tiny_mt_dir(root / "mt"),
-              "vit": factories.tiny_vit_dir(root / "vit")}
-    args = [a for name, path in models.items() for a in ("--model", f"{name}={path}")]
+    models = factories.tiny_model_set(root)
+    args = factories.model_flags(models)
     srv = ServerProcess([*args, "--max-attention-floats", "20000"], root / "server.log").wait_ready()
     yield srv
     srv.stop()

@@ -37,7 +37,7 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoints, tmp_path_factory):
-    args = [a for name, path in checkpoints.items() for a in ("--model", f"{name}={path}")]
+    args = factories.model_flags(checkpoints)
     args += ["--max-running-requests", "8", "--max-body-bytes", "200000", "--max-image-bytes", "100000",
              "--max-n", "4", "--max-prompts", "8", "--max-attention-floats", "5000"]
     srv = ServerProcess(args, tmp_path_factory.mktemp("logs") / "server.log").wait_ready()

@@ -18,14 +18,12 @@ from server import ServerProcess
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("oip")
-    return {"mt": factories.tiny_mt_dir(root / "mt", sharpen=8.0), "vit": factories.tiny_vit_dir(root / "vit"),
-            "lm": factories.tiny_lm_dir(root / "lm")}
+    return factories.tiny_model_set(tmp_path_factory.mktemp("oip"), mt_sharpen=8.0)
 
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    args = [a for name, path in models.items() for a in ("--model", f"{name}={path}")]
+    args = factories.model_flags(models)
     srv = ServerProcess(args, tmp_path_factory.mktemp("oip-logs") / "server.log").wait_ready()
     yield srv
     srv.stop()

@@ -163,10 +163,7 @@ def print_serve_logs(ray_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray-serve")
-    return {"lm": factories.tiny_lm_dir(root / "lm", sharpen=20.0),
-            "mt": factories.tiny_mt_dir(root / "mt", sharpen=8.0),
-            "vit": factories.tiny_vit_dir(root / "vit")}
+    return factories.tiny_model_set(tmp_path_factory.mktemp("ray-serve"), lm_sharpen=20.0, mt_sharpen=8.0)
 
 
 @pytest.mark.slow
@@ -174,7 +171,7 @@ def test_two_replicas_match_plain_server_and_survive_a_replica_kill(checkpoints,
     work = requests_to_send()
 
     # Expected answers from the plain server, one request at a time; stopped before Ray starts.
-    args = [a for name, path in checkpoints.items() for a in ("--model", f"{name}={path}")]
+    args = factories.model_flags(checkpoints)
     plain = ServerProcess([*args, "--max-running-requests", "8", "--device", "cpu"], tmp_path / "plain.log")
     try:
         plain.wait_ready()

@@ -23,14 +23,11 @@ PROMPTS = ["Hello world", "Good morning", "The quick brown fox", "Where is the s
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability")
-    return {"lm": factories.tiny_lm_dir(root / "lm", sharpen=20.0),
-            "mt": factories.tiny_mt_dir(root / "mt", sharpen=8.0),
-            "vit": factories.tiny_vit_dir(root / "vit")}
+    return factories.tiny_model_set(tmp_path_factory.mktemp("reliability"), lm_sharpen=20.0, mt_sharpen=8.0)
 
 
 def start(checkpoints: dict[str, Path], log: Path, *extra: str) -> ServerProcess:
-    args = [a for name, path in checkpoints.items() for a in ("--model", f"{name}={path}")]
+    args = factories.model_flags(checkpoints)
     return ServerProcess([*args, "--max-running-requests", "8", "--max-queue", "24", *extra], log).wait_ready()
 
 

@@ -31,9 +31,8 @@ MT_TEXT = "Good morning, where is the station?"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("viewer-models")
-    checkpoints = {"lm": factories.tiny_lm_dir(root / "lm"), "mt": factories.tiny_mt_dir(root / "mt"),
-                   "vit": factories.tiny_vit_dir(root / "vit")}
-    args = [a for name, path in checkpoints.items() for a in ("--model", f"{name}={path}")]
+    checkpoints = factories.tiny_model_set(root)
+    args = factories.model_flags(checkpoints)
     srv = ServerProcess(args, tmp_path_factory.mktemp("viewer-logs") / "server.log").wait_ready()
     yield srv
     srv.stop()
