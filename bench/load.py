@@ -76,7 +76,7 @@ def make_gpt2(size: str, directory: Path) -> Path:
 
     if (directory / "model.safetensors").exists():
         return directory
-    factories.hf_gpt2_dir(directory)  # writes tokenizer files (and a tiny model we overwrite)
+    factories.hf_gpt2_dir(directory, trained=False)  # writes tokenizer files (and a tiny model we overwrite)
     vocab = len(json.loads((directory / "vocab.json").read_text()))
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=vocab, n_positions=1024, bos_token_id=vocab - 1, eos_token_id=vocab - 1,

@@ -1,13 +1,18 @@
 """Builders of tiny checkpoints for tests: Hugging Face directories (saved with `save_pretrained`) and
-our own format, all with small tokenizers trained here on an inline corpus."""
+our own format, all with small tokenizers trained here on an inline corpus.
+
+The language models and translators are trained briefly (`fixture_training`) so that their outputs depend
+on the whole input; the weights of each kind are trained once per test process and reused."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import sentencepiece as spm
 import torch
+from torch import nn
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -18,6 +23,8 @@ from model.preprocessing import ImagePreprocessing
 from model.seq2seq import Seq2Seq
 from model.tokenizer import load_tokenizer
 from model.vit import ViT
+
+import fixture_training
 
 EN = [
     "The quick brown fox jumps over the lazy dog.",
@@ -95,7 +102,20 @@ def write_marian_tokenizer(d: Path) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 # Hugging Face directories
 # --------------------------------------------------------------------------------------------------
-def hf_gpt2_dir(d: Path, seed: int = 0) -> Path:
+_TRAINED: dict[tuple, dict[str, torch.Tensor]] = {}
+
+
+def _trained(key: tuple, model: nn.Module, train: Callable[[nn.Module], float]) -> nn.Module:
+    """`model` after `train(model)`; the weights are computed once per `key` and copied afterwards."""
+    if key not in _TRAINED:
+        train(model)
+        _TRAINED[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(_TRAINED[key])
+    return model.eval()
+
+
+def hf_gpt2_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
+    """GPT-2 that has learnt `fixture_training.CYCLE` (random weights with `trained=False`)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     d.mkdir(parents=True, exist_ok=True)
@@ -103,27 +123,42 @@ def hf_gpt2_dir(d: Path, seed: int = 0) -> Path:
     tok.model.save(str(d))
     torch.manual_seed(seed)
     eot = tok.token_to_id("<|endoftext|>")
-    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_embd=64, n_layer=2, n_head=4, n_positions=128,
                      bos_token_id=eot, eos_token_id=eot)
-    GPT2LMHeadModel(cfg).eval().save_pretrained(d, safe_serialization=True)
+    model = GPT2LMHeadModel(cfg)
+    if trained:
+        cycle = tok.encode(fixture_training.CYCLE_TEXT).ids
+        model = _trained(("hf-gpt2", seed), model, lambda m: fixture_training.train_causal_lm(
+            m, cycle, None, lambda x: m(input_ids=x).logits, cfg.n_positions, seed))
+    model.eval().save_pretrained(d, safe_serialization=True)
     return d
 
 
-def hf_marian_dir(d: Path, seed: int = 0) -> Path:
+def hf_marian_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
+    """Marian that has learnt `fixture_training.LEXICON` (random weights with `trained=False`)."""
     from transformers import MarianConfig, MarianMTModel
 
     vocab = write_marian_tokenizer(d)
     torch.manual_seed(seed)
     pad = vocab["<pad>"]
     cfg = MarianConfig(
-        vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        vocab_size=len(vocab), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
         pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
         activation_function="swish", scale_embedding=True, dropout=0.0,
     )
-    model = MarianMTModel(cfg).eval()
+    model = MarianMTModel(cfg)
     with torch.no_grad():  # random final_logits_bias so that the importer's handling of it is tested
         model.final_logits_bias.normal_(0, 0.5)
+    if trained:
+        tok = load_tokenizer(d)
+
+        def logits(src: torch.Tensor, lengths: torch.Tensor, dec_in: torch.Tensor) -> torch.Tensor:
+            mask = (torch.arange(src.size(1))[None, :] < lengths[:, None]).long()
+            return model(input_ids=src, attention_mask=mask, decoder_input_ids=dec_in).logits
+
+        model = _trained(("hf-marian", seed), model, lambda m: fixture_training.train_translator(
+            m, tok.encode, tok.encode_target, logits, pad, pad, seed))
     model.save_pretrained(d, safe_serialization=True)
     (d / "generation_config.json").write_text(json.dumps({
         "bad_words_ids": [[pad]], "decoder_start_token_id": pad, "eos_token_id": 0, "forced_eos_token_id": 0,
@@ -151,35 +186,37 @@ def hf_vit_dir(d: Path, seed: int = 0) -> Path:
 # --------------------------------------------------------------------------------------------------
 # Our format (random weights)
 # --------------------------------------------------------------------------------------------------
-def tiny_lm_dir(d: Path, seed: int = 0, sharpen: float = 1.0, **overrides) -> Path:
-    """`sharpen` scales the (tied) embeddings: random weights give near-uniform next-token distributions,
-    where greedy choices could flip on float rounding between batch shapes; sharper ones do not."""
+def tiny_lm_dir(d: Path, seed: int = 0, trained: bool = True, **overrides) -> Path:
+    """Our decoder, having learnt `fixture_training.CYCLE` (random weights with `trained=False`):
+    a prefix of the cycle has one continuation, which depends on more than its last token."""
     vocab = write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
-    cfg = DecoderConfig(vocab_size=vocab, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=128,
+    cfg = DecoderConfig(vocab_size=vocab, d_model=64, n_heads=4, d_ff=128, n_layers=2, max_seq_len=128,
                         bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **overrides)
-    model = Decoder(cfg).eval()
-    with torch.no_grad():
-        model.tok_emb.weight.mul_(sharpen)
-    save_checkpoint(d, model)
+    model = Decoder(cfg)
+    if trained:
+        cycle = tok.encode(fixture_training.CYCLE_TEXT, add_special_tokens=False)
+        model = _trained(("lm", seed, *sorted(overrides.items())), model, lambda m: fixture_training.train_causal_lm(
+            m, cycle, tok.bos_id, m, cfg.max_seq_len, seed))
+    save_checkpoint(d, model.eval())
     return d
 
 
-def tiny_mt_dir(d: Path, seed: int = 0, sharpen: float = 1.0) -> Path:
-    """`sharpen`: as for tiny_lm_dir (peaked distributions, so that exact comparisons of decoded tokens
-    across batch shapes do not hinge on float rounding)."""
+def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
+    """Our encoder-decoder, having learnt `fixture_training.LEXICON` (random weights with `trained=False`)."""
     vocab = write_bpe_tokenizer(d, add_eos=True)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
-    cfg = Seq2SeqConfig(vocab_size=vocab, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+    cfg = Seq2SeqConfig(vocab_size=vocab, d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
                         max_source_len=64, max_target_len=64, decoder_start_token_id=tok.bos_id,
                         eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     gen = GenerationDefaults(num_beams=2, max_new_tokens=24, banned_token_ids=[tok.pad_id])
-    model = Seq2Seq(cfg).eval()
-    with torch.no_grad():
-        model.tok_emb.weight.mul_(sharpen)
-    save_checkpoint(d, model, generation=gen)
+    model = Seq2Seq(cfg)
+    if trained:
+        model = _trained(("mt", seed), model, lambda m: fixture_training.train_translator(
+            m, tok.encode, tok.encode_target, m, tok.pad_id, tok.bos_id, seed))
+    save_checkpoint(d, model.eval(), generation=gen)
     return d
 
 
@@ -191,10 +228,9 @@ def tiny_vit_dir(d: Path, seed: int = 0) -> Path:
     return d
 
 
-def tiny_model_set(root: Path, *, lm_sharpen: float = 1.0, mt_sharpen: float = 1.0) -> dict[str, Path]:
+def tiny_model_set(root: Path) -> dict[str, Path]:
     """One tiny checkpoint of each kind under `root`: {"lm", "mt", "vit"} -> directory."""
-    return {"lm": tiny_lm_dir(root / "lm", sharpen=lm_sharpen), "mt": tiny_mt_dir(root / "mt", sharpen=mt_sharpen),
-            "vit": tiny_vit_dir(root / "vit")}
+    return {"lm": tiny_lm_dir(root / "lm"), "mt": tiny_mt_dir(root / "mt"), "vit": tiny_vit_dir(root / "vit")}
 
 
 def model_flags(models: dict[str, Path]) -> list[str]:

@@ -20,7 +20,7 @@ from service.metrics import Metrics
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    return checkpoint.load(factories.tiny_lm_dir(tmp_path_factory.mktemp("lm"), sharpen=20.0), device="cpu")
+    return checkpoint.load(factories.tiny_lm_dir(tmp_path_factory.mktemp("lm")), device="cpu")
 
 
 def make_engine(lm, **kw) -> GenerationEngine:

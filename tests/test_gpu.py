@@ -36,7 +36,7 @@ async def token_ids(engine, reqs) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
-    return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm-gpu"), sharpen=20.0)
+    return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm-gpu"))
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flash"])
@@ -107,7 +107,7 @@ def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
     from model.generation import beam_search, translate_greedy
     from service.translation_engine import TranslationEngine
 
-    mt = checkpoint.load(factories.tiny_mt_dir(tmp_path / "mt", sharpen=20.0), device=CUDA, dtype="float32")
+    mt = checkpoint.load(factories.tiny_mt_dir(tmp_path / "mt"), device=CUDA, dtype="float32")
     engine = TranslationEngine("mt", mt, max_rows=16, max_queue=64, timeout_s=60.0, metrics=Metrics(),
                                cuda_graphs=graphs)
     assert (engine.graphed is not None) == graphs

@@ -28,7 +28,7 @@ PROMPTS = [f"{word} {i}" for i, word in enumerate(
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     return {
-        "lm": factories.tiny_lm_dir(root / "lm", sharpen=20.0),
+        "lm": factories.tiny_lm_dir(root / "lm"),
         "gpt2": factories.hf_gpt2_dir(root / "gpt2"),
         "mt": factories.tiny_mt_dir(root / "mt"),
         "vit": factories.tiny_vit_dir(root / "vit"),

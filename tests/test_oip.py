@@ -18,7 +18,7 @@ from server import ServerProcess
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return factories.tiny_model_set(tmp_path_factory.mktemp("oip"), mt_sharpen=8.0)
+    return factories.tiny_model_set(tmp_path_factory.mktemp("oip"))
 
 
 @pytest.fixture(scope="module")

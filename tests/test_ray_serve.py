@@ -163,7 +163,7 @@ def print_serve_logs(ray_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    return factories.tiny_model_set(tmp_path_factory.mktemp("ray-serve"), lm_sharpen=20.0, mt_sharpen=8.0)
+    return factories.tiny_model_set(tmp_path_factory.mktemp("ray-serve"))
 
 
 @pytest.mark.slow

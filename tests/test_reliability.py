@@ -23,7 +23,7 @@ PROMPTS = ["Hello world", "Good morning", "The quick brown fox", "Where is the s
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    return factories.tiny_model_set(tmp_path_factory.mktemp("reliability"), lm_sharpen=20.0, mt_sharpen=8.0)
+    return factories.tiny_model_set(tmp_path_factory.mktemp("reliability"))
 
 
 def start(checkpoints: dict[str, Path], log: Path, *extra: str) -> ServerProcess:

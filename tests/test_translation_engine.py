@@ -21,7 +21,7 @@ WORDS = "the quick brown fox jumps over lazy dog hello world good morning where 
 
 @pytest.fixture(scope="module")
 def mt(tmp_path_factory):
-    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt"), sharpen=8.0), device="cpu")
+    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt")), device="cpu")
 
 
 def make_engine(loaded, max_rows: int = 12) -> TranslationEngine:

@@ -1,0 +1,119 @@
+"""Brief training that gives the tiny test models real behaviour.
+
+Random tiny models ignore their context: their outputs hinge on the last token (or on nothing), so tests
+that compare "batched" with "alone" or "cached" with "uncached" would compare constants. These models are
+trained for a few hundred steps, once per test process, on tasks whose answers depend on the whole input:
+
+- language models learn a fixed cycle of ten sentences (`CYCLE`). Words such as "the", "is" or "." occur in
+  several sentences, so the next token depends on more than the last one, and a prefix of the cycle has
+  one right continuation, predicted with a wide margin (no near-ties between batch shapes);
+- translators learn a word-for-word English -> German lexicon (`LEXICON`) over random word sequences.
+  Source and target are split into different sub-words, so the decoder must follow both the source
+  (cross-attention) and what it has already written (its own cache); a few hundred steps leave the
+  distributions soft enough that beam search finds other answers than greedy decoding.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CYCLE = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Der schnelle braune Fuchs springt über den faulen Hund.",
+    "Hello world, this is a small test corpus for tokenizers.",
+    "Hallo Welt, dies ist ein kleiner Testkorpus für Tokenizer.",
+    "Good morning. Where is the station? I don't know.",
+    "Guten Morgen. Wo ist der Bahnhof? Ich weiß es nicht.",
+    "The weather is nice today, isn't it?",
+    "Das Wetter ist heute schön, nicht wahr?",
+    "Once upon a time there was a king who had three daughters.",
+    "Es war einmal ein König, der hatte drei Töchter.",
+]
+CYCLE_TEXT = " ".join(CYCLE) + " "
+
+LEXICON = {
+    "the": "der", "quick": "schnelle", "brown": "braune", "fox": "Fuchs", "jumps": "springt", "over": "über",
+    "lazy": "faulen", "dog": "Hund", "hello": "Hallo", "world": "Welt", "good": "Guten", "morning": "Morgen",
+    "where": "wo", "is": "ist", "station": "Bahnhof", "weather": "Wetter", "today": "heute", "nice": "schön",
+    "king": "König", "three": "drei", "daughters": "Töchter", "small": "kleiner", "know": "weiß", "time": "Zeit",
+}
+
+STEPS = 400
+
+
+def cycle_windows(ids: list[int], length: int, batch: int, rng: random.Random, bos: int | None) -> Iterator[Tensor]:
+    """Windows of `length` + 1 tokens of the endlessly repeated id sequence `ids`, each starting anywhere
+    in it, behind `bos` when the tokenizer starts prompts with one."""
+    head = [] if bos is None else [bos]
+    n = length + 1 - len(head)
+    stream = ids * (n // len(ids) + 2)
+    while True:
+        starts = [rng.randrange(len(ids)) for _ in range(batch)]
+        yield torch.tensor([head + stream[s : s + n] for s in starts])
+
+
+def lexicon_pair(rng: random.Random, max_words: int = 8) -> tuple[str, str]:
+    words = rng.choices(list(LEXICON), k=rng.randint(1, max_words))
+    return " ".join(words), " ".join(LEXICON[w] for w in words)
+
+
+def fit(model: torch.nn.Module, loss_of_batch: Callable[[int], Tensor], steps: int = STEPS, lr: float = 5e-3) -> float:
+    """Adam with a short warm-up and linear decay; returns the last loss."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    loss = torch.tensor(0.0)
+    for step in range(steps):
+        loss = loss_of_batch(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+    return float(loss.detach())
+
+
+def train_causal_lm(model: torch.nn.Module, cycle_ids: list[int], bos: int | None,
+                    logits_of: Callable[[Tensor], Tensor], context: int, seed: int = 0, steps: int = STEPS) -> float:
+    """Teach a causal LM the sentence cycle (`cycle_ids`: CYCLE_TEXT without special tokens).
+    `logits_of(tokens (B, T)) -> (B, T, V)`."""
+    rng = random.Random(seed)
+    windows = cycle_windows(cycle_ids, min(context - 1, 48), 32, rng, bos)
+
+    def loss(_: int) -> Tensor:
+        batch = next(windows)
+        logits = logits_of(batch[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1))
+
+    return fit(model, loss, steps)
+
+
+def train_translator(model: torch.nn.Module, encode_source: Callable[[str], list[int]],
+                     encode_target: Callable[[str], list[int]], logits_of: Callable[[Tensor, Tensor, Tensor], Tensor],
+                     pad: int, start: int, seed: int = 0, steps: int = STEPS) -> float:
+    """Teach an encoder-decoder the lexicon. Targets from `encode_target` end with eos;
+    `logits_of(src (B, S), src_lengths (B,), decoder_input (B, T)) -> (B, T, V)`."""
+    rng = random.Random(seed)
+    pool = [(encode_source(s), encode_target(t)) for s, t in (lexicon_pair(rng) for _ in range(2048))]
+
+    def loss(_: int) -> Tensor:
+        batch = rng.sample(pool, 32)
+        S, T = (max(len(x[k]) for x in batch) for k in (0, 1))
+        src = torch.full((32, S), pad)
+        dec_in = torch.full((32, T), pad)
+        labels = torch.full((32, T), -100)
+        for i, (s, t) in enumerate(batch):
+            src[i, : len(s)] = torch.tensor(s)
+            dec_in[i, 0] = start
+            dec_in[i, 1 : len(t)] = torch.tensor(t[:-1])
+            labels[i, : len(t)] = torch.tensor(t)
+        logits = logits_of(src, torch.tensor([len(s) for s, _ in batch]), dec_in)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=-100)
+
+    return fit(model, loss, steps)
