@@ -1,4 +1,9 @@
-"""Shared fixtures: tiny checkpoints built once per test session."""
+"""Shared fixtures: tiny checkpoints built once per test session; and which skips are allowed.
+
+A test may skip where something it needs is absent (a dev dependency, a browser, the test data, a GPU).
+Under $TSERVE_CI (set by .ci/run) or $CI, every skip of a test not marked `gpu` (and every module skipped
+at import, e.g. by `pytest.importorskip`) is a failure instead; $TSERVE_REQUIRE_GPU does the same for
+tests marked `gpu`, for runs on a GPU machine. Without them, skips stay skips."""
 
 from __future__ import annotations
 
@@ -20,6 +25,48 @@ if not CUDA:
     # Without a GPU, Triton's interpreter runs our kernels on CPU tensors. It must be on before any kernel
     # module is imported (the @triton.jit decorator reads it).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+# The one place that decides which skips are allowed.
+SKIPS_FAIL = next((name for name in ("TSERVE_CI", "CI") if _flag(name)), None)
+GPU_SKIPS_FAIL = "TSERVE_REQUIRE_GPU" if _flag("TSERVE_REQUIRE_GPU") else None
+
+
+def _forbidding_flag(node: pytest.Item | pytest.Collector) -> str | None:
+    """The variable that forbids this node to skip, or None when it may."""
+    if node.get_closest_marker("gpu") is not None:
+        return GPU_SKIPS_FAIL
+    return SKIPS_FAIL
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+def _fail_skip(report, flag: str) -> None:
+    report.outcome = "failed"
+    report.longrepr = f"skipped, but ${flag} is set, so skipping is a failure: {_skip_reason(report)}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    report = yield
+    if report.skipped and (flag := _forbidding_flag(collector)):
+        _fail_skip(report, flag)  # e.g. a module-level importorskip of a dev dependency
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail") and (flag := _forbidding_flag(item)):
+        _fail_skip(report, flag)
+    return report
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
