@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sacrebleu
 import torch
 from PIL import Image
 
@@ -151,12 +152,14 @@ def test_translation_batches_respect_token_budget():
     for b in batches:
         longest = max(len(examples[i][0]) for i in b) + max(len(examples[i][1]) for i in b) + 1
         assert len(b) == 1 or len(b) * longest <= 60
+    assert max(map(len, batches)) > 1  # short examples do share batches
 
 
 def test_vit_augment_keeps_shape_and_range():
     pixels = torch.rand(8, 1, 28, 28)
     out = vit.augment(pixels, vit.preset("fashion-mnist", "cpu"), torch.Generator().manual_seed(0))
     assert out.shape == pixels.shape and out.min() >= 0 and out.max() <= 1.0001
+    assert not torch.allclose(out, pixels, atol=1e-3)  # it did transform the images
     dim = vit.ViTPreset(model={}, contrast=(0.5, 0.5), max_rotation=0, max_shift=0, scale=(1.0, 1.0))
     assert torch.allclose(vit.augment(pixels, dim, torch.Generator()), pixels * 0.5, atol=1e-5)
 
@@ -196,13 +199,24 @@ def test_preprocessing_options_round_trip(tmp_path):
 # Tiny end-to-end runs: checkpoint, load, outputs, evaluation, card
 # --------------------------------------------------------------------------------------------------
 def _images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Four easy classes: a bright square in one of the four quadrants."""
+    """Four easy classes that survive the digits' content crop (which drops size and position): a
+    horizontal bar, a vertical bar, a hollow frame and a filled square, each of a random size at a random
+    place on a faint noisy background."""
     rng = np.random.default_rng(seed)
     y = np.arange(n) % 4
     x = rng.integers(0, 30, size=(n, 28, 28)).astype(np.uint8)
     for i, c in enumerate(y):
-        r, q = divmod(int(c), 2)
-        x[i, 2 + 12 * r : 12 + 12 * r, 2 + 12 * q : 12 + 12 * q] = 255
+        size = int(rng.integers(10, 20))
+        width = max(2, size // 5)
+        r, q = (int(v) for v in rng.integers(2, 26 - size, size=2))
+        if c == 0:
+            x[i, r : r + width, q : q + size] = 255
+        elif c == 1:
+            x[i, r : r + size, q : q + width] = 255
+        else:
+            x[i, r : r + size, q : q + size] = 255
+            if c == 2:
+                x[i, r + width : r + size - width, q + width : q + size - width] = 0
     return x, y.astype(np.int64)
 
 
@@ -210,7 +224,7 @@ def _images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def tiny_vit_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("vit-run")
     cfg = vit.ViTPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=1, patch_size=7), batch_size=32,
-                        epochs=4, loop=_loop(0), max_rotation=0, max_shift=0, scale=(1.0, 1.0))
+                        epochs=6, loop=_loop(0), max_rotation=0, max_shift=0, scale=(1.0, 1.0))
     data = {"train": _images(200, 0), "test": _images(40, 1)}
     vit.train(RunOptions(out=out, device="cpu", dataset="mnist-digits", command="pytest"), data=data, config=cfg)
     return out, data
@@ -220,11 +234,18 @@ def test_vit_checkpoint_loads_and_classifies(tiny_vit_run):
     out, data = tiny_vit_run
     loaded = load(out)
     assert loaded.labels == [str(i) for i in range(10)] and loaded.preprocessing.fit == "content"
-    logits = loaded.model(loaded.preprocessing(Image.fromarray(data["test"][0][0]))[None])
-    assert logits.shape == (1, 10)
-    # Quadrant squares cannot be content-cropped apart, so accuracy is not asserted; eval must run.
-    metrics = evaluate.evaluate_vit(loaded, *data["test"])
-    assert metrics["n"] == 40 and 0 <= metrics["accuracy"] <= 1
+    x, y = data["test"]
+    with torch.no_grad():  # the serving path, image by image: PIL image -> preprocessing -> model
+        preds = np.array([int(loaded.model(loaded.preprocessing(Image.fromarray(img))[None]).argmax(-1))
+                          for img in x])
+    metrics = evaluate.evaluate_vit(loaded, x, y)
+    assert metrics["n"] == 40 and metrics["accuracy"] == pytest.approx(float((preds == y).mean()), abs=1e-4)
+    assert metrics["accuracy"] >= 0.75  # chance is 0.25: the four shapes were learnt
+    for c in range(4):
+        assert metrics["per_class_accuracy"][str(c)] == pytest.approx(float((preds[y == c] == c).mean()), abs=1e-4)
+    # Scored against its own predictions, then against labels it never gives: all right, all wrong.
+    assert evaluate.evaluate_vit(loaded, x, preds, inverted=False)["accuracy"] == 1.0
+    assert evaluate.evaluate_vit(loaded, x, (preds + 1) % 10, inverted=False)["accuracy"] == 0.0
     assert json.loads((out / "training.json").read_text())["task"] == "vit"
     assert "## Training" in (out / "MODEL_CARD.md").read_text()
 
@@ -233,7 +254,7 @@ def test_vit_checkpoint_loads_and_classifies(tiny_vit_run):
 def tiny_lm_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm-run")
     cfg = lm.LMPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=2), vocab_size=300, context=32,
-                      batch_size=8, steps=60, loop=_loop(60), val_windows=4)
+                      batch_size=8, steps=60, loop=_loop(60, lr=1e-2), val_windows=4)
     corpus = {"train": LM_TEXTS, "valid": LM_TEXTS[:2], "test": LM_TEXTS[2:4]}
     lm.train(RunOptions(out=out, device="cpu", command="pytest"), corpus=corpus, config=cfg)
     return out, corpus
@@ -242,9 +263,14 @@ def tiny_lm_run(tmp_path_factory):
 def test_lm_checkpoint_generates_and_evaluates(tiny_lm_run):
     out, corpus = tiny_lm_run
     loaded = load(out)
-    ids = list(generate_tokens(loaded.model, loaded.tokenizer.encode("The quick"),
-                               SamplingParams(max_tokens=8, temperature=0.0), loaded.model.cfg.eos_token_id))
-    assert 1 <= len(ids) <= 8
+    # "is" follows three different words in the corpus: the continuation depends on more than the last token.
+    prompt, eos = loaded.tokenizer.encode("Where is"), loaded.model.cfg.eos_token_id
+    ids = list(generate_tokens(loaded.model, prompt, SamplingParams(max_tokens=8, temperature=0.0), eos))
+    expected: list[int] = []  # greedy by hand: the whole sequence through the model at every step, no cache
+    with torch.no_grad():
+        while len(expected) < 8 and eos not in expected:
+            expected.append(int(loaded.model(torch.tensor([prompt + expected]))[0, -1].argmax()))
+    assert ids == expected
     metrics = evaluate.evaluate_lm(loaded, corpus["test"], corpus["train"], corpus["valid"])
     assert metrics["perplexity"] < metrics["unigram_ppl"]  # memorised repetitive text
     assert len(metrics["samples"]) == len(evaluate.LM_PROMPTS)
@@ -305,13 +331,30 @@ def test_translation_checkpoint_translates_and_evaluates(tiny_mt_run):
     loaded = load(out)
     assert loaded.generation.num_beams == 4 and loaded.tokenizer.pad_id in loaded.generation.banned_token_ids
     metrics = evaluate.evaluate_translation(loaded, pairs["test"], num_beams=2)
-    assert metrics["n"] == 3 and 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100
+    # The scores are sacrebleu's corpus scores of these very translations against the references.
+    hyps, refs = evaluate.translate(loaded, [p.en for p in pairs["test"]], 2), [p.de for p in pairs["test"]]
+    assert metrics["n"] == 3 and metrics["num_beams"] == 2
+    assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.01)
+    assert metrics["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=0.01)
+    assert metrics["by_source"]["ding"] == {"bleu": metrics["bleu"], "chrf": metrics["chrf"], "n": 3}
     info = json.loads((out / "training.json").read_text())
     assert info["final_loss"] < math.log(loaded.tokenizer.vocab_size)  # it learnt something
     assert {"ding"} == set(metrics["by_source"]) and metrics["samples"][0][0] == evaluate.PROBES[0]
     (out / "metrics.json").write_text(json.dumps({"task": "translation", **metrics}))
     card = render_card(out)
     assert "bleu" in card and "dict-freedict-eng-deu" in card and "GPL-3+" in card
+
+
+def test_bleu_and_chrf_of_right_and_wrong_translations():
+    refs = [p.de for p in PAIRS[:3]]
+    score = lambda hyps: evaluate.bleu_chrf(hyps, refs)  # noqa: E731
+    assert score(refs) == {"bleu": 100.0, "chrf": 100.0, "n": 3}
+    half = score([r[: len(r) // 2] for r in refs])  # the first half of each reference
+    shuffled = score(refs[1:] + refs[:1])  # fluent German, each for another sentence
+    nonsense = score(["x y z"] * 3)
+    for key in ("bleu", "chrf"):
+        assert 100 > half[key] > shuffled[key] > nonsense[key] >= 0, key
+    assert nonsense["bleu"] == 0.0 and score([]) == {"bleu": None, "chrf": None, "n": 0}
 
 
 # --------------------------------------------------------------------------------------------------
