@@ -117,3 +117,35 @@ def train_translator(model: torch.nn.Module, encode_source: Callable[[str], list
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=-100)
 
     return fit(model, loss, steps)
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs for the tests, and the check that their outputs are not constants
+# --------------------------------------------------------------------------------------------------
+def cycle_prompts(n: int, seed: int = 0, min_words: int = 2, max_words: int = 12) -> list[str]:
+    """`n` prompts cut from the sentence cycle at word boundaries, each ending at a different word, so
+    each has its own continuation."""
+    words = CYCLE_TEXT.split()
+    rng = random.Random(seed)
+    ends = rng.sample(range(max_words, len(words)), n)
+    return [" ".join(words[end - rng.randint(min_words, max_words) : end]) for end in ends]
+
+
+def lexicon_sentences(n: int, seed: int = 0, min_words: int = 1, max_words: int = 8) -> list[str]:
+    """`n` different English word sequences over the lexicon."""
+    rng = random.Random(seed)
+    out: dict[str, None] = {}
+    while len(out) < n:
+        out[" ".join(rng.choices(list(LEXICON), k=rng.randint(min_words, max_words)))] = None
+    return list(out)
+
+
+def assert_varied(outputs: list, min_distinct: float = 0.9) -> None:
+    """Guard of every equality test: the outputs it compares differ across its inputs (at least
+    `min_distinct` of them distinct) and none is one token repeated, so equal results cannot come from a
+    model that ignores its input."""
+    keyed = [tuple(o) if isinstance(o, list) else o for o in outputs]
+    assert len(set(keyed)) >= max(2, round(min_distinct * len(keyed))), f"outputs barely vary: {outputs}"
+    for o in keyed:
+        if isinstance(o, tuple) and len(o) > 2:
+            assert len(set(o)) > 1, f"one token repeated: {o}"

@@ -21,14 +21,20 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_file: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log_file: Path, env: dict[str, str] | None = None,
+                 step_delay_s: float = 0.0) -> None:
+        """`step_delay_s`: every engine step sleeps this long first (test-only, see hooked_server.py)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        entry = ["-m", "service"]
+        if step_delay_s:
+            entry = [str(Path(__file__).with_name("hooked_server.py"))]
+            full_env["TSERVE_TEST_STEP_DELAY_S"] = str(step_delay_s)
         self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--port", str(self.port), *args],
+            [sys.executable, *entry, "serve", "--port", str(self.port), *args],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 

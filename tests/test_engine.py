@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import factories
+from fixture_training import assert_varied, cycle_prompts
+from hooked_server import slow_steps
 from model import checkpoint
 from model.generation import SamplingParams, generate_tokens
 from service.batcher import DynamicBatcher
@@ -39,12 +41,18 @@ async def collect(engine: GenerationEngine, req) -> tuple[list[int], str, str]:
     return ids, text, reason
 
 
+def slowed(engine: GenerationEngine) -> GenerationEngine:
+    """Steps of at least 20 ms: a request of many tokens is still running when the test acts on it."""
+    return slow_steps(engine, 0.02)
+
+
 def test_greedy_alone_equals_among_fifty_others(lm):
-    prompts = [lm.tokenizer.encode(f"prompt number {i} " + "word " * (i % 7)) for i in range(50)]
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(50)]
     lengths = [5 + (i * 7) % 30 for i in range(50)]  # requests finish at different steps: slots churn
     reference = [list(generate_tokens(lm.model, p, SamplingParams(max_tokens=n, temperature=0.0), lm.tokenizer.eos_id))
                  for p, n in zip(prompts, lengths, strict=True)]
     reference = [[t for t in r if t != lm.tokenizer.eos_id] for r in reference]
+    assert_varied(reference)
     engine = make_engine(lm)
 
     async def run() -> list:
@@ -63,7 +71,7 @@ def test_greedy_alone_equals_among_fifty_others(lm):
 
 
 def test_cancel_frees_the_slot_within_a_step(lm):
-    engine = make_engine(lm, max_slots=2)
+    engine = slowed(make_engine(lm, max_slots=2))
 
     async def run() -> None:
         req = engine.submit(lm.tokenizer.encode("hello"), SamplingParams(max_tokens=100, ignore_eos=True))
@@ -71,11 +79,16 @@ def test_cancel_frees_the_slot_within_a_step(lm):
         assert first.token_ids
         assert engine.slots_in_use == 1
         req.cancel()
-        for _ in range(200):
+        at_cancel = len(req.generated)
+        # A step takes 20 ms and the request needs 100 of them: only a cancel frees the slot this soon.
+        for _ in range(50):
             if engine.slots_in_use == 0:
                 break
             await asyncio.sleep(0.005)
         assert engine.slots_in_use == 0 and not engine.running
+        stopped_at = len(req.generated)
+        await asyncio.sleep(0.1)
+        assert len(req.generated) == stopped_at <= at_cancel + 1  # no token after the hang-up's step
 
     try:
         asyncio.run(run())
@@ -134,15 +147,16 @@ def test_a_failing_step_fails_its_requests_not_the_engine(lm, monkeypatch):
 
 
 def test_graceful_stop_drains_running_requests(lm):
-    engine = make_engine(lm)
+    engine = slowed(make_engine(lm))
     done = {}
 
     async def run() -> None:
         req = engine.submit(lm.tokenizer.encode("x"), SamplingParams(max_tokens=30, ignore_eos=True))
+        assert (await req.events.get()).token_ids  # running: 29 more steps of 20 ms to go
         stopper = threading.Thread(target=engine.stop)
-        await asyncio.sleep(0.01)
         stopper.start()
-        done["ids"], _, done["reason"] = await collect(engine, req)
+        rest, _, done["reason"] = await collect(engine, req)
+        done["ids"] = req.generated
         with pytest.raises(QueueFull):
             engine.submit(lm.tokenizer.encode("y"), SamplingParams(max_tokens=3))
         await asyncio.to_thread(stopper.join)
@@ -165,8 +179,9 @@ def _run_all(engine, lm, prompts, n) -> list:
 
 
 def test_a_fault_in_one_request_leaves_the_others_identical(lm):
-    prompts = [lm.tokenizer.encode(f"request {i} says hello") for i in range(8)]
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(8, seed=1)]
     reference = _reference(lm, prompts, 12)
+    assert_varied(reference)
     engine = make_engine(lm)
     victim = prompts[3]
     steps = {"n": 0}
@@ -207,8 +222,9 @@ def test_out_of_memory_is_reported_as_such(lm):
 def test_a_failing_batch_forward_is_retried_one_by_one(lm, monkeypatch):
     """A forward that fails whenever one poisoned request is in the batch: the others finish identical
     to a clean run, the poisoned one fails."""
-    prompts = [lm.tokenizer.encode(f"batch member {i}") for i in range(6)]
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(6, seed=2)]
     reference = _reference(lm, prompts, 10)
+    assert_varied(reference)
     engine = make_engine(lm)
     original = lm.model.decode_step
     poisoned: dict[str, int] = {}
@@ -307,7 +323,7 @@ def test_batcher_queue_limit():
 
 @pytest.mark.slow
 def test_compiled_decode_step_gives_the_same_tokens(lm):
-    prompts = [lm.tokenizer.encode(f"compile me {i} " + "word " * i) for i in range(4)]
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(4, seed=3)]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
     async def run(engine) -> list:
@@ -322,4 +338,5 @@ def test_compiled_decode_step_gives_the_same_tokens(lm):
             outputs.append(asyncio.run(run(engine)))
         finally:
             engine.stop()
+    assert_varied(outputs[0])
     assert outputs[1] == outputs[0]

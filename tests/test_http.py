@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import time
 
 import httpx
 import openai
@@ -15,13 +16,13 @@ import torch
 from PIL import Image
 
 import factories
+from fixture_training import assert_varied, cycle_prompts, lexicon_sentences
 from model import attention_maps, checkpoint
 from model.generation import SamplingParams, generate_tokens, translate_greedy
 from server import ServerProcess
 
-PROMPTS = [f"{word} {i}" for i, word in enumerate(
-    "The quick brown fox jumps over the lazy dog Hello world this is a small test corpus for tokenizers Good "
-    "morning Where is the station I don't know The weather is nice today".split())]
+PROMPTS = cycle_prompts(31)
+MAX_IMAGE_PIXELS = 250_000
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,8 @@ def checkpoints(tmp_path_factory):
 def server(checkpoints, tmp_path_factory):
     args = factories.model_flags(checkpoints)
     args += ["--max-running-requests", "8", "--max-body-bytes", "200000", "--max-image-bytes", "100000",
-             "--max-n", "4", "--max-prompts", "8", "--max-attention-floats", "5000"]
+             "--max-n", "4", "--max-prompts", "8", "--max-attention-floats", "5000",
+             "--max-image-pixels", str(MAX_IMAGE_PIXELS)]
     srv = ServerProcess(args, tmp_path_factory.mktemp("logs") / "server.log").wait_ready()
     yield srv
     code = srv.stop()
@@ -150,7 +152,8 @@ def test_prompt_list_n_and_echo_logprobs(server, lm):
 
 def test_stop_strings_are_cut(server, lm):
     full = reference_greedy(lm, "Hello world", 20)
-    stop = full[5:7]
+    stop = full.split()[3]  # a word well inside the text: what comes before it is sent, the rest is not
+    assert full.index(stop) > 5
     resp = post(server, "/v1/completions", json={"model": "lm", "prompt": "Hello world", "max_tokens": 20,
                                                   "temperature": 0, "stop": [stop]}).json()
     choice = resp["choices"][0]
@@ -159,14 +162,15 @@ def test_stop_strings_are_cut(server, lm):
 
 
 def test_same_seed_same_sample(server, checkpoints):
-    lm = checkpoint.load(checkpoints["gpt2"], device="cpu")  # random weights: a flat distribution to sample
-    body = {"model": "gpt2", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": 1234,
+    lm = checkpoint.load(checkpoints["gpt2"], device="cpu")
+    # Far from the sentences the model learnt, and hot: a spread-out distribution to sample from.
+    body = {"model": "gpt2", "prompt": "Seven zebras", "max_tokens": 16, "temperature": 1.5, "seed": 1234,
             "ignore_eos": True}
     a = post(server, "/v1/completions", json=body).json()["choices"][0]["text"]
     b = post(server, "/v1/completions", json=body).json()["choices"][0]["text"]
     assert a == b
-    ids = lm.tokenizer.encode("Once upon a time")
-    ref = list(generate_tokens(lm.model, ids, SamplingParams(max_tokens=16, temperature=1.0, seed=1234,
+    ids = lm.tokenizer.encode("Seven zebras")
+    ref = list(generate_tokens(lm.model, ids, SamplingParams(max_tokens=16, temperature=1.5, seed=1234,
                                                              ignore_eos=True), lm.tokenizer.eos_id))
     assert a == lm.tokenizer.decode(ids + ref)[len(lm.tokenizer.decode(ids)):]
     others = {post(server, "/v1/completions", json=body | {"seed": s}).json()["choices"][0]["text"]
@@ -196,10 +200,21 @@ def test_concurrent_streams_equal_sequential(server):
             return await asyncio.gather(*(_stream_text(client, server.url + "/v1/completions", b) for b in bodies))
 
     concurrent = asyncio.run(run_all())
+    assert_varied(sequential)
     assert concurrent == sequential
 
 
-def test_disconnect_frees_slot(server):
+@pytest.fixture(scope="module")
+def slow_server(checkpoints, tmp_path_factory):
+    """Each engine step takes at least 50 ms, so 100 tokens take 5 s: only a cancel frees a slot sooner."""
+    args = factories.model_flags({k: checkpoints[k] for k in ("lm", "mt")}) + ["--max-running-requests", "8"]
+    srv = ServerProcess(args, tmp_path_factory.mktemp("slow-logs") / "server.log", step_delay_s=0.05).wait_ready()
+    yield srv
+    srv.stop()
+
+
+def test_disconnect_frees_slot(slow_server):
+    server = slow_server
     body = {"model": "lm", "prompt": "Hello", "max_tokens": 100, "temperature": 0, "ignore_eos": True,
             "stream": True}
 
@@ -214,14 +229,17 @@ def test_disconnect_frees_slot(server):
         await asyncio.gather(*(start_and_leave() for _ in range(4)))
 
     asyncio.run(disconnect_all())
-    for _ in range(100):
+    left = time.monotonic()
+    for _ in range(50):
         if server.metric("tserve_kv_slots_in_use", "lm") == 0 and server.metric("tserve_running_requests", "lm") == 0:
             break
-        asyncio.run(asyncio.sleep(0.05))
+        time.sleep(0.05)
     assert server.metric("tserve_kv_slots_in_use", "lm") == 0
     assert server.metric("tserve_running_requests", "lm") == 0
     generated = server.metric("tserve_generated_tokens_total", "lm")
-    asyncio.run(asyncio.sleep(0.3))
+    assert time.monotonic() - left < 3.5  # freed by the hang-up, not by running to the end (5 s)
+    assert generated < 4 * 50
+    time.sleep(0.3)
     assert server.metric("tserve_generated_tokens_total", "lm") == generated  # nothing runs on
 
 
@@ -230,11 +248,12 @@ def test_disconnect_frees_slot(server):
 # --------------------------------------------------------------------------------------------------
 def test_translation_batch_and_stream(server, checkpoints):
     mt = checkpoint.load(checkpoints["mt"], device="cpu")
-    inputs = ["Good morning.", "Where is the station?", "I don't know."]
+    inputs = lexicon_sentences(3, seed=4)
     resp = post(server, "/v1/translations", json={"input": inputs, "num_beams": 1, "max_tokens": 10}).json()
     assert resp["object"] == "translation" and resp["model"] == "mt"
     ref = translate_greedy(mt.model, [mt.tokenizer.encode(t) for t in inputs], 10,
                            mt.generation.banned_token_ids, mt.generation.force_eos_at_max)
+    assert_varied(ref, min_distinct=1.0)
     assert [d["translation"] for d in resp["data"]] == [mt.tokenizer.decode(r) for r in ref]
     assert [d["index"] for d in resp["data"]] == [0, 1, 2]
     assert resp["usage"]["prompt_tokens"] == sum(len(mt.tokenizer.encode(t)) for t in inputs)
@@ -464,6 +483,8 @@ BAD_INPUTS = [
     ("hostile: 50k x 50k PNG header", "/v1/classifications", {"files": [("file", ("big.png",
                                                                                   _png_header(50_000, 50_000)))]}, 400),
     ("hostile: zip-bomb PNG", "/v1/classifications", {"files": [("file", ("bomb.png", _zip_bomb_png()))]}, 400),
+    ("hostile: over --max-image-pixels, under Pillow's limit", "/v1/classifications", {"files": [("file", (
+        "wide.png", png_bytes((MAX_IMAGE_PIXELS // 100 + 1, 100), (9, 9, 9))))]}, 400),
     ("hostile: XML to classifications", "/v1/classifications", {"content": b"<image/>",
                                                                 "headers": {"content-type": "application/xml"}}, 400),
     ("classifications: unknown model", "/v1/classifications", {"json": {"model": "nope", "image": _PNG}}, 404),
@@ -479,6 +500,14 @@ def test_bad_input_gets_4xx(server, path, kwargs, status):
     assert error["message"] and error["type"] and "code" in error
     assert "Traceback" not in resp.text
     assert httpx.get(server.url + "/readyz").status_code == 200
+
+
+def test_max_image_pixels_is_the_limit(server):
+    at_limit = png_bytes((MAX_IMAGE_PIXELS // 100, 100), (9, 9, 9))
+    assert post(server, "/v1/classifications", files=[("file", ("ok.png", at_limit))]).status_code == 200
+    over = png_bytes((MAX_IMAGE_PIXELS // 100 + 1, 100), (9, 9, 9))
+    resp = post(server, "/v1/classifications", files=[("file", ("wide.png", over))])
+    assert resp.status_code == 400 and f"the limit is {MAX_IMAGE_PIXELS} pixels" in resp.json()["error"]["message"]
 
 
 def test_user_text_stays_out_of_the_logs(server):

@@ -11,12 +11,13 @@ import torch
 import transformers
 
 import factories
+from fixture_training import assert_varied, lexicon_sentences
+from hooked_server import slow_steps
 from model import checkpoint
 from model.generation import beam_search, translate_greedy
 from service.metrics import Metrics
 from service.translation_engine import TranslationEngine
 
-WORDS = "the quick brown fox jumps over lazy dog hello world good morning where is station weather".split()
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +50,16 @@ async def run(engine: TranslationEngine, req) -> tuple[str, list[int]]:
 
 def test_forty_mixed_requests_equal_each_alone(mt):
     engine = make_engine(mt)
-    texts = [" ".join(WORDS[(i * 3) % len(WORDS):][: 1 + i % 9]) for i in range(40)]
-    jobs = [engine.translator.job(t, num_beams=(1, 2, 4)[i % 3], max_tokens=4 + (i * 5) % 12)
+    # Up to 14 words: longer than anything the lexicon model was trained on, where it is unsure and
+    # beams find other answers than greedy decoding.
+    texts = lexicon_sentences(40, max_words=14)
+    jobs = [engine.translator.job(t, num_beams=(1, 2, 4)[i % 3], max_tokens=4 + (i * 7) % 36)
             for i, t in enumerate(texts)]
     expected = [alone(mt, engine, j) for j in jobs]
+    assert_varied(expected)
+    greedy = [alone(mt, engine, engine.translator.job(t, num_beams=1, max_tokens=j.max_new_tokens))
+              for t, j in zip(texts, jobs, strict=True)]
+    assert sum(e != g for e, g in zip(expected, greedy, strict=True)) >= 3  # the beams matter
 
     async def all_at_once() -> list:
         # Half now; the other half joins while the first half is decoding.
@@ -74,7 +81,7 @@ def test_forty_mixed_requests_equal_each_alone(mt):
 
 
 def test_cancel_frees_rows(mt):
-    engine = make_engine(mt, max_rows=4)
+    engine = slow_steps(make_engine(mt, max_rows=4), 0.02)  # 60 steps take 1.2 s: only a cancel frees rows sooner
 
     async def scenario() -> None:
         job = engine.translator.job("hello world good morning", num_beams=4, max_tokens=60)
@@ -86,7 +93,7 @@ def test_cancel_frees_rows(mt):
             await asyncio.sleep(0.002)
         assert engine.rows_in_use == 4
         req.cancel()
-        for _ in range(200):
+        for _ in range(50):
             if engine.rows_in_use == 0:
                 break
             await asyncio.sleep(0.005)
@@ -119,7 +126,7 @@ def test_marian_parity_through_the_engine(hf_marian):
     ours = checkpoint.load(hf_marian, device="cpu")
     hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
     engine = make_engine(ours, max_rows=16)
-    sentences = ["Good morning.", "Where is the station?", "I don't know.", "The weather is nice today, isn't it?"]
+    sentences = lexicon_sentences(4, seed=7, min_words=3, max_words=12)
     jobs = [engine.translator.job(s, num_beams=b, max_tokens=20) for s in sentences for b in (1, 4)]
 
     async def all_at_once() -> list:
