@@ -64,6 +64,31 @@ def test_stop_strings_hold_back_partial_matches():
     s2 = StopStrings(["xyz"])
     assert s2.feed("abc xy") == ("abc ", False)
     assert s2.flush() == "xy"
+    s3 = StopStrings(["END"])  # a match inside one delta: what precedes it is emitted, the rest is cut
+    assert s3.feed("say END now") == ("say ", True)
+    assert s3.feed("more") == ("", True) and s3.flush() == ""
+
+
+def test_stop_strings_cut_a_stream_however_it_is_chunked():
+    """The reference: the text up to the first occurrence of any stop string (well inside the text, so
+    there is something to emit and something to cut), whatever the sizes of the deltas."""
+    text = "Guten Morgen. Wo ist der Bahnhof? ## Ich weiß ### es nicht. END ###"
+    stops = ["END", "###", "Bahnhof!"]  # "Bahnhof!" and "##" only start stop strings: held back, then let go
+    expected = text[: text.index("###")]
+    assert len(expected) > 30 and expected.endswith("## Ich weiß ")
+    for size in range(1, len(text) + 1):
+        s = StopStrings(stops)
+        out, hit = [], False
+        for i in range(0, len(text), size):
+            emitted, hit = s.feed(text[i : i + size])
+            out.append(emitted)
+            if hit:
+                break
+        assert hit and "".join(out) + s.flush() == expected, size
+        s = StopStrings(stops)  # no stop string in the text: everything comes out
+        unstopped = text.replace("###", "#").replace("END", "E")
+        out = [s.feed(unstopped[i : i + size]) for i in range(0, len(unstopped), size)]
+        assert not any(hit for _, hit in out) and "".join(e for e, _ in out) + s.flush() == unstopped, size
 
 
 def test_generate_tokens_stops_and_respects_min_tokens(tiny_lm):
