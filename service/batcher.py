@@ -55,7 +55,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Graceful shutdown: refuse new items, finish the queued ones (up to the timeout), then stop."""
-        self._draining = True
+        self.refuse_new()
         deadline = time.monotonic() + drain_timeout_s
         while (self._queue or self._running) and self._thread is not None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -64,6 +64,14 @@ class DynamicBatcher(Generic[T, R]):
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+
+    def refuse_new(self) -> None:
+        """Start shutting down: new items are refused from now on; queued and running ones go on."""
+        self._draining = True
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and not self._running
 
     @property
     def queue_depth(self) -> int:

@@ -97,11 +97,15 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.log_level)
     app = build_app(settings)
-    # uvicorn finishes in-flight requests on SIGTERM, then raises the signal again with the handler found
-    # at start-up restored. A no-op handler makes that a clean exit 0 instead of death by signal.
+    from service.shutdown import DrainingServer  # noqa: PLC0415
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None,
+                            log_level=settings.log_level, timeout_graceful_shutdown=int(settings.request_timeout_s),
+                            timeout_keep_alive=settings.keep_alive_s)
+    # uvicorn raises a signal it handled again once it has shut down, with the handler found at start-up
+    # restored. A no-op handler makes that a clean exit 0 instead of death by signal.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, log_level=settings.log_level,
-                timeout_graceful_shutdown=int(settings.request_timeout_s), timeout_keep_alive=settings.keep_alive_s)
+    DrainingServer(config, app.state.registry, settings.request_timeout_s).run()
     return 0
 
 

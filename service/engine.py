@@ -114,7 +114,7 @@ class StepEngine:
     def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Graceful shutdown: refuse new requests, let queued and running ones finish (up to the timeout),
         then fail whatever is left."""
-        self._draining = True
+        self.refuse_new()
         deadline = time.perf_counter() + drain_timeout_s
         while (self.running or self.waiting) and time.perf_counter() < deadline and self._thread is not None:
             self._wake.set()
@@ -123,6 +123,14 @@ class StepEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+
+    def refuse_new(self) -> None:
+        """Start shutting down: new requests are refused from now on; queued and running ones go on."""
+        self._draining = True
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
 
     def _enqueue(self, req: EngineRequest) -> None:
         """Queue a request (raises QueueFull). Must be called on the event loop."""

@@ -44,6 +44,7 @@ class ModelRegistry:
         self.settings, self.metrics = settings, metrics
         self.models: dict[str, ServedModel] = {}
         self.ready = False
+        self.draining = False
         self.error: str | None = None
         self._thread: threading.Thread | None = None
 
@@ -113,6 +114,17 @@ class ModelRegistry:
             cfg = served.loaded.config
             served.classifier.run_batch([torch.zeros(cfg.n_channels, cfg.image_size, cfg.image_size)])
         log.info("warmed up", extra={"model": served.name, "seconds": round(time.perf_counter() - start, 3)})
+
+    def begin_drain(self) -> None:
+        """Shutdown, first part: not ready any more, and every model refuses new requests while the ones it
+        holds finish."""
+        self.ready, self.draining = False, True
+        for served in self.models.values():
+            (served.engine or served.batcher).refuse_new()
+
+    def idle(self) -> bool:
+        """No model holds a request (queued or running)."""
+        return all((served.engine or served.batcher).idle for served in self.models.values())
 
     def stop(self) -> None:
         for served in self.models.values():

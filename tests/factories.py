@@ -12,10 +12,11 @@ from pathlib import Path
 
 import sentencepiece as spm
 import torch
-from torch import nn
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers, trainers
+from torch import nn
 
+import fixture_training
 from model.checkpoint import GenerationDefaults, save_checkpoint
 from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.decoder import Decoder
@@ -23,8 +24,6 @@ from model.preprocessing import ImagePreprocessing
 from model.seq2seq import Seq2Seq
 from model.tokenizer import load_tokenizer
 from model.vit import ViT
-
-import fixture_training
 
 EN = [
     "The quick brown fox jumps over the lazy dog.",

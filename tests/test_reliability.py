@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 import factories
+from fixture_training import assert_varied
 from server import ServerProcess
 
 PROMPTS = ["Hello world", "Good morning", "The quick brown fox", "Where is the station", "Once upon a time",
@@ -159,6 +160,8 @@ def test_soak_mixed_load_with_disconnects(checkpoints, tmp_path):
     srv = start(checkpoints, tmp_path / "server.log")
     try:
         expected = expectations(srv.url)
+        assert_varied([expected[("lm", p)] for p in PROMPTS], min_distinct=1.0)
+        assert_varied([expected[("mt", p, 2)] for p in PROMPTS], min_distinct=0.7)
         rounds = []
         for seed in (1, 2):
             tally = soak(srv.url, expected, clients=60, seconds=12, seed=seed)
@@ -184,9 +187,12 @@ def test_soak_mixed_load_with_disconnects(checkpoints, tmp_path):
 
 
 def test_sigterm_finishes_in_flight_requests_and_exits_0(checkpoints, tmp_path):
-    srv = start(checkpoints, tmp_path / "server.log")
+    # Steps of at least 50 ms: the 60-token streams run for 3 s, long enough to watch the drain.
+    srv = ServerProcess([*factories.model_flags(checkpoints), "--max-running-requests", "8"],
+                        tmp_path / "server.log", step_delay_s=0.05).wait_ready()
     body = {"model": "lm", "prompt": "Hello", "max_tokens": 60, "temperature": 0, "ignore_eos": True,
             "stream": True}
+    seen: dict = {"finished": 0}
 
     async def go() -> list[list[str]]:
         async with httpx.AsyncClient(timeout=120) as client:
@@ -196,20 +202,36 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(checkpoints, tmp_path):
                     async for line in resp.aiter_lines():
                         if line.startswith("data: "):
                             lines.append(line)
-                            if len(lines) == 2 and not sent["done"]:
-                                sent["done"] = True
+                            if len(lines) == 2 and "sent" not in seen:
+                                seen["sent"] = True
                                 srv.proc.send_signal(signal.SIGTERM)
+                seen["finished"] += 1
                 return lines
 
-            return await asyncio.gather(*(one() for _ in range(3)))
+            async def while_draining() -> None:
+                while "sent" not in seen:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)
+                seen["readyz"] = (await client.get(srv.url + "/readyz")).status_code
+                new = await client.post(srv.url + "/v1/completions", json={"model": "lm", "prompt": "Hi",
+                                                                           "max_tokens": 2})
+                seen["new"] = (new.status_code, new.headers.get("retry-after"), new.json()["error"]["message"])
+                seen["streams_done_meanwhile"] = seen["finished"]
 
-    sent = {"done": False}
+            *streams, _ = await asyncio.gather(*(one() for _ in range(3)), while_draining())
+            return streams
+
     try:
         streams = asyncio.run(go())
         code = srv.proc.wait(timeout=60)
     finally:
         srv.stop()
     assert code == 0, srv.log()
+    assert seen["readyz"] == 503
+    status, retry_after, message = seen["new"]
+    assert status == 503 and retry_after and "shutting down" in message
+    assert seen["streams_done_meanwhile"] == 0  # all of the above happened while the streams ran
     for lines in streams:
         assert lines[-1] == "data: [DONE]"
         assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length", lines[-3:]
+        assert len(lines) == 60 + 1

@@ -19,7 +19,6 @@ from service.metrics import Metrics
 from service.translation_engine import TranslationEngine
 
 
-
 @pytest.fixture(scope="module")
 def mt(tmp_path_factory):
     return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt")), device="cpu")

@@ -28,9 +28,11 @@ def settings(request: Request) -> Settings:
 
 
 def served_model(request: Request, name: str | None, task: str) -> ServedModel:
-    """The model for this request; 503 while models are still loading."""
+    """The model for this request; 503 while models are still loading, and once shutting down."""
     reg = registry(request)
     if not reg.ready:
+        if reg.draining:
+            raise overloaded("the server is shutting down; retry later", retry_after=5, status=503)
         if reg.error:
             raise APIError(503, f"models failed to load: {reg.error}", "server_error", "not_ready")
         raise overloaded("models are still loading", retry_after=5, status=503)

@@ -17,11 +17,13 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["health"], responses={503: {"description": "models loading or failed"}})
+@router.get("/readyz", tags=["health"], responses={503: {"description": "models loading or failed, or shutting down"}})
 async def readyz(request: Request) -> Response:
     reg = registry(request)
     if reg.ready:
         return JSONResponse({"status": "ready", "models": sorted(reg.models)})
+    if reg.draining:
+        return error_response(503, "the server is shutting down", "server_error", "not_ready", {"Retry-After": "5"})
     if reg.error:
         return error_response(503, f"models failed to load: {reg.error}", "server_error", "not_ready")
     return error_response(503, "models are loading", "server_error", "not_ready", {"Retry-After": "5"})

@@ -1,0 +1,124 @@
+"""Plants known bugs, one at a time, in a copy of the tree and checks that the tests guarding against each
+one fail (`make planted-bugs`; not part of `make test`). A bug whose tests still pass means those tests
+compare things that would be equal anyway.
+
+    python tests/planted_bugs.py            # every bug
+    python tests/planted_bugs.py cancel     # the bugs whose name contains "cancel"
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    path: str
+    old: str  # must occur exactly once in `path`
+    new: str
+    tests: tuple[str, ...]  # each must fail with the bug planted
+
+
+BUGS = [
+    Bug("lm-decode-reads-another-requests-kv-slot", "service/generation_engine.py",
+        "self.cache, torch.tensor([r.slot for r in reqs], device=dev), kv_len=max(positions) + 1,",
+        "self.cache, torch.tensor([r.slot for r in reqs][1:] + [r.slot for r in reqs][:1], device=dev), "
+        "kv_len=max(positions) + 1,",
+        ("tests/test_engine.py::test_greedy_alone_equals_among_fifty_others",
+         "tests/test_engine.py::test_a_fault_in_one_request_leaves_the_others_identical",
+         "tests/test_http.py::test_concurrent_streams_equal_sequential")),
+    Bug("cancel-is-a-no-op", "service/engine.py",
+        "the engine frees its rows next step.\"\"\"\n        self.cancelled = True",
+        "the engine frees its rows next step.\"\"\"\n        pass",
+        ("tests/test_engine.py::test_cancel_frees_the_slot_within_a_step",
+         "tests/test_translation_engine.py::test_cancel_frees_rows",
+         "tests/test_http.py::test_disconnect_frees_slot")),
+    Bug("stop-does-not-drain", "service/engine.py",
+        "while (self.running or self.waiting) and time.perf_counter() < deadline",
+        "while False and (self.running or self.waiting) and time.perf_counter() < deadline",
+        ("tests/test_engine.py::test_graceful_stop_drains_running_requests",)),
+    Bug("sigterm-does-not-refuse-new-requests", "service/shutdown.py",
+        "        self.registry.begin_drain()\n", "",
+        ("tests/test_reliability.py::test_sigterm_finishes_in_flight_requests_and_exits_0",)),
+    Bug("max-image-pixels-unchecked", "service/runners.py",
+        "if w * h > max_pixels:", "if False:",
+        ("tests/test_http.py::test_max_image_pixels_is_the_limit",
+         "tests/test_http.py::test_bad_input_gets_4xx",)),
+    Bug("beams-keep-their-own-cache-rows", "service/translation_engine.py",
+        "self.cache.self_kv.copy_slots(rows.gather(1, parents).flatten(), rows.flatten())",
+        "self.cache.self_kv.copy_slots(rows.flatten(), rows.flatten())",
+        ("tests/test_translation_engine.py::test_forty_mixed_requests_equal_each_alone",
+         "tests/test_translation_engine.py::test_marian_parity_through_the_engine")),
+    Bug("translation-reads-the-first-requests-source", "service/translation_engine.py",
+        "crosses += [r.cross_slot] * n", "crosses += [reqs[0].cross_slot] * n",
+        ("tests/test_translation_engine.py::test_forty_mixed_requests_equal_each_alone",)),
+    Bug("every-choice-uses-the-same-seed", "service/routes/completions.py",
+        "(body.seed + seed_offset) % 2**63", "body.seed % 2**63",
+        ("tests/test_http_contract.py::test_choice_j_of_n_uses_seed_plus_j",)),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as git sees it (tracked and untracked, not ignored); models/ is linked, not copied."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if rel.startswith("models/") or not (ROOT / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    (dest / "models").symlink_to(ROOT / "models")
+
+
+def plant(tree: Path, bug: Bug) -> None:
+    path = tree / bug.path
+    text = path.read_text()
+    if text.count(bug.old) != 1:
+        raise SystemExit(f"{bug.name}: the code to change occurs {text.count(bug.old)} times in {bug.path}; "
+                         "update tests/planted_bugs.py")
+    path.write_text(text.replace(bug.old, bug.new))
+
+
+def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[dict[str, bool], float]:
+    """({test: failed}, seconds), all in one pytest process. A test that names a module or a parametrized
+    function has failed when any of its cases failed. The copy comes first on the path, ahead of the
+    installed project."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests],
+                          cwd=tree, env=env, capture_output=True, text=True)
+    failed_ids = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return {t: any(f.startswith(t) for f in failed_ids) for t in tests}, time.monotonic() - start
+
+
+def main(selected: list[str]) -> int:
+    bugs = [b for b in BUGS if not selected or any(s in b.name for s in selected)]
+    missed = []
+    print(f"{'bug':48} {'test':70} result")
+    for bug in bugs:
+        with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
+            tree = Path(tmp)
+            copy_tree(tree)
+            plant(tree, bug)
+            results, seconds = run_tests(tree, bug.tests)
+            for test, failed in results.items():
+                print(f"{bug.name:48} {test:70} {'caught' if failed else 'MISSED'}", flush=True)
+                if not failed:
+                    missed.append((bug.name, test))
+            print(f"{'':48} ({seconds:.0f} s)")
+    print(f"\n{len(missed)} missed" + "".join(f"\n  {b}: {t}" for b, t in missed))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
