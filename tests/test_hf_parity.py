@@ -1,10 +1,12 @@
-"""Our implementation against `transformers` on the same (random, tiny) weights, in float32."""
+"""Our implementation against `transformers` on the same tiny weights (briefly trained, so that outputs depend
+on the input; see fixture_training), in float32."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from fixture_training import assert_varied, cycle_prompts, lexicon_sentences
 from model.beam_search import BeamSettings
 from model.checkpoint import load
 from model.generation import SamplingParams, beam_search, generate_tokens, translate_greedy
@@ -22,15 +24,19 @@ def test_gpt2_logits_and_greedy_tokens(hf_gpt2):
         got = ours.model(tokens)
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
-    prompt = ours.tokenizer.encode("The quick brown fox")
-    with torch.no_grad():
-        hf_out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=40, pad_token_id=ours.config.eos_token_id)
-    hf_new = hf_out[0, len(prompt):].tolist()
-    params = SamplingParams(max_tokens=40, temperature=0.0)
-    our_new = list(generate_tokens(ours.model, prompt, params, ours.config.eos_token_id))
-    assert len(our_new) >= 30 or our_new[-1] == ours.config.eos_token_id
-    assert our_new == hf_new
+    runs = []
+    for text in cycle_prompts(4, seed=5):
+        prompt = ours.tokenizer.encode(text)
+        with torch.no_grad():
+            hf_out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=40, pad_token_id=ours.config.eos_token_id)
+        hf_new = hf_out[0, len(prompt):].tolist()
+        params = SamplingParams(max_tokens=40, temperature=0.0)
+        our_new = list(generate_tokens(ours.model, prompt, params, ours.config.eos_token_id))
+        assert len(our_new) >= 30 or our_new[-1] == ours.config.eos_token_id
+        assert our_new == hf_new
+        runs.append(our_new)
+    assert_varied(runs, min_distinct=1.0)
 
 
 def _marian_inputs(ours, texts):
@@ -54,8 +60,8 @@ def test_marian_logits_with_padding(hf_marian):
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
-SENTENCES = ["Good morning.", "Where is the station?", "I don't know.", "The weather is nice today, isn't it?",
-             "Once upon a time"]
+# Up to 10 words: longer than most training sentences, where the model is less sure.
+SENTENCES = lexicon_sentences(6, seed=11, min_words=2, max_words=10)
 
 
 def test_marian_greedy_translation_identical(hf_marian):
@@ -64,6 +70,7 @@ def test_marian_greedy_translation_identical(hf_marian):
     sources = _marian_inputs(ours, SENTENCES)
     gen = ours.generation
     got = translate_greedy(ours.model, sources, 30, gen.banned_token_ids, gen.force_eos_at_max)
+    assert_varied(got, min_distinct=1.0)
     for src, ids in zip(sources, got, strict=True):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([src]), num_beams=1, do_sample=False, max_new_tokens=30)[0, 1:].tolist()
@@ -74,19 +81,33 @@ def test_marian_beam_search_identical(hf_marian):
     ours = load(hf_marian)
     hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
     gen = ours.generation
-    lengths_seen = set()
-    for text in SENTENCES:
+
+    def settings(max_new: int) -> BeamSettings:
+        return BeamSettings(num_beams=4, max_new_tokens=max_new, eos_token_id=ours.config.eos_token_id,
+                            banned_token_ids=gen.banned_token_ids, force_eos_at_max=gen.force_eos_at_max)
+
+    # Sentences on which 4 beams find another translation than greedy decoding (long ones, where the model
+    # is unsure), and as many on which they agree.
+    candidates = lexicon_sentences(40, seed=11, min_words=5, max_words=10)
+    greedy = translate_greedy(ours.model, _marian_inputs(ours, candidates), 30, gen.banned_token_ids,
+                              gen.force_eos_at_max)
+    differ = [t for t, g in zip(candidates, greedy, strict=True)
+              if beam_search(ours.model, ours.tokenizer.encode(t), settings(30)) != g]
+    assert differ, "4 beams never beat greedy decoding: the fixture is too sure to test beam search"
+    texts = differ[:3] + [t for t in SENTENCES if t not in differ][:3]
+    lengths_seen, beams = set(), []
+    for text in texts:
         src = ours.tokenizer.encode(text)
         for max_new in (12, 30):
-            settings = BeamSettings(num_beams=4, max_new_tokens=max_new, eos_token_id=ours.config.eos_token_id,
-                                    banned_token_ids=gen.banned_token_ids, force_eos_at_max=gen.force_eos_at_max)
-            ids = beam_search(ours.model, src, settings)
+            ids = beam_search(ours.model, src, settings(max_new))
             with torch.no_grad():
                 ref = hf.generate(torch.tensor([src]), num_beams=4, do_sample=False, max_new_tokens=max_new)
             ref = [t for t in ref[0, 1:].tolist() if t != ours.config.pad_token_id]
             assert ids == ref, (text, max_new)
             lengths_seen.add(len(ids))
+            beams.append(ids)
     assert len(lengths_seen) > 1  # some hypotheses ended on eos before the limit
+    assert_varied(beams)
 
 
 def test_vit_logits_and_top5(hf_vit):
