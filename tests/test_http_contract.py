@@ -17,7 +17,6 @@ import json
 import random
 import uuid
 
-import fixture_training
 import httpx
 import pytest
 import torch
@@ -25,6 +24,7 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 import factories
+import fixture_training
 from model import checkpoint
 from model.generation import SamplingParams, generate_tokens, translate_greedy
 from server import ServerProcess

@@ -1,0 +1,61 @@
+"""`tserve serve` with faults injected for tests (tests/test_http_contract.py): slow model loading, CUDA
+out-of-memory on a CPU, slow decoding. Each is set by an environment variable that only this launcher
+reads; the service itself has no such settings. Run as `python tests/fault_server.py serve ...`.
+
+- TSERVE_TEST_LOAD_GATE=PATH: model loading starts only once the file PATH exists (the server answers
+  HTTP meanwhile, not ready).
+- TSERVE_TEST_OOM_MARKER=TEXT: a language-model decode step whose batch holds a request whose prompt
+  contains TEXT, and which has generated 2 tokens or more, raises `torch.cuda.OutOfMemoryError`.
+- TSERVE_TEST_SLOW_MARKER=TEXT, TSERVE_TEST_SLOW_STEP_S=SECONDS: a language-model decode step whose batch
+  holds a request whose prompt contains TEXT sleeps SECONDS first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from service.cli import main  # noqa: E402
+from service.generation_engine import GenerationEngine, GenerationRequest  # noqa: E402
+from service.registry import ModelRegistry  # noqa: E402
+
+
+def _holds(engine: GenerationEngine, reqs: list[GenerationRequest], marker: str) -> list[GenerationRequest]:
+    return [r for r in reqs if marker in engine.tokenizer.decode(r.prompt_ids)]
+
+
+def install(env: dict[str, str]) -> None:
+    if gate := env.get("TSERVE_TEST_LOAD_GATE"):
+        load_all = ModelRegistry._load_all
+
+        def gated_load_all(self: ModelRegistry) -> None:
+            while not Path(gate).exists():
+                time.sleep(0.02)
+            load_all(self)
+
+        ModelRegistry._load_all = gated_load_all
+
+    oom, slow = env.get("TSERVE_TEST_OOM_MARKER"), env.get("TSERVE_TEST_SLOW_MARKER")
+    slow_s = float(env.get("TSERVE_TEST_SLOW_STEP_S", "0"))
+    if oom or slow:
+        decode_forward = GenerationEngine._decode_forward
+
+        def faulty_decode_forward(self: GenerationEngine, reqs: list[GenerationRequest]) -> torch.Tensor:
+            if slow and _holds(self, reqs, slow):
+                time.sleep(slow_s)
+            if oom and any(len(r.generated) >= 2 for r in _holds(self, reqs, oom)):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+            return decode_forward(self, reqs)
+
+        GenerationEngine._decode_forward = faulty_decode_forward
+
+
+if __name__ == "__main__":
+    install(dict(os.environ))
+    sys.exit(main())
