@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixture_training import assert_varied, cycle_prompts, lexicon_sentences
+from fixture_training import assert_varied, cycle_prompts, lexicon_sentences, sentences_where_beams_matter
 from model.beam_search import BeamSettings
 from model.checkpoint import load
 from model.generation import SamplingParams, beam_search, generate_tokens, translate_greedy
@@ -86,15 +86,10 @@ def test_marian_beam_search_identical(hf_marian):
         return BeamSettings(num_beams=4, max_new_tokens=max_new, eos_token_id=ours.config.eos_token_id,
                             banned_token_ids=gen.banned_token_ids, force_eos_at_max=gen.force_eos_at_max)
 
-    # Sentences on which 4 beams find another translation than greedy decoding (long ones, where the model
-    # is unsure), and as many on which they agree.
-    candidates = lexicon_sentences(40, seed=11, min_words=5, max_words=10)
-    greedy = translate_greedy(ours.model, _marian_inputs(ours, candidates), 30, gen.banned_token_ids,
-                              gen.force_eos_at_max)
-    differ = [t for t, g in zip(candidates, greedy, strict=True)
-              if beam_search(ours.model, ours.tokenizer.encode(t), settings(30)) != g]
-    assert differ, "4 beams never beat greedy decoding: the fixture is too sure to test beam search"
-    texts = differ[:3] + [t for t in SENTENCES if t not in differ][:3]
+    # Sentences on which 4 beams find another translation than greedy decoding, and as many on which they
+    # may agree.
+    differ = sentences_where_beams_matter(ours, 3)
+    texts = differ + [t for t in SENTENCES if t not in differ][:3]
     lengths_seen, beams = set(), []
     for text in texts:
         src = ours.tokenizer.encode(text)

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import factories
-from fixture_training import assert_varied, lexicon_sentences
+from fixture_training import assert_varied, lexicon_sentences, sentences_where_beams_matter
 from hooked_server import slow_steps
 from model import checkpoint
 from model.generation import beam_search, translate_greedy
@@ -125,7 +125,7 @@ def test_marian_parity_through_the_engine(hf_marian):
     ours = checkpoint.load(hf_marian, device="cpu")
     hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
     engine = make_engine(ours, max_rows=16)
-    sentences = lexicon_sentences(4, seed=7, min_words=3, max_words=12)
+    sentences = sentences_where_beams_matter(ours, 2, max_new_tokens=20) + lexicon_sentences(2, seed=7, max_words=6)
     jobs = [engine.translator.job(s, num_beams=b, max_tokens=20) for s in sentences for b in (1, 4)]
 
     async def all_at_once() -> list:
