@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import shutil
 
 import httpx
 import pytest
@@ -12,13 +14,20 @@ from PIL import Image
 
 import factories
 from model import checkpoint
-from model.generation import translate_greedy
+from model.beam_search import BeamSettings
+from model.generation import beam_search, translate_greedy
 from server import ServerProcess
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return factories.tiny_model_set(tmp_path_factory.mktemp("oip"))
+    models = factories.tiny_model_set(tmp_path_factory.mktemp("oip"))
+    # The same translator with greedy decoding as its default (the protocol has no num_beams): both paths.
+    greedy = tmp_path_factory.mktemp("oip-mt-greedy")
+    shutil.copytree(models["mt"], greedy, dirs_exist_ok=True)
+    generation = json.loads((greedy / "generation.json").read_text())
+    (greedy / "generation.json").write_text(json.dumps({**generation, "num_beams": 1}))
+    return {**models, "mt-greedy": greedy}
 
 
 @pytest.fixture(scope="module")
@@ -70,19 +79,28 @@ def test_classify_bytes_and_pixels(server, models):
     assert resp["outputs"][0]["data"] == outputs["label"]["data"]
 
 
-def test_translate_bytes(server, models):
-    mt = checkpoint.load(models["mt"], device="cpu")
-    texts = ["Good morning.", "Where is the station?"]
-    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": texts}]}
-    resp = httpx.post(server.url + "/v2/models/mt/infer", json=body).json()
+@pytest.mark.parametrize(("name", "num_beams"), [("mt-greedy", 1), ("mt", 2)])
+def test_translate_bytes(server, models, name, num_beams):
+    mt = checkpoint.load(models[name], device="cpu")
+    g, cfg = mt.generation, mt.config
+    assert g.num_beams == num_beams
+    # The last one is a lexicon sentence whose greedy and 2-beam translations differ.
+    texts = ["Good morning.", "Where is the station?", "time good weather dog where"]
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": texts}]}
+    resp = httpx.post(server.url + f"/v2/models/{name}/infer", json=body).json()
     (out,) = resp["outputs"]
-    assert out["name"] == "translation" and out["shape"] == [2]
-    g = mt.generation
-    if g.num_beams == 1:
-        ref = translate_greedy(mt.model, [mt.tokenizer.encode(t) for t in texts], g.max_new_tokens,
-                               g.banned_token_ids, g.force_eos_at_max)
-        assert out["data"] == [mt.tokenizer.decode(r) for r in ref]
-    same = httpx.post(server.url + "/v1/translations", json={"model": "mt", "input": texts}).json()
+    assert out["name"] == "translation" and out["shape"] == [3]
+    sources = [mt.tokenizer.encode(t) for t in texts]
+    max_new = min(g.max_new_tokens, cfg.max_target_len)
+    greedy = translate_greedy(mt.model, sources, max_new, g.banned_token_ids, g.force_eos_at_max)
+    settings = BeamSettings(num_beams=2, max_new_tokens=max_new, eos_token_id=cfg.eos_token_id,
+                            length_penalty=g.length_penalty, early_stopping=g.early_stopping,
+                            banned_token_ids=g.banned_token_ids, force_eos_at_max=g.force_eos_at_max)
+    beams = [beam_search(mt.model, src, settings) for src in sources]
+    assert greedy != beams, "the inputs must tell greedy decoding and beam search apart"
+    ref = greedy if num_beams == 1 else beams
+    assert out["data"] == [mt.tokenizer.decode(r) for r in ref]
+    same = httpx.post(server.url + "/v1/translations", json={"model": name, "input": texts}).json()
     assert out["data"] == [d["translation"] for d in same["data"]]
 
 
