@@ -41,16 +41,21 @@ def _prefilled(model: Decoder, prompts: list[list[int]], slots: list[int], num_s
     return cache
 
 
-@pytest.mark.parametrize("n", [1, 3, 5, 7])
-def test_padded_bucket_step_equals_unpadded_step(lm, n):
+@pytest.mark.parametrize(("n", "bucket"), [(1, 1), (3, 4), (5, 8), (7, 8)])
+def test_padded_bucket_step_equals_unpadded_step(lm, n, bucket):
     prompts = [[(7 * i + j) % 60 + 1 for j in range(3 + 2 * i)] for i in range(n)]
     slots = list(range(n))[::-1]  # any slot order
     scratch = 8
     eager_cache = _prefilled(lm, prompts, slots, scratch + 1)
     bucket_cache = _prefilled(lm, prompts, slots, scratch + 1)
-    runner = BucketedDecode(lambda t, p, s: lm.decode_step(t, p, bucket_cache, s), pad_values=(0, 0, scratch),
-                            buckets=default_buckets(8), device="cpu")
-    assert runner.bucket(n) >= n
+    batch_sizes = []
+
+    def step(t, p, s):
+        batch_sizes.append(len(t))
+        return lm.decode_step(t, p, bucket_cache, s)
+
+    runner = BucketedDecode(step, pad_values=(0, 0, scratch), buckets=default_buckets(8), device="cpu")
+    assert runner.bucket(n) == bucket
     tokens = [3 + i for i in range(n)]
     positions = [len(p) for p in prompts]
     for _ in range(4):  # a few steps: the padded rows must not disturb later ones either
@@ -60,6 +65,7 @@ def test_padded_bucket_step_equals_unpadded_step(lm, n):
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         tokens = ref.argmax(-1).tolist()
         positions = [p + 1 for p in positions]
+    assert batch_sizes == [bucket] * 4  # the step really ran on the padded batch
     real = torch.tensor(slots)
     torch.testing.assert_close(bucket_cache.k[:, real], eager_cache.k[:, real])
 
