@@ -1,8 +1,8 @@
 """Graceful shutdown that a load balancer can follow.
 
 On the first SIGTERM (or Ctrl-C) the server keeps listening but stops being ready: `/readyz` answers 503, so
-Kubernetes takes the pod out of its Service, and every model refuses new requests (429 with Retry-After)
-while the requests it holds run to their end. Once no model holds a request, or the drain time is up,
+Kubernetes takes the pod out of its Service, and new requests get 503 with Retry-After while the requests
+the models hold run to their end. Once no model holds a request, or the drain time is up,
 uvicorn's own shutdown closes the connections and the lifespan stops the engines. A second signal stops at
 once.
 """

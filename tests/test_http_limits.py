@@ -187,7 +187,6 @@ def test_max_tokens_limit_is_the_largest_max_tokens(limited, faulty, lm):
     assert post(faulty, "/v1/completions", body | {"max_tokens": MAX_TOKENS_LIMIT + 1}).status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason="/v1/translations never checks max_tokens against --max-tokens-limit")
 def test_max_tokens_limit_holds_for_translations(limited):
     body = {"model": "mt", "input": "hello world", "num_beams": 1}
     assert post(limited, "/v1/translations", body | {"max_tokens": MAX_TOKENS_LIMIT}, AUTH).status_code == 200

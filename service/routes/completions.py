@@ -24,6 +24,7 @@ from service.routes.deps import (
     SSE_HEADERS,
     attention_selection,
     check_count,
+    check_max_tokens,
     engine_error,
     log_inputs,
     new_id,
@@ -106,11 +107,6 @@ def _submit(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams
         if isinstance(exc, ValueError):
             raise bad_request(str(exc), "context_length_exceeded") from exc
         raise submission_error(exc) from exc
-
-
-def _check_max_tokens(max_tokens: int, limit: int) -> None:
-    if max_tokens > limit:
-        raise bad_request(f"max_tokens {max_tokens} exceeds the server's limit of {limit}", "max_tokens_too_large")
 
 
 async def _merged(engine: GenerationEngine, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Event]]:
@@ -234,7 +230,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     check_count("prompts", len(prompts), cfg.max_prompts)
     check_count("choices (n)", body.n, cfg.max_n)
-    _check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
+    check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
     log_inputs(request, prompts)
     encoded = [_encode(engine, p, cfg.max_input_chars) for p in prompts]
     jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs)) for ids in encoded for j in range(body.n)]
@@ -315,7 +311,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     ids = _encode(engine, prompt, cfg.max_input_chars, add_special_tokens=False)
     requested = body.max_completion_tokens or body.max_tokens
     if requested is not None:
-        _check_max_tokens(requested, cfg.max_tokens_limit)
+        check_max_tokens(requested, cfg.max_tokens_limit)
     max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
     top = (body.top_logprobs or 0) if body.logprobs else None
     jobs = [(ids, _sampling(body, max_tokens, j, top)) for j in range(body.n)]

@@ -63,6 +63,12 @@ def submission_error(exc: QueueFull | ValueError) -> APIError:
     return bad_request(str(exc), "request_too_large")
 
 
+def check_max_tokens(max_tokens: int, limit: int) -> None:
+    """`--max-tokens-limit`, the same for every route that takes `max_tokens`."""
+    if max_tokens > limit:
+        raise bad_request(f"max_tokens {max_tokens} exceeds the server's limit of {limit}", "max_tokens_too_large")
+
+
 def check_count(what: str, n: int, limit: int) -> None:
     if n > limit:
         raise bad_request(f"{n} {what} in one request; the limit is {limit}", "too_many_inputs")

@@ -18,6 +18,7 @@ from service.routes.deps import (
     SSE_HEADERS,
     attention_selection,
     check_count,
+    check_max_tokens,
     engine_error,
     log_inputs,
     served_model,
@@ -55,6 +56,8 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     engine: TranslationEngine = served.engine
     inputs = [body.input] if isinstance(body.input, str) else body.input
     check_count("inputs", len(inputs), cfg.max_prompts)
+    if body.max_tokens is not None:
+        check_max_tokens(body.max_tokens, cfg.max_tokens_limit)
     log_inputs(request, inputs)
     jobs: list[TranslationJob] = []
     for i, text in enumerate(inputs):
