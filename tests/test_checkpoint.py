@@ -33,7 +33,8 @@ def test_tied_weights_stay_tied_after_load(tiny_lm):
 def test_dtype_and_device_resolution(tiny_lm):
     assert load(tiny_lm, dtype="bfloat16").dtype == torch.bfloat16
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_device("auto").type in ("cpu", "cuda")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("float8", torch.device("cpu"))
     if not torch.cuda.is_available():
@@ -48,6 +49,10 @@ def _copy(src, dst):
     return dst
 
 
+def _edit_config(d, edit):
+    (d / "config.json").write_text(json.dumps(edit(json.loads((d / "config.json").read_text()))))
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -58,10 +63,9 @@ def _copy(src, dst):
         (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "model.safetensors: corrupt"),
         (lambda d: (d / "model.safetensors").unlink(), "model.safetensors: missing"),
         (lambda d: (d / "tokenizer.json").unlink(), "tokenizer"),
-        (lambda d: (d / "config.json").write_text(
-            json.dumps({**json.loads((d / "config.json").read_text()), "d_model": 64})), "weights do not match|shape"),
-        (lambda d: (d / "config.json").write_text(
-            json.dumps({**json.loads((d / "config.json").read_text()), "n_headz": 2})), "unknown decoder config fields"),
+        # A width other than the weights' (whatever the fixture's is).
+        (lambda d: _edit_config(d, lambda c: {**c, "d_model": 2 * c["d_model"]}), "weights do not match|shape"),
+        (lambda d: _edit_config(d, lambda c: {**c, "n_headz": 2}), "unknown decoder config fields"),
     ],
 )
 def test_bad_checkpoints_name_the_file(tiny_lm, tmp_path, damage, message):
