@@ -11,12 +11,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from fixture_training import assert_varied, cycle_prompts, lexicon_sentences  # noqa: E402
 from model.attention import get_backend, math_attention, padding_mask, resolve_backend  # noqa: E402
-from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig  # noqa: E402
+from model.checkpoint import load  # noqa: E402
+from model.config import DecoderConfig, ViTConfig  # noqa: E402
 from model.decoder import Decoder  # noqa: E402
 from model.generation import SamplingParams, generate_tokens, translate_greedy  # noqa: E402
 from model.kernels import flash  # noqa: E402
-from model.seq2seq import Seq2Seq  # noqa: E402
+from model.tokenizer import load_tokenizer  # noqa: E402
 from model.vit import ViT  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -137,17 +139,27 @@ def _pair(make):
     return ref, fl
 
 
-def test_lm_cached_generation_on_flash_equals_math():
-    cfg = DecoderConfig(vocab_size=97, d_model=64, n_heads=4, d_ff=128, n_layers=2, max_seq_len=96)
-    ref, fl = _pair(lambda b: Decoder(cfg, backend=b))
-    with torch.no_grad():
-        ref.tok_emb.weight.mul_(8)
-        fl.tok_emb.weight.copy_(ref.tok_emb.weight)
-    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43]
-    params = SamplingParams(max_tokens=40, temperature=0.0)
-    assert list(generate_tokens(fl, prompt, params)) == list(generate_tokens(ref, prompt, params))
-    tokens = torch.tensor([prompt], device=DEVICE)
-    torch.testing.assert_close(fl(tokens), ref(tokens), atol=1e-5, rtol=1e-5)
+def _twins(path):
+    """The checkpoint at `path` on the `math` backend and a copy on `flash`."""
+    ref = load(path, device=DEVICE, backend="math").model
+    fl = type(ref)(ref.cfg, backend="flash").to(DEVICE).eval()
+    fl.load_state_dict(ref.state_dict())
+    assert get_backend("flash") is flash.flash_attention
+    return ref, fl
+
+
+def test_lm_cached_generation_on_flash_equals_math(tiny_lm):
+    ref, fl = _twins(tiny_lm)  # trained: each prompt has its own continuation (fixture_training)
+    tok = load_tokenizer(tiny_lm)
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    outputs = []
+    for text in cycle_prompts(3, seed=9):
+        prompt = tok.encode(text)
+        outputs.append(list(generate_tokens(fl, prompt, params)))
+        assert outputs[-1] == list(generate_tokens(ref, prompt, params))
+        tokens = torch.tensor([prompt], device=DEVICE)
+        torch.testing.assert_close(fl(tokens), ref(tokens), atol=1e-5, rtol=1e-5)
+    assert_varied(outputs, min_distinct=1.0)
 
 
 def test_lm_decode_step_with_mixed_lengths_on_flash_equals_math():
@@ -168,16 +180,13 @@ def test_lm_decode_step_with_mixed_lengths_on_flash_equals_math():
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
-def test_translation_on_flash_equals_math():
-    cfg = Seq2SeqConfig(vocab_size=60, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-                        max_source_len=40, max_target_len=30, decoder_start_token_id=1, eos_token_id=2,
-                        pad_token_id=0)
-    ref, fl = _pair(lambda b: Seq2Seq(cfg, backend=b))
-    with torch.no_grad():
-        ref.tok_emb.weight.mul_(8)
-        fl.tok_emb.weight.copy_(ref.tok_emb.weight)
-    sources = [[5, 6, 7, 8, 9, 2], [11, 12, 2], list(range(13, 43)) + [2]]
-    assert translate_greedy(fl, sources, 20) == translate_greedy(ref, sources, 20)
+def test_translation_on_flash_equals_math(tiny_mt):
+    ref, fl = _twins(tiny_mt)  # trained: each source has its own translation (fixture_training)
+    tok = load_tokenizer(tiny_mt)
+    sources = [tok.encode(t) for t in lexicon_sentences(3, seed=9, max_words=10)]
+    got = translate_greedy(fl, sources, 20)
+    assert_varied(got, min_distinct=1.0)
+    assert got == translate_greedy(ref, sources, 20)
 
 
 def test_vit_on_flash_equals_math():
