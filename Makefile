@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test test-fast serve lint clean
+.PHONY: setup test test-fast serve lint clean mutation
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,14 @@ test-fast: setup
 
 serve: setup
 	$(BIN)/tserve serve $(SERVE_ARGS)
+
+# Mutation testing (not part of `make test` or CI): a seeded sample of mutants of the engines, the KV cache,
+# sampling / beam search and the batcher, at most 60 minutes; see docs/TESTING.md. Options go in
+# MUTATION_ARGS, e.g. MUTATION_ARGS="--sample 0 --time-limit 240" or "--seed 3 --sample 60".
+mutation: setup
+	$(BIN)/python -c "import importlib.metadata as m; assert m.version('mutmut').startswith('3.')" 2>/dev/null \
+		|| $(BIN)/python -m pip install -q -e ".[mutation]"
+	$(BIN)/python tests/mutation.py $(MUTATION_ARGS)
 
 lint: setup
 	$(BIN)/ruff check model service tests bench
