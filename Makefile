@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test test-fast serve lint clean mutation
+.PHONY: setup test test-fast serve lint clean mutation planted-bugs
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ mutation: setup
 	$(BIN)/python -c "import importlib.metadata as m; assert m.version('mutmut').startswith('3.')" 2>/dev/null \
 		|| $(BIN)/python -m pip install -q -e ".[mutation]"
 	$(BIN)/python tests/mutation.py $(MUTATION_ARGS)
+
+# Plants known bugs one at a time in a copy of the tree and checks that their tests fail (not part of
+# `make test`; about 2 minutes a bug); see docs/TESTING.md. PLANTED="cancel" picks bugs by name.
+planted-bugs: setup
+	$(BIN)/python tests/planted_bugs.py $(PLANTED)
 
 lint: setup
 	$(BIN)/ruff check model service tests bench
