@@ -118,7 +118,7 @@ def run_mutmut(names: list[str], max_children: int, limit_s: float) -> bool:
             print(f"mutmut exited with {proc.returncode}", file=sys.stderr)
         return False
     except subprocess.TimeoutExpired:
-        print(f"\n-- time limit ({limit_s / 60:.0f} min) reached: stopping mutmut --", flush=True)
+        print("\n-- time limit reached: stopping mutmut --", flush=True)
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=120)
