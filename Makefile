@@ -29,8 +29,6 @@ serve: setup
 # sampling / beam search and the batcher, at most 60 minutes; see docs/TESTING.md. Options go in
 # MUTATION_ARGS, e.g. MUTATION_ARGS="--sample 0 --time-limit 240" or "--seed 3 --sample 60".
 mutation: setup
-	$(BIN)/python -c "import importlib.metadata as m; assert m.version('mutmut').startswith('3.')" 2>/dev/null \
-		|| $(BIN)/python -m pip install -q -e ".[mutation]"
 	$(BIN)/python tests/mutation.py $(MUTATION_ARGS)
 
 # Plants known bugs one at a time in a copy of the tree and checks that their tests fail (not part of

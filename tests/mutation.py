@@ -163,7 +163,20 @@ def report(sample: list[str], cut_off: bool, started: datetime, elapsed_s: float
     return "\n".join(lines) + "\n"
 
 
+def ensure_mutmut() -> None:
+    """Install the pinned mutmut (the `mutation` extra) into this environment when it is missing."""
+    from importlib import metadata
+
+    try:
+        if metadata.version("mutmut").startswith("3."):
+            return
+    except metadata.PackageNotFoundError:
+        pass
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", ".[mutation]"], cwd=ROOT, check=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    ensure_mutmut()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="mutant names or globs to run instead of a sample")
     ap.add_argument("--sample", type=int, default=300, help="how many mutants to sample (0: all; default 300)")
