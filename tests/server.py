@@ -22,16 +22,16 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, args: list[str], log_file: Path, env: dict[str, str] | None = None,
-                 step_delay_s: float = 0.0) -> None:
-        """`step_delay_s`: every engine step sleeps this long first (test-only, see hooked_server.py)."""
+                 step_delay_s: float = 0.0, hooks: dict[str, str] | None = None) -> None:
+        """`hooks`: TSERVE_TEST_* variables of the test-only launcher hooked_server.py, which then starts the
+        server; `step_delay_s`: its step delay (every engine step sleeps this long first)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        entry = ["-m", "service"]
-        if step_delay_s:
-            entry = [str(Path(__file__).with_name("hooked_server.py"))]
-            full_env["TSERVE_TEST_STEP_DELAY_S"] = str(step_delay_s)
+        hooks = {**(hooks or {}), **({"TSERVE_TEST_STEP_DELAY_S": str(step_delay_s)} if step_delay_s else {})}
+        entry = [str(Path(__file__).with_name("hooked_server.py"))] if hooks else ["-m", "service"]
+        full_env.update(hooks)
         self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, *entry, "serve", "--port", str(self.port), *args],

@@ -1,7 +1,7 @@
 """Limits, API keys and faults through real `tserve serve` processes, as README.md and docs/RELIABILITY.md
 describe them: --max-model-len, --max-input-chars and --max-tokens-limit each refuse exactly above their
 value (a server without them takes the same requests); API keys guard /v1/attention and the viewer's calls;
-and, with faults injected by tests/fault_server.py (no public setting), /readyz while the models load and
+and, with faults injected by tests/hooked_server.py (no public setting), /readyz while the models load and
 while the server drains after SIGTERM, 504 from --request-timeout-s and 503 + Retry-After when the device
 runs out of memory."""
 
@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urljoin
 
 import httpx
@@ -24,7 +20,7 @@ import pytest
 import factories
 import fixture_training
 from model import checkpoint
-from server import ROOT, ServerProcess, free_port
+from server import ServerProcess
 from service.app import build_app
 from service.settings import Settings
 
@@ -32,22 +28,8 @@ KEY = "sk-limits-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_MODEL_LEN, MAX_INPUT_CHARS, MAX_TOKENS_LIMIT = 50, 60, 20
 TIMEOUT_S = 3.0
-OOM, SLOW = "Kaboom", "Slowly"  # prompts holding these words fail / crawl in tests/fault_server.py
+OOM, SLOW = "Kaboom", "Slowly"  # prompts holding these words fail / crawl in tests/hooked_server.py
 SLOW_STEP_S = 0.1
-
-
-class FaultServer(ServerProcess):
-    """`tserve serve` started through tests/fault_server.py; `hooks` are its TSERVE_TEST_* variables."""
-
-    def __init__(self, args: list[str], log_file: Path, hooks: dict[str, str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_file = log_file
-        self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fault_server.py"), "serve", "--port", str(self.port), *args],
-            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **hooks}, stdout=self._log, stderr=subprocess.STDOUT,
-        )
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +51,10 @@ def servers(checkpoints, tmp_path_factory):
             "--max-model-len", str(MAX_MODEL_LEN), "--max-input-chars", str(MAX_INPUT_CHARS),
             "--max-tokens-limit", str(MAX_TOKENS_LIMIT), "--public-paths", "/healthz,/readyz,/metrics,/viewer",
         ], logs / "limited.log", env={"TSERVE_API_KEYS": KEY}),
-        "faulty": FaultServer(flags + ["--request-timeout-s", str(TIMEOUT_S)], logs / "faulty.log", {
+        "faulty": ServerProcess(flags + ["--request-timeout-s", str(TIMEOUT_S)], logs / "faulty.log", hooks={
             "TSERVE_TEST_LOAD_GATE": str(gate), "TSERVE_TEST_OOM_MARKER": OOM,
             "TSERVE_TEST_SLOW_MARKER": SLOW, "TSERVE_TEST_SLOW_STEP_S": str(SLOW_STEP_S)}),
-        "draining": FaultServer(["--model", f"lm={checkpoints['lm']}"], logs / "draining.log", {
+        "draining": ServerProcess(["--model", f"lm={checkpoints['lm']}"], logs / "draining.log", hooks={
             "TSERVE_TEST_SLOW_MARKER": SLOW, "TSERVE_TEST_SLOW_STEP_S": "0.04"}),
     }
     procs["faulty"].gate = gate
