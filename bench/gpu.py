@@ -156,7 +156,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
 
     import factories
     from model import checkpoint
-    from model.generation import SamplingParams
+    from model.decoding import SamplingParams
     from service.generation_engine import GenerationEngine
     from service.metrics import Metrics
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from model.checkpoint import LoadedModel
-from model.generation import translate_greedy
+from model.decoding import translate
 
 
 @dataclass
@@ -93,18 +93,16 @@ def lm_attention_ids(loaded: LoadedModel, ids: list[int], layers: Sequence[int] 
 def translation_attention(loaded: LoadedModel, source: str, target: str | None = None,
                           layers: Sequence[int] | None = None,
                           heads: Sequence[int] | None = None) -> tuple[list[AttentionMap], str]:
-    """Maps of the model reading `source` and producing `target` (default: its own greedy translation).
-    Returns the maps and the target text used."""
+    """Maps of the model reading `source` and producing `target` (default: its own translation, with the
+    checkpoint's decoding defaults, as the translation engine gives it). Returns the maps and the target
+    text used."""
     check_selection(loaded, layers, heads)
     cfg, tok = loaded.config, loaded.tokenizer
     src = tok.encode(source)
     if len(src) > cfg.max_source_len:
         raise ValueError(f"the input has {len(src)} tokens; this model takes at most {cfg.max_source_len}")
     if target is None:
-        g = loaded.generation
-        out = translate_greedy(loaded.model, [src], min(g.max_new_tokens, cfg.max_target_len),
-                               g.banned_token_ids, g.force_eos_at_max)[0]
-        target_ids = [t for t in out if t != cfg.eos_token_id]
+        target_ids = [t for t in translate(loaded, [src])[0].output_ids if t != cfg.eos_token_id]
         target = tok.decode(target_ids)
     else:
         target_ids = [t for t in tok.encode_target(target) if t != cfg.eos_token_id]

@@ -13,7 +13,6 @@ from tqdm import tqdm
 
 from model import checkpoint
 from model.attention import resolve_backend
-from model.generation import SamplingParams, generate_tokens, translate_greedy
 from service.batcher import DynamicBatcher
 from service.errors import bad_request, not_found
 from service.generation_engine import GenerationEngine
@@ -102,14 +101,11 @@ class ModelRegistry:
         return served
 
     def _warmup(self, served: ServedModel) -> None:
-        """One small request through each model so that the first real one does not pay for lazy init."""
+        """One small request through each model (through the engine's own runner) so that the first real one
+        does not pay for lazy init."""
         start = time.perf_counter()
-        tokenizer = served.loaded.tokenizer
-        if served.task == "text-generation":
-            ids = tokenizer.encode("Hello") or [0]
-            list(generate_tokens(served.loaded.model, ids, SamplingParams(max_tokens=2, temperature=0.0)))
-        elif served.task == "translation":
-            translate_greedy(served.loaded.model, [tokenizer.encode("Hello")], 2)
+        if served.engine is not None:
+            served.engine.warm_up()
         else:
             cfg = served.loaded.config
             served.classifier.run_batch([torch.zeros(cfg.n_channels, cfg.image_size, cfg.image_size)])

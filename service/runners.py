@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import io
 import warnings
-from dataclasses import dataclass
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from model.beam_search import BeamSettings
 from model.checkpoint import LoadedModel
+from model.decoding import TranslationJob, translation_job
 
 
 class InvalidInput(ValueError):
@@ -21,13 +20,6 @@ class InvalidInput(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Translation
 # --------------------------------------------------------------------------------------------------
-@dataclass
-class TranslationJob:
-    source_ids: list[int]
-    num_beams: int
-    max_new_tokens: int
-
-
 class Translator:
     """Validation of translation requests against the checkpoint's limits and generation defaults."""
 
@@ -41,15 +33,7 @@ class Translator:
             raise InvalidInput(f"input has {len(ids)} tokens; this model takes at most {self.cfg.max_source_len}")
         if max_tokens is not None and max_tokens > self.cfg.max_target_len:
             raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
-        max_new = max_tokens or min(self.gen.max_new_tokens, self.cfg.max_target_len)
-        return TranslationJob(ids, num_beams or self.gen.num_beams, max_new)
-
-    def beam_settings(self, job: TranslationJob) -> BeamSettings:
-        g = self.gen
-        return BeamSettings(num_beams=job.num_beams, max_new_tokens=job.max_new_tokens,
-                            eos_token_id=self.cfg.eos_token_id, length_penalty=g.length_penalty,
-                            early_stopping=g.early_stopping, banned_token_ids=g.banned_token_ids,
-                            force_eos_at_max=g.force_eos_at_max)
+        return translation_job(self.loaded, ids, num_beams, max_tokens)
 
 
 # --------------------------------------------------------------------------------------------------

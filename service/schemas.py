@@ -35,6 +35,8 @@ class SamplingFields(_Request):
     n: int = Field(1, ge=1)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (as a string) -> bias from -100 to 100 added to its logit; at most 300")
     user: str | None = None
     # Extensions (vLLM-compatible names).
     top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filter")

@@ -156,17 +156,13 @@ def sentences_where_beams_matter(loaded, n: int, num_beams: int = 4, max_new_tok
     """Up to `n` lexicon sentences (5-10 words, longer than most training ones) whose `num_beams`-beam
     translation differs from the greedy one, for `loaded` (a translator from `model.checkpoint.load`).
     Fails when there is none: the fixture would be too sure of itself to test beam search."""
-    from model.beam_search import BeamSettings
-    from model.generation import beam_search, translate_greedy
+    from model.decoding import translate
 
-    gen, cfg = loaded.generation, loaded.config
-    settings = BeamSettings(num_beams=num_beams, max_new_tokens=max_new_tokens, eos_token_id=cfg.eos_token_id,
-                            banned_token_ids=gen.banned_token_ids, force_eos_at_max=gen.force_eos_at_max)
     out = []
     for text in lexicon_sentences(40, seed=seed, min_words=5, max_words=10):
         src = loaded.tokenizer.encode(text)
-        greedy = translate_greedy(loaded.model, [src], max_new_tokens, gen.banned_token_ids, gen.force_eos_at_max)[0]
-        if beam_search(loaded.model, src, settings) != greedy:
+        greedy, beams = (translate(loaded, [src], n, max_new_tokens)[0].output_ids for n in (1, num_beams))
+        if beams != greedy:
             out.append(text)
             if len(out) == n:
                 break

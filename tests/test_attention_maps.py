@@ -9,7 +9,7 @@ import transformers
 
 from model import attention_maps as am
 from model.checkpoint import load
-from model.generation import translate_greedy
+from one_request import mt_tokens
 
 
 def test_lm_maps_are_causal_distributions(tiny_lm):
@@ -49,13 +49,12 @@ def test_translation_maps(tiny_mt):
         if m.module == "decoder.self":
             assert torch.all(m.weights.triu(diagonal=1) == 0)
     own_maps, own = am.translation_attention(loaded, "Good morning.")  # no target: the model's own translation
-    g, cfg = loaded.generation, loaded.config
-    greedy = translate_greedy(loaded.model, [loaded.tokenizer.encode("Good morning.")],
-                              min(g.max_new_tokens, cfg.max_target_len), g.banned_token_ids, g.force_eos_at_max)[0]
-    greedy = [t for t in greedy if t != cfg.eos_token_id]
-    assert own.strip() and own == loaded.tokenizer.decode(greedy)
+    # The checkpoint's decoding defaults (its beams), as the translation engine uses them.
+    ids = [t for t in mt_tokens(loaded, loaded.tokenizer.encode("Good morning."), loaded.generation.num_beams)
+           if t != loaded.config.eos_token_id]
+    assert own.strip() and own == loaded.tokenizer.decode(ids)
     decoder = next(m for m in own_maps if m.module == "decoder.self")
-    assert decoder.query_tokens == loaded.tokenizer.tokens([cfg.decoder_start_token_id, *greedy])
+    assert decoder.query_tokens == loaded.tokenizer.tokens([loaded.config.decoder_start_token_id, *ids])
 
 
 def test_vit_maps_and_rollout(tiny_vit):

@@ -88,8 +88,8 @@ def test_batches_above_the_largest_bucket_run_eagerly(lm):
 
 def test_padded_translation_step_equals_unpadded_step():
     from model.config import Seq2SeqConfig
+    from model.decoding.seq2seq_runner import static_decode
     from model.seq2seq import Seq2Seq
-    from service.translation_engine import static_decode
 
     torch.manual_seed(0)
     cfg = Seq2SeqConfig(vocab_size=60, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,

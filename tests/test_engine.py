@@ -13,7 +13,8 @@ import factories
 from fixture_training import assert_varied, cycle_prompts
 from hooked_server import slow_steps
 from model import checkpoint
-from model.generation import SamplingParams, generate_tokens
+from model.decoding import SamplingParams
+from one_request import lm_tokens
 from service.batcher import DynamicBatcher
 from service.engine import OutOfMemory, QueueFull, RequestTimeout
 from service.generation_engine import GenerationEngine
@@ -49,9 +50,8 @@ def slowed(engine: GenerationEngine) -> GenerationEngine:
 def test_greedy_alone_equals_among_fifty_others(lm):
     prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(50)]
     lengths = [5 + (i * 7) % 30 for i in range(50)]  # requests finish at different steps: slots churn
-    reference = [list(generate_tokens(lm.model, p, SamplingParams(max_tokens=n, temperature=0.0), lm.tokenizer.eos_id))
+    reference = [lm_tokens(lm, p, SamplingParams(max_tokens=n, temperature=0.0), with_eos=False)
                  for p, n in zip(prompts, lengths, strict=True)]
-    reference = [[t for t in r if t != lm.tokenizer.eos_id] for r in reference]
     assert_varied(reference)
     engine = make_engine(lm)
 
@@ -167,7 +167,7 @@ def test_graceful_stop_drains_running_requests(lm):
 
 def _reference(lm, prompts, n):
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    return [list(generate_tokens(lm.model, p, params, lm.tokenizer.eos_id)) for p in prompts]
+    return [lm_tokens(lm, p, params) for p in prompts]
 
 
 def _run_all(engine, lm, prompts, n) -> list:
@@ -333,7 +333,7 @@ def test_compiled_decode_step_gives_the_same_tokens(lm):
     outputs = []
     for compiled in (False, True):
         engine = make_engine(lm, compile=compiled)
-        assert hasattr(engine._compiled, "_torchdynamo_orig_callable") == compiled
+        assert hasattr(engine.runner._compiled, "_torchdynamo_orig_callable") == compiled
         try:
             outputs.append(asyncio.run(run(engine)))
         finally:

@@ -6,6 +6,8 @@ tensors (float32 and float16; its bfloat16 matrix product is not faithful, so bf
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from model.attention import get_backend, math_attention, padding_mask, resolve_b
 from model.checkpoint import load  # noqa: E402
 from model.config import DecoderConfig, ViTConfig  # noqa: E402
 from model.decoder import Decoder  # noqa: E402
-from model.generation import SamplingParams, generate_tokens, translate_greedy  # noqa: E402
+from model.decoding import SamplingParams, generate, translate  # noqa: E402
 from model.kernels import flash  # noqa: E402
 from model.tokenizer import load_tokenizer  # noqa: E402
 from model.vit import ViT  # noqa: E402
@@ -141,24 +143,24 @@ def _pair(make):
 
 def _twins(path):
     """The checkpoint at `path` on the `math` backend and a copy on `flash`."""
-    ref = load(path, device=DEVICE, backend="math").model
-    fl = type(ref)(ref.cfg, backend="flash").to(DEVICE).eval()
-    fl.load_state_dict(ref.state_dict())
+    ref = load(path, device=DEVICE, backend="math")
+    fl = type(ref.model)(ref.config, backend="flash").to(DEVICE).eval()
+    fl.load_state_dict(ref.model.state_dict())
     assert get_backend("flash") is flash.flash_attention
-    return ref, fl
+    return ref, dataclasses.replace(ref, model=fl)
 
 
 def test_lm_cached_generation_on_flash_equals_math(tiny_lm):
     ref, fl = _twins(tiny_lm)  # trained: each prompt has its own continuation (fixture_training)
     tok = load_tokenizer(tiny_lm)
-    params = SamplingParams(max_tokens=24, temperature=0.0)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outputs = []
     for text in cycle_prompts(3, seed=9):
         prompt = tok.encode(text)
-        outputs.append(list(generate_tokens(fl, prompt, params)))
-        assert outputs[-1] == list(generate_tokens(ref, prompt, params))
+        outputs.append(generate(fl, [prompt], params)[0].generated)
+        assert outputs[-1] == generate(ref, [prompt], params)[0].generated
         tokens = torch.tensor([prompt], device=DEVICE)
-        torch.testing.assert_close(fl(tokens), ref(tokens), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fl.model(tokens), ref.model(tokens), atol=1e-5, rtol=1e-5)
     assert_varied(outputs, min_distinct=1.0)
 
 
@@ -184,9 +186,9 @@ def test_translation_on_flash_equals_math(tiny_mt):
     ref, fl = _twins(tiny_mt)  # trained: each source has its own translation (fixture_training)
     tok = load_tokenizer(tiny_mt)
     sources = [tok.encode(t) for t in lexicon_sentences(3, seed=9, max_words=10)]
-    got = translate_greedy(fl, sources, 20)
+    got = [s.output_ids for s in translate(fl, sources, 1, 20)]
     assert_varied(got, min_distinct=1.0)
-    assert got == translate_greedy(ref, sources, 20)
+    assert got == [s.output_ids for s in translate(ref, sources, 1, 20)]
 
 
 def test_vit_on_flash_equals_math():

@@ -15,7 +15,8 @@ from model.attention import math_attention, sdpa_attention
 from model.config import DecoderConfig
 from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoder import Decoder
-from model.generation import SamplingParams, generate_tokens
+from model.decoding import SamplingParams
+from one_request import job_tokens, lm_tokens
 from service.generation_engine import GenerationEngine
 from service.metrics import Metrics
 
@@ -83,11 +84,10 @@ def test_engine_on_gpu_concurrent_equals_alone(lm_dir, graphs):
     lm = checkpoint.load(lm_dir, device=CUDA, dtype="float32")
     prompts = [lm.tokenizer.encode(f"prompt {i} " + "word " * (i % 5)) for i in range(24)]
     greedy = SamplingParams(max_tokens=20, temperature=0.0)
-    alone = [[t for t in generate_tokens(lm.model, p, greedy, lm.tokenizer.eos_id) if t != lm.tokenizer.eos_id]
-             for p in prompts]
+    alone = [lm_tokens(lm, p, greedy, with_eos=False) for p in prompts]
     engine = GenerationEngine("lm", lm, max_slots=8, max_queue=64, max_model_len=None, timeout_s=60.0,
                               metrics=Metrics(), cuda_graphs=graphs)
-    assert (engine.graphed is not None) == graphs
+    assert (engine.runner.graphed is not None) == graphs
     engine.start()
 
     async def run(params_for):
@@ -104,19 +104,15 @@ def test_engine_on_gpu_concurrent_equals_alone(lm_dir, graphs):
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
-    from model.generation import beam_search, translate_greedy
     from service.translation_engine import TranslationEngine
 
     mt = checkpoint.load(factories.tiny_mt_dir(tmp_path / "mt"), device=CUDA, dtype="float32")
     engine = TranslationEngine("mt", mt, max_rows=16, max_queue=64, timeout_s=60.0, metrics=Metrics(),
                                cuda_graphs=graphs)
-    assert (engine.graphed is not None) == graphs
+    assert (engine.runner.graphed is not None) == graphs
     texts = ["hello world", "good morning to you", "the house is small", "where is the station"] * 3
     jobs = [engine.translator.job(t, num_beams=(1, 2, 4)[i % 3], max_tokens=12) for i, t in enumerate(texts)]
-    gen = mt.generation
-    alone = [translate_greedy(mt.model, [j.source_ids], j.max_new_tokens, gen.banned_token_ids,
-                              gen.force_eos_at_max)[0] if j.num_beams == 1
-             else beam_search(mt.model, j.source_ids, engine.translator.beam_settings(j)) for j in jobs]
+    alone = [job_tokens(mt, j) for j in jobs]
     engine.start()
 
     async def run():

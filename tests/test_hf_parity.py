@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fixture_training import assert_varied, cycle_prompts, lexicon_sentences, sentences_where_beams_matter
-from model.beam_search import BeamSettings
 from model.checkpoint import load
-from model.generation import SamplingParams, beam_search, generate_tokens, translate_greedy
+from model.decoding import SamplingParams, translate
+from one_request import lm_tokens
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,7 +32,7 @@ def test_gpt2_logits_and_greedy_tokens(hf_gpt2):
                                  do_sample=False, max_new_tokens=40, pad_token_id=ours.config.eos_token_id)
         hf_new = hf_out[0, len(prompt):].tolist()
         params = SamplingParams(max_tokens=40, temperature=0.0)
-        our_new = list(generate_tokens(ours.model, prompt, params, ours.config.eos_token_id))
+        our_new = lm_tokens(ours, prompt, params)
         assert len(our_new) >= 30 or our_new[-1] == ours.config.eos_token_id
         assert our_new == hf_new
         runs.append(our_new)
@@ -68,8 +68,7 @@ def test_marian_greedy_translation_identical(hf_marian):
     ours = load(hf_marian)
     hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
     sources = _marian_inputs(ours, SENTENCES)
-    gen = ours.generation
-    got = translate_greedy(ours.model, sources, 30, gen.banned_token_ids, gen.force_eos_at_max)
+    got = [s.output_ids for s in translate(ours, sources, num_beams=1, max_new_tokens=30)]  # batched
     assert_varied(got, min_distinct=1.0)
     for src, ids in zip(sources, got, strict=True):
         with torch.no_grad():
@@ -80,11 +79,6 @@ def test_marian_greedy_translation_identical(hf_marian):
 def test_marian_beam_search_identical(hf_marian):
     ours = load(hf_marian)
     hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
-    gen = ours.generation
-
-    def settings(max_new: int) -> BeamSettings:
-        return BeamSettings(num_beams=4, max_new_tokens=max_new, eos_token_id=ours.config.eos_token_id,
-                            banned_token_ids=gen.banned_token_ids, force_eos_at_max=gen.force_eos_at_max)
 
     # Sentences on which 4 beams find another translation than greedy decoding, and as many on which they
     # may agree.
@@ -94,7 +88,7 @@ def test_marian_beam_search_identical(hf_marian):
     for text in texts:
         src = ours.tokenizer.encode(text)
         for max_new in (12, 30):
-            ids = beam_search(ours.model, src, settings(max_new))
+            (ids,) = (s.output_ids for s in translate(ours, [src], num_beams=4, max_new_tokens=max_new))
             with torch.no_grad():
                 ref = hf.generate(torch.tensor([src]), num_beams=4, do_sample=False, max_new_tokens=max_new)
             ref = [t for t in ref[0, 1:].tolist() if t != ours.config.pad_token_id]

@@ -18,7 +18,8 @@ from PIL import Image
 import factories
 from fixture_training import assert_varied, cycle_prompts, lexicon_sentences
 from model import attention_maps, checkpoint
-from model.generation import SamplingParams, generate_tokens, translate_greedy
+from model.decoding import SamplingParams, translate
+from one_request import lm_tokens
 from server import ServerProcess
 
 PROMPTS = cycle_prompts(31)
@@ -56,9 +57,7 @@ def lm(checkpoints):
 
 def reference_greedy(lm, prompt: str, max_tokens: int) -> str:
     ids = lm.tokenizer.encode(prompt)
-    out = list(generate_tokens(lm.model, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                               lm.tokenizer.eos_id))
-    out = [t for t in out if t != lm.tokenizer.eos_id]
+    out = lm_tokens(lm, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0), with_eos=False)
     return lm.tokenizer.decode(ids + out)[len(lm.tokenizer.decode(ids)):]
 
 
@@ -170,8 +169,7 @@ def test_same_seed_same_sample(server, checkpoints):
     b = post(server, "/v1/completions", json=body).json()["choices"][0]["text"]
     assert a == b
     ids = lm.tokenizer.encode("Seven zebras")
-    ref = list(generate_tokens(lm.model, ids, SamplingParams(max_tokens=16, temperature=1.5, seed=1234,
-                                                             ignore_eos=True), lm.tokenizer.eos_id))
+    ref = lm_tokens(lm, ids, SamplingParams(max_tokens=16, temperature=1.5, seed=1234, ignore_eos=True))
     assert a == lm.tokenizer.decode(ids + ref)[len(lm.tokenizer.decode(ids)):]
     others = {post(server, "/v1/completions", json=body | {"seed": s}).json()["choices"][0]["text"]
               for s in range(4)}
@@ -251,8 +249,7 @@ def test_translation_batch_and_stream(server, checkpoints):
     inputs = lexicon_sentences(3, seed=4)
     resp = post(server, "/v1/translations", json={"input": inputs, "num_beams": 1, "max_tokens": 10}).json()
     assert resp["object"] == "translation" and resp["model"] == "mt"
-    ref = translate_greedy(mt.model, [mt.tokenizer.encode(t) for t in inputs], 10,
-                           mt.generation.banned_token_ids, mt.generation.force_eos_at_max)
+    ref = [s.output_ids for s in translate(mt, [mt.tokenizer.encode(t) for t in inputs], 1, 10)]
     assert_varied(ref, min_distinct=1.0)
     assert [d["translation"] for d in resp["data"]] == [mt.tokenizer.decode(r) for r in ref]
     assert [d["index"] for d in resp["data"]] == [0, 1, 2]

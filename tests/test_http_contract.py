@@ -5,7 +5,7 @@ logprobs, translation streaming and the checkpoint's num_beams, and classificati
 (--batch-max-size, --batch-max-wait-ms). Limits, API keys and injected faults: tests/test_http_limits.py.
 
 Sampled outputs are compared as token lists (the `tokens` of `logprobs`) with the same request run in-process
-by `model.generation.generate_tokens`; before two outputs are compared, the test shows that they differ
+by `model.decoding.generate` alone; before two outputs are compared, the test shows that they differ
 across the inputs it uses."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import factories
 import fixture_training
 from model import checkpoint
-from model.generation import SamplingParams, generate_tokens, translate_greedy
+from model.decoding import SamplingParams
+from one_request import lm_tokens, mt_tokens
 from server import ServerProcess
 
 BATCH_MAX_SIZE = 2
@@ -81,9 +82,7 @@ def complete(server, **body) -> dict:
 
 def reference(lm, prompt: str, **params) -> list[int]:
     """The generated ids of one request run alone in-process (eos, which ends a text, left out)."""
-    eos = lm.tokenizer.eos_id
-    out = list(generate_tokens(lm.model, lm.tokenizer.encode(prompt), SamplingParams(**params), eos))
-    return out[:-1] if out and out[-1] == eos and not params.get("ignore_eos") else out
+    return lm_tokens(lm, lm.tokenizer.encode(prompt), SamplingParams(**params), with_eos=False)
 
 
 def text_of(lm, prompt: str, ids: list[int]) -> str:
@@ -195,7 +194,7 @@ def test_presence_and_frequency_penalties(server, loaded):
 
 def test_min_tokens_and_ignore_eos(server, loaded):
     """lm-eos ends its text where a sentence ends. min_tokens holds eos back for that many tokens (the
-    text then ends at a later sentence end), ignore_eos for the whole of max_tokens; as generate_tokens."""
+    text then ends at a later sentence end), ignore_eos for the whole of max_tokens; as `model.decoding.generate` alone."""
     lm = loaded["lm-eos"]
 
     def ref(prompt: str, **params) -> list[int]:
@@ -328,7 +327,7 @@ def test_chat_max_completion_tokens(server, loaded):
     content = short["choices"][0]["message"]["content"]
     assert long["choices"][0]["message"]["content"].startswith(content) and content
     prompt = chat_prompt(lm)
-    ref = list(generate_tokens(lm.model, prompt, SamplingParams(max_tokens=5, temperature=0), lm.tokenizer.eos_id))
+    ref = lm_tokens(lm, prompt, SamplingParams(max_tokens=5, temperature=0))
     assert content == lm.tokenizer.decode(prompt + ref)[len(lm.tokenizer.decode(prompt)):]
     assert chat(server, max_completion_tokens=5)["choices"][0]["message"]["content"] == content
 
@@ -340,7 +339,7 @@ def test_chat_logprobs_and_top_logprobs(server, loaded):
     resp = chat(server, max_completion_tokens=6, logprobs=True, top_logprobs=3)
     content = resp["choices"][0]["logprobs"]["content"]
     prompt = chat_prompt(lm)
-    ref = list(generate_tokens(lm.model, prompt, SamplingParams(max_tokens=6, temperature=0), lm.tokenizer.eos_id))
+    ref = lm_tokens(lm, prompt, SamplingParams(max_tokens=6, temperature=0))
     assert len(content) == len(ref) == 6
     with torch.no_grad():
         logits = lm.model(torch.tensor([prompt + ref]))[0, len(prompt) - 1: -1].float()
@@ -384,8 +383,7 @@ def test_translation_stream_deltas_finish_reason_and_usage(server, loaded):
     for source, max_tokens in cases:
         body = {"model": "mt", "input": source, "num_beams": 1, "max_tokens": max_tokens}
         whole = post(server, "/v1/translations", json=body).json()
-        (ref,) = translate_greedy(mt.model, [mt.tokenizer.encode(source)], max_tokens,
-                                  mt.generation.banned_token_ids, mt.generation.force_eos_at_max)
+        ref = mt_tokens(mt, mt.tokenizer.encode(source), 1, max_tokens)
         assert whole["data"][0]["translation"] == mt.tokenizer.decode(ref)
         with httpx.stream("POST", server.url + "/v1/translations", json=body | {"stream": True}, timeout=60) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")

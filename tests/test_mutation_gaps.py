@@ -19,9 +19,9 @@ import factories
 from fixture_training import CYCLE, cycle_prompts, lexicon_sentences
 from hooked_server import slow_steps
 from model import checkpoint
-from model.beam_search import BeamSearch, BeamSettings
-from model.generation import SamplingParams, beam_search, generate_tokens, translate_greedy
+from model.decoding import BeamSearch, BeamSettings, SamplingParams
 from model.kv_cache import KVCache, consecutive_start
+from one_request import job_tokens, lm_tokens
 from service.batcher import DynamicBatcher
 from service.engine import OutOfMemory, RequestTimeout, request_error
 from service.generation_engine import GenerationEngine
@@ -120,15 +120,14 @@ def test_logprobs_through_the_engine_equal_a_recompute(lm):
 
 
 def test_penalties_through_the_engine_equal_the_one_request_loop(lm_rand):
-    """Presence and frequency penalties, batched with an unpenalised neighbour, give what `generate_tokens`
+    """Presence and frequency penalties, batched with an unpenalised neighbour, give what `model.decoding.generate`
     gives for each request alone; and they change the output."""
     lm = lm_rand
     prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(3, seed=9)]
-    eos = lm.tokenizer.eos_id
     params = [SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, presence_penalty=pp, frequency_penalty=fp)
               for pp, fp in ((1.0, 0.0), (0.0, 0.5), (0.0, 0.0))]
-    reference = [list(generate_tokens(lm.model, p, sp, eos)) for p, sp in zip(prompts, params, strict=True)]
-    plain = [list(generate_tokens(lm.model, p, params[2], eos)) for p in prompts[:2]]
+    reference = [lm_tokens(lm, p, sp) for p, sp in zip(prompts, params, strict=True)]
+    plain = [lm_tokens(lm, p, params[2]) for p in prompts[:2]]
     assert reference[0] != plain[0] and reference[1] != plain[1]
     results = run_all(lm_engine(lm), list(zip(prompts, params, strict=True)))
     assert [ids_of(events) for events in results] == reference
@@ -136,12 +135,11 @@ def test_penalties_through_the_engine_equal_the_one_request_loop(lm_rand):
 
 def test_eos_min_tokens_and_ignore_eos_through_the_engine(lm_eos):
     """eos ends a request ("stop", eos itself not among the tokens); min_tokens holds it back for that many
-    tokens, ignore_eos for all of max_tokens: as `generate_tokens`, batched together."""
-    tok, eos = lm_eos.tokenizer, lm_eos.tokenizer.eos_id
+    tokens, ignore_eos for all of max_tokens: as `model.decoding.generate` alone, batched together."""
+    tok = lm_eos.tokenizer
 
     def ref(prompt: list[int], **kw) -> list[int]:
-        out = list(generate_tokens(lm_eos.model, prompt, SamplingParams(max_tokens=30, temperature=0.0, **kw), eos))
-        return out[:-1] if out and out[-1] == eos else out
+        return lm_tokens(lm_eos, prompt, SamplingParams(max_tokens=30, temperature=0.0, **kw), with_eos=False)
 
     # A sentence of the cycle without its '.': eos comes at once, and again within 30 tokens after it.
     prompt = next((p for p in (tok.encode(s[:-1]) for s in CYCLE if s.endswith("."))
@@ -164,7 +162,7 @@ def test_the_kv_cache_is_sized_by_the_engine_limits(lm):
     """One cache slot per running request and --max-model-len positions (no spare slot on the CPU, where
     no CUDA graph pads batches); a request that fills the context exactly runs to its end."""
     engine = lm_engine(lm, max_slots=3, max_model_len=40)
-    assert (engine.cache.num_slots, engine.cache.max_len) == (3, 40)
+    assert (engine.runner.cache.num_slots, engine.runner.cache.max_len) == (3, 40)
     prompt = lm.tokenizer.encode(cycle_prompts(1, seed=2)[0])
     [events] = run_all(engine, [(prompt, SamplingParams(max_tokens=40 - len(prompt), temperature=0.0, ignore_eos=True))])
     assert len(ids_of(events)) == 40 - len(prompt) and events[-1].finish_reason == "length"
@@ -215,7 +213,7 @@ def test_translation_finish_reasons(mt):
 def test_beam_searches_advanced_together_equal_each_alone_for_each_stopping_rule(early_stopping, length_penalty):
     V, width = 11, 20
     settings = [BeamSettings(num_beams=3, max_new_tokens=m, eos_token_id=2, length_penalty=length_penalty,
-                             early_stopping=early_stopping, banned_token_ids=[0]) for m in (6, 12, 3, 9)]
+                             early_stopping=early_stopping) for m in (6, 12, 3, 9)]
     g = torch.Generator().manual_seed(1)
     steps = [torch.log_softmax(torch.randn(len(settings), 3, V, generator=g) * 2, -1) for _ in range(14)]
     alone = []
@@ -257,10 +255,7 @@ def test_a_fault_in_one_beam_group_fails_that_group_alone(mt, monkeypatch):
     texts = lexicon_sentences(2, seed=13, min_words=3, max_words=6)
     # Submitted in this order, the 2-beam group gets the lower rows and advances before the 4-beam one.
     jobs = [engine.translator.job(t, num_beams=b, max_tokens=12) for b in (2, 1, 4) for t in texts]
-    gen = mt.generation
-    expected = [translate_greedy(mt.model, [j.source_ids], j.max_new_tokens, gen.banned_token_ids,
-                                 gen.force_eos_at_max)[0] if j.num_beams == 1
-                else beam_search(mt.model, j.source_ids, engine.translator.beam_settings(j)) for j in jobs]
+    expected = [job_tokens(mt, j) for j in jobs]
     original = BeamSearch.advance_many
 
     def flaky(searches, log_probs):  # noqa: ANN001, ANN202

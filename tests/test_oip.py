@@ -14,8 +14,7 @@ from PIL import Image
 
 import factories
 from model import checkpoint
-from model.beam_search import BeamSettings
-from model.generation import beam_search, translate_greedy
+from model.decoding import translate
 from server import ServerProcess
 
 
@@ -82,7 +81,7 @@ def test_classify_bytes_and_pixels(server, models):
 @pytest.mark.parametrize(("name", "num_beams"), [("mt-greedy", 1), ("mt", 2)])
 def test_translate_bytes(server, models, name, num_beams):
     mt = checkpoint.load(models[name], device="cpu")
-    g, cfg = mt.generation, mt.config
+    g = mt.generation
     assert g.num_beams == num_beams
     # The last one is a lexicon sentence whose greedy and 2-beam translations differ.
     texts = ["Good morning.", "Where is the station?", "time good weather dog where"]
@@ -91,12 +90,7 @@ def test_translate_bytes(server, models, name, num_beams):
     (out,) = resp["outputs"]
     assert out["name"] == "translation" and out["shape"] == [3]
     sources = [mt.tokenizer.encode(t) for t in texts]
-    max_new = min(g.max_new_tokens, cfg.max_target_len)
-    greedy = translate_greedy(mt.model, sources, max_new, g.banned_token_ids, g.force_eos_at_max)
-    settings = BeamSettings(num_beams=2, max_new_tokens=max_new, eos_token_id=cfg.eos_token_id,
-                            length_penalty=g.length_penalty, early_stopping=g.early_stopping,
-                            banned_token_ids=g.banned_token_ids, force_eos_at_max=g.force_eos_at_max)
-    beams = [beam_search(mt.model, src, settings) for src in sources]
+    greedy, beams = ([s.output_ids for s in translate(mt, sources, n)] for n in (1, 2))
     assert greedy != beams, "the inputs must tell greedy decoding and beam search apart"
     ref = greedy if num_beams == 1 else beams
     assert out["data"] == [mt.tokenizer.decode(r) for r in ref]

@@ -19,7 +19,7 @@ from factories import DE, EN
 from model.checkpoint import load
 from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.decoder import Decoder
-from model.generation import SamplingParams, generate_tokens
+from model.decoding import SamplingParams
 from model.preprocessing import ImagePreprocessing
 from model.seq2seq import Seq2Seq
 from model.tokenizer import load_tokenizer
@@ -29,6 +29,7 @@ from model.train.common import RunOptions, count_parameters, planned_steps
 from model.train.data import TranslationPair
 from model.train.loop import LoopConfig, learning_rate, train_loop
 from model.vit import ViT
+from one_request import lm_tokens
 
 PAIRS = [TranslationPair(en, de, "ding") for en, de in zip(EN, DE, strict=True)]
 LM_TEXTS = [" ".join(EN * 4), " ".join(reversed(EN)) * 3, "To be, or not to be: that is the question."] * 4
@@ -265,7 +266,7 @@ def test_lm_checkpoint_generates_and_evaluates(tiny_lm_run):
     loaded = load(out)
     # "is" follows three different words in the corpus: the continuation depends on more than the last token.
     prompt, eos = loaded.tokenizer.encode("Where is"), loaded.model.cfg.eos_token_id
-    ids = list(generate_tokens(loaded.model, prompt, SamplingParams(max_tokens=8, temperature=0.0), eos))
+    ids = lm_tokens(loaded, prompt, SamplingParams(max_tokens=8, temperature=0.0))
     expected: list[int] = []  # greedy by hand: the whole sequence through the model at every step, no cache
     with torch.no_grad():
         while len(expected) < 8 and eos not in expected:

@@ -14,7 +14,7 @@ import factories
 from fixture_training import assert_varied, lexicon_sentences, sentences_where_beams_matter
 from hooked_server import slow_steps
 from model import checkpoint
-from model.generation import beam_search, translate_greedy
+from one_request import job_tokens
 from service.metrics import Metrics
 from service.translation_engine import TranslationEngine
 
@@ -32,11 +32,7 @@ def make_engine(loaded, max_rows: int = 12) -> TranslationEngine:
 
 def alone(loaded, engine: TranslationEngine, job) -> list[int]:
     """What the one-request decoders give for this job."""
-    gen = loaded.generation
-    if job.num_beams == 1:
-        return translate_greedy(loaded.model, [job.source_ids], job.max_new_tokens, gen.banned_token_ids,
-                                gen.force_eos_at_max)[0]
-    return beam_search(loaded.model, job.source_ids, engine.translator.beam_settings(job))
+    return job_tokens(loaded, job)
 
 
 async def run(engine: TranslationEngine, req) -> tuple[str, list[int]]:

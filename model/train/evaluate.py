@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from model.beam_search import BeamSettings
 from model.checkpoint import LoadedModel, load
-from model.generation import SamplingParams, beam_search, generate_tokens
+from model.decoding import SamplingParams, generate, translation_job
+from model.decoding.seq2seq_runner import run_jobs
 from model.train import data as data_mod
 from model.train.card import METRICS_FILE, TRAINING_FILE, read_json, write_card, write_json
 from model.train.common import configure_threads, log_event, resolve_device
@@ -43,20 +43,15 @@ def translate(loaded: LoadedModel, sources: Sequence[str], num_beams: int | None
     """Beam-search translations with the checkpoint's decoding defaults. The output length is also
     capped at 2 x source tokens + 10 (German runs longer than English, but not that much), which only
     bounds the time spent on degenerate hypotheses."""
-    tok, gen, model = loaded.tokenizer, loaded.generation, loaded.model
+    tok, cfg = loaded.tokenizer, loaded.config
     assert tok is not None
-    out = []
+    jobs = []
     for text in sources:
-        ids = tok.encode(text)[: model.cfg.max_source_len]
-        settings = BeamSettings(
-            num_beams=num_beams or max(1, gen.num_beams),
-            max_new_tokens=min(max_new_tokens or gen.max_new_tokens, 2 * len(ids) + 10),
-            eos_token_id=model.cfg.eos_token_id, length_penalty=gen.length_penalty,
-            early_stopping=gen.early_stopping, banned_token_ids=gen.banned_token_ids,
-            force_eos_at_max=gen.force_eos_at_max,
-        )
-        out.append(tok.decode(beam_search(model, ids, settings)).strip())
-    return out
+        ids = tok.encode(text)[: cfg.max_source_len]
+        job = translation_job(loaded, ids, num_beams, max_new_tokens)
+        job.max_new_tokens = min(job.max_new_tokens, 2 * len(ids) + 10)
+        jobs.append(job)
+    return [tok.decode(s.output_ids).strip() for s in run_jobs(loaded, jobs)]
 
 
 def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float]:
@@ -137,12 +132,9 @@ def evaluate_lm(loaded: LoadedModel, test_texts: Sequence[str], train_texts: Seq
         valid_stream = token_stream(tok, list(valid_texts)) if valid_texts else None
         metrics.update(ngram_baselines(train_stream, test_stream, tok.vocab_size, valid_stream))
     if samples:
-        out = []
-        for i, prompt in enumerate(LM_PROMPTS):
-            params = SamplingParams(max_tokens=48, temperature=0.8, top_k=40, seed=i)
-            ids = list(generate_tokens(model, tok.encode(prompt), params, model.cfg.eos_token_id))
-            out.append([prompt, prompt + tok.decode(ids)])
-        metrics["samples"] = out
+        params = [SamplingParams(max_tokens=48, temperature=0.8, top_k=40, seed=i) for i in range(len(LM_PROMPTS))]
+        done = generate(loaded, [tok.encode(p) for p in LM_PROMPTS], params)
+        metrics["samples"] = [[p, p + tok.decode(s.generated)] for p, s in zip(LM_PROMPTS, done, strict=True)]
     metrics["seconds"] = round(time.perf_counter() - start, 1)
     return metrics
 

@@ -10,10 +10,12 @@ from fastapi.responses import Response
 
 from model import attention_maps as am
 from service.attention_png import heatmap_grid, image_overlay
+from service.engine import QueueFull
 from service.errors import bad_request
 from service.registry import ServedModel
 from service.routes.classifications import _decode_b64
-from service.routes.deps import registry, served_model, settings
+from service.routes.deps import engine_error, registry, served_model, settings, submission_error
+from service.routes.translations import collect_translation
 from service.runners import InvalidInput, open_image
 from service.schemas import AttentionRequest
 
@@ -35,8 +37,27 @@ def _model(request: Request, body: AttentionRequest) -> ServedModel:
     return served_model(request, body.model, task)
 
 
-def _compute(served: ServedModel, body: AttentionRequest, max_bytes: int, max_pixels: int) -> tuple[list, Any, str]:
-    """(maps, decoded image or None, translation target or '') in a worker thread; ValueError -> 400."""
+async def _own_translation(served: ServedModel, text: str) -> tuple[str, list[int]]:
+    """What `/v1/translations` answers for `text` with the checkpoint's defaults: the same engine job."""
+    engine = served.engine
+    try:
+        (req,) = engine.submit_all([engine.translator.job(text, None, None)])
+    except InvalidInput as exc:
+        raise bad_request(str(exc), "invalid_attention_request") from exc
+    except (QueueFull, ValueError) as exc:
+        raise submission_error(exc) from exc
+    try:
+        return await collect_translation(engine, req)
+    except Exception as exc:
+        raise engine_error(exc, "translation") from exc
+    finally:
+        req.cancel()
+
+
+def _compute(served: ServedModel, body: AttentionRequest, max_bytes: int, max_pixels: int,
+             target_ids: list[int] | None) -> tuple[list, Any, str]:
+    """(maps, decoded image or None, translation target or '') in a worker thread; ValueError -> 400.
+    `target_ids`: the model's own translation, when no target was given."""
     loaded, image, target = served.loaded, None, ""
     if served.task == "image-classification":
         if body.image is None:
@@ -46,7 +67,11 @@ def _compute(served: ServedModel, body: AttentionRequest, max_bytes: int, max_pi
     else:
         if not body.input or not body.input.strip():
             raise ValueError("give the text to look at in 'input'")
-        if served.task == "translation":
+        if served.task == "translation" and target_ids is not None:
+            src = loaded.tokenizer.encode(body.input)
+            maps = am.translation_attention_ids(loaded, src, target_ids, body.layers, body.heads)
+            target = loaded.tokenizer.decode([t for t in target_ids if t != loaded.config.eos_token_id])
+        elif served.task == "translation":
             maps, target = am.translation_attention(loaded, body.input, body.target, body.layers, body.heads)
         else:
             maps = am.lm_attention(loaded, body.input, body.layers, body.heads)
@@ -59,9 +84,16 @@ def _compute(served: ServedModel, body: AttentionRequest, max_bytes: int, max_pi
 async def attention(body: AttentionRequest, request: Request) -> Any:
     cfg = settings(request)
     served = _model(request, body)
+    target_ids = None
+    if served.task == "translation" and body.target is None and body.input and body.input.strip():
+        try:
+            am.check_selection(served.loaded, body.layers, body.heads)  # before the translation runs
+        except ValueError as exc:
+            raise bad_request(str(exc), "invalid_attention_request") from exc
+        target_ids = (await _own_translation(served, body.input))[1]
     try:
         maps, image, target = await asyncio.to_thread(_compute, served, body, cfg.max_image_bytes,
-                                                      cfg.max_image_pixels)
+                                                      cfg.max_image_pixels, target_ids)
     except (ValueError, InvalidInput) as exc:
         raise bad_request(str(exc), "invalid_attention_request") from exc
     floats = sum(m.weights.numel() for m in maps)

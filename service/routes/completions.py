@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.attention_maps import lm_attention_ids
-from model.generation import SamplingParams
+from model.decoding import SamplingParams, parse_logit_bias
 from service.engine import Event, QueueFull, TokenLogprob
 from service.errors import APIError, bad_request
 from service.generation_engine import GenerationEngine, GenerationRequest
@@ -80,11 +80,19 @@ class Choice:
 # --------------------------------------------------------------------------------------------------
 # Request -> engine requests
 # --------------------------------------------------------------------------------------------------
-def _sampling(body: SamplingFields, max_tokens: int, seed_offset: int, logprobs: int | None) -> SamplingParams:
+def _logit_bias(body: SamplingFields, engine: GenerationEngine) -> dict[int, float]:
+    try:
+        return parse_logit_bias(body.logit_bias, engine.runner.vocab_size)
+    except ValueError as exc:
+        raise bad_request(str(exc), "invalid_logit_bias") from exc
+
+
+def _sampling(body: SamplingFields, max_tokens: int, seed_offset: int, logprobs: int | None,
+              logit_bias: dict[int, float]) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens), temperature=body.temperature,
         top_p=body.top_p, top_k=max(body.top_k, 0), presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
+        frequency_penalty=body.frequency_penalty, logit_bias=logit_bias,
         # Choice j of a seeded request uses seed + j: reproducible, yet the n choices differ.
         seed=None if body.seed is None else (body.seed + seed_offset) % 2**63,
         stop=list(body.stop or []), ignore_eos=body.ignore_eos, logprobs=logprobs,
@@ -233,7 +241,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
     log_inputs(request, prompts)
     encoded = [_encode(engine, p, cfg.max_input_chars) for p in prompts]
-    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs)) for ids in encoded for j in range(body.n)]
+    bias = _logit_bias(body, engine)
+    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias)) for ids in encoded
+            for j in range(body.n)]
     for ids, params in jobs[:: body.n]:
         try:
             engine.check_limits(len(ids), params.max_tokens)
@@ -314,7 +324,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         check_max_tokens(requested, cfg.max_tokens_limit)
     max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
     top = (body.top_logprobs or 0) if body.logprobs else None
-    jobs = [(ids, _sampling(body, max_tokens, j, top)) for j in range(body.n)]
+    bias = _logit_bias(body, engine)
+    jobs = [(ids, _sampling(body, max_tokens, j, top, bias)) for j in range(body.n)]
     choices = [Choice(i, req) for i, req in enumerate(_submit(engine, jobs))]
     completion_id, created, model = new_id("chatcmpl"), now(), served.name
 

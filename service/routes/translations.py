@@ -39,7 +39,8 @@ def _usage(jobs: list[TranslationJob], completion_tokens: int) -> dict[str, int]
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
 
 
-async def _translate(engine: TranslationEngine, req: EngineRequest) -> tuple[str, list[int]]:
+async def collect_translation(engine: TranslationEngine, req: EngineRequest) -> tuple[str, list[int]]:
+    """The text and ids of one translation request, once it has finished."""
     text, ids = "", []
     async for event in engine.stream(req):
         text += event.text
@@ -82,7 +83,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         raise submission_error(exc) from exc
 
     if not body.stream:
-        tasks = [asyncio.ensure_future(_translate(engine, r)) for r in submitted]
+        tasks = [asyncio.ensure_future(collect_translation(engine, r)) for r in submitted]
         try:
             results = await asyncio.gather(*tasks)
         except Exception as exc:

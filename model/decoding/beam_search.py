@@ -1,9 +1,9 @@
 """Beam search state for one request, with Hugging Face `generate(num_beams=...)` semantics.
 
 The state is independent of how the model is run: each step the caller feeds next-token log-probs of the
-request's `num_beams` rows and gets back, per new beam, the row it continues (its parent), so that the
-caller can reorder its KV-cache rows. The same object serves the one-request loop in `generation.py` and
-a continuous-batching scheduler that runs many requests' beams in one decoder batch.
+request's `num_beams` rows, already through the constraints of the logits pipeline (banned ids, forced
+eos), and gets back, per new beam, the row it continues (its parent), so that the caller can reorder its
+KV-cache rows. `Seq2SeqRunner` runs many requests' beams in one decoder batch.
 
 Scoring (as in transformers' vectorised beam search): each step keeps the top 2 * num_beams candidates
 over all beams x vocabulary by accumulated log-probability; candidates that end (eos or length limit)
@@ -31,8 +31,6 @@ class BeamSettings:
     eos_token_id: int = 0
     length_penalty: float = 1.0
     early_stopping: bool | str = False
-    banned_token_ids: Sequence[int] = ()
-    force_eos_at_max: bool = False  # Marian's forced_eos_token_id: the last possible token is eos
 
 
 class BeamSearch:
@@ -77,8 +75,8 @@ class BeamSearch:
     def group_key(self) -> tuple:
         """Requests with equal keys can advance together."""
         s = self.s
-        return (s.num_beams, s.eos_token_id, s.length_penalty, s.early_stopping, tuple(s.banned_token_ids),
-                s.force_eos_at_max, self.running.size(1), self.running.device)
+        return (s.num_beams, s.eos_token_id, s.length_penalty, s.early_stopping, self.running.size(1),
+                self.running.device)
 
     def advance(self, log_probs: Tensor) -> Tensor:
         """Take one step given log-probs (num_beams, V) of the running beams. Returns the parent row
@@ -93,15 +91,9 @@ class BeamSearch:
         s, nb, R = first.s, first.s.num_beams, len(searches)
         device = log_probs.device
         V = log_probs.size(-1)
-        lp = log_probs.float().reshape(R, nb, V).clone()
-        if s.banned_token_ids:
-            lp[:, :, list(s.banned_token_ids)] = float("-inf")
+        lp = log_probs.float().reshape(R, nb, V)
         cur_len = torch.tensor([x.cur_len for x in searches], device=device)
         max_length = torch.tensor([x.max_length for x in searches], device=device)
-        if s.force_eos_at_max:
-            only_eos = torch.full((V,), float("-inf"), device=device)
-            only_eos[s.eos_token_id] = 0.0
-            lp = torch.where((cur_len == max_length - 1)[:, None, None], only_eos, lp)
         running = torch.stack([x.running for x in searches])  # (R, nb, W)
         running_scores = torch.stack([x.running_scores for x in searches])
         W = running.size(-1)

@@ -1,0 +1,176 @@
+"""Runs a decoder-only LM for many sequences at once, and `generate`, the one-call way to use it.
+
+The runner owns the KV cache and its slots, builds the input tensors of prefill and decode steps (padded to
+CUDA-graph buckets on a GPU), chooses every row's next token through the logits pipeline and the sampler,
+and applies the finish rules. The serving engine schedules requests onto it; `generate` (warm-up,
+evaluation, scripts) runs the very same steps for a list of prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from model.checkpoint import LoadedModel
+from model.cuda_graphs import BucketedDecode, default_buckets
+from model.decoding.logits import LogitsPipeline
+from model.decoding.params import SamplingParams
+from model.decoding.sampler import sample, token_logprobs
+from model.kv_cache import SlotAllocator
+
+StepLogprobs = tuple[list[float], list[list[float]], list[list[int]]]  # chosen, top values, top ids
+
+
+class TextSequence:
+    """One prompt's decoding state."""
+
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, device: torch.device | str = "cpu") -> None:
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.slot = -1
+        self.generated: list[int] = []  # eos excluded
+        self.next_token: int | None = None  # chosen, not yet fed to the model
+        self.finish_reason: str | None = None  # "stop" | "length"
+        # On the model's device, so that sampling needs no copy of the probabilities to the host.
+        self.generator = params.make_generator(device)
+        self.counts: Tensor | None = None  # made on first use by the penalties, then kept up to date
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.generated)
+
+    def token_counts(self, vocab_size: int, device: torch.device) -> Tensor:
+        if self.counts is None:
+            self.counts = torch.zeros(vocab_size, device=device)
+            if self.generated:
+                self.counts.index_add_(0, torch.tensor(self.generated, device=device),
+                                       torch.ones(len(self.generated), device=device))
+        return self.counts
+
+
+class DecoderRunner:
+    def __init__(self, loaded: LoadedModel, *, num_slots: int, max_len: int | None = None, cuda_graphs: bool = True,
+                 compile: bool = False) -> None:
+        self.model, cfg, gen = loaded.model, loaded.config, loaded.generation
+        self.device = loaded.device
+        self.vocab_size = cfg.vocab_size
+        self.max_len = min(max_len or cfg.max_seq_len, cfg.max_seq_len)
+        tok = loaded.tokenizer
+        self.eos = tok.eos_id if tok is not None and tok.eos_id is not None else cfg.eos_token_id
+        self.pipeline = LogitsPipeline(self.eos, gen.banned_token_ids, gen.force_eos_at_max)
+        self.slots = SlotAllocator(num_slots)
+        # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
+        graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
+        # With graphs, one extra cache slot, owned by no request, takes the rows that pad a batch to its bucket.
+        self.cache = self.model.new_cache(num_slots + 1 if graphs else num_slots, self.max_len)
+        # Shapes vary only in the batch size (and, on CPU, the attended length): compiled dynamically.
+        self._compiled = torch.compile(self.model.decode_step, dynamic=None) if compile else None
+        self.graphed: BucketedDecode | None = None
+        if graphs:
+            self.graphed = BucketedDecode(
+                lambda tokens, positions, slots: self._decode_step(tokens, positions, self.cache, slots),
+                pad_values=(0, 0, num_slots), buckets=default_buckets(num_slots), device=self.device,
+                use_graphs=True,
+            )
+            self.graphed.capture()
+
+    def check(self, prompt_len: int, max_tokens: int) -> None:
+        """Raise ValueError when a prompt cannot run here."""
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty after tokenization")
+        if prompt_len + max_tokens > self.max_len:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds this model's context of "
+                f"{self.max_len} tokens; shorten the prompt or lower max_tokens"
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    # Forward passes
+    # ----------------------------------------------------------------------------------------------
+    def prefill(self, seqs: Sequence[TextSequence]) -> Tensor:
+        """Logits (B, V) of each prompt's last position; writes the prompts into their slots."""
+        lengths = [len(s.prompt_ids) for s in seqs]
+        tokens = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            tokens[i, : lengths[i]] = torch.tensor(s.prompt_ids)
+        dev = self.device
+        return self.model.prefill(tokens.to(dev), torch.tensor(lengths, device=dev), self.cache,
+                                  torch.tensor([s.slot for s in seqs], device=dev))
+
+    def decode(self, seqs: Sequence[TextSequence]) -> Tensor:
+        """Feeds each sequence's `next_token`; logits (B, V). Sequences in slot order let the model read
+        the cache through a view instead of a gather."""
+        positions = [len(s.prompt_ids) + len(s.generated) - 1 for s in seqs]
+        if self.graphed is not None:  # static shapes: the whole cache, batch padded to a captured bucket
+            return self.graphed([s.next_token for s in seqs], positions, [s.slot for s in seqs])
+        dev = self.device
+        # Eager (CPU): attend only over the positions in use, which is where a CPU spends its time.
+        return self._decode_step(
+            torch.tensor([s.next_token for s in seqs], device=dev), torch.tensor(positions, device=dev),
+            self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,
+        )
+
+    def _decode_step(self, *args, **kwargs) -> Tensor:  # noqa: ANN002, ANN003
+        return (self._compiled or self.model.decode_step)(*args, **kwargs)
+
+    # ----------------------------------------------------------------------------------------------
+    # Next tokens
+    # ----------------------------------------------------------------------------------------------
+    def choose(self, seqs: Sequence[TextSequence], logits: Tensor) -> tuple[list[int], StepLogprobs | None]:
+        """Every row's next token (one host sync), and the log-probabilities of the rows that asked for
+        them (over the constrained scores, before temperature)."""
+        params = [s.params for s in seqs]
+        constrained = self.pipeline.constrain(logits, seqs)
+        tokens = sample(self.pipeline.shape(constrained, seqs), params,
+                        [s.generator for s in seqs])
+        logprobs = None
+        if any(p.logprobs is not None for p in params):
+            n_top = max(p.logprobs or 0 for p in params)
+            chosen, top_v, top_i = (t.tolist() for t in token_logprobs(constrained, tokens, n_top))
+            logprobs = (chosen, top_v, top_i)
+        return tokens.tolist(), logprobs
+
+    def append(self, seq: TextSequence, token: int) -> str | None:
+        """Record a chosen token; returns the finish reason when the sequence ends with it. Eos (unless
+        ignored) ends it and is not part of the output; so do max_tokens and the context limit."""
+        seq.next_token = token
+        if token == self.eos and not seq.params.ignore_eos:
+            seq.finish_reason = "stop"
+        else:
+            seq.generated.append(token)
+            if seq.counts is not None:
+                seq.counts[token] += 1
+            if len(seq.generated) >= seq.params.max_tokens or len(seq.prompt_ids) + len(seq.generated) >= self.max_len:
+                seq.finish_reason = "length"
+        return seq.finish_reason
+
+
+@torch.inference_mode()
+def generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+             *, runner: DecoderRunner | None = None, max_batch: int = 32) -> list[TextSequence]:
+    """Decode every prompt (token ids) to its end, up to `max_batch` (or the runner's free slots) at a time.
+    Each result's `generated` holds its tokens (eos excluded) and `finish_reason` why it ended."""
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    if runner is None:
+        runner = DecoderRunner(loaded, num_slots=max(1, min(max_batch, len(prompts))), cuda_graphs=False)
+    seqs = [TextSequence(p, sp, runner.device) for p, sp in zip(prompts, params, strict=True)]
+    for s in seqs:
+        runner.check(len(s.prompt_ids), s.params.max_tokens)
+    width = runner.slots.num_free
+    for start in range(0, len(seqs), width):
+        batch = seqs[start : start + width]
+        for s in batch:
+            s.slot = runner.slots.allocate(1)[0]
+        try:
+            running, logits = batch, runner.prefill(batch)
+            while running:
+                tokens, _ = runner.choose(running, logits)
+                running = [s for s, t in zip(running, tokens, strict=True) if runner.append(s, t) is None]
+                if running:
+                    logits = runner.decode(running)
+        finally:
+            runner.slots.free([s.slot for s in batch])
+    return seqs

@@ -1,0 +1,270 @@
+"""Runs an encoder-decoder translator for many requests at once, beam search included, and `translate`,
+the one-call way to use it.
+
+A request is started by running its encoder (batched with the other starts) and writing its cross-attention
+keys/values once into a cross slot. Every decoder step then advances all running requests together: a
+greedy request is one row of the batch, a beam request `num_beams` rows whose self-attention cache rows are
+reordered in place by beam parent. Every row's scores go through the logits pipeline; beam search is the
+one-request `BeamSearch` fed with this request's rows, so its result does not depend on what else runs.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from model.checkpoint import LoadedModel
+from model.cuda_graphs import BucketedDecode, default_buckets
+from model.decoding.beam_search import BeamSearch, BeamSettings
+from model.decoding.logits import LogitsPipeline
+from model.decoding.params import SamplingParams
+from model.kv_cache import SlotAllocator
+
+Spans = list[tuple[int, int]]  # each request's rows in the decoder batch
+
+
+@dataclass
+class TranslationJob:
+    source_ids: list[int]
+    num_beams: int
+    max_new_tokens: int
+
+
+def translation_job(loaded: LoadedModel, source_ids: Sequence[int], num_beams: int | None = None,
+                    max_new_tokens: int | None = None) -> TranslationJob:
+    """A job with the checkpoint's defaults where the caller gives none."""
+    g, cfg = loaded.generation, loaded.config
+    return TranslationJob(list(source_ids), num_beams or g.num_beams,
+                          max_new_tokens or min(g.max_new_tokens, cfg.max_target_len))
+
+
+class TranslationSequence:
+    """One source's decoding state."""
+
+    def __init__(self, job: TranslationJob) -> None:
+        self.job = job
+        self.params = SamplingParams(max_tokens=job.max_new_tokens, temperature=0.0)
+        self.rows: list[int] = []  # self-attention cache rows: 1 (greedy) or num_beams
+        self.cross_slot = -1
+        self.search: BeamSearch | None = None
+        self.generated: list[int] = []  # greedy output so far (eos included once reached)
+        self.finish_reason: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.job.num_beams == 1
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.generated) if self.greedy else self.search.step_index
+
+    def token_counts(self, vocab_size: int, device: torch.device) -> Tensor:
+        return torch.zeros(vocab_size, device=device).index_add_(
+            0, torch.tensor(self.generated, dtype=torch.long, device=device), torch.ones(len(self.generated),
+                                                                                        device=device))
+
+    @property
+    def output_ids(self) -> list[int]:
+        """The translation's ids so far (the best hypothesis once a beam search is done); eos included."""
+        return self.generated if self.greedy else self.search.best()
+
+
+class Seq2SeqRunner:
+    def __init__(self, loaded: LoadedModel, *, num_rows: int, cuda_graphs: bool = True) -> None:
+        self.model, self.cfg, self.gen = loaded.model, loaded.config, loaded.generation
+        self.device = loaded.device
+        self.eos = self.cfg.eos_token_id
+        self.pipeline = LogitsPipeline(self.eos, self.gen.banned_token_ids, self.gen.force_eos_at_max)
+        self.rows = SlotAllocator(num_rows)
+        self.cross_slots = SlotAllocator(num_rows)
+        # Hypothesis buffers as wide as the longest possible output, so that any beam requests can be stacked.
+        self.width = self.cfg.max_target_len + 1
+        self.graphed: BucketedDecode | None = None
+        if cuda_graphs and self.device.type == "cuda" and not self.cfg.n_experts:  # MoE routing: dynamic shapes
+            self.cache = self.model.new_cache(num_rows + 1, num_rows + 1)
+            self.graphed = static_decode(self.model, self.cache, scratch=num_rows, max_batch=num_rows,
+                                         use_graphs=True)
+            self.graphed.capture()
+        else:
+            self.cache = self.model.new_cache(num_rows, num_rows)
+
+    def beam_settings(self, job: TranslationJob) -> BeamSettings:
+        g = self.gen
+        return BeamSettings(num_beams=job.num_beams, max_new_tokens=job.max_new_tokens, eos_token_id=self.eos,
+                            length_penalty=g.length_penalty, early_stopping=g.early_stopping)
+
+    # ----------------------------------------------------------------------------------------------
+    # Rows
+    # ----------------------------------------------------------------------------------------------
+    def reserve(self, seq: TranslationSequence) -> bool:
+        """Claim the decoder rows and the cross slot `seq` needs; False when they are not free now."""
+        if self.rows.num_free < seq.job.num_beams or not self.cross_slots.num_free:
+            return False
+        seq.rows = self.rows.allocate(seq.job.num_beams)
+        seq.cross_slot = self.cross_slots.allocate(1)[0]
+        return True
+
+    def release(self, seq: TranslationSequence) -> None:
+        """Give back what `reserve` claimed (idempotent)."""
+        if seq.rows:
+            self.rows.free(seq.rows)
+            seq.rows = []
+        if seq.cross_slot >= 0:
+            self.cross_slots.free([seq.cross_slot])
+            seq.cross_slot = -1
+
+    # ----------------------------------------------------------------------------------------------
+    # Forward passes
+    # ----------------------------------------------------------------------------------------------
+    def encode(self, seqs: Sequence[TranslationSequence]) -> None:
+        """Encode the sources as one padded batch into their cross slots."""
+        lengths = [len(s.job.source_ids) for s in seqs]
+        src = torch.full((len(seqs), max(lengths)), self.cfg.pad_token_id, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            src[i, : lengths[i]] = torch.tensor(s.job.source_ids)
+        dev = self.device
+        self.model.start(src.to(dev), torch.tensor(lengths, device=dev), self.cache,
+                         torch.tensor([s.cross_slot for s in seqs], device=dev))
+
+    def begin(self, seq: TranslationSequence) -> None:
+        """After `encode`: a beam request gets its search state."""
+        if not seq.greedy:
+            seq.search = BeamSearch(self.beam_settings(seq.job), self.cfg.decoder_start_token_id,
+                                    device=self.device, width=self.width)
+
+    def decode(self, seqs: Sequence[TranslationSequence]) -> tuple[Tensor, Spans]:
+        """One decoder step for every row of every sequence: logits (rows, V) and each sequence's span."""
+        rows, crosses, tokens, positions, spans = [], [], [], [], []
+        beam_rows: list[int] = []
+        for s in seqs:
+            n = len(s.rows)
+            spans.append((len(rows), len(rows) + n))
+            if s.greedy:
+                tokens.append(s.generated[-1] if s.generated else self.cfg.decoder_start_token_id)
+                positions.append(len(s.generated))
+            else:
+                beam_rows += range(len(rows), len(rows) + n)
+                tokens += [0] * n  # filled in on the device below
+                positions += [s.search.step_index] * n
+            rows += s.rows
+            crosses += [s.cross_slot] * n
+        dev = self.device
+        token_ids = torch.tensor(tokens, device=dev)
+        if beam_rows:  # the beams' last tokens stay on the device: no copy to the host and back
+            token_ids[torch.tensor(beam_rows, device=dev)] = torch.cat([s.search.last_tokens for s in seqs
+                                                                       if not s.greedy])
+        if self.graphed is not None:  # the whole static caches, batch padded to a captured bucket
+            return self.graphed(token_ids, positions, rows, crosses).float(), spans
+        logits = self.model.decode_step(
+            token_ids, torch.tensor(positions, device=dev), self.cache,
+            torch.tensor(rows, device=dev), torch.tensor(crosses, device=dev),
+            kv_len=max(positions) + 1, src_len=max(len(s.job.source_ids) for s in seqs),
+        ).float()
+        return logits, spans
+
+    # ----------------------------------------------------------------------------------------------
+    # Next tokens
+    # ----------------------------------------------------------------------------------------------
+    def advance(self, seqs: Sequence[TranslationSequence], logits: Tensor, spans: Spans,
+                on_group_error: Callable[[list[TranslationSequence], Exception], None] | None = None) -> list[int | None]:
+        """Choose every greedy row's next token (one argmax) and advance the beam requests in groups that step
+        together. Returns the greedy sequences' tokens (None for beam ones). A group whose step fails is passed
+        to `on_group_error` (its beam states may have moved, so it cannot run again); without it, it raises."""
+        span = {id(s): sp for s, sp in zip(seqs, spans, strict=True)}
+        greedy = [s for s in seqs if s.greedy]
+        chosen: dict[int, int] = {}
+        if greedy:
+            scores = logits[torch.tensor([span[id(s)][0] for s in greedy], device=logits.device)]
+            chosen = dict(zip(map(id, greedy), self.pipeline.constrain(scores, greedy).argmax(dim=-1).tolist(),
+                              strict=True))
+        groups: dict[tuple, list[TranslationSequence]] = {}
+        for s in seqs:
+            if not s.greedy:
+                groups.setdefault(s.search.group_key(), []).append(s)
+        for group in groups.values():
+            try:
+                self._advance_beams(group, logits, span)
+            except Exception as exc:
+                if on_group_error is None:
+                    raise
+                on_group_error(group, exc)
+        return [chosen.get(id(s)) for s in seqs]
+
+    def _advance_beams(self, group: list[TranslationSequence], logits: Tensor, span: dict[int, tuple[int, int]]) -> None:
+        dev = logits.device
+        idx = torch.tensor([i for s in group for i in range(*span[id(s)])], device=dev)
+        rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
+        log_probs = self.pipeline.constrain(torch.log_softmax(logits[idx].float(), dim=-1), rows)
+        parents = BeamSearch.advance_many([s.search for s in group], log_probs)
+        cache_rows = torch.tensor([s.rows for s in group], device=dev)  # (R, num_beams)
+        self.cache.self_kv.copy_slots(cache_rows.gather(1, parents).flatten(), cache_rows.flatten())
+
+    def append(self, seq: TranslationSequence, token: int | None) -> str | None:
+        """Record a greedy token (beam requests: None) and return the finish reason when `seq` has ended."""
+        if seq.greedy:
+            seq.generated.append(token)
+            if token == self.eos:
+                seq.finish_reason = "stop"
+            elif len(seq.generated) >= seq.job.max_new_tokens:
+                seq.finish_reason = "length"
+        elif seq.search.done:
+            ids = seq.search.best()
+            seq.finish_reason = "stop" if ids and ids[-1] == self.eos else "length"
+        return seq.finish_reason
+
+
+def static_decode(model, cache, *, scratch: int, max_batch: int, use_graphs: bool) -> BucketedDecode:  # noqa: ANN001
+    """Decoder steps of a `Seq2Seq` over its whole static caches, at bucketed batch sizes. Padding rows use
+    self-attention slot and cross slot `scratch`, which no request owns; the scratch source has length 1 so
+    that its cross-attention is well defined."""
+    cache.cross_kv.lengths[scratch] = 1
+    return BucketedDecode(
+        lambda tokens, positions, rows, crosses: model.decode_step(tokens, positions, cache, rows, crosses),
+        pad_values=(0, 0, scratch, scratch), buckets=default_buckets(max_batch), device=cache.self_kv.k.device,
+        use_graphs=use_graphs,
+    )
+
+
+def translate(loaded: LoadedModel, sources: Sequence[Sequence[int]], num_beams: int | None = None,
+              max_new_tokens: int | None = None, *, runner: Seq2SeqRunner | None = None,
+              max_rows: int = 64) -> list[TranslationSequence]:
+    """Translate source id lists with the checkpoint's defaults (or the given beams / length). Each result's
+    `output_ids` holds its ids (eos included when reached)."""
+    jobs = [translation_job(loaded, s, num_beams, max_new_tokens) for s in sources]
+    return run_jobs(loaded, jobs, runner=runner, max_rows=max_rows)
+
+
+@torch.inference_mode()
+def run_jobs(loaded: LoadedModel, jobs: Sequence[TranslationJob], *, runner: Seq2SeqRunner | None = None,
+             max_rows: int = 64) -> list[TranslationSequence]:
+    """Run translation jobs to their ends, as many at a time as the runner's rows allow."""
+    if runner is None:
+        need = sum(j.num_beams for j in jobs)
+        runner = Seq2SeqRunner(loaded, num_rows=max(1, min(max_rows, need), *(j.num_beams for j in jobs)),
+                               cuda_graphs=False)
+    seqs = [TranslationSequence(j) for j in jobs]
+    waiting, running = collections.deque(seqs), []
+    try:
+        while waiting or running:
+            started = []
+            while waiting and runner.reserve(waiting[0]):
+                started.append(waiting.popleft())
+            if started:
+                runner.encode(started)
+                for s in started:
+                    runner.begin(s)
+                running += started
+            logits, spans = runner.decode(running)
+            tokens = runner.advance(running, logits, spans)
+            for s, t in zip(list(running), tokens, strict=True):
+                if runner.append(s, t) is not None:
+                    running.remove(s)
+                    runner.release(s)
+    finally:
+        for s in running:
+            runner.release(s)
+    return seqs

@@ -1,0 +1,37 @@
+"""Stop strings in streamed text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopStrings:
+    """Finds stop strings in streamed text. `feed(delta)` returns the text that is safe to emit (it can
+    no longer become part of a stop string) and whether a stop string was hit; the stop string itself
+    and anything after it are never emitted."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        text = self._held + delta
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self._held = True, ""
+            return text[: min(hits)], True
+        keep = 0  # longest suffix of `text` that is a proper prefix of some stop string
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), keep, -1):
+                if text.endswith(s[:n]):
+                    keep = n
+                    break
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
