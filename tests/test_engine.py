@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -68,6 +69,57 @@ def test_greedy_alone_equals_among_fifty_others(lm):
     for (ids, text, _), prompt in zip(results, prompts, strict=True):
         full = lm.tokenizer.decode(prompt + ids)
         assert full.endswith(text)
+
+
+def run_together(lm, jobs: list[tuple[list[int], SamplingParams]], **engine_opts) -> list[list[int]]:
+    """Every job submitted before the engine's first step (so they share its batches); their token ids."""
+    engine = make_engine(lm, **engine_opts)
+
+    async def run() -> list:
+        reqs = [engine.submit(p, sp) for p, sp in jobs]
+        return await asyncio.gather(*(collect(engine, r) for r in reqs))
+
+    try:
+        return [ids for ids, _, _ in asyncio.run(run())]
+    finally:
+        engine.stop()
+
+
+def test_sampled_requests_with_penalties_and_bias_alone_equal_among_others(lm):
+    """Seeded sampling with penalties, top-k, top-p and logit_bias, among greedy requests, 24 at once on 8
+    slots (they finish at different steps: slots churn): each gives exactly what it gives alone through the
+    one-request path, and sampling gives other tokens than greedy decoding."""
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(24, seed=5)]
+    variants = [dict(temperature=1.5, presence_penalty=0.8), dict(temperature=1.2, frequency_penalty=0.6, top_k=20),
+                dict(temperature=1.8, top_p=0.9, logit_bias={7: 4.0, 9: -100.0}), dict(temperature=0.0),
+                dict(temperature=0.0, presence_penalty=1.0, logit_bias={11: 2.0})]
+    params = [SamplingParams(max_tokens=6 + (i * 5) % 15, seed=i, **variants[i % len(variants)]) for i in range(24)]
+    jobs = list(zip(prompts, params, strict=True))
+    alone = [lm_tokens(lm, p, sp, with_eos=False) for p, sp in jobs]
+    assert_varied(alone)
+    greedy = [lm_tokens(lm, p, dataclasses.replace(sp, temperature=0.0), with_eos=False) for p, sp in jobs]
+    # The trained LM is sure of itself; still, sampling leaves the greedy path in a third of the sampled requests.
+    assert sum(a != g for a, g, sp in zip(alone, greedy, params, strict=True) if not sp.greedy) >= 5
+    assert run_together(lm, jobs) == alone
+
+
+def test_logit_bias_forces_and_bans_beside_unbiased_requests(lm):
+    """+100 makes a token the only choice (greedy and sampled), -100 removes it; unbiased requests in the
+    same batch are unchanged."""
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(6, seed=7)]
+    plain = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+             SamplingParams(max_tokens=10, temperature=1.5, seed=3, ignore_eos=True)]
+    unbiased = [lm_tokens(lm, prompts[i], plain[i % 2]) for i in range(6)]
+    banned = unbiased[0][0]  # the first token greedy decoding chooses for prompt 0
+    forced = next(t for t in range(lm.config.vocab_size) if all(t not in u for u in unbiased) and t != lm.tokenizer.eos_id)
+    bias = [{banned: -100.0}, {forced: 100.0}, {forced: 100.0}, {banned: -100.0}, {}, {}]
+    jobs = [(prompts[i], dataclasses.replace(plain[i % 2], logit_bias=bias[i])) for i in range(6)]
+    together = run_together(lm, jobs)
+    assert together[1] == together[2] == [forced] * 10  # greedy and sampled
+    assert banned not in together[0] and banned not in together[3]
+    assert together[0] != unbiased[0]
+    assert together[:4] == [lm_tokens(lm, p, sp) for p, sp in jobs[:4]]
+    assert together[4:] == unbiased[4:]
 
 
 def test_cancel_frees_the_slot_within_a_step(lm):

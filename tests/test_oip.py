@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import factories
+from fixture_training import sentences_where_beams_matter
 from model import checkpoint
 from model.decoding import translate
 from server import ServerProcess
@@ -84,7 +85,8 @@ def test_translate_bytes(server, models, name, num_beams):
     g = mt.generation
     assert g.num_beams == num_beams
     # The last one is a lexicon sentence whose greedy and 2-beam translations differ.
-    texts = ["Good morning.", "Where is the station?", "time good weather dog where"]
+    texts = ["Good morning.", "Where is the station?", *sentences_where_beams_matter(
+        mt, 1, num_beams=2, max_new_tokens=min(g.max_new_tokens, mt.config.max_target_len))]
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": texts}]}
     resp = httpx.post(server.url + f"/v2/models/{name}/infer", json=body).json()
     (out,) = resp["outputs"]

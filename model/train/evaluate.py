@@ -132,8 +132,10 @@ def evaluate_lm(loaded: LoadedModel, test_texts: Sequence[str], train_texts: Seq
         valid_stream = token_stream(tok, list(valid_texts)) if valid_texts else None
         metrics.update(ngram_baselines(train_stream, test_stream, tok.vocab_size, valid_stream))
     if samples:
-        params = [SamplingParams(max_tokens=48, temperature=0.8, top_k=40, seed=i) for i in range(len(LM_PROMPTS))]
-        done = generate(loaded, [tok.encode(p) for p in LM_PROMPTS], params)
+        prompts = [tok.encode(p) for p in LM_PROMPTS]
+        params = [SamplingParams(max_tokens=max(1, min(48, context - len(ids))), temperature=0.8, top_k=40, seed=i)
+                  for i, ids in enumerate(prompts)]
+        done = generate(loaded, prompts, params)
         metrics["samples"] = [[p, p + tok.decode(s.generated)] for p, s in zip(LM_PROMPTS, done, strict=True)]
     metrics["seconds"] = round(time.perf_counter() - start, 1)
     return metrics
