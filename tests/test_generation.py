@@ -18,6 +18,7 @@ from model.decoding import (
     parse_logit_bias,
     sample,
     token_logprobs,
+    translate,
 )
 from model.decoding.logits import filter_top_k_top_p
 from one_request import lm_tokens
@@ -224,3 +225,21 @@ def test_beam_searches_advanced_together_equal_each_alone():
         assert parents.shape == (len(live), 3)
         k += 1
     assert [(s.best(), s.best_score) for s in together] == alone
+
+
+def test_the_library_loads_and_decodes_without_the_server(tiny_lm, tiny_mt):
+    """`import model; model.load(...)` and `model.decoding` as README shows them."""
+    import model
+
+    lm = model.load(tiny_lm, device="cpu", dtype="float32")
+    assert lm.dtype == torch.float32 and lm.task == "text-generation"
+    prompts = [lm.tokenizer.encode(t) for t in ("Hello world", "Good morning")]
+    outs = generate(lm, prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    assert [o.finish_reason for o in outs] == ["length"] * 2
+    assert [o.generated for o in outs] == [lm_tokens(lm, p, SamplingParams(max_tokens=5, temperature=0.0,
+                                                                            ignore_eos=True)) for p in prompts]
+    mt = model.load(tiny_mt)
+    (t,) = translate(mt, [mt.tokenizer.encode("Good morning.")], num_beams=2, max_new_tokens=6)
+    assert t.job.num_beams == 2 and 1 <= len(t.output_ids) <= 6 and t.finish_reason in ("stop", "length")
+    with pytest.raises(ValueError, match="exceeds this model's context"):
+        generate(lm, prompts[:1], SamplingParams(max_tokens=lm.config.max_seq_len))
