@@ -118,7 +118,9 @@ class DynamicBatcher(Generic[T, R]):
                     break
                 self._cond.wait(timeout=left)
             taken, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
-            batch = [p for p in taken if not p.cancelled]
+            # An item whose waiter has gone is dropped, not computed; the others' futures are marked running,
+            # so that a waiter cancelled from now on cannot cancel them under the worker's `set_result`.
+            batch = [p for p in taken if not p.cancelled and p.future.set_running_or_notify_cancel()]
             self.m.queue_depth.set(len(self._queue))
             return batch
 
@@ -127,7 +129,8 @@ class DynamicBatcher(Generic[T, R]):
             batch = self._take_batch()
             if self._stop:
                 for p in batch + self._queue:
-                    p.future.set_exception(RuntimeError("server shutting down"))
+                    if not p.future.done():  # a cancelled waiter's future is done already
+                        p.future.set_exception(RuntimeError("server shutting down"))
                 return
             if not batch:
                 continue

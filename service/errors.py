@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("tserve.errors")
 
@@ -33,6 +34,11 @@ def not_found(message: str, code: str = "model_not_found") -> APIError:
 def overloaded(message: str, retry_after: int = 1, status: int = 429) -> APIError:
     return APIError(status, message, "server_overloaded", "rate_limit_exceeded" if status == 429 else "unavailable",
                     {"Retry-After": str(retry_after)})
+
+
+def client_closed() -> APIError:
+    """The client went away before the answer (nginx's 499): nobody reads it, the access log and metrics do."""
+    return APIError(499, "client closed the request", "invalid_request_error", "client_closed")
 
 
 def error_body(message: str, type_: str, code: str | None) -> dict:
@@ -70,6 +76,11 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(cause.status, cause.message, cause.type, cause.code, cause.headers)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return error_response(exc.status_code, str(exc.detail), type_, None, getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _disconnected(_: Request, __: ClientDisconnect) -> JSONResponse:  # while the body was being read
+        err = client_closed()
+        return error_response(err.status, err.message, err.type, err.code)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

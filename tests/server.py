@@ -56,13 +56,15 @@ class ServerProcess:
             self._log.flush()
         return self.log_file.read_text(errors="replace")[-5000:]
 
-    def metric(self, name: str, model: str) -> float:
-        """Current value of a gauge/counter sample with label model=..."""
+    def metric(self, name: str, model: str, default: float | None = None) -> float:
+        """Current value of a gauge/counter sample with label model=... (`default` when it has none yet)."""
         text = httpx.get(f"{self.url}/metrics", timeout=5).text
         prefix = f'{name}{{model="{model}"}} '
         for line in text.splitlines():
             if line.startswith(prefix):
                 return float(line[len(prefix):])
+        if default is not None:
+            return default
         raise KeyError(f"{name} for {model} not in /metrics")
 
     def stop(self) -> int:

@@ -392,3 +392,35 @@ def test_compiled_decode_step_gives_the_same_tokens(lm):
             engine.stop()
     assert_varied(outputs[0])
     assert outputs[1] == outputs[0]
+
+
+def test_batcher_survives_a_waiter_cancelled_mid_batch_and_drops_abandoned_items():
+    """A waiter cancelled while its batch runs (Ray Serve and `wait_for` cancel handlers) must not kill the
+    worker thread; items whose waiters left while queued are not computed."""
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def batch_fn(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        started.set()
+        release.wait(5)
+        return [x * 10 for x in items]
+
+    batcher = DynamicBatcher("b", batch_fn, max_batch_size=2, max_wait_ms=0, max_queue=10, metrics=Metrics())
+    batcher.start()
+
+    async def run() -> None:
+        running = asyncio.create_task(batcher.submit(1))
+        await asyncio.to_thread(started.wait, 5)
+        queued = [asyncio.create_task(batcher.submit(x)) for x in (2, 3)]
+        await asyncio.sleep(0.05)
+        for task in [running, *queued]:
+            task.cancel()
+        await asyncio.gather(running, *queued, return_exceptions=True)
+        release.set()
+        assert await asyncio.wait_for(batcher.submit(4), timeout=5) == 40  # the worker is alive
+
+    try:
+        asyncio.run(run())
+    finally:
+        batcher.stop()
+    assert calls == [[1], [4]]

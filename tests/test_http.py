@@ -241,6 +241,41 @@ def test_disconnect_frees_slot(slow_server):
     assert server.metric("tserve_generated_tokens_total", "lm") == generated  # nothing runs on
 
 
+@pytest.mark.parametrize("route", ["/v1/translations", "/v2/models/mt/infer"])
+def test_non_streaming_translations_are_freed_when_their_clients_leave(slow_server, route):
+    """6 clients ask for 4-beam translations of long inputs without streaming (24 rows on 8: two run, four
+    wait) and hang up after 0.5 s; at 50 ms a step the translations would hold rows for seconds. Within a
+    second of the hang-up no row is in use, nothing runs or waits, and no token is generated any more."""
+    server = slow_server
+    texts = lexicon_sentences(6, seed=21, min_words=12, max_words=16)
+
+    def body(text: str) -> dict:
+        if route.startswith("/v2"):  # the checkpoint's 2 beams
+            return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+        return {"model": "mt", "input": text, "num_beams": 4}
+
+    async def ask_and_leave(text: str) -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(client.post(server.url + route, json=body(text)), timeout=0.5)
+
+    async def all_leave() -> None:
+        await asyncio.gather(*(ask_and_leave(t) for t in texts))
+
+    before = server.metric("tserve_generated_tokens_total", "mt", default=0.0)
+    asyncio.run(all_leave())
+    left = time.monotonic()
+    gauges = ("tserve_kv_slots_in_use", "tserve_running_requests", "tserve_queue_depth")
+    while time.monotonic() - left < 5 and any(server.metric(g, "mt") for g in gauges):
+        time.sleep(0.05)
+    assert {g: server.metric(g, "mt") for g in gauges} == {g: 0 for g in gauges}
+    assert time.monotonic() - left < 1.0  # freed by the hang-up, not by running to the end
+    generated = server.metric("tserve_generated_tokens_total", "mt")
+    assert generated > before  # they were running
+    time.sleep(0.3)
+    assert server.metric("tserve_generated_tokens_total", "mt") == generated
+
+
 # --------------------------------------------------------------------------------------------------
 # Translation
 # --------------------------------------------------------------------------------------------------

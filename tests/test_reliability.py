@@ -76,10 +76,18 @@ async def _lines(resp: httpx.Response, leave_after: int | None):
 async def one_client(rng: random.Random, client: httpx.AsyncClient, url: str, expected: dict, tally: Tally,
                      deadline: float) -> None:
     while time.monotonic() < deadline:
-        kind = rng.choice(["complete", "stream", "leave", "translate", "classify"])
+        kind = rng.choice(["complete", "stream", "leave", "translate", "classify", "abandon"])
         prompt = rng.choice(PROMPTS)
         try:
-            if kind in ("complete", "stream", "leave"):
+            if kind == "abandon":  # a non-streaming translation or classification whose client gives up
+                body = ("/v1/translations", {"input": prompt, "num_beams": 2, "max_tokens": 8}) if rng.random() < 0.5 \
+                    else ("/v1/classifications", {"image": expected["image"]})
+                try:
+                    await asyncio.wait_for(client.post(url + body[0], json=body[1]), timeout=rng.uniform(0.005, 0.05))
+                except TimeoutError:
+                    tally.disconnected += 1
+                    continue
+            elif kind in ("complete", "stream", "leave"):
                 body = {"model": "lm", "prompt": prompt, "max_tokens": 16, "temperature": 0}
                 if kind == "complete":
                     resp = await client.post(f"{url}/v1/completions", json=body)
@@ -167,14 +175,18 @@ def test_soak_mixed_load_with_disconnects(checkpoints, tmp_path):
             tally = soak(srv.url, expected, clients=60, seconds=12, seed=seed)
             assert not tally.failures, tally.failures[:5]
             assert tally.ok > 100 and tally.disconnected > 0
-            for _ in range(100):  # everything settles: no slot, queue or running request left
-                if all(srv.metric(m, "lm") == 0 for m in ("tserve_kv_slots_in_use", "tserve_queue_depth",
-                                                          "tserve_running_requests")):
+            gauges = [(m, model) for model in ("lm", "mt") for m in ("tserve_kv_slots_in_use", "tserve_queue_depth",
+                                                                     "tserve_running_requests")]
+            gauges += [(m, "vit") for m in ("tserve_queue_depth", "tserve_running_requests")]
+            for _ in range(100):  # everything settles: no row, queue or running request left
+                if all(srv.metric(*g) == 0 for g in gauges):
                     break
                 time.sleep(0.05)
-            for model in ("lm", "mt"):
-                assert srv.metric("tserve_kv_slots_in_use", model) == 0
-                assert srv.metric("tserve_queue_depth", model) == 0
+            assert {g: srv.metric(*g) for g in gauges} == {g: 0 for g in gauges}
+            # The batcher's worker is alive: a classification still gets its answer.
+            resp = httpx.post(srv.url + "/v1/classifications", json={"image": expected["image"], "top_k": 1},
+                              timeout=30)
+            assert resp.json()["data"][0]["predictions"][0]["label"] == expected["label"]
             rounds.append((tally, rss_kib(srv.proc.pid)))
         text = httpx.get(srv.url + "/metrics").text
         assert 'status="500"' not in text and 'status="502"' not in text

@@ -11,10 +11,17 @@ from fastapi.responses import Response
 from model import attention_maps as am
 from service.attention_png import heatmap_grid, image_overlay
 from service.engine import QueueFull
-from service.errors import bad_request
+from service.errors import APIError, bad_request
 from service.registry import ServedModel
 from service.routes.classifications import _decode_b64
-from service.routes.deps import engine_error, registry, served_model, settings, submission_error
+from service.routes.deps import (
+    engine_error,
+    registry,
+    served_model,
+    settings,
+    submission_error,
+    while_connected,
+)
 from service.routes.translations import collect_translation
 from service.runners import InvalidInput, open_image
 from service.schemas import AttentionRequest
@@ -37,7 +44,7 @@ def _model(request: Request, body: AttentionRequest) -> ServedModel:
     return served_model(request, body.model, task)
 
 
-async def _own_translation(served: ServedModel, text: str) -> tuple[str, list[int]]:
+async def _own_translation(request: Request, served: ServedModel, text: str) -> tuple[str, list[int]]:
     """What `/v1/translations` answers for `text` with the checkpoint's defaults: the same engine job."""
     engine = served.engine
     try:
@@ -47,7 +54,9 @@ async def _own_translation(served: ServedModel, text: str) -> tuple[str, list[in
     except (QueueFull, ValueError) as exc:
         raise submission_error(exc) from exc
     try:
-        return await collect_translation(engine, req)
+        return await while_connected(request, collect_translation(engine, req))
+    except APIError:
+        raise
     except Exception as exc:
         raise engine_error(exc, "translation") from exc
     finally:
@@ -90,7 +99,7 @@ async def attention(body: AttentionRequest, request: Request) -> Any:
             am.check_selection(served.loaded, body.layers, body.heads)  # before the translation runs
         except ValueError as exc:
             raise bad_request(str(exc), "invalid_attention_request") from exc
-        target_ids = (await _own_translation(served, body.input))[1]
+        target_ids = (await _own_translation(request, served, body.input))[1]
     try:
         maps, image, target = await asyncio.to_thread(_compute, served, body, cfg.max_image_bytes,
                                                       cfg.max_image_pixels, target_ids)

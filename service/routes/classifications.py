@@ -15,7 +15,7 @@ from starlette.datastructures import UploadFile
 
 from service.engine import OutOfMemory, QueueFull
 from service.errors import APIError, bad_request, overloaded
-from service.routes.deps import check_count, served_model, settings
+from service.routes.deps import check_count, served_model, settings, while_connected
 from service.runners import InvalidInput
 from service.schemas import ClassificationRequest, ClassificationResponse
 
@@ -103,7 +103,7 @@ async def create_classification(request: Request) -> Any:
     except QueueFull as exc:
         raise overloaded(str(exc)) from exc
     try:
-        results = await asyncio.gather(*(served.batcher.result(p) for p in pending))
+        results = await while_connected(request, asyncio.gather(*(served.batcher.result(p) for p in pending)))
     except OutOfMemory as exc:
         raise overloaded(str(exc), retry_after=1, status=503) from exc
     except RuntimeError as exc:

@@ -33,6 +33,7 @@ from service.routes.deps import (
     settings,
     sse,
     submission_error,
+    while_connected,
 )
 from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -155,21 +156,12 @@ async def _collect(request: Request, engine: GenerationEngine, choices: list[Cho
         async for choice, event in _merged(engine, choices):
             choice.add(event)
 
-    async def watch() -> None:
-        while not await request.is_disconnected():
-            await asyncio.sleep(0.25)
-
-    consumer, watcher = asyncio.create_task(consume()), asyncio.create_task(watch())
     try:
-        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not consumer.done():
-            consumer.cancel()
-    if consumer in done and (exc := consumer.exception()) is not None:
-        raise engine_error(exc, "generation")
-    if consumer not in done:
-        raise APIError(499, "client closed the request", "invalid_request_error", "client_closed")
+        await while_connected(request, consume())
+    except APIError:
+        raise
+    except Exception as exc:
+        raise engine_error(exc, "generation") from exc
 
 
 async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: dict[str, Any],

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from model.attention_maps import check_selection
 from model.checkpoint import LoadedModel
 from service.engine import OutOfMemory, QueueFull, RequestTimeout
-from service.errors import APIError, bad_request, overloaded
+from service.errors import APIError, bad_request, client_closed, overloaded
 from service.registry import ModelRegistry, ServedModel
 from service.schemas import AttentionSelection
 from service.settings import Settings
@@ -40,6 +42,33 @@ def served_model(request: Request, name: str | None, task: str) -> ServedModel:
 
 
 log = logging.getLogger("tserve.requests")
+
+T = TypeVar("T")
+DISCONNECT_POLL_S = 0.25
+
+
+async def while_connected(request: Request, work: Awaitable[T]) -> T:
+    """The result of `work`, unless the client goes away first: then `work` is cancelled (which cancels the
+    engine requests and batcher items it waits on, freeing their rows at the next step) and the answer is
+    499. Every non-streaming route that waits on an engine or the batcher runs its wait through here."""
+    task = asyncio.ensure_future(work)
+    # Cancelled below when the client leaves; its outcome is then of no interest, but must be retrieved.
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
+    raise client_closed()
 
 
 def log_inputs(request: Request, texts: list[str]) -> None:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from service.engine import QueueFull
 from service.registry import ServedModel
-from service.routes.deps import registry
+from service.routes.deps import registry, while_connected
 from service.runners import InvalidInput
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
@@ -131,7 +131,8 @@ async def _classify(served: ServedModel, tensor: dict[str, Any], request: Reques
         if not torch.isfinite(batch).all():
             raise OIPError(400, "'pixels' must be finite")
         pixels = list(batch)
-    results = await asyncio.gather(*(served.batcher.result(p) for p in _enqueue(served, pixels)))
+    pending = _enqueue(served, pixels)
+    results = await while_connected(request, asyncio.gather(*(served.batcher.result(p) for p in pending)))
     request.app.state.metrics.images.labels(served.name).inc(len(results))
     index = {label: i for i, label in enumerate(served.loaded.labels)}
     probs = [[0.0] * len(index) for _ in results]
@@ -166,7 +167,11 @@ async def _translate(served: ServedModel, tensor: dict[str, Any], request: Reque
     async def text_of(req) -> str:
         return "".join([event.text async for event in engine.stream(req)])
 
-    out = await asyncio.gather(*(text_of(r) for r in requests))
+    try:
+        out = await while_connected(request, asyncio.gather(*(text_of(r) for r in requests)))
+    finally:
+        for r in requests:
+            r.cancel()
     return [{"name": "translation", "datatype": "BYTES", "shape": [len(out)], "data": list(out)}]
 
 

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
 from service.engine import QueueFull
-from service.errors import bad_request
+from service.errors import APIError, bad_request
 from service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
@@ -25,6 +25,7 @@ from service.routes.deps import (
     settings,
     sse,
     submission_error,
+    while_connected,
 )
 from service.runners import InvalidInput, TranslationJob
 from service.schemas import TranslationRequest, TranslationResponse
@@ -83,14 +84,16 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         raise submission_error(exc) from exc
 
     if not body.stream:
-        tasks = [asyncio.ensure_future(collect_translation(engine, r)) for r in submitted]
         try:
-            results = await asyncio.gather(*tasks)
+            results = await while_connected(request, asyncio.gather(
+                *(collect_translation(engine, r) for r in submitted)))
+        except APIError:
+            raise
         except Exception as exc:
             raise engine_error(exc, "translation") from exc
         finally:
-            for task in tasks:
-                task.cancel()
+            for r in submitted:
+                r.cancel()
         data = [{"index": i, "translation": text} for i, (text, _) in enumerate(results)]
         if attention is not None:
             for item, job, (_, ids) in zip(data, jobs, results, strict=True):
