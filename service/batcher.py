@@ -87,7 +87,10 @@ class DynamicBatcher(Generic[T, R]):
         with self._cond:
             if self._draining:
                 raise QueueFull(f"model {self.name!r} is shutting down")
-            if len(self._queue) + len(items) > self.max_queue:
+            if self.max_queue == 0:  # no waiting room: only what the idle worker's next batch takes
+                if self._running or len(self._queue) + len(items) > self.max_batch_size:
+                    raise QueueFull(f"model {self.name!r} is busy and has no waiting room; retry later")
+            elif len(self._queue) + len(items) > self.max_queue:
                 raise QueueFull(f"model {self.name!r} has {len(self._queue)} items waiting; retry later")
             self._queue.extend(pending)
             self.m.queue_depth.set(len(self._queue))

@@ -91,6 +91,7 @@ class EngineRequest:
 class StepEngine:
     def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Metrics, capacity: int) -> None:
         self.name, self.max_queue, self.timeout_s, self.metrics = name, max_queue, timeout_s, metrics
+        self.capacity = capacity
         self.waiting: collections.deque[EngineRequest] = collections.deque()
         self.running: list[EngineRequest] = []
         self._lock = threading.Lock()
@@ -137,7 +138,12 @@ class StepEngine:
         with self._lock:
             if self._draining:
                 raise QueueFull(f"model {self.name!r} is shutting down")
-            if len(self.waiting) >= self.max_queue:
+            self._purge_cancelled()
+            if self.max_queue == 0:  # no waiting room: only what the free rows take at the next step
+                free = self.capacity - self.rows_in_use - sum(self._rows_needed(r) for r in self.waiting)
+                if self._rows_needed(req) > free:
+                    raise QueueFull(f"model {self.name!r} has no free rows and no waiting room; retry later")
+            elif len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"model {self.name!r} has {len(self.waiting)} requests waiting; retry later")
             self.waiting.append(req)
             self.m.queue_depth.set(len(self.waiting))
@@ -245,11 +251,20 @@ class StepEngine:
             self._decode()
         self._update_gauges()
 
+    def _purge_cancelled(self) -> None:
+        """Drop cancelled requests from anywhere in the queue (call under the lock): behind a head that waits
+        for rows they would otherwise keep counting toward --max-queue."""
+        if any(r.cancelled for r in self.waiting):
+            for r in self.waiting:
+                r.finished = r.finished or r.cancelled
+            self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
+
     def _admit(self, now: float) -> list[EngineRequest]:
         """Waiting requests in arrival order, while their rows fit (no overtaking: a large request at the
         head is not starved by small ones behind it)."""
         admitted = []
         with self._lock:
+            self._purge_cancelled()
             while self.waiting:
                 req = self.waiting[0]
                 if req.cancelled:
@@ -297,6 +312,10 @@ class StepEngine:
     @property
     def rows_in_use(self) -> int:
         raise NotImplementedError
+
+    def _rows_needed(self, req: EngineRequest) -> int:
+        """Cache rows `req` takes once admitted."""
+        return 1
 
     def _reserve(self, req: EngineRequest) -> bool:
         """Claim the cache rows `req` needs; False when they are not free now."""

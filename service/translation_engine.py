@@ -58,6 +58,9 @@ class TranslationEngine(StepEngine):
     def rows_in_use(self) -> int:
         return self.rows.num_used
 
+    def _rows_needed(self, req: TranslationRequest) -> int:
+        return req.job.num_beams
+
     def _reserve(self, req: TranslationRequest) -> bool:
         return self.runner.reserve(req)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -14,10 +15,20 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def port_nobody_else_takes(low: int = 20000, high: int = 32767) -> int:
+    """A free port outside the kernel's ephemeral range (where `bind(0)` and outgoing connections draw theirs)
+    and outside Ray's worker ports (10002-19999): between choosing it and binding it later, no other process
+    picks it at random (Ray Serve's proxy binds its port long after it was chosen)."""
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [p for p in range(low, high + 1) if not lo <= p <= hi]
+    for port in random.Random().sample(candidates, len(candidates)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{high}")
 
 
 class ServerProcess:
@@ -25,7 +36,7 @@ class ServerProcess:
                  step_delay_s: float = 0.0, hooks: dict[str, str] | None = None) -> None:
         """`hooks`: TSERVE_TEST_* variables of the test-only launcher hooked_server.py, which then starts the
         server; `step_delay_s`: its step delay (every engine step sleeps this long first)."""
-        self.port = free_port()
+        self.port = port_nobody_else_takes()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}

@@ -85,6 +85,52 @@ def run_together(lm, jobs: list[tuple[list[int], SamplingParams]], **engine_opts
         engine.stop()
 
 
+def test_max_queue_0_takes_what_free_rows_take(lm):
+    """--max-queue 0: no waiting room. With 2 slots, two requests are taken, a third is refused; once one has
+    finished, a new one is taken again."""
+    engine = slowed(make_engine(lm, max_slots=2, max_queue=0))
+
+    async def run() -> None:
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        first = engine.submit(lm.tokenizer.encode("a"), params)
+        engine.submit(lm.tokenizer.encode("b"), params)
+        with pytest.raises(QueueFull, match="no waiting room"):
+            engine.submit(lm.tokenizer.encode("c"), params)
+        await collect(engine, first)
+        await asyncio.sleep(0.05)
+        engine.submit(lm.tokenizer.encode("d"), SamplingParams(max_tokens=2, temperature=0.0))
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
+    batcher = DynamicBatcher("b", lambda items: items, max_batch_size=2, max_wait_ms=0, max_queue=0, metrics=Metrics())
+    batcher.enqueue([1, 2])  # not started: the items wait for the next batch, which takes both
+    with pytest.raises(QueueFull):
+        batcher.enqueue([3])
+
+
+def test_cancelled_requests_behind_a_waiting_head_leave_the_queue(lm):
+    """One slot, busy; the head of the queue waits for it; requests behind the head that were cancelled no
+    longer count toward --max-queue."""
+    engine = slowed(make_engine(lm, max_slots=1, max_queue=2))
+
+    async def run() -> None:
+        params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+        running = engine.submit(lm.tokenizer.encode("a"), params)
+        assert (await running.events.get()).token_ids
+        engine.submit(lm.tokenizer.encode("b"), params)  # the head: waits for the slot
+        engine.submit(lm.tokenizer.encode("c"), params).cancel()
+        await asyncio.sleep(0.1)  # a few steps
+        assert engine.queue_depth == 1
+        engine.submit(lm.tokenizer.encode("d"), params)  # room again
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop(drain_timeout_s=0)
+
+
 def test_sampled_requests_with_penalties_and_bias_alone_equal_among_others(lm):
     """Seeded sampling with penalties, top-k, top-p and logit_bias, among greedy requests, 24 at once on 8
     slots (they finish at different steps: slots churn): each gives exactly what it gives alone through the

@@ -23,7 +23,7 @@ import yaml
 from PIL import Image
 
 import factories
-from server import ROOT, ServerProcess, free_port
+from server import ROOT, ServerProcess, port_nobody_else_takes
 from service.settings import Settings
 
 ray = pytest.importorskip("ray")
@@ -221,7 +221,7 @@ def test_two_replicas_match_plain_server_and_survive_a_replica_kill(checkpoints,
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a cluster of its own, never one that is running
     env = {"TSERVE_MODELS": ",".join(f"{n}={p}" for n, p in checkpoints.items()), "TSERVE_DEVICE": "cpu",
            "TSERVE_MAX_RUNNING_REQUESTS": "8", "TSERVE_LOG_LEVEL": "warning", "OMP_NUM_THREADS": "1"}
-    port = free_port()
+    port = port_nobody_else_takes()  # Ray's own processes take random ephemeral ports before the proxy binds
     ray_dir = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray puts unix sockets under it
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2, _temp_dir=str(ray_dir),
              runtime_env={"env_vars": env}, log_to_driver=False)
