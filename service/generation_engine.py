@@ -135,13 +135,14 @@ class GenerationEngine(StepEngine):
         finish = self.runner.append(req, token)
         is_eos = len(req.generated) == before  # an eos that ends the sequence is not part of the output
         if is_eos:
-            text = req.stops.flush() + req.detok.flush()
+            text = req.stops.close(req.detok.flush())[0]
         else:
             text, stopped = req.stops.feed(req.detok.push(token))
+            if not stopped and finish is not None:  # the last text may complete a stop string too
+                tail, stopped = req.stops.close(req.detok.flush())
+                text += tail
             if stopped:
                 finish = req.finish_reason = "stop"
-            elif finish is not None:
-                text += req.stops.feed(req.detok.flush())[0] + req.stops.flush()
         self.m.generated_tokens.inc()
         event = Event(text, [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish)
         self._publish(req, event, now)

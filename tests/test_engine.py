@@ -85,6 +85,26 @@ def run_together(lm, jobs: list[tuple[list[int], SamplingParams]], **engine_opts
         engine.stop()
 
 
+def test_a_stop_string_completed_by_the_last_flush_cuts_and_stops(lm):
+    """At the length limit, the detokenizer lets go of what it held (here half a character, which decodes to
+    U+FFFD); when that completes a stop string, the text is cut and the finish reason is "stop"."""
+    (half,) = lm.tokenizer.encode("é", add_special_tokens=False)[:1]  # the first byte of a 2-byte character
+    params = dict(temperature=0.0, logit_bias={half: 100.0}, max_tokens=2)
+    engine = make_engine(lm)
+
+    async def run() -> list:
+        return [await collect(engine, engine.submit(lm.tokenizer.encode("Hello"), SamplingParams(**params, stop=s)))
+                for s in (["\ufffd"], [])]
+
+    try:
+        (ids, text, reason), (_, plain_text, plain_reason) = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert ids == [half, half]
+    assert (text, reason) == ("", "stop")
+    assert "\ufffd" in plain_text and plain_reason == "length"
+
+
 def test_max_queue_0_takes_what_free_rows_take(lm):
     """--max-queue 0: no waiting room. With 2 slots, two requests are taken, a third is refused; once one has
     finished, a new one is taken again."""

@@ -151,6 +151,15 @@ def test_stop_strings_hold_back_partial_matches():
     assert s3.feed("more") == ("", True) and s3.flush() == ""
 
 
+def test_stop_strings_close_checks_the_detokenizers_last_text():
+    s = StopStrings(["END"])
+    assert s.feed("the EN") == ("the ", False)
+    assert s.close("D") == ("", True)  # completed by the text the detokenizer held back to the end
+    s = StopStrings(["END"])
+    assert s.feed("the EN") == ("the ", False)
+    assert s.close("") == ("EN", False)
+
+
 def test_stop_strings_cut_a_stream_however_it_is_chunked():
     """The reference: the text up to the first occurrence of any stop string (well inside the text, so
     there is something to emit and something to cut), whatever the sizes of the deltas."""

@@ -32,6 +32,12 @@ class StopStrings:
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
 
+    def close(self, tail: str) -> tuple[str, bool]:
+        """The end of the stream: `tail` (what the detokenizer still held) is checked like any delta, then
+        what was held back is let go. Returns (text, whether a stop string was hit)."""
+        text, stopped = self.feed(tail)
+        return text + self.flush(), stopped
+
     def flush(self) -> str:
         held, self._held = self._held, ""
         return "" if self.stopped else held
