@@ -172,6 +172,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def select_device(device: torch.device) -> None:
+    """Make `device` the calling thread's current CUDA device (CUDA keeps one per thread), so that what runs
+    without naming a device (Triton launches, CUDA-graph capture, new streams) runs on the model's GPU.
+    Called by the loader and at the start of every worker thread; nothing to do on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 def load(
     path: str | Path,
     *,
@@ -200,6 +208,7 @@ def load(
     else:
         raise CheckpointError(f"{config_file}: neither a tserve config (\"architecture\") nor a Hugging Face one (\"model_type\")")
     dev = resolve_device(device)
+    select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     log.info(
         "model loaded",

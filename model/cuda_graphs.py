@@ -76,18 +76,22 @@ class BucketedDecode:
         """Capture every bucket (largest first, so smaller graphs reuse its memory pool)."""
         if not self.use_graphs or self._graphs:
             return
-        pool = torch.cuda.graph_pool_handle()
-        warm = torch.cuda.Stream(self.device)
-        warm.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(warm):  # first runs outside the graph: lazy init, autotuning, allocator
-            for b in self.buckets:
-                self.step(*self._inputs[b])
-        torch.cuda.current_stream(self.device).wait_stream(warm)
-        for b in reversed(self.buckets):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._outputs[b] = self.step(*self._inputs[b])
-            self._graphs[b] = graph
+        # Streams of the model's device, named explicitly: the capture must not happen on whatever device is
+        # current in this thread (a graph captured on another device than its tensors' replays nothing).
+        with torch.cuda.device(self.device):
+            pool = torch.cuda.graph_pool_handle()
+            warm = torch.cuda.Stream(self.device)
+            warm.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(warm):  # first runs outside the graph: lazy init, autotuning, allocator
+                for b in self.buckets:
+                    self.step(*self._inputs[b])
+            torch.cuda.current_stream(self.device).wait_stream(warm)
+            capture = torch.cuda.Stream(self.device)
+            for b in reversed(self.buckets):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=capture):
+                    self._outputs[b] = self.step(*self._inputs[b])
+                self._graphs[b] = graph
         torch.cuda.synchronize(self.device)
         log.info("captured decode graphs", extra={"buckets": self.buckets})
 

@@ -13,6 +13,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import torch
+
+from model.checkpoint import select_device
 from service.engine import QueueFull, request_error
 from service.metrics import Metrics
 
@@ -37,8 +40,9 @@ class DynamicBatcher(Generic[T, R]):
     """
 
     def __init__(self, name: str, batch_fn: Callable[[list[T]], list[R | BaseException]], *, max_batch_size: int,
-                 max_wait_ms: float, max_queue: int, metrics: Metrics) -> None:
+                 max_wait_ms: float, max_queue: int, metrics: Metrics, device: torch.device | None = None) -> None:
         self.name, self.batch_fn = name, batch_fn
+        self.device = device or torch.device("cpu")  # where batch_fn runs its model
         self.max_batch_size, self.max_wait_s, self.max_queue = max_batch_size, max_wait_ms / 1000.0, max_queue
         self.metrics = metrics
         self.m = metrics.for_model(name)
@@ -128,6 +132,7 @@ class DynamicBatcher(Generic[T, R]):
             return batch
 
     def _loop(self) -> None:
+        select_device(self.device)
         while True:
             batch = self._take_batch()
             if self._stop:

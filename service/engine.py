@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from model.checkpoint import select_device
 from service.metrics import Metrics
 
 log = logging.getLogger("tserve.engine")
@@ -92,6 +93,7 @@ class StepEngine:
     def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Metrics, capacity: int) -> None:
         self.name, self.max_queue, self.timeout_s, self.metrics = name, max_queue, timeout_s, metrics
         self.capacity = capacity
+        self.device = torch.device("cpu")  # the model's; subclasses set it
         self.waiting: collections.deque[EngineRequest] = collections.deque()
         self.running: list[EngineRequest] = []
         self._lock = threading.Lock()
@@ -189,6 +191,7 @@ class StepEngine:
     # ----------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         """Supervisor: if the step loop itself dies, fail what was in flight and start it again."""
+        select_device(self.device)
         while not self._stop:
             try:
                 self._run_steps()

@@ -93,6 +93,7 @@ class ModelRegistry:
         else:
             served.classifier = Classifier(loaded, s.max_image_bytes, s.max_image_pixels)
             served.batcher = DynamicBatcher(name, served.classifier.run_batch, max_batch_size=s.batch_max_size,
+                                            device=loaded.device,
                                             max_wait_ms=s.batch_max_wait_ms, max_queue=s.max_queue,
                                             metrics=self.metrics)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),

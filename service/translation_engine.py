@@ -28,7 +28,7 @@ class TranslationEngine(StepEngine):
                  metrics: Metrics, cuda_graphs: bool = True) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
         self.translator = Translator(loaded)
-        self.loaded, self.tokenizer, self.cfg = loaded, loaded.tokenizer, loaded.config
+        self.loaded, self.tokenizer, self.cfg, self.device = loaded, loaded.tokenizer, loaded.config, loaded.device
         self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs)
         self.rows, self.cross_slots = self.runner.rows, self.runner.cross_slots
 

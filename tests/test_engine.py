@@ -17,7 +17,7 @@ from model import checkpoint
 from model.decoding import SamplingParams
 from one_request import lm_tokens
 from service.batcher import DynamicBatcher
-from service.engine import OutOfMemory, QueueFull, RequestTimeout
+from service.engine import OutOfMemory, QueueFull, RequestTimeout, StepEngine
 from service.generation_engine import GenerationEngine
 from service.metrics import Metrics
 
@@ -458,6 +458,29 @@ def test_compiled_decode_step_gives_the_same_tokens(lm):
             engine.stop()
     assert_varied(outputs[0])
     assert outputs[1] == outputs[0]
+
+
+def test_worker_threads_make_the_models_gpu_their_current_device(lm, monkeypatch):
+    """CUDA keeps a current device per thread: the engine and batcher threads select the model's (cuda:1
+    here), or Triton launches and graph capture would go to device 0. Recorded without a GPU."""
+    chosen: list[tuple[str, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append((threading.current_thread().name, d)))
+    gpu = torch.device("cuda:1")
+    engine = make_engine(lm)  # started on the CPU: the thread selects nothing
+    engine.stop()
+    engine = StepEngine("gpu-engine", max_queue=1, timeout_s=1.0, metrics=Metrics(), capacity=1)
+    engine.device = gpu
+    engine.start()
+    batcher = DynamicBatcher("gpu-batcher", lambda items: items, max_batch_size=1, max_wait_ms=0, max_queue=1,
+                             metrics=Metrics(), device=gpu)
+    batcher.start()
+    for _ in range(100):
+        if len(chosen) == 2:
+            break
+        time.sleep(0.01)
+    engine.stop(drain_timeout_s=0)
+    batcher.stop(drain_timeout_s=0)
+    assert sorted(chosen) == [("batcher-gpu-batcher", gpu), ("engine-gpu-engine", gpu)]
 
 
 def test_batcher_survives_a_waiter_cancelled_mid_batch_and_drops_abandoned_items():

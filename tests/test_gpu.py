@@ -79,9 +79,10 @@ def test_cuda_graph_decode_equals_eager_decode(backend):
     torch.testing.assert_close(caches[1].k[:, slots], caches[0].k[:, slots], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("graphs", [True, False])
-def test_engine_on_gpu_concurrent_equals_alone(lm_dir, graphs):
-    lm = checkpoint.load(lm_dir, device=CUDA, dtype="float32")
+@pytest.mark.parametrize(("device", "graphs"), [(CUDA, True), (CUDA, False), ("cuda:0", True)])
+def test_engine_on_gpu_concurrent_equals_alone(lm_dir, device, graphs):
+    """Also with the device index given (`--device cuda:0`): the loader and the engine thread select it."""
+    lm = checkpoint.load(lm_dir, device=device, dtype="float32")
     prompts = [lm.tokenizer.encode(f"prompt {i} " + "word " * (i % 5)) for i in range(24)]
     greedy = SamplingParams(max_tokens=20, temperature=0.0)
     alone = [lm_tokens(lm, p, greedy, with_eos=False) for p in prompts]
