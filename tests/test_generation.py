@@ -252,3 +252,33 @@ def test_the_library_loads_and_decodes_without_the_server(tiny_lm, tiny_mt):
     assert t.job.num_beams == 2 and 1 <= len(t.output_ids) <= 6 and t.finish_reason in ("stop", "length")
     with pytest.raises(ValueError, match="exceeds this model's context"):
         generate(lm, prompts[:1], SamplingParams(max_tokens=lm.config.max_seq_len))
+
+
+def test_a_rows_logits_barely_depend_on_its_batch(tiny_lm):
+    """What README promises about batch invariance in float32 on a CPU: a request's logits alone and among
+    7 others (other prompts and lengths: padded prefill, decode over a longer attended length) differ by at
+    most 1e-4 at every step; tokens are then the same unless two candidates are closer than that."""
+    from fixture_training import cycle_prompts
+    from model.decoding import DecoderRunner, TextSequence
+
+    lm = load(tiny_lm)
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(8, seed=2)]
+    forced = lm.tokenizer.encode(" the house is small", add_special_tokens=False)
+
+    def logits_of_first(batch: list[list[int]]) -> torch.Tensor:
+        runner = DecoderRunner(lm, num_slots=8, cuda_graphs=False)
+        seqs = [TextSequence(p, SamplingParams(max_tokens=16, temperature=0.0)) for p in batch]
+        for i, s in enumerate(seqs):
+            s.slot = i
+        steps = [runner.prefill(seqs)[0]]
+        for token in forced:  # the same continuation for every row, fed step by step
+            for s in seqs:
+                s.generated.append(token)
+                s.next_token = token
+            steps.append(runner.decode(seqs)[0])
+        return torch.stack(steps)
+
+    alone, among = logits_of_first(prompts[:1]), logits_of_first(prompts)
+    assert alone.shape == (len(forced) + 1, lm.config.vocab_size)
+    assert (alone - among).abs().max() <= 1e-4
+    assert not torch.equal(logits_of_first(prompts[1:2]), alone)  # the prompt matters
