@@ -5,6 +5,7 @@ no such settings. Run as `python tests/hooked_server.py serve ...`, or through
 
 - TSERVE_TEST_STEP_DELAY_S=SECONDS: every engine step first sleeps this long, so that requests are still
   running when a test acts on them.
+- TSERVE_TEST_BATCH_DELAY_S=SECONDS: every classification batch first sleeps this long.
 - TSERVE_TEST_LOAD_GATE=PATH: model loading starts only once the file PATH exists (the server answers
   HTTP meanwhile, not ready).
 - TSERVE_TEST_OOM_MARKER=TEXT: a language-model decode step whose batch holds a request whose prompt
@@ -30,6 +31,7 @@ from service.cli import main  # noqa: E402
 from service.engine import StepEngine  # noqa: E402
 from service.generation_engine import GenerationEngine, GenerationRequest  # noqa: E402
 from service.registry import ModelRegistry  # noqa: E402
+from service.runners import Classifier  # noqa: E402
 
 
 def slow_steps(target: StepEngine | type[StepEngine], seconds: float) -> StepEngine | type[StepEngine]:
@@ -55,6 +57,14 @@ def _holds(engine: GenerationEngine, reqs: list[GenerationRequest], marker: str)
 def install(env: dict[str, str]) -> None:
     if delay := float(env.get("TSERVE_TEST_STEP_DELAY_S", "0")):
         slow_steps(StepEngine, delay)
+    if batch_delay := float(env.get("TSERVE_TEST_BATCH_DELAY_S", "0")):
+        run_batch = Classifier.run_batch
+
+        def slow_run_batch(self: Classifier, pixels: list[torch.Tensor]) -> list:
+            time.sleep(batch_delay)
+            return run_batch(self, pixels)
+
+        Classifier.run_batch = slow_run_batch
     if gate := env.get("TSERVE_TEST_LOAD_GATE"):
         load_all = ModelRegistry._load_all
 

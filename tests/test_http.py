@@ -204,9 +204,11 @@ def test_concurrent_streams_equal_sequential(server):
 
 @pytest.fixture(scope="module")
 def slow_server(checkpoints, tmp_path_factory):
-    """Each engine step takes at least 50 ms, so 100 tokens take 5 s: only a cancel frees a slot sooner."""
-    args = factories.model_flags({k: checkpoints[k] for k in ("lm", "mt")}) + ["--max-running-requests", "8"]
-    srv = ServerProcess(args, tmp_path_factory.mktemp("slow-logs") / "server.log", step_delay_s=0.05).wait_ready()
+    """Each engine step takes at least 50 ms, so 100 tokens take 5 s: only a cancel frees a slot sooner; each
+    classification batch takes at least 200 ms."""
+    args = factories.model_flags({k: checkpoints[k] for k in ("lm", "mt", "vit")}) + ["--max-running-requests", "8"]
+    srv = ServerProcess(args, tmp_path_factory.mktemp("slow-logs") / "server.log", step_delay_s=0.05,
+                        hooks={"TSERVE_TEST_BATCH_DELAY_S": "0.2"}).wait_ready()
     yield srv
     srv.stop()
 
@@ -274,6 +276,29 @@ def test_non_streaming_translations_are_freed_when_their_clients_leave(slow_serv
     assert generated > before  # they were running
     time.sleep(0.3)
     assert server.metric("tserve_generated_tokens_total", "mt") == generated
+
+
+def test_abandoned_classifications_are_not_computed(slow_server):
+    """4 clients send 32 images each (8 batches of 16 at 200 ms a batch) and hang up after 0.3 s; a lone image
+    sent then is answered after at most the batch already running and its own, not after all of theirs."""
+    server = slow_server
+    image = base64.b64encode(png_bytes()).decode()
+
+    async def ask_and_leave() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(client.post(server.url + "/v1/classifications",
+                                                   json={"model": "vit", "images": [image] * 32}), timeout=0.3)
+
+    async def all_leave() -> None:
+        await asyncio.gather(*(ask_and_leave() for _ in range(4)))
+
+    asyncio.run(all_leave())
+    time.sleep(0.3)  # the server notices the hang-ups (it looks every 0.25 s)
+    start = time.monotonic()
+    resp = post(server, "/v1/classifications", json={"model": "vit", "image": image})
+    assert resp.status_code == 200, resp.text
+    assert time.monotonic() - start < 1.0  # about 6 s behind the abandoned batches
 
 
 # --------------------------------------------------------------------------------------------------
