@@ -123,5 +123,4 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     for router in (health.router, completions.router, translations.router, classifications.router,
                    attention.router, oip.router, viewer.router):
         app.include_router(router)
-    app.add_exception_handler(oip.OIPError, lambda _, exc: oip.oip_error_response(exc))
     return app

@@ -1,5 +1,9 @@
-"""OpenAI-style errors: `{"error": {"message", "type", "code"}}` with a 4xx/5xx status, for every failure
-path (validation, unknown routes, oversized bodies, overload, internal faults — without stack traces)."""
+"""Errors, in one place: what every failure path (validation, unknown routes, oversized bodies, overload,
+engine failures, internal faults) answers, without stack traces. `engine_failure` is the one map from what
+the engines and the batcher raise to a status, message and code; the shape follows the protocol of the
+route: OpenAI's `{"error": {"message", "type", "code"}}` everywhere, the Open Inference Protocol's
+`{"error": "..."}` under `/v2/`. Overload is 429 (queue full) or 503 (loading, shutting down, out of
+memory), always with Retry-After."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+
+from service.engine import OutOfMemory, QueueFull, RequestTimeout
 
 log = logging.getLogger("tserve.errors")
 
@@ -36,6 +42,22 @@ def overloaded(message: str, retry_after: int = 1, status: int = 429) -> APIErro
                     {"Retry-After": str(retry_after)})
 
 
+def engine_failure(exc: BaseException, what: str, invalid_code: str = "request_too_large") -> APIError:
+    """The error a client gets for what an engine or the batcher raised, at submission or while its request
+    ran (`what`: "generation", "translation", "classification"). Never internals: the kind of failure only."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFull):
+        return overloaded(str(exc))
+    if isinstance(exc, OutOfMemory):
+        return overloaded(str(exc), retry_after=1, status=503)
+    if isinstance(exc, RequestTimeout):
+        return APIError(504, str(exc), "server_error", "timeout")
+    if isinstance(exc, ValueError):  # refused at submission: the request cannot run on this server
+        return bad_request(str(exc), invalid_code)
+    return APIError(500, str(exc) or f"{what} failed", "server_error", f"{what}_failed")
+
+
 def client_closed() -> APIError:
     """The client went away before the answer (nginx's 499): nobody reads it, the access log and metrics do."""
     return APIError(499, "client closed the request", "invalid_request_error", "client_closed")
@@ -45,8 +67,14 @@ def error_body(message: str, type_: str, code: str | None) -> dict:
     return {"error": {"message": message, "type": type_, "code": code}}
 
 
+OIP_PREFIX = "/v2/"
+
+
 def error_response(status: int, message: str, type_: str, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: dict[str, str] | None = None, request: Request | None = None) -> JSONResponse:
+    """The error in the shape of the request's protocol."""
+    if request is not None and request.url.path.startswith(OIP_PREFIX):
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
     return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
 
 
@@ -61,29 +89,31 @@ def _describe(errors: list[dict]) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    def render(request: Request, err: APIError) -> JSONResponse:
+        return error_response(err.status, err.message, err.type, err.code, err.headers, request)
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.type, exc.code, exc.headers)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return render(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, _describe(exc.errors()), "invalid_request_error", "invalid_request")
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return render(request, bad_request(_describe(exc.errors()), "invalid_request"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if isinstance(exc.__cause__, APIError):  # e.g. the body limit tripped while the body was read
-            cause = exc.__cause__
-            return error_response(cause.status, cause.message, cause.type, cause.code, cause.headers)
+            return render(request, exc.__cause__)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(exc.status_code, str(exc.detail), type_, None, getattr(exc, "headers", None))
+        return render(request, APIError(exc.status_code, str(exc.detail), type_, None, getattr(exc, "headers", None)))
 
     @app.exception_handler(ClientDisconnect)
-    async def _disconnected(_: Request, __: ClientDisconnect) -> JSONResponse:  # while the body was being read
-        err = client_closed()
-        return error_response(err.status, err.message, err.type, err.code)
+    async def _disconnected(request: Request, __: ClientDisconnect) -> JSONResponse:  # while the body was read
+        return render(request, client_closed())
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         request_id = getattr(request.state, "request_id", None)
         log.exception("internal error", extra={"request_id": request_id, "path": request.url.path})
-        return error_response(500, f"internal error (request id {request_id})", "server_error", "internal_error")
+        return render(request, APIError(500, f"internal error (request id {request_id})", "server_error",
+                                        "internal_error"))

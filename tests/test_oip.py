@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -117,3 +118,44 @@ def test_errors_are_protocol_shaped(server, path, body, status):
     resp = httpx.post(server.url + path, json=body)
     assert resp.status_code == status
     assert set(resp.json()) == {"error"} and resp.json()["error"]
+
+
+def test_a_full_server_answers_429_with_retry_after_on_both_protocols(models, tmp_path):
+    """One error map: with no waiting room (--max-queue 0), 2 decoder rows held by a slow 2-beam
+    translation and the classifier busy with a slow batch, `/v1` and `/v2` both refuse with 429 and
+    Retry-After, each in its own error shape."""
+    args = factories.model_flags({k: models[k] for k in ("mt", "vit")}) + [
+        "--max-queue", "0", "--max-running-requests", "2", "--batch-max-wait-ms", "0"]
+    srv = ServerProcess(args, tmp_path / "server.log", step_delay_s=0.1,
+                        hooks={"TSERVE_TEST_BATCH_DELAY_S": "1.0"}).wait_ready()
+    image = base64.b64encode(png((10, 200, 30))).decode()
+    text = "good morning where is the station the house is small"
+    refused = {
+        "/v1/translations": {"model": "mt", "input": "hello", "num_beams": 1},
+        "/v2/models/mt/infer": {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]},
+        "/v1/classifications": {"model": "vit", "image": image},
+        "/v2/models/vit/infer": {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": [image]}]},
+    }
+
+    async def go() -> dict[str, httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            holders = [asyncio.create_task(client.post(srv.url + "/v1/translations",
+                                                       json={"model": "mt", "input": text, "num_beams": 2})),
+                       asyncio.create_task(client.post(srv.url + "/v1/classifications",
+                                                       json={"model": "vit", "image": image}))]
+            await asyncio.sleep(0.5)  # both held: the rows by the translation, the worker by its batch
+            out = {path: await client.post(srv.url + path, json=body) for path, body in refused.items()}
+            assert [(await h).status_code for h in holders] == [200, 200]
+            return out
+
+    try:
+        answers = asyncio.run(go())
+    finally:
+        srv.stop()
+    for path, resp in answers.items():
+        assert resp.status_code == 429 and int(resp.headers["retry-after"]) >= 1, (path, resp.text)
+        error = resp.json()["error"]
+        if path.startswith("/v2/"):
+            assert isinstance(error, str) and error, (path, error)
+        else:
+            assert error["code"] == "rate_limit_exceeded" and error["message"], (path, error)

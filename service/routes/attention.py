@@ -11,15 +11,13 @@ from fastapi.responses import Response
 from model import attention_maps as am
 from service.attention_png import heatmap_grid, image_overlay
 from service.engine import QueueFull
-from service.errors import APIError, bad_request
+from service.errors import bad_request, engine_failure
 from service.registry import ServedModel
 from service.routes.classifications import _decode_b64
 from service.routes.deps import (
-    engine_error,
     registry,
     served_model,
     settings,
-    submission_error,
     while_connected,
 )
 from service.routes.translations import collect_translation
@@ -52,13 +50,11 @@ async def _own_translation(request: Request, served: ServedModel, text: str) -> 
     except InvalidInput as exc:
         raise bad_request(str(exc), "invalid_attention_request") from exc
     except (QueueFull, ValueError) as exc:
-        raise submission_error(exc) from exc
+        raise engine_failure(exc, "translation") from exc
     try:
         return await while_connected(request, collect_translation(engine, req))
-    except APIError:
-        raise
     except Exception as exc:
-        raise engine_error(exc, "translation") from exc
+        raise engine_failure(exc, "translation") from exc
     finally:
         req.cancel()
 

@@ -13,8 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from service.engine import OutOfMemory, QueueFull
-from service.errors import APIError, bad_request, overloaded
+from service.errors import APIError, bad_request, engine_failure
 from service.routes.deps import check_count, served_model, settings, while_connected
 from service.runners import InvalidInput
 from service.schemas import ClassificationRequest, ClassificationResponse
@@ -100,14 +99,9 @@ async def create_classification(request: Request) -> Any:
             raise bad_request(f"image {i}: {exc}", "invalid_image") from exc
     try:
         pending = served.batcher.enqueue(pixels)
-    except QueueFull as exc:
-        raise overloaded(str(exc)) from exc
-    try:
         results = await while_connected(request, asyncio.gather(*(served.batcher.result(p) for p in pending)))
-    except OutOfMemory as exc:
-        raise overloaded(str(exc), retry_after=1, status=503) from exc
-    except RuntimeError as exc:
-        raise APIError(500, str(exc), "server_error", "classification_failed") from exc
+    except Exception as exc:
+        raise engine_failure(exc, "classification") from exc
     request.app.state.metrics.images.labels(served.name).inc(len(results))
     top_k = min(body.top_k, len(classifier.labels))
     data = [{"index": i, "predictions": [{"label": label, "score": score} for label, score in ranked[:top_k]]}

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from model.attention_maps import lm_attention_ids
 from model.decoding import SamplingParams, parse_logit_bias
 from service.engine import Event, QueueFull, TokenLogprob
-from service.errors import APIError, bad_request
+from service.errors import bad_request, engine_failure
 from service.generation_engine import GenerationEngine, GenerationRequest
 from service.routes.deps import (
     SSE_DONE,
@@ -25,14 +25,12 @@ from service.routes.deps import (
     attention_selection,
     check_count,
     check_max_tokens,
-    engine_error,
     log_inputs,
     new_id,
     now,
     served_model,
     settings,
     sse,
-    submission_error,
     while_connected,
 )
 from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -113,9 +111,7 @@ def _submit(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams
     try:
         return engine.submit_all(jobs)
     except (QueueFull, ValueError) as exc:
-        if isinstance(exc, ValueError):
-            raise bad_request(str(exc), "context_length_exceeded") from exc
-        raise submission_error(exc) from exc
+        raise engine_failure(exc, "generation", "context_length_exceeded") from exc
 
 
 async def _merged(engine: GenerationEngine, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Event]]:
@@ -158,10 +154,8 @@ async def _collect(request: Request, engine: GenerationEngine, choices: list[Cho
 
     try:
         await while_connected(request, consume())
-    except APIError:
-        raise
     except Exception as exc:
-        raise engine_error(exc, "generation") from exc
+        raise engine_failure(exc, "generation") from exc
 
 
 async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: dict[str, Any],
@@ -176,7 +170,7 @@ async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: d
                 continue  # the detokenizer is holding back an unfinished character
             yield sse(base | {"choices": [render(c, event, offsets)]})
     except Exception as exc:
-        err = engine_error(exc, "generation")
+        err = engine_failure(exc, "generation")
         yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
     else:
         if usage is not None:

@@ -14,7 +14,6 @@ from fastapi import Request
 
 from model.attention_maps import check_selection
 from model.checkpoint import LoadedModel
-from service.engine import OutOfMemory, QueueFull, RequestTimeout
 from service.errors import APIError, bad_request, client_closed, overloaded
 from service.registry import ModelRegistry, ServedModel
 from service.schemas import AttentionSelection
@@ -75,21 +74,6 @@ def log_inputs(request: Request, texts: list[str]) -> None:
     """User text goes to the logs only when the operator opted in (TSERVE_LOG_PROMPTS)."""
     if settings(request).log_prompts:
         log.info("inputs", extra={"request_id": getattr(request.state, "request_id", None), "inputs": texts})
-
-
-def engine_error(exc: BaseException, what: str) -> APIError:
-    """The HTTP error for a request the engine failed (never internals: the kind of failure only)."""
-    if isinstance(exc, RequestTimeout):
-        return APIError(504, str(exc), "server_error", "timeout")
-    if isinstance(exc, OutOfMemory):
-        return overloaded(str(exc), retry_after=1, status=503)
-    return APIError(500, str(exc) or f"{what} failed", "server_error", f"{what}_failed")
-
-
-def submission_error(exc: QueueFull | ValueError) -> APIError:
-    if isinstance(exc, QueueFull):
-        return overloaded(str(exc))
-    return bad_request(str(exc), "request_too_large")
 
 
 def check_max_tokens(max_tokens: int, limit: int) -> None:

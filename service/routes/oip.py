@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.engine import QueueFull
+from service.errors import APIError, engine_failure
 from service.registry import ServedModel
 from service.routes.deps import registry, while_connected
 from service.runners import InvalidInput
@@ -24,14 +25,11 @@ router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 _TASKS = ("image-classification", "translation")
 
 
-class OIPError(Exception):
+class OIPError(APIError):
+    """A request the protocol refuses; rendered as `{"error": message}` like every error under /v2/."""
+
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def oip_error_response(exc: OIPError) -> JSONResponse:
-    return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        super().__init__(status, message, "invalid_request_error" if status < 500 else "server_error")
 
 
 def _model(request: Request, name: str) -> ServedModel:
@@ -131,8 +129,11 @@ async def _classify(served: ServedModel, tensor: dict[str, Any], request: Reques
         if not torch.isfinite(batch).all():
             raise OIPError(400, "'pixels' must be finite")
         pixels = list(batch)
-    pending = _enqueue(served, pixels)
-    results = await while_connected(request, asyncio.gather(*(served.batcher.result(p) for p in pending)))
+    try:
+        pending = served.batcher.enqueue(pixels)
+        results = await while_connected(request, asyncio.gather(*(served.batcher.result(p) for p in pending)))
+    except Exception as exc:
+        raise engine_failure(exc, "classification") from exc
     request.app.state.metrics.images.labels(served.name).inc(len(results))
     index = {label: i for i, label in enumerate(served.loaded.labels)}
     probs = [[0.0] * len(index) for _ in results]
@@ -145,13 +146,6 @@ async def _classify(served: ServedModel, tensor: dict[str, Any], request: Reques
              "data": [p for row in probs for p in row]}]
 
 
-def _enqueue(served: ServedModel, items: list) -> list:
-    try:
-        return served.batcher.enqueue(items)
-    except QueueFull as exc:
-        raise OIPError(503, str(exc)) from exc
-
-
 async def _translate(served: ServedModel, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
     engine, limits = served.engine, request.app.state.settings
     texts = _strings(tensor, limits.max_prompts)
@@ -162,13 +156,15 @@ async def _translate(served: ServedModel, tensor: dict[str, Any], request: Reque
     try:
         requests = engine.submit_all(jobs)
     except (QueueFull, ValueError) as exc:
-        raise OIPError(503 if isinstance(exc, QueueFull) else 400, str(exc)) from exc
+        raise engine_failure(exc, "translation") from exc
 
     async def text_of(req) -> str:
         return "".join([event.text async for event in engine.stream(req)])
 
     try:
         out = await while_connected(request, asyncio.gather(*(text_of(r) for r in requests)))
+    except Exception as exc:
+        raise engine_failure(exc, "translation") from exc
     finally:
         for r in requests:
             r.cancel()

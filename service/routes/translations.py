@@ -12,19 +12,17 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
 from service.engine import QueueFull
-from service.errors import APIError, bad_request
+from service.errors import bad_request, engine_failure
 from service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
     attention_selection,
     check_count,
     check_max_tokens,
-    engine_error,
     log_inputs,
     served_model,
     settings,
     sse,
-    submission_error,
     while_connected,
 )
 from service.runners import InvalidInput, TranslationJob
@@ -81,16 +79,14 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     try:
         submitted: list[EngineRequest] = engine.submit_all(jobs)
     except (QueueFull, ValueError) as exc:
-        raise submission_error(exc) from exc
+        raise engine_failure(exc, "translation") from exc
 
     if not body.stream:
         try:
             results = await while_connected(request, asyncio.gather(
                 *(collect_translation(engine, r) for r in submitted)))
-        except APIError:
-            raise
         except Exception as exc:
-            raise engine_error(exc, "translation") from exc
+            raise engine_failure(exc, "translation") from exc
         finally:
             for r in submitted:
                 r.cancel()
@@ -117,7 +113,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                     chunk |= {"finish_reason": event.finish_reason, "usage": _usage(jobs, tokens)}
                 yield sse(chunk)
         except Exception as exc:
-            err = engine_error(exc, "translation")
+            err = engine_failure(exc, "translation")
             yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
         finally:
             submitted[0].cancel()
