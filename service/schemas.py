@@ -3,9 +3,9 @@ extensions are marked."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Request(BaseModel):
@@ -221,3 +221,85 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+# --------------------------------------------------------------------------------------------------
+# Open Inference Protocol (KServe / Triton v2)
+# --------------------------------------------------------------------------------------------------
+class OIPTensor(BaseModel):
+    """An input or output tensor: `data` is the flat row-major list of its `shape`."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="non-negative dimensions")
+    data: list[Any]
+    parameters: dict[str, Any] | None = None
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, v: list[int]) -> list[int]:
+        if any(d < 0 for d in v):
+            raise ValueError("dimensions must be non-negative")
+        return v
+
+    @model_validator(mode="after")
+    def _size(self) -> OIPTensor:
+        expected = 1
+        for d in self.shape:
+            expected *= d
+        if len(self.data) != expected:
+            raise ValueError(f"'data' has {len(self.data)} elements; shape {self.shape} needs {expected}")
+        return self
+
+
+class OIPRequestedOutput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class OIPInferenceRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    inputs: list[OIPTensor] = Field(min_length=1, max_length=1, description="exactly one tensor")
+    outputs: list[OIPRequestedOutput] | None = None
+
+
+class OIPInferenceResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[OIPTensor]
+
+
+class OIPTensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class OIPModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[OIPTensorMetadata]
+    outputs: list[OIPTensorMetadata]
+
+
+def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema with its `$defs` written in place, for `openapi_extra` request bodies (whose
+    `#/$defs/...` references would otherwise point at the root of the OpenAPI document)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)

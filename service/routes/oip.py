@@ -7,18 +7,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 from typing import Any
 
 import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from service.engine import QueueFull
 from service.errors import APIError, engine_failure
 from service.registry import ServedModel
 from service.routes.deps import registry, while_connected
 from service.runners import InvalidInput
+from service.schemas import OIPInferenceRequest, OIPInferenceResponse, OIPModelMetadata, inline_json_schema
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
@@ -72,27 +73,24 @@ async def model_ready(name: str, request: Request) -> JSONResponse:
     return JSONResponse({"name": served.name, "ready": ok}, status_code=200 if ok else 503)
 
 
-@router.get("/models/{name}")
+@router.get("/models/{name}", response_model=OIPModelMetadata)
 async def model_metadata(name: str, request: Request) -> dict[str, Any]:
     return _metadata(_model(request, name))
 
 
-def _tensor(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise OIPError(400, f"'inputs' must hold exactly one tensor, named one of {list(names)}")
-    tensor = inputs[0]
-    if tensor.get("name") not in names:
-        raise OIPError(400, f"unknown input {tensor.get('name')!r}; expected one of {list(names)}")
-    shape, data = tensor.get("shape"), tensor.get("data")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) or not isinstance(data, list):
-        raise OIPError(400, "each input needs a 'shape' (list of non-negative ints) and 'data' (a flat list)")
-    expected = 1
-    for d in shape:
-        expected *= d
-    if len(data) != expected:
-        raise OIPError(400, f"'data' has {len(data)} elements; shape {shape} needs {expected}")
-    return tensor
+def _tensor(body: OIPInferenceRequest, names: tuple[str, ...]) -> dict[str, Any]:
+    tensor = body.inputs[0]
+    if tensor.name not in names:
+        raise OIPError(400, f"unknown input {tensor.name!r}; expected one of {list(names)}")
+    return tensor.model_dump()
+
+
+def _parse(raw: bytes) -> OIPInferenceRequest:
+    try:
+        return OIPInferenceRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
+        raise OIPError(400, f"invalid inference request: {problems}") from exc
 
 
 def _strings(tensor: dict[str, Any], limit: int) -> list[str]:
@@ -171,26 +169,20 @@ async def _translate(served: ServedModel, tensor: dict[str, Any], request: Reque
     return [{"name": "translation", "datatype": "BYTES", "shape": [len(out)], "data": list(out)}]
 
 
-@router.post("/models/{name}/infer")
+@router.post("/models/{name}/infer", response_model=OIPInferenceResponse, response_model_exclude_none=True,
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": inline_json_schema(OIPInferenceRequest)}}}})
 async def infer(name: str, request: Request) -> dict[str, Any]:
+    """Validated after the model is found, so that an unknown model is a 404 whatever the body."""
     if not registry(request).ready:
         raise OIPError(503, "models are still loading")
     served = _model(request, name)
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OIPError(400, f"the body is not valid JSON ({exc})") from exc
-    if not isinstance(body, dict):
-        raise OIPError(400, "the body must be a JSON object")
+    body = _parse(await request.body())
     if served.task == "translation":
         outputs = await _translate(served, _tensor(body, ("text",)), request)
     else:
         outputs = await _classify(served, _tensor(body, ("image", "pixels")), request)
-    wanted = body.get("outputs")
-    if isinstance(wanted, list) and wanted:
-        names = {o.get("name") for o in wanted if isinstance(o, dict)}
+    if body.outputs:
+        names = {o.name for o in body.outputs}
         outputs = [o for o in outputs if o["name"] in names]
-    answer = {"model_name": served.name, "model_version": "1", "outputs": outputs}
-    if isinstance(body.get("id"), str):
-        answer["id"] = body["id"]
-    return answer
+    return {"model_name": served.name, "model_version": "1", "id": body.id, "outputs": outputs}
