@@ -38,6 +38,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY model ./model
 COPY service ./service
+COPY training ./training
 RUN pip install --no-cache-dir .
 
 # The checkpoints, readable by the unprivileged user whatever their modes in the build context.

@@ -1,4 +1,4 @@
-"""`tserve` command line: `serve` (the HTTP server), plus `train` / `eval` from model.train.
+"""`tserve` command line: `serve` (the HTTP server), plus `train` / `eval` from the `training` package.
 
 Every server setting is a flag of `tserve serve` and a `TSERVE_*` environment variable; flags win.
 The flags are generated from `service.settings.Settings`, so the two can never drift apart.
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser = sub.add_parser("serve", help="start the HTTP server")
     add_settings_flags(serve_parser)
     serve_parser.set_defaults(func=serve)
-    from model.train.cli import register  # noqa: PLC0415 - keeps `serve` start-up light
+    from training.cli import register  # noqa: PLC0415 - keeps `serve` start-up light
 
     register(sub)
     return parser

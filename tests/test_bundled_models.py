@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from model.checkpoint import load
-from model.train import data as data_mod
-from model.train.evaluate import SLICE_KEYS, evaluate_loaded, task_of
+from training import data as data_mod
+from training.evaluate import SLICE_KEYS, evaluate_loaded, task_of
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ["tserve-vit-fashion", "tserve-vit-digits", "tserve-lm", "tserve-en-de"]
@@ -31,10 +31,10 @@ def test_bundled_checkpoint_reproduces_recorded_metrics(name):
     path = ROOT / "models" / name
     assert (path / "config.json").is_file(), f"{path} is missing: the bundled models are part of the repository"
     metrics_file = path / "metrics.json"
-    assert metrics_file.is_file(), f"{metrics_file} missing: run `python -m model.train eval {path}`"
+    assert metrics_file.is_file(), f"{metrics_file} missing: run `python -m training eval {path}`"
     recorded = json.loads(metrics_file.read_text())
     ref = recorded.get("reference_slice")
-    assert ref, f"{metrics_file} has no reference_slice: run a full `python -m model.train eval {path}`"
+    assert ref, f"{metrics_file} has no reference_slice: run a full `python -m training eval {path}`"
     loaded = load(path)
     task = task_of(loaded)
     try:

@@ -301,7 +301,7 @@ def test_dockerignore_sends_only_what_the_image_needs():
                 if p.strip() and not p.startswith("#")]
     copies = [a for i, a in dockerfile_instructions() if i == "COPY" and not a.startswith("--from")]
     sources = [s for a in copies for s in a.split()[:-1] if not s.startswith("--")]
-    assert set(sources) >= {"pyproject.toml", "README.md", "model", "service", "models"}
+    assert set(sources) >= {"pyproject.toml", "README.md", "model", "service", "training", "models"}
     for source in sources:
         assert (ROOT / source).exists() or source == "models", source
         assert not _dockerignored(source, patterns), f"{source} is COPYed but excluded by .dockerignore"

@@ -23,13 +23,13 @@ from model.decoding import SamplingParams
 from model.preprocessing import ImagePreprocessing
 from model.seq2seq import Seq2Seq
 from model.tokenizer import load_tokenizer
-from model.train import bpe, cli, evaluate, lm, translation, vit
-from model.train.card import render_card
-from model.train.common import RunOptions, count_parameters, planned_steps
-from model.train.data import TranslationPair
-from model.train.loop import LoopConfig, learning_rate, train_loop
 from model.vit import ViT
 from one_request import lm_tokens
+from training import bpe, cli, evaluate, lm, translation, vit
+from training.card import render_card
+from training.common import RunOptions, count_parameters, planned_steps
+from training.data import TranslationPair
+from training.loop import LoopConfig, learning_rate, train_loop
 
 PAIRS = [TranslationPair(en, de, "ding") for en, de in zip(EN, DE, strict=True)]
 LM_TEXTS = [" ".join(EN * 4), " ".join(reversed(EN)) * 3, "To be, or not to be: that is the question."] * 4
@@ -388,8 +388,8 @@ def test_count_parameters_counts_tied_weights_once():
 
 
 def test_plan_loop_applies_the_command_line():
-    from model.train.common import plan_loop
-    from model.train.loop import LoopConfig
+    from training.common import plan_loop
+    from training.loop import LoopConfig
 
     loop = plan_loop(LoopConfig(lr=2e-3, warmup_steps=500, eval_every=1000), RunOptions(out=Path("x"), lr=1e-4,
                      epochs=2, max_minutes=3.0), None, 10.0, 640, 64)

@@ -1,4 +1,4 @@
-"""Unit tests of the pure parsing and splitting functions of model.train.data (no downloads)."""
+"""Unit tests of the pure parsing and splitting functions of training.data (no downloads)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from model.train import data
+from training import data
 
 
 # --------------------------------------------------------------------------------------------------

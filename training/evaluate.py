@@ -26,9 +26,9 @@ from PIL import Image
 from model.checkpoint import LoadedModel, load
 from model.decoding import SamplingParams, generate, translation_job
 from model.decoding.seq2seq_runner import run_jobs
-from model.train import data as data_mod
-from model.train.card import METRICS_FILE, TRAINING_FILE, read_json, write_card, write_json
-from model.train.common import configure_threads, log_event, resolve_device
+from training import data as data_mod
+from training.card import METRICS_FILE, TRAINING_FILE, read_json, write_card, write_json
+from training.common import configure_threads, log_event, resolve_device
 
 PROBES = ["Good morning.", "Where is the station?", "I don't know.", "Thank you very much.",
           "The weather is nice today.", "Open the file.", "Save the document."]
@@ -118,7 +118,7 @@ def ngram_baselines(train_ids: np.ndarray, test_ids: np.ndarray, vocab_size: int
 
 def evaluate_lm(loaded: LoadedModel, test_texts: Sequence[str], train_texts: Sequence[str],
                 valid_texts: Sequence[str] = (), samples: bool = True) -> dict[str, Any]:
-    from model.train.lm import strided_nll, token_stream  # noqa: PLC0415
+    from training.lm import strided_nll, token_stream  # noqa: PLC0415
 
     start = time.perf_counter()
     tok, model = loaded.tokenizer, loaded.model
@@ -233,7 +233,7 @@ def evaluate_loaded(loaded: LoadedModel, path: Path, *, limit: int | None = None
             return evaluate_lm(loaded, test, [], samples=False)
         return evaluate_lm(loaded, test, corpus["train"], corpus["valid"])
     dataset = _vit_dataset(path, loaded)
-    from model.train.vit import load_dataset  # noqa: PLC0415
+    from training.vit import load_dataset  # noqa: PLC0415
 
     x, y = load_dataset(dataset, data_root)["test"]
     if limit:

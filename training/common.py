@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-log = logging.getLogger("model.train")
+log = logging.getLogger("tserve.training")
 
 
 def seed_everything(seed: int) -> torch.Generator:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from model.train.common import log_event
+from training.common import log_event
 
 Schedule = Literal["cosine", "vaswani", "constant"]
 

@@ -1,10 +1,10 @@
-"""`python -m model.train train|eval ...`."""
+"""`python -m training train|eval ...`."""
 
 from __future__ import annotations
 
 import sys
 
-from model.train.cli import main
+from training.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

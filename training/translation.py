@@ -1,6 +1,6 @@
 """Train the bundled English → German translator (Vaswani encoder-decoder, shared BPE vocabulary).
 
-Data: Ding dictionary examples and LibreOffice help/UI strings (see `model.train.data`). Batches are
+Data: Ding dictionary examples and LibreOffice help/UI strings (see `training.data`). Batches are
 built from length buckets up to a token budget, so little compute is spent on padding, which matters
 most on CPU. Loss: label-smoothed cross-entropy on the target tokens (pads ignored). The checkpoint
 ships generation defaults for beam search (4 beams) with pad and `<s>` banned.
@@ -22,10 +22,10 @@ from model.checkpoint import GenerationDefaults, save_checkpoint
 from model.config import Seq2SeqConfig
 from model.seq2seq import Seq2Seq
 from model.tokenizer import HFTokenizer
-from model.train import data as data_mod
-from model.train.bpe import encode_batch, train_translation_tokenizer
-from model.train.card import TRAINING_FILE, write_card, write_json
-from model.train.common import (
+from training import data as data_mod
+from training.bpe import encode_batch, train_translation_tokenizer
+from training.card import TRAINING_FILE, write_card, write_json
+from training.common import (
     RunOptions,
     configure_threads,
     count_parameters,
@@ -37,7 +37,7 @@ from model.train.common import (
     resolve_device,
     seed_everything,
 )
-from model.train.loop import LoopConfig, train_loop
+from training.loop import LoopConfig, train_loop
 
 SOURCES = ["ding", "lo-help-en", "lo-help-de", "lo-ui"]
 

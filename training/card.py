@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from model.train.data import SOURCES
+from training.data import SOURCES
 
 TRAINING_FILE = "training.json"
 METRICS_FILE = "metrics.json"
@@ -90,7 +90,7 @@ def render_card(directory: str | Path) -> str:
         lines.append("")
         if info.get("data"):
             lines += ["Split sizes: " + ", ".join(f"{k} {_fmt(v)}" for k, v in info["data"].items()), ""]
-        lines += ["Data are fetched and split reproducibly by `model/train/data.py` (splits by hash; the test "
+        lines += ["Data are fetched and split reproducibly by `training/data.py` (splits by hash; the test "
                   "split is never used for training or model selection).", ""]
     lines += ["## Training", ""]
     if info.get("command"):
@@ -129,7 +129,7 @@ def render_card(directory: str | Path) -> str:
                              if isinstance(s, list) else f"- {s}")
             lines.append("")
     else:
-        lines += ["Not evaluated yet: run `python -m model.train eval " + str(d) + "`.", ""]
+        lines += ["Not evaluated yet: run `python -m training eval " + str(d) + "`.", ""]
     if info.get("notes"):
         lines += ["## Notes", "", info["notes"], ""]
     return "\n".join(lines).rstrip("\n") + "\n"

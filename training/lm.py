@@ -23,10 +23,10 @@ from model.checkpoint import GenerationDefaults, save_checkpoint
 from model.config import DecoderConfig
 from model.decoder import Decoder
 from model.tokenizer import HFTokenizer
-from model.train import data as data_mod
-from model.train.bpe import encode_batch, train_lm_tokenizer
-from model.train.card import TRAINING_FILE, write_card, write_json
-from model.train.common import (
+from training import data as data_mod
+from training.bpe import encode_batch, train_lm_tokenizer
+from training.card import TRAINING_FILE, write_card, write_json
+from training.common import (
     RunOptions,
     configure_threads,
     count_parameters,
@@ -38,7 +38,7 @@ from model.train.common import (
     resolve_device,
     seed_everything,
 )
-from model.train.loop import LoopConfig, train_loop
+from training.loop import LoopConfig, train_loop
 
 SOURCES = ["shakespeare", "austen", "fortunes"]
 
