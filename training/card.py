@@ -90,7 +90,7 @@ def render_card(directory: str | Path) -> str:
         lines.append("")
         if info.get("data"):
             lines += ["Split sizes: " + ", ".join(f"{k} {_fmt(v)}" for k, v in info["data"].items()), ""]
-        lines += ["Data are fetched and split reproducibly by `training/data.py` (splits by hash; the test "
+        lines += ["Data are fetched and split reproducibly by `training/data/` (splits by hash; the test "
                   "split is never used for training or model selection).", ""]
     lines += ["## Training", ""]
     if info.get("command"):
