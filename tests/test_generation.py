@@ -282,3 +282,43 @@ def test_a_rows_logits_barely_depend_on_its_batch(tiny_lm):
     assert alone.shape == (len(forced) + 1, lm.config.vocab_size)
     assert (alone - among).abs().max() <= 1e-4
     assert not torch.equal(logits_of_first(prompts[1:2]), alone)  # the prompt matters
+
+
+def test_the_runner_keeps_penalty_counts_and_checks_prompts(tiny_lm):
+    """The token counts the penalties read are the counts of the generated tokens (kept up to date step by
+    step); a one-token prompt runs, an empty one is refused."""
+    from model.decoding import DecoderRunner
+
+    lm = load(tiny_lm)
+    params = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, ignore_eos=True)
+    (seq,) = generate(lm, [lm.tokenizer.encode("Hello world")], params)
+    expected = torch.bincount(torch.tensor(seq.generated), minlength=lm.config.vocab_size).float()
+    assert len(set(seq.generated)) < len(seq.generated)  # some token came twice: counts above 1 matter
+    assert torch.equal(seq.counts, expected)
+    runner = DecoderRunner(lm, num_slots=1, cuda_graphs=False)
+    runner.check(1, 4)
+    assert len(generate(lm, [[lm.tokenizer.encode("Hello")[0]]], SamplingParams(max_tokens=3, temperature=0.0,
+                                                                             ignore_eos=True))[0].generated) == 3
+    with pytest.raises(ValueError, match="empty"):
+        runner.check(0, 4)
+
+
+def test_beam_settings_come_from_the_checkpoint(tiny_mt):
+    from model.decoding import Seq2SeqRunner, translation_job
+
+    mt = load(tiny_mt)
+    mt.generation.length_penalty, mt.generation.early_stopping = 0.7, "never"
+    settings = Seq2SeqRunner(mt, num_rows=2, cuda_graphs=False).beam_settings(translation_job(mt, [5, 6], 2, 9))
+    assert (settings.num_beams, settings.max_new_tokens, settings.eos_token_id) == (2, 9, mt.config.eos_token_id)
+    assert (settings.length_penalty, settings.early_stopping) == (0.7, "never")
+
+
+def test_a_finished_hypothesis_is_scored_with_the_length_penalty():
+    """transformers' score: sum of log-probs / generated length ** length_penalty (here 3 tokens, 2.0)."""
+    t0, t1, t2, eos = range(4)
+    steps = torch.tensor([[0.1, 0.2, 0.6, 0.1], [0.1, 0.5, 0.1, 0.3], [0.2, 0.1, 0.1, 0.6]]).log()
+    search = BeamSearch(BeamSettings(num_beams=1, max_new_tokens=10, eos_token_id=eos, length_penalty=2.0), t0)
+    for step in steps:
+        search.advance(step[None])
+    assert search.done and search.best() == [t2, t1, eos]
+    assert search.best_score == pytest.approx(float(torch.tensor([0.6, 0.5, 0.6]).log().sum()) / 3**2)

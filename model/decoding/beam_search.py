@@ -48,7 +48,6 @@ class BeamSearch:
             raise ValueError("num_beams and max_new_tokens must be >= 1")
         self.s = settings
         nb = settings.num_beams
-        self.num_candidates = 2 * nb
         self.max_length = 1 + settings.max_new_tokens  # HF counts the decoder start token
         self.cur_len = 1
         width = max(width or 0, self.max_length)
