@@ -37,7 +37,6 @@ class Worker:
     def __init__(self, start: Callable[..., Any]) -> None:
         self._start = start
         self.inner: Any = None
-        self.computed: list[str] = []  # the jobs the worker did work for
 
     def start(self, **limits: Any) -> Worker:
         self.inner = self._start(self, **limits)
@@ -56,6 +55,11 @@ class Worker:
     def held(self) -> int:
         raise NotImplementedError
 
+    @property
+    def computed(self) -> list[str]:
+        """The jobs the worker did any work for."""
+        raise NotImplementedError
+
     async def results(self, *jobs: Any) -> list[str]:
         """Every job's result; a worker that stopped working fails here instead of hanging the suite."""
         return list(await asyncio.wait_for(asyncio.gather(*(self.result(j) for j in jobs)), timeout=20))
@@ -69,12 +73,8 @@ class EngineWorker(Worker):
 
     @property
     def computed(self) -> list[str]:
-        """The jobs the engine did any work for (whoever read them): a token generated."""
+        """Whoever read them: the jobs with a token generated."""
         return [name for name, req in self.submitted if req.generated]
-
-    @computed.setter
-    def computed(self, _: list[str]) -> None:
-        pass
 
     def submit(self, name: str, long: bool) -> Any:
         req = self.inner.submit_job(self.make_job(name, long))
@@ -94,6 +94,14 @@ class EngineWorker(Worker):
 
 
 class BatcherWorker(Worker):
+    def __init__(self, start: Callable[..., Any]) -> None:
+        super().__init__(start)
+        self.done: list[str] = []  # appended by the batch function
+
+    @property
+    def computed(self) -> list[str]:
+        return self.done
+
     def submit(self, name: str, long: bool) -> Any:
         (pending,) = self.inner.enqueue([(name, long)])  # refused here, as the engines refuse in submit
         return asyncio.ensure_future(self.inner.result(pending))
@@ -142,7 +150,7 @@ def batcher_worker() -> Worker:
     def start(w: Worker, max_queue: int = 1, timeout_s: float = 60.0) -> DynamicBatcher:
         def batch_fn(items: list[tuple[str, bool]]) -> list[str]:
             time.sleep(BATCH_S if any(long for _, long in items) else 0.0)
-            w.computed.extend(name for name, _ in items)
+            w.done.extend(name for name, _ in items)
             return [name for name, _ in items]
 
         return DynamicBatcher("b", batch_fn, max_batch_size=1, max_wait_ms=0, max_queue=max_queue,

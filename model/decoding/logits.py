@@ -51,9 +51,10 @@ class LogitsPipeline:
 
     def constrain(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         """The constraints only (float32): what logprobs report and beam search reads."""
+        scores = scores.float()  # a no-op for float32 logits; every processor keeps the dtype
         for processor in self.constraints:
-            scores = processor(scores.float(), rows)
-        return scores.float()
+            scores = processor(scores, rows)
+        return scores
 
     def shape(self, constrained: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         for processor in self.shaping:
