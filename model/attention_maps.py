@@ -35,6 +35,8 @@ class AttentionMap:
 def _selection(what: str, asked: Sequence[int] | None, count: int) -> list[int]:
     if asked is None:
         return list(range(count))
+    if not asked:  # an empty list selects nothing; leaving the field out selects all
+        raise ValueError(f"{what}: give at least one of 0 to {count - 1}, or leave the field out for all {count}")
     bad = [i for i in asked if not 0 <= i < count]
     if bad:
         raise ValueError(f"{what} {bad} do not exist: this model has {count} {what}, numbered 0 to {count - 1}")
