@@ -157,7 +157,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
     import factories
     from model import checkpoint
     from model.decoding import SamplingParams
-    from service.generation_engine import GenerationEngine
+    from service.engine import GenerationEngine
     from service.metrics import Metrics
 
     d = workdir / "gpt2"
@@ -214,9 +214,9 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
 
     import factories
     from model import checkpoint
+    from service.engine import TranslationEngine
     from service.metrics import Metrics
     from service.runners import TranslationJob
-    from service.translation_engine import TranslationEngine
 
     d = workdir / "marian"
     factories.write_marian_tokenizer(d)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from model.checkpoint import LoadedModel
+from model.config import Seq2SeqConfig, ViTConfig
 from model.decoding import translate
 
 
@@ -44,13 +45,32 @@ def _selection(what: str, asked: Sequence[int] | None, count: int) -> list[int]:
 
 
 def layer_counts(loaded: LoadedModel) -> dict[str, int]:
-    """Layers per module kind, for validation and for the viewer."""
+    """Layers per attention module of this kind of model, for validation and for the viewer."""
     cfg = loaded.config
-    if loaded.task == "translation":
+    if isinstance(cfg, Seq2SeqConfig):
         return {"encoder.self": cfg.n_encoder_layers, "decoder.self": cfg.n_decoder_layers,
                 "decoder.cross": cfg.n_decoder_layers}
-    module = "decoder.self" if loaded.task == "text-generation" else "encoder.self"
-    return {module: cfg.n_layers}
+    return {"encoder.self" if isinstance(cfg, ViTConfig) else "decoder.self": cfg.n_layers}
+
+
+def weight_count(loaded: LoadedModel, layers: Sequence[int] | None, heads: Sequence[int] | None,
+                 n_tokens: int = 0, n_target: int = 0) -> int:
+    """How many weights the maps of a selection hold, known before any model work: `n_tokens` is the LM's
+    sequence or the translation's source length, `n_target` the translation's target length without eos
+    (a ViT's token count comes from its config)."""
+    layers, heads = check_selection(loaded, layers, heads)
+    cfg = loaded.config
+
+    def selected(module: str) -> int:
+        return sum(1 for i in layers if i < layer_counts(loaded)[module]) * len(heads)
+
+    if isinstance(cfg, Seq2SeqConfig):
+        t = min(n_target + 1, cfg.max_target_len)  # the decoder reads its start token first
+        return (selected("encoder.self") * n_tokens * n_tokens + selected("decoder.self") * t * t
+                + selected("decoder.cross") * t * n_tokens)
+    if isinstance(cfg, ViTConfig):
+        n_tokens = cfg.grid_size**2 + 1  # [CLS] and the patches
+    return selected(next(iter(layer_counts(loaded)))) * n_tokens * n_tokens
 
 
 def check_selection(loaded: LoadedModel, layers: Sequence[int] | None,
@@ -154,9 +174,10 @@ def attention_rollout(maps: list[AttentionMap]) -> Tensor:
     return result
 
 
-def to_bertviz(maps: list[AttentionMap], task: str) -> dict:
+def to_bertviz(maps: list[AttentionMap]) -> dict:
     """The shapes of transformers' `output_attentions`, which BertViz's `head_view` / `model_view` take:
-    per layer a nested list [1][head][query][key], plus the tokens."""
+    per layer a nested list [1][head][query][key], plus the tokens. Maps with cross-attention take the
+    encoder-decoder shape."""
 
     def stack(module: str) -> list:
         return [[m.weights.tolist()] for m in sorted(maps, key=lambda m: m.layer) if m.module == module]
@@ -167,9 +188,9 @@ def to_bertviz(maps: list[AttentionMap], task: str) -> dict:
                 return m.query_tokens if side == "query" else m.key_tokens
         return []
 
-    if task == "translation":
+    if any(m.module == "decoder.cross" for m in maps):
         return {"encoder_attention": stack("encoder.self"), "decoder_attention": stack("decoder.self"),
                 "cross_attention": stack("decoder.cross"), "encoder_tokens": tokens("encoder.self", "query"),
                 "decoder_tokens": tokens("decoder.self", "query")}
-    module = "decoder.self" if task == "text-generation" else "encoder.self"
+    module = maps[0].module if maps else "decoder.self"
     return {"attention": stack(module), "tokens": tokens(module, "query")}

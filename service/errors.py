@@ -53,8 +53,8 @@ def engine_failure(exc: BaseException, what: str, invalid_code: str = "request_t
         return overloaded(str(exc), retry_after=1, status=503)
     if isinstance(exc, RequestTimeout):
         return APIError(504, str(exc), "server_error", "timeout")
-    if isinstance(exc, ValueError):  # refused at submission: the request cannot run on this server
-        return bad_request(str(exc), invalid_code)
+    if isinstance(exc, ValueError):  # the request cannot run on this server, or a call job refused its input
+        return bad_request(str(exc), getattr(exc, "code", None) or invalid_code)
     return APIError(500, str(exc) or f"{what} failed", "server_error", f"{what}_failed")
 
 

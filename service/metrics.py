@@ -27,6 +27,8 @@ class Metrics:
         self.kv_total = Gauge("tserve_kv_slots_total", "KV-cache slots", ["model"], registry=r)
         self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)
         self.images = Counter("tserve_images_classified_total", "Images classified", ["model"], registry=r)
+        self.calls = Counter("tserve_model_calls_total", "Model work other than token streams run by a worker "
+                             "(attention maps, prompt scoring)", ["model"], registry=r)
         self.batch_size = Histogram("tserve_batch_size", "Size of the batches run", ["model"],
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
 

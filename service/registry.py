@@ -13,13 +13,11 @@ from tqdm import tqdm
 
 from model import checkpoint
 from model.attention import resolve_backend
-from service.batcher import DynamicBatcher
+from service.engine import DynamicBatcher, GenerationEngine, Scheduler, TranslationEngine
 from service.errors import bad_request, not_found
-from service.generation_engine import GenerationEngine
 from service.metrics import Metrics
 from service.runners import Classifier
 from service.settings import Settings
-from service.translation_engine import TranslationEngine
 
 log = logging.getLogger("tserve.registry")
 
@@ -36,6 +34,11 @@ class ServedModel:
     @property
     def task(self) -> str:
         return self.loaded.task
+
+    @property
+    def worker(self) -> Scheduler:
+        """What holds this model's requests and runs its model work."""
+        return self.engine or self.batcher
 
 
 class ModelRegistry:
@@ -95,7 +98,7 @@ class ModelRegistry:
             served.batcher = DynamicBatcher(name, served.classifier.run_batch, max_batch_size=s.batch_max_size,
                                             device=loaded.device,
                                             max_wait_ms=s.batch_max_wait_ms, max_queue=s.max_queue,
-                                            metrics=self.metrics)
+                                            timeout_s=s.request_timeout_s, metrics=self.metrics)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),
                                          "attention_backend": backend, "parameters": loaded.num_parameters()})

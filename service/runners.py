@@ -14,7 +14,11 @@ from model.decoding import TranslationJob, translation_job
 
 
 class InvalidInput(ValueError):
-    """Input the model cannot take (HTTP 400)."""
+    """Input the model cannot take (HTTP 400); `code` names the kind when the caller's default does not."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # --------------------------------------------------------------------------------------------------

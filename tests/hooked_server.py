@@ -28,18 +28,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from service.cli import main  # noqa: E402
-from service.engine import StepEngine  # noqa: E402
-from service.generation_engine import GenerationEngine, GenerationRequest  # noqa: E402
+from service.engine import (  # noqa: E402
+    GenerationEngine,
+    GenerationRequest,
+    Scheduler,  # noqa: E402
+)
 from service.registry import ModelRegistry  # noqa: E402
 from service.runners import Classifier  # noqa: E402
 
 
-def slow_steps(target: StepEngine | type[StepEngine], seconds: float) -> StepEngine | type[StepEngine]:
+def slow_steps(target: Scheduler | type[Scheduler], seconds: float) -> Scheduler | type[Scheduler]:
     """Make every step of `target` (an engine, or the class: every engine) sleep `seconds` first, so that a
     request of many tokens is still running when a test acts on it."""
     original = target.step
     if isinstance(target, type):
-        def step(self: StepEngine) -> None:
+        def step(self: Scheduler) -> None:
             time.sleep(seconds)
             original(self)
     else:
@@ -56,7 +59,7 @@ def _holds(engine: GenerationEngine, reqs: list[GenerationRequest], marker: str)
 
 def install(env: dict[str, str]) -> None:
     if delay := float(env.get("TSERVE_TEST_STEP_DELAY_S", "0")):
-        slow_steps(StepEngine, delay)
+        slow_steps(Scheduler, delay)
     if batch_delay := float(env.get("TSERVE_TEST_BATCH_DELAY_S", "0")):
         run_batch = Classifier.run_batch
 

@@ -34,6 +34,29 @@ def test_selection_and_its_errors(tiny_lm):
         am.lm_attention(loaded, "Hello", layers=[2])
     with pytest.raises(ValueError, match="heads"):
         am.lm_attention(loaded, "Hello", heads=[-1])
+    with pytest.raises(ValueError, match="at least one"):
+        am.lm_attention(loaded, "Hello", layers=[])
+
+
+@pytest.mark.parametrize("layers, heads", [(None, None), ([1], [0, 2]), ([0, 7], [3])])
+def test_weight_count_is_known_before_the_work(tiny_lm, tiny_mt, tiny_vit, layers, heads):
+    """What `/v1/attention` bounds before it runs the model equals what the maps then hold, for each kind."""
+    lm, mt, vit = load(tiny_lm), load(tiny_mt), load(tiny_vit)
+
+    def held(maps: list[am.AttentionMap]) -> int:
+        return sum(m.weights.numel() for m in maps)
+
+    ids = lm.tokenizer.encode("Hello world, good morning")
+    layers_lm = None if layers is None else [i for i in layers if i < lm.config.n_layers]
+    assert am.weight_count(lm, layers_lm, heads, len(ids)) == held(am.lm_attention_ids(lm, ids, layers_lm, heads))
+    src, tgt = mt.tokenizer.encode("Good morning."), mt.tokenizer.encode_target("Guten Morgen, Welt.")
+    tgt = [t for t in tgt if t != mt.config.eos_token_id]
+    layers_mt = None if layers is None else [i for i in layers if i < max(am.layer_counts(mt).values())]
+    assert am.weight_count(mt, layers_mt, heads, len(src), len(tgt)) == held(
+        am.translation_attention_ids(mt, src, tgt, layers_mt, heads))
+    layers_vit = None if layers is None else [i for i in layers if i < vit.config.n_layers]
+    pixels = torch.rand(vit.config.n_channels, vit.config.image_size, vit.config.image_size)
+    assert am.weight_count(vit, layers_vit, heads) == held(am.vit_attention(vit, pixels, layers_vit, heads))
 
 
 def test_translation_maps(tiny_mt):
@@ -70,7 +93,7 @@ def test_bertviz_shapes_match_transformers(hf_gpt2, hf_marian):
     ours = load(hf_gpt2)
     hf = transformers.GPT2LMHeadModel.from_pretrained(hf_gpt2, attn_implementation="eager").eval()
     text = "Hello world, good morning"
-    bv = am.to_bertviz(am.lm_attention(ours, text), "text-generation")
+    bv = am.to_bertviz(am.lm_attention(ours, text))
     ids = ours.tokenizer.encode(text)
     with torch.no_grad():
         ref = hf(torch.tensor([ids]), output_attentions=True).attentions
@@ -82,7 +105,7 @@ def test_bertviz_shapes_match_transformers(hf_gpt2, hf_marian):
     ours = load(hf_marian)
     hf = transformers.MarianMTModel.from_pretrained(hf_marian, attn_implementation="eager").eval()
     maps, _ = am.translation_attention(ours, "Good morning.", target="Guten Morgen.")
-    bv = am.to_bertviz(maps, "translation")
+    bv = am.to_bertviz(maps)
     src = ours.tokenizer.encode("Good morning.")
     dec = [ours.config.decoder_start_token_id] + [t for t in ours.tokenizer.encode_target("Guten Morgen.")
                                                   if t != ours.config.eos_token_id]

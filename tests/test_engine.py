@@ -16,9 +16,7 @@ from hooked_server import slow_steps
 from model import checkpoint
 from model.decoding import SamplingParams
 from one_request import lm_tokens
-from service.batcher import DynamicBatcher
-from service.engine import OutOfMemory, QueueFull, RequestTimeout, StepEngine
-from service.generation_engine import GenerationEngine
+from service.engine import DynamicBatcher, GenerationEngine, OutOfMemory, QueueFull, RequestTimeout, Scheduler
 from service.metrics import Metrics
 
 
@@ -125,9 +123,13 @@ def test_max_queue_0_takes_what_free_rows_take(lm):
     finally:
         engine.stop()
     batcher = DynamicBatcher("b", lambda items: items, max_batch_size=2, max_wait_ms=0, max_queue=0, metrics=Metrics())
-    batcher.enqueue([1, 2])  # not started: the items wait for the next batch, which takes both
-    with pytest.raises(QueueFull):
-        batcher.enqueue([3])
+
+    async def fill() -> None:
+        batcher.enqueue([1, 2])  # not started: the items wait for the next batch, which takes both
+        with pytest.raises(QueueFull):
+            batcher.enqueue([3])
+
+    asyncio.run(fill())
 
 
 def test_cancelled_requests_behind_a_waiting_head_leave_the_queue(lm):
@@ -427,16 +429,21 @@ def test_batcher_queue_limit():
     batcher = DynamicBatcher("b", lambda items: (gate.wait(5), items)[1], max_batch_size=1, max_wait_ms=0,
                              max_queue=2, metrics=Metrics())
     batcher.start()
-    try:
+
+    async def run() -> int:
         first = batcher.enqueue([1])  # taken by the worker, which then blocks
-        time.sleep(0.1)
+        await asyncio.sleep(0.1)
         batcher.enqueue([2, 3])
         with pytest.raises(QueueFull):
             batcher.enqueue([4])
+        gate.set()
+        return await asyncio.wait_for(batcher.result(first[0]), 5)
+
+    try:
+        assert asyncio.run(run()) == 1
     finally:
         gate.set()
         batcher.stop()
-    assert first[0].future.result(timeout=5) == 1
 
 
 @pytest.mark.slow
@@ -468,7 +475,7 @@ def test_worker_threads_make_the_models_gpu_their_current_device(lm, monkeypatch
     gpu = torch.device("cuda:1")
     engine = make_engine(lm)  # started on the CPU: the thread selects nothing
     engine.stop()
-    engine = StepEngine("gpu-engine", max_queue=1, timeout_s=1.0, metrics=Metrics(), capacity=1)
+    engine = Scheduler("gpu-engine", max_queue=1, timeout_s=1.0, metrics=Metrics(), capacity=1)
     engine.device = gpu
     engine.start()
     batcher = DynamicBatcher("gpu-batcher", lambda items: items, max_batch_size=1, max_wait_ms=0, max_queue=1,

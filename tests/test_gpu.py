@@ -17,7 +17,7 @@ from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoder import Decoder
 from model.decoding import SamplingParams
 from one_request import job_tokens, lm_tokens
-from service.generation_engine import GenerationEngine
+from service.engine import GenerationEngine
 from service.metrics import Metrics
 
 pytestmark = pytest.mark.gpu
@@ -105,7 +105,7 @@ def test_engine_on_gpu_concurrent_equals_alone(lm_dir, device, graphs):
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
-    from service.translation_engine import TranslationEngine
+    from service.engine import TranslationEngine
 
     mt = checkpoint.load(factories.tiny_mt_dir(tmp_path / "mt"), device=CUDA, dtype="float32")
     engine = TranslationEngine("mt", mt, max_rows=16, max_queue=64, timeout_s=60.0, metrics=Metrics(),

@@ -22,11 +22,15 @@ from model import checkpoint
 from model.decoding import BeamSearch, BeamSettings, SamplingParams
 from model.kv_cache import KVCache, consecutive_start
 from one_request import job_tokens, lm_tokens
-from service.batcher import DynamicBatcher
-from service.engine import OutOfMemory, RequestTimeout, request_error
-from service.generation_engine import GenerationEngine
+from service.engine import (
+    DynamicBatcher,
+    GenerationEngine,
+    OutOfMemory,
+    RequestTimeout,
+    TranslationEngine,
+    request_error,
+)
 from service.metrics import Metrics
-from service.translation_engine import TranslationEngine
 
 
 @pytest.fixture(scope="module")
@@ -316,9 +320,13 @@ def test_batcher_stop_finishes_the_queued_items():
     batcher = DynamicBatcher("b", lambda items: (time.sleep(0.05), [x * 2 for x in items])[1], max_batch_size=1,
                              max_wait_ms=0, max_queue=16, metrics=Metrics())
     batcher.start()
-    pending = batcher.enqueue([1, 2, 3, 4])
-    batcher.stop(drain_timeout_s=10)
-    assert [p.future.result(timeout=1) for p in pending] == [2, 4, 6, 8]
+
+    async def run() -> list[int]:
+        pending = batcher.enqueue([1, 2, 3, 4])
+        await asyncio.to_thread(batcher.stop, drain_timeout_s=10)
+        return await asyncio.wait_for(asyncio.gather(*(batcher.result(p) for p in pending)), 1)
+
+    assert asyncio.run(run()) == [2, 4, 6, 8]
 
 
 def test_batcher_goes_on_after_a_batch_whose_items_were_all_cancelled():
@@ -374,16 +382,19 @@ def test_errors_tell_the_client_what_happened(lm):
     batcher = DynamicBatcher("b", lambda items: (gate.wait(5), items)[1], max_batch_size=1, max_wait_ms=0,
                              max_queue=8, metrics=Metrics())
     batcher.start()
-    held = batcher.enqueue([1])
-    time.sleep(0.1)  # the worker is inside the batch function with item 1
-    left = batcher.enqueue([2, 3])
-    threading.Timer(0.3, gate.set).start()
-    batcher.stop(drain_timeout_s=0.1)  # the drain runs out while item 1 is still running
-    assert held[0].future.result(timeout=1) == 1
-    for p in left:
-        with pytest.raises(RuntimeError) as info:
-            p.future.result(timeout=1)
-        assert str(info.value) == "server shutting down"
+
+    async def run() -> list:
+        held = batcher.enqueue([1])
+        await asyncio.sleep(0.1)  # the worker is inside the batch function with item 1
+        left = batcher.enqueue([2, 3])
+        threading.Timer(0.3, gate.set).start()
+        await asyncio.to_thread(batcher.stop, drain_timeout_s=0.1)  # the drain runs out while item 1 runs
+        return await asyncio.wait_for(asyncio.gather(*(batcher.result(p) for p in held + left),
+                                                     return_exceptions=True), 1)
+
+    first, *rest = asyncio.run(run())
+    assert first == 1
+    assert [(type(e), str(e)) for e in rest] == [(RuntimeError, "server shutting down")] * 2
 
 
 def test_failures_are_logged_with_the_model(lm, monkeypatch, caplog):
@@ -411,10 +422,13 @@ def test_failures_are_logged_with_the_model(lm, monkeypatch, caplog):
     batcher = DynamicBatcher("vit", lambda items: 1 / 0, max_batch_size=4, max_wait_ms=20, max_queue=8,
                              metrics=Metrics())
     batcher.start()
+
+    async def run() -> list:
+        return await asyncio.wait_for(asyncio.gather(*(batcher.result(p) for p in batcher.enqueue([1, 2])),
+                                                     return_exceptions=True), 5)
+
     try:
-        for p in batcher.enqueue([1, 2]):
-            with pytest.raises(RuntimeError, match="generation failed: ZeroDivisionError"):
-                p.future.result(timeout=5)
+        assert [str(e) for e in asyncio.run(run())] == ["generation failed: ZeroDivisionError"] * 2
     finally:
         batcher.stop()
     logged = {r.getMessage(): r for r in caplog.records}

@@ -15,8 +15,8 @@ from fixture_training import assert_varied, lexicon_sentences, sentences_where_b
 from hooked_server import slow_steps
 from model import checkpoint
 from one_request import job_tokens
+from service.engine import TranslationEngine
 from service.metrics import Metrics
-from service.translation_engine import TranslationEngine
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 engine and the classification batcher. Each runs with room for one request at a time and one waiting, and
 with work slow enough (slowed engine steps, a slow batch function) that a request is still running when the
 test acts on it. The same tests, through a small adapter per worker: a full queue refuses, a cancelled
-waiting request is never computed, stopping lets held requests finish while new ones are refused, and (the
-engines) a request past its deadline fails with a timeout."""
+waiting request is never computed, stopping lets held requests finish while new ones are refused, a request
+past its deadline fails with a timeout, and call jobs (attention maps, prompt scoring) wait in the same queue."""
 
 from __future__ import annotations
 
@@ -19,12 +19,9 @@ import factories
 from hooked_server import slow_steps
 from model import checkpoint
 from model.decoding import SamplingParams
-from service.batcher import DynamicBatcher
-from service.engine import QueueFull, RequestTimeout
-from service.generation_engine import GenerationEngine
+from service.engine import DynamicBatcher, GenerationEngine, QueueFull, RequestTimeout, TranslationEngine
 from service.metrics import Metrics
 from service.runners import Translator
-from service.translation_engine import TranslationEngine
 
 STEP_S = 0.02  # engine steps slowed to this: a 60-token request runs for more than a second
 BATCH_S = 0.6  # the batch function's time for a "long" item
@@ -93,27 +90,17 @@ class EngineWorker(Worker):
         return len(self.inner.running) + self.inner.queue_depth
 
 
-class BatcherWorker(Worker):
+class BatcherWorker(EngineWorker):
     def __init__(self, start: Callable[..., Any]) -> None:
-        super().__init__(start)
+        super().__init__(start, lambda name, long: (name, long))
         self.done: list[str] = []  # appended by the batch function
 
     @property
     def computed(self) -> list[str]:
         return self.done
 
-    def submit(self, name: str, long: bool) -> Any:
-        (pending,) = self.inner.enqueue([(name, long)])  # refused here, as the engines refuse in submit
-        return asyncio.ensure_future(self.inner.result(pending))
-
-    async def result(self, task: Any) -> str:
-        return await task
-
-    def cancel(self, task: Any) -> None:
-        task.cancel()
-
-    def held(self) -> int:
-        return self.inner.running + self.inner.queue_depth
+    async def result(self, req: Any) -> str:
+        return await self.inner.result(req)
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +134,14 @@ def mt_worker(mt) -> Worker:  # noqa: ANN001 - random weights: it writes to its 
 
 
 def batcher_worker() -> Worker:
-    def start(w: Worker, max_queue: int = 1, timeout_s: float = 60.0) -> DynamicBatcher:
+    def start(w: BatcherWorker, max_queue: int = 1, timeout_s: float = 60.0) -> DynamicBatcher:
         def batch_fn(items: list[tuple[str, bool]]) -> list[str]:
             time.sleep(BATCH_S if any(long for _, long in items) else 0.0)
             w.done.extend(name for name, _ in items)
             return [name for name, _ in items]
 
         return DynamicBatcher("b", batch_fn, max_batch_size=1, max_wait_ms=0, max_queue=max_queue,
-                              metrics=Metrics())
+                              timeout_s=timeout_s, metrics=Metrics())
 
     return BatcherWorker(start)
 
@@ -229,9 +216,28 @@ def test_stopping_finishes_held_requests_and_refuses_new_ones(worker):
     assert w.computed == ["running", "waiting"]
 
 
+def test_a_request_past_its_deadline_while_queued_times_out(worker):
+    w = worker.start(max_queue=1)
+
+    async def run() -> None:
+        running = w.submit("running", long=True)
+        await until(lambda: w.held() == 1 and w.inner.queue_depth == 0)
+        waiting = w.submit("waiting", long=False)
+        waiting.deadline = time.perf_counter() + 0.1
+        with pytest.raises(RequestTimeout, match="while queued"):
+            await w.results(waiting)
+        assert await w.results(running) == ["running"]
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.inner.stop(drain_timeout_s=0)
+    assert w.computed == ["running"]
+
+
 @pytest.mark.parametrize("which", ["lm-engine", "translation-engine"])
-def test_a_request_past_its_deadline_times_out(which, lm, mt):
-    """The engines only: the batcher has no per-request deadline (its batches are short)."""
+def test_a_running_request_past_its_deadline_times_out(which, lm, mt):
+    """The engines only: a batch item finishes in the step that runs it."""
     w = (lm_worker(lm) if which == "lm-engine" else mt_worker(mt)).start(timeout_s=0.3)
 
     async def run() -> None:
@@ -243,3 +249,35 @@ def test_a_request_past_its_deadline_times_out(which, lm, mt):
         asyncio.run(run())
     finally:
         w.inner.stop(drain_timeout_s=0)
+
+
+def test_a_call_job_waits_in_the_same_queue_and_runs_in_the_worker_thread(worker):
+    """Model work beside the token streams (attention maps, prompt scoring): it takes a place in the queue
+    (--max-queue counts it), is never run once cancelled, runs in the worker's own thread, and a ValueError it
+    raises reaches the caller as it is."""
+    w = worker.start(max_queue=2)
+    ran: list[str] = []
+
+    def job(name: str) -> str:
+        ran.append(threading.current_thread().name)
+        if name == "bad":
+            raise ValueError("bad input")
+        return name.upper()
+
+    async def run() -> None:
+        running = w.submit("running", long=True)
+        await until(lambda: w.held() == 1 and w.inner.queue_depth == 0)
+        dropped, kept = w.inner.call(job, "dropped"), w.inner.call(job, "kept")
+        with pytest.raises(QueueFull):
+            w.submit("refused", long=False)
+        dropped.cancel()
+        assert await asyncio.wait_for(w.inner.result(kept), 20) == "KEPT"
+        with pytest.raises(ValueError, match="bad input"):
+            await asyncio.wait_for(w.inner.result(w.inner.call(job, "bad")), 20)
+        assert await w.results(running) == ["running"]
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.inner.stop(drain_timeout_s=0)
+    assert len(ran) == 2 and set(ran) == {w.inner._thread.name}

@@ -16,9 +16,8 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import lm_attention_ids
 from model.decoding import SamplingParams, parse_logit_bias
-from service.engine import Event, QueueFull, TokenLogprob
+from service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, TokenLogprob
 from service.errors import bad_request, engine_failure
-from service.generation_engine import GenerationEngine, GenerationRequest
 from service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
@@ -28,6 +27,7 @@ from service.routes.deps import (
     log_inputs,
     new_id,
     now,
+    run_job,
     served_model,
     settings,
     sse,
@@ -241,7 +241,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                                     cfg.max_attention_floats)
     echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
     if body.echo and body.logprobs is not None:
-        echo_logprobs = [await asyncio.to_thread(engine.score_prompt, ids, body.logprobs) for ids in encoded]
+        echo_logprobs = [await run_job(request, engine, "generation", "invalid_request", engine.score_prompt, ids,
+                                       body.logprobs) for ids in encoded]
     requests = _submit(engine, jobs)
     choices = []
     for i, req in enumerate(requests):
@@ -282,7 +283,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     if attention is not None:
         for item, c in zip(out, choices, strict=True):
             ids = c.request.prompt_ids + c.token_ids
-            maps = await asyncio.to_thread(lm_attention_ids, served.loaded, ids, *attention, len(c.request.prompt_ids))
+            maps = await run_job(request, engine, "attention", "invalid_attention_request", lm_attention_ids,
+                                 served.loaded, ids, *attention, len(c.request.prompt_ids))
             item["attention"] = {"maps": [m.to_dict() for m in maps]}
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": out,
             "usage": _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))}

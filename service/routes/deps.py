@@ -7,14 +7,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
 
 from model.attention_maps import check_selection
 from model.checkpoint import LoadedModel
-from service.errors import APIError, bad_request, client_closed, overloaded
+from service.engine import Scheduler
+from service.errors import APIError, bad_request, client_closed, engine_failure, overloaded
 from service.registry import ModelRegistry, ServedModel
 from service.schemas import AttentionSelection
 from service.settings import Settings
@@ -68,6 +69,16 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T:
     if task in done:
         return task.result()
     raise client_closed()
+
+
+async def run_job(request: Request, worker: Scheduler, what: str, invalid_code: str, fn: Callable[..., T],
+                  *args: Any) -> T:
+    """`fn(*args)` as a call job of the model's worker: in its queue (limits, deadline), in its thread (the
+    device is never shared with a step), cancelled when the client leaves. Errors map like the engine's."""
+    try:
+        return await while_connected(request, worker.result(worker.call(fn, *args)))
+    except Exception as exc:
+        raise engine_failure(exc, what, invalid_code) from exc
 
 
 def log_inputs(request: Request, texts: list[str]) -> None:

@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
-from service.engine import QueueFull
+from service.engine import QueueFull, TranslationEngine
+from service.engine import TranslationRequest as EngineRequest
 from service.errors import bad_request, engine_failure
 from service.routes.deps import (
     SSE_DONE,
@@ -20,6 +21,7 @@ from service.routes.deps import (
     check_count,
     check_max_tokens,
     log_inputs,
+    run_job,
     served_model,
     settings,
     sse,
@@ -27,8 +29,6 @@ from service.routes.deps import (
 )
 from service.runners import InvalidInput, TranslationJob
 from service.schemas import TranslationRequest, TranslationResponse
-from service.translation_engine import TranslationEngine
-from service.translation_engine import TranslationRequest as EngineRequest
 
 router = APIRouter(tags=["translation"])
 
@@ -93,8 +93,8 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         data = [{"index": i, "translation": text} for i, (text, _) in enumerate(results)]
         if attention is not None:
             for item, job, (_, ids) in zip(data, jobs, results, strict=True):
-                maps = await asyncio.to_thread(translation_attention_ids, served.loaded, job.source_ids, ids,
-                                               *attention)
+                maps = await run_job(request, engine, "attention", "invalid_attention_request",
+                                     translation_attention_ids, served.loaded, job.source_ids, ids, *attention)
                 item["attention"] = {"maps": [m.to_dict() for m in maps if m.module != "encoder.self"]}
         return {"object": "translation", "model": served.name, "data": data,
                 "usage": _usage(jobs, sum(len(ids) for _, ids in results))}

@@ -1,95 +1,39 @@
-"""Step scheduler shared by the generative engines (no HTTP in here).
+"""The scheduler every worker shares (no HTTP in here): waiting and running requests, admission under
+--max-queue, cancel and timeout, drain and stop, the worker thread and its supervisor, call jobs.
 
 A worker thread runs the step loop so that the event loop stays free:
-    1. retire cancelled and timed-out requests (their cache rows are free for this very step),
-    2. admit waiting requests while their rows fit, and prefill them as one batch,
-    3. run one batched decode step for every running request,
-    4. push each request's new text to its stream, retire finished requests.
-Requests join and leave between steps. Subclasses say what a request needs (`_reserve`/`_release`),
-how admitted requests start (`_prefill`) and how running ones advance (`_decode`):
-`service.generation_engine` (causal LM) and `service.translation_engine` (encoder-decoder, beams).
+    1. retire cancelled and timed-out requests (their rows are free for this very step),
+    2. admit waiting requests in arrival order while their rows fit; call jobs among them run there and then,
+    3. start the admitted requests as one batch (`_prefill`),
+    4. advance every running request by one batched step (`_decode`), which emits events and retires the
+       finished ones.
+Requests join and leave between steps. Subclasses say what a request needs (`_reserve`/`_release`), how
+admitted requests start and how running ones advance: `generation` (causal LM), `translation`
+(encoder-decoder, beams) and `batcher` (one batch function call per step, for classification).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from model.checkpoint import select_device
+from service.engine.request import CallRequest, EngineRequest, Event, QueueFull, RequestTimeout, request_error
 from service.metrics import Metrics
 
 log = logging.getLogger("tserve.engine")
 
 
-class QueueFull(Exception):
-    """The waiting queue is at capacity, or the engine is shutting down (HTTP 429)."""
+class Scheduler:
+    reports_cache = True  # rows are KV-cache rows (the kv gauges); the batcher's are not
+    thread_name = "engine"
 
-
-class RequestTimeout(Exception):
-    """A request ran past its deadline."""
-
-
-class OutOfMemory(Exception):
-    """The device ran out of memory even for this request alone (HTTP 503: retry later)."""
-
-
-def request_error(exc: BaseException) -> Exception:
-    """What a request that hit `exc` in the engine reports: no internals, only the kind of failure."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return OutOfMemory("the device is out of memory; retry later or with a smaller request")
-    return RuntimeError(f"generation failed: {type(exc).__name__}")
-
-
-@dataclass
-class TokenLogprob:
-    token: str
-    logprob: float
-    top: dict[str, float]
-
-
-@dataclass
-class Event:
-    """What a request's stream receives after a step."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length"
-    error: BaseException | None = None
-
-
-class EngineRequest:
-    """The part of a request both sides touch: its stream (event loop) and its lifecycle flags."""
-
-    def __init__(self, deadline: float) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self.arrival = time.perf_counter()
-        self.deadline = deadline
-        self.cancelled = False
-        self.finished = False
-        self.last_emit = 0.0
-
-    def cancel(self) -> None:
-        """Called from the event loop when the client goes away; the engine frees its rows next step."""
-        self.cancelled = True
-
-    def emit(self, event: Event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop that submitted it has closed: nobody is listening any more
-            self.cancelled = True
-
-
-class StepEngine:
     def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Metrics, capacity: int) -> None:
         self.name, self.max_queue, self.timeout_s, self.metrics = name, max_queue, timeout_s, metrics
         self.capacity = capacity
@@ -105,13 +49,14 @@ class StepEngine:
         # Tests only: called with each request as it is processed after a step; raising fails that request.
         self.fault_hook: Callable[[EngineRequest], None] | None = None
         self.m = metrics.for_model(name)
-        self.m.kv_total.set(capacity)
+        if self.reports_cache:
+            self.m.kv_total.set(capacity)
 
     # ----------------------------------------------------------------------------------------------
     # Event-loop side
     # ----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"engine-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"{self.thread_name}-{self.name}", daemon=True)
         self._thread.start()
 
     def stop(self, drain_timeout_s: float = 30.0) -> None:
@@ -142,8 +87,9 @@ class StepEngine:
                 raise QueueFull(f"model {self.name!r} is shutting down")
             self._purge_cancelled()
             if self.max_queue == 0:  # no waiting room: only what the free rows take at the next step
-                free = self.capacity - self.rows_in_use - sum(self._rows_needed(r) for r in self.waiting)
-                if self._rows_needed(req) > free:
+                free = self.capacity - self.rows_in_use - sum(self._rows_needed(r) for r in self.waiting
+                                                              if not isinstance(r, CallRequest))
+                if not isinstance(req, CallRequest) and self._rows_needed(req) > free:
                     raise QueueFull(f"model {self.name!r} has no free rows and no waiting room; retry later")
             elif len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"model {self.name!r} has {len(self.waiting)} requests waiting; retry later")
@@ -166,6 +112,18 @@ class StepEngine:
 
     def submit_job(self, job: Any) -> EngineRequest:
         raise NotImplementedError
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> CallRequest:
+        """Queue `fn(*args)` as a job of this worker (raises QueueFull); `await worker.result(req)`."""
+        req = CallRequest(fn, args, time.perf_counter() + self.timeout_s)
+        self._enqueue(req)
+        return req
+
+    async def result(self, req: EngineRequest) -> Any:
+        """The result of a call job or batch item once done (its error raised); leaving early cancels it."""
+        async for event in self.stream(req):
+            last = event
+        return last.result
 
     async def stream(self, req: EngineRequest) -> AsyncIterator[Event]:
         """Events of one request until it finishes. Leaving early (disconnect) cancels the request."""
@@ -248,11 +206,25 @@ class StepEngine:
         for req in [r for r in self.running if r.cancelled or now > r.deadline]:
             self._finish(req, None if req.cancelled else Event(error=RequestTimeout("request timed out")))
         admitted = self._admit(now)
+        for call in [r for r in admitted if isinstance(r, CallRequest)]:
+            self._run_call(call)
+        admitted = [r for r in admitted if not isinstance(r, CallRequest)]
         if admitted:
             self._prefill(admitted)
         if self.running:
             self._decode()
         self._update_gauges()
+
+    def _run_call(self, call: CallRequest) -> None:
+        try:
+            if self.fault_hook is not None:
+                self.fault_hook(call)
+            event = call.run()
+        except Exception as exc:
+            self._fail(call, exc)
+            return
+        self.m.calls.inc()
+        self._finish(call, event)
 
     def _purge_cancelled(self) -> None:
         """Drop cancelled requests from anywhere in the queue (call under the lock): behind a head that waits
@@ -274,7 +246,7 @@ class StepEngine:
                     req.finished = True
                 elif now > req.deadline:
                     self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
-                elif self._reserve(req):
+                elif isinstance(req, CallRequest) or self._reserve(req):
                     admitted.append(req)
                 else:
                     break
@@ -299,7 +271,8 @@ class StepEngine:
         req.finished = True
         if req in self.running:
             self.running.remove(req)
-        self._release(req)
+        if not isinstance(req, CallRequest):
+            self._release(req)
         if event is not None:
             req.emit(event)
 
@@ -307,7 +280,8 @@ class StepEngine:
         m = self.m
         m.queue_depth.set(len(self.waiting))
         m.running.set(len(self.running))
-        m.kv_in_use.set(self.rows_in_use)
+        if self.reports_cache:
+            m.kv_in_use.set(self.rows_in_use)
 
     # ----------------------------------------------------------------------------------------------
     # What each kind of model fills in

@@ -11,7 +11,8 @@ import torch
 from model.checkpoint import LoadedModel
 from model.decoding import Seq2SeqRunner, TranslationJob, TranslationSequence, translate
 from model.tokenizer import IncrementalDetokenizer
-from service.engine import EngineRequest, Event, StepEngine
+from service.engine.request import EngineRequest, Event
+from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 from service.runners import Translator
 
@@ -23,7 +24,7 @@ class TranslationRequest(EngineRequest, TranslationSequence):
         self.detok = detokenizer
 
 
-class TranslationEngine(StepEngine):
+class TranslationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
                  metrics: Metrics, cuda_graphs: bool = True) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)

@@ -13,7 +13,8 @@ from model.checkpoint import LoadedModel
 from model.decoding import DecoderRunner, SamplingParams, StopStrings, TextSequence, generate, token_logprobs
 from model.decoding.lm_runner import StepLogprobs
 from model.tokenizer import IncrementalDetokenizer
-from service.engine import EngineRequest, Event, StepEngine, TokenLogprob
+from service.engine.request import EngineRequest, Event, TokenLogprob
+from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 
 
@@ -28,7 +29,7 @@ class GenerationRequest(EngineRequest, TextSequence):
         self.stops = StopStrings(params.stop)
 
 
-class GenerationEngine(StepEngine):
+class GenerationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
                  max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
                  compile: bool = False) -> None:
@@ -68,7 +69,7 @@ class GenerationEngine(StepEngine):
     @torch.inference_mode()
     def score_prompt(self, prompt_ids: list[int], k: int) -> list[TokenLogprob | None]:
         """Log-probabilities of each prompt token given the ones before it (for `echo` with `logprobs`).
-        The first token has none. Pure forward pass without the cache, so it can run beside the engine."""
+        The first token has none. A forward pass without the cache, run as a call job of this engine."""
         tokens = torch.tensor([prompt_ids], device=self.device)
         logits = self.model(tokens)[0, :-1].float()
         chosen, top_v, top_i = (t.tolist() for t in token_logprobs(logits, tokens[0, 1:], k))

@@ -1,0 +1,21 @@
+"""The workers that hold requests: one scheduler (queue, admission, cancel, timeout, drain, call jobs) with a
+runner per model kind beneath it and an output stage (text, stop strings, logprobs, events) above it."""
+
+from service.engine.batcher import BatchItem, DynamicBatcher
+from service.engine.generation import GenerationEngine, GenerationRequest
+from service.engine.request import (
+    CallRequest,
+    EngineRequest,
+    Event,
+    OutOfMemory,
+    QueueFull,
+    RequestTimeout,
+    TokenLogprob,
+    request_error,
+)
+from service.engine.scheduler import Scheduler
+from service.engine.translation import TranslationEngine, TranslationRequest
+
+__all__ = ["BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
+           "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Scheduler", "TokenLogprob",
+           "TranslationEngine", "TranslationRequest", "request_error"]

@@ -1,0 +1,90 @@
+"""What the scheduler holds: requests with a stream (event loop side) and lifecycle flags (both sides), the
+events they receive, and the errors a request can end with. No HTTP in here."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class QueueFull(Exception):
+    """The waiting queue is at capacity, or the worker is shutting down (HTTP 429)."""
+
+
+class RequestTimeout(Exception):
+    """A request ran past its deadline."""
+
+
+class OutOfMemory(Exception):
+    """The device ran out of memory even for this request alone (HTTP 503: retry later)."""
+
+
+def request_error(exc: BaseException) -> Exception:
+    """What a request that hit `exc` in a worker reports: no internals, only the kind of failure."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return OutOfMemory("the device is out of memory; retry later or with a smaller request")
+    return RuntimeError(f"generation failed: {type(exc).__name__}")
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: dict[str, float]
+
+
+@dataclass
+class Event:
+    """What a request's stream receives after a step."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length"
+    error: BaseException | None = None
+    result: Any = None  # what a batch item or a call job computed (its only event)
+
+
+class EngineRequest:
+    """The part of a request both sides touch: its stream (event loop) and its lifecycle flags."""
+
+    def __init__(self, deadline: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.arrival = time.perf_counter()
+        self.deadline = deadline
+        self.cancelled = False
+        self.finished = False
+        self.last_emit = 0.0
+
+    def cancel(self) -> None:
+        """Called from the event loop when the client goes away; the engine frees its rows next step."""
+        self.cancelled = True
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop that submitted it has closed: nobody is listening any more
+            self.cancelled = True
+
+
+class CallRequest(EngineRequest):
+    """Model work that is not a token stream (attention maps, prompt scoring): it waits in the same queue as
+    the worker's other requests (limits, deadline, cancel), runs in the worker's thread between steps, holds
+    no rows, and its one event carries the result. A ValueError it raises is the caller's bad input and
+    reaches the caller as it is; any other exception fails this call alone."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], deadline: float) -> None:
+        super().__init__(deadline)
+        self.fn, self.args = fn, args
+
+    def run(self) -> Event:
+        try:
+            return Event(finish_reason="stop", result=self.fn(*self.args))
+        except ValueError as exc:
+            return Event(error=exc)
