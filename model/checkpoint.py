@@ -220,6 +220,10 @@ def load(
 
 
 def _load_ours(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
+    raw = dict(raw)
+    task = raw.pop("task", None)  # what the checkpoint is served for; default: its architecture's task
+    if task is not None and not isinstance(task, str):
+        raise CheckpointError(f"{path / 'config.json'}: 'task' must be a string")
     try:
         config = BlockConfig.from_dict(raw)
     except (TypeError, ValueError) as exc:
@@ -227,7 +231,7 @@ def _load_ours(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
     model = build_model(config, backend)
     weights = path / "model.safetensors"
     load_state(model, read_safetensors(weights), weights)
-    loaded = LoadedModel(path, TASKS[config.architecture], config, model)
+    loaded = LoadedModel(path, task or TASKS[config.architecture], config, model)
     if isinstance(config, DecoderConfig | Seq2SeqConfig):
         try:
             loaded.tokenizer = load_tokenizer(path)

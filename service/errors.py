@@ -29,6 +29,14 @@ class APIError(Exception):
         self.status, self.message, self.type, self.code, self.headers = status, message, type_, code, headers
 
 
+class OIPError(APIError):
+    """A request the Open Inference Protocol refuses; rendered as `{"error": message}` like every error under
+    /v2/."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message, "invalid_request_error" if status < 500 else "server_error")
+
+
 def bad_request(message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, "invalid_request_error", code)
 

@@ -205,7 +205,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "tserve"
-    task: Literal["text-generation", "translation", "image-classification"]
+    task: str = Field(description="text-generation, translation, image-classification, or a task that "
+                                  "--task-modules added")
 
 
 class ModelList(BaseModel):

@@ -61,10 +61,14 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed by CORS (comma-separated); empty: CORS closed")
 
+    task_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="more task modules to import (comma-separated dotted paths), each "
+        "registering a ServedModel for a checkpoint task")
+
     log_prompts: bool = Field(False, description="log prompt / input text (off: user text never reaches the logs)")
     warmup: bool = Field(True, description="run one request through each model before turning ready")
 
-    @field_validator("models", "api_keys", "public_paths", "cors_origins", mode="before")
+    @field_validator("models", "api_keys", "public_paths", "cors_origins", "task_modules", mode="before")
     @classmethod
     def _split_models(cls, value: object) -> object:
         # From the environment: "lm=/path,mt=/other" (or a JSON list, which pydantic-settings parses).

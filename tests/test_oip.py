@@ -34,7 +34,8 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     args = factories.model_flags(models)
-    srv = ServerProcess(args, tmp_path_factory.mktemp("oip-logs") / "server.log").wait_ready()
+    srv = ServerProcess([*args, "--max-input-chars", "500"], tmp_path_factory.mktemp("oip-logs") / "server.log"
+                        ).wait_ready()
     yield srv
     srv.stop()
 
@@ -118,6 +119,17 @@ def test_errors_are_protocol_shaped(server, path, body, status):
     resp = httpx.post(server.url + path, json=body)
     assert resp.status_code == status
     assert set(resp.json()) == {"error"} and resp.json()["error"]
+
+
+@pytest.mark.parametrize(("texts", "message"), [(["Good morning.", "  "], "input 1 is empty"),
+                                                 (["a" * 501], "input 0 has 501 characters; the limit is 500")])
+def test_translation_inputs_have_the_limits_of_v1(server, texts, message):
+    """The same input checks as /v1/translations: no empty input, --max-input-chars."""
+    resp = httpx.post(server.url + "/v2/models/mt/infer", json={"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]})
+    assert resp.status_code == 400 and resp.json() == {"error": message}
+    v1 = httpx.post(server.url + "/v1/translations", json={"model": "mt", "input": texts})
+    assert v1.status_code == 400 and v1.json()["error"]["message"] == message
 
 
 def test_a_full_server_answers_429_with_retry_after_on_both_protocols(models, tmp_path):

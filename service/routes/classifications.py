@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 from typing import Any
 
@@ -13,10 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from service.errors import APIError, bad_request, engine_failure
-from service.routes.deps import check_count, served_model, settings, while_connected
+from service.errors import APIError, bad_request
+from service.routes.deps import check_count, served_model, settings
 from service.runners import InvalidInput
 from service.schemas import ClassificationRequest, ClassificationResponse
+from service.tasks import ServedClassifier
+from service.tasks.image_classification import decode_base64
 
 router = APIRouter(tags=["image classification"])
 
@@ -36,11 +36,9 @@ _OPENAPI = {"requestBody": {"required": True, "content": {
 
 
 def _decode_b64(value: str, index: int) -> bytes:
-    if value.startswith("data:"):  # data URLs: data:image/png;base64,....
-        value = value.partition(",")[2]
     try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as exc:
+        return decode_base64(value)
+    except InvalidInput as exc:
         raise bad_request(f"image {index} is not valid base64", "invalid_base64") from exc
 
 
@@ -88,22 +86,16 @@ async def _parse(request: Request, max_images: int) -> tuple[ClassificationReque
 async def create_classification(request: Request) -> Any:
     cfg = settings(request)
     body, blobs = await _parse(request, cfg.max_prompts)
-    served = served_model(request, body.model, "image-classification")
-    classifier = served.classifier
+    served = served_model(request, body.model, ServedClassifier.task)
     pixels = []
     for i, blob in enumerate(blobs):
         try:
             # Decoding and resizing are CPU work: off the event loop.
-            pixels.append(await asyncio.to_thread(classifier.preprocess, blob))
+            pixels.append(await asyncio.to_thread(served.classifier.preprocess, blob))
         except InvalidInput as exc:
             raise bad_request(f"image {i}: {exc}", "invalid_image") from exc
-    try:
-        pending = served.batcher.enqueue(pixels)
-        results = await while_connected(request, asyncio.gather(*(served.batcher.result(p) for p in pending)))
-    except Exception as exc:
-        raise engine_failure(exc, "classification") from exc
-    request.app.state.metrics.images.labels(served.name).inc(len(results))
-    top_k = min(body.top_k, len(classifier.labels))
+    results = await served.classify(request, pixels)
+    top_k = min(body.top_k, len(served.loaded.labels))
     data = [{"index": i, "predictions": [{"label": label, "score": score} for label, score in ranked[:top_k]]}
             for i, ranked in enumerate(results)]
     return {"object": "classification", "model": served.name, "data": data}

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import lm_attention_ids
 from model.decoding import SamplingParams, parse_logit_bias
+from service.connection import run_job, while_connected
 from service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, TokenLogprob
 from service.errors import bad_request, engine_failure
 from service.routes.deps import (
@@ -27,13 +28,12 @@ from service.routes.deps import (
     log_inputs,
     new_id,
     now,
-    run_job,
     served_model,
     settings,
     sse,
-    while_connected,
 )
 from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from service.tasks import ServedLanguageModel
 
 router = APIRouter(tags=["text generation"])
 
@@ -219,7 +219,7 @@ def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
 @router.post("/v1/completions", responses=_ERRORS)
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     cfg = settings(request)
-    served = served_model(request, body.model, "text-generation")
+    served = served_model(request, body.model, ServedLanguageModel.task)
     engine = served.engine
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     check_count("prompts", len(prompts), cfg.max_prompts)
@@ -236,7 +236,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         except ValueError as exc:
             raise bad_request(str(exc), "context_length_exceeded") from exc
     max_prompt = max(len(ids) for ids in encoded)
-    attention = attention_selection(served.loaded, body.return_attention, body.stream, len(jobs),
+    attention = attention_selection(served, body.return_attention, body.stream, len(jobs),
                                     body.max_tokens or 16, max_prompt + (body.max_tokens or 16),
                                     cfg.max_attention_floats)
     echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
@@ -296,7 +296,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 @router.post("/v1/chat/completions", responses=_ERRORS)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     cfg = settings(request)
-    served = served_model(request, body.model, "text-generation")
+    served = served_model(request, body.model, ServedLanguageModel.task)
     engine = served.engine
     if engine.tokenizer.chat_template is None:
         raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "no_chat_template")

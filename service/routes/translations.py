@@ -3,7 +3,6 @@ included); one greedy input can stream its text."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
+from service.connection import run_job
 from service.engine import QueueFull, TranslationEngine
 from service.engine import TranslationRequest as EngineRequest
 from service.errors import bad_request, engine_failure
@@ -21,14 +21,13 @@ from service.routes.deps import (
     check_count,
     check_max_tokens,
     log_inputs,
-    run_job,
     served_model,
     settings,
     sse,
-    while_connected,
 )
 from service.runners import InvalidInput, TranslationJob
 from service.schemas import TranslationRequest, TranslationResponse
+from service.tasks import ServedTranslator
 
 router = APIRouter(tags=["translation"])
 
@@ -38,58 +37,30 @@ def _usage(jobs: list[TranslationJob], completion_tokens: int) -> dict[str, int]
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
 
 
-async def collect_translation(engine: TranslationEngine, req: EngineRequest) -> tuple[str, list[int]]:
-    """The text and ids of one translation request, once it has finished."""
-    text, ids = "", []
-    async for event in engine.stream(req):
-        text += event.text
-        ids += event.token_ids
-    return text, ids
-
-
 @router.post("/v1/translations", response_model=TranslationResponse, response_model_exclude_none=True,
              responses={400: {"description": "invalid request"}, 404: {"description": "unknown model"},
                         429: {"description": "queue full (Retry-After)"}})
 async def create_translation(body: TranslationRequest, request: Request) -> Any:
     cfg = settings(request)
-    served = served_model(request, body.model, "translation")
+    served = served_model(request, body.model, ServedTranslator.task)
     engine: TranslationEngine = served.engine
     inputs = [body.input] if isinstance(body.input, str) else body.input
     check_count("inputs", len(inputs), cfg.max_prompts)
     if body.max_tokens is not None:
         check_max_tokens(body.max_tokens, cfg.max_tokens_limit)
     log_inputs(request, inputs)
-    jobs: list[TranslationJob] = []
-    for i, text in enumerate(inputs):
-        if not text.strip():
-            raise bad_request(f"input {i} is empty", "empty_input")
-        if len(text) > cfg.max_input_chars:
-            raise bad_request(f"input {i} has {len(text)} characters; the limit is {cfg.max_input_chars}",
-                              "input_too_long")
-        try:
-            jobs.append(engine.translator.job(text, body.num_beams, body.max_tokens))
-        except InvalidInput as exc:
-            raise bad_request(f"input {i}: {exc}", "input_too_long") from exc
+    try:
+        jobs = served.jobs(inputs, body.num_beams, body.max_tokens)
+    except InvalidInput as exc:
+        raise bad_request(str(exc), exc.code) from exc
     if body.stream and (len(jobs) != 1 or jobs[0].num_beams != 1):
         raise bad_request("streaming takes exactly one input and greedy decoding (num_beams 1)", "stream_unsupported")
     longest = max(len(j.source_ids) for j in jobs)
     steps = max(j.max_new_tokens for j in jobs) + 1
-    attention = attention_selection(engine.translator.loaded, body.return_attention, body.stream, len(jobs), steps,
+    attention = attention_selection(served, body.return_attention, body.stream, len(jobs), steps,
                                     steps + longest, cfg.max_attention_floats)
-    try:
-        submitted: list[EngineRequest] = engine.submit_all(jobs)
-    except (QueueFull, ValueError) as exc:
-        raise engine_failure(exc, "translation") from exc
-
     if not body.stream:
-        try:
-            results = await while_connected(request, asyncio.gather(
-                *(collect_translation(engine, r) for r in submitted)))
-        except Exception as exc:
-            raise engine_failure(exc, "translation") from exc
-        finally:
-            for r in submitted:
-                r.cancel()
+        results = await served.translate(request, jobs)
         data = [{"index": i, "translation": text} for i, (text, _) in enumerate(results)]
         if attention is not None:
             for item, job, (_, ids) in zip(data, jobs, results, strict=True):
@@ -98,6 +69,11 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                 item["attention"] = {"maps": [m.to_dict() for m in maps if m.module != "encoder.self"]}
         return {"object": "translation", "model": served.name, "data": data,
                 "usage": _usage(jobs, sum(len(ids) for _, ids in results))}
+
+    try:
+        submitted: list[EngineRequest] = engine.submit_all(jobs)
+    except (QueueFull, ValueError) as exc:
+        raise engine_failure(exc, "translation") from exc
 
     async def chunks() -> AsyncIterator[str]:
         base = {"object": "translation.chunk", "model": served.name}

@@ -1,0 +1,101 @@
+"""What serving one model of a task means, as one class per task: the worker that holds its requests,
+warm-up, attention maps, and (where the task speaks it) the Open Inference Protocol. The registry builds a
+task's `ServedModel` from a loaded checkpoint; routes call these methods and never ask which task a model
+does. A new task is a module with a `ServedModel` subclass passed to `register` (see `service.tasks`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fastapi import Request
+
+from model import attention_maps as am
+from model.checkpoint import LoadedModel
+from service.engine import Scheduler
+from service.errors import OIPError
+from service.metrics import Metrics
+from service.runners import InvalidInput
+from service.schemas import AttentionRequest
+from service.settings import Settings
+
+
+@dataclass
+class AttentionResult:
+    maps: list[am.AttentionMap]
+    image: Any = None  # the decoded image, for a PNG overlay
+    extra: dict[str, Any] = field(default_factory=dict)  # task-specific fields of the JSON answer
+
+
+class ServedModel:
+    task: ClassVar[str]  # the checkpoint task this class serves (LoadedModel.task)
+    reads_images: ClassVar[bool] = False  # /v1/attention without 'model' picks it for an 'image'
+    scores_targets: ClassVar[bool] = False  # ... and for a 'target'
+    generated_attention_modules: ClassVar[int] = 1  # maps per layer of `return_attention` (decoder.self, ...)
+
+    def __init__(self, name: str, loaded: LoadedModel, settings: Settings, metrics: Metrics) -> None:
+        self.name, self.loaded, self.settings, self.metrics = name, loaded, settings, metrics
+        self.created = int(time.time())
+        self.worker: Scheduler = self.build_worker()
+
+    def build_worker(self) -> Scheduler:
+        raise NotImplementedError
+
+    def warm_up(self) -> None:
+        """One small request through the worker's own model code (before the worker starts), so that the
+        first real one does not pay for lazy initialisation."""
+
+    # ----------------------------------------------------------------------------------------------
+    # /v1/attention
+    # ----------------------------------------------------------------------------------------------
+    async def attention_context(self, request: Request, body: AttentionRequest) -> Any:
+        """What the maps need that other requests of this model compute first (on the event loop)."""
+        return None
+
+    def attention_maps(self, body: AttentionRequest, context: Any) -> AttentionResult:
+        """The maps, run as a call job in the worker's thread; a ValueError is the client's (400). The
+        weight bound (`bound_weights`) is checked before the model runs."""
+        raise InvalidInput(f"model {self.name!r} ({self.task}) has no attention maps", "invalid_attention_request")
+
+    def bound_weights(self, body: AttentionRequest, n_tokens: int = 0, n_target: int = 0) -> None:
+        """--max-attention-floats, from the token counts, before any model work."""
+        limit = self.settings.max_attention_floats
+        floats = am.weight_count(self.loaded, body.layers, body.heads, n_tokens, n_target)
+        if floats > limit:
+            raise InvalidInput(f"this selection has {floats} attention weights; the limit is {limit}: ask for "
+                               "fewer 'layers' or 'heads', or a shorter input", "too_many_weights")
+
+    def text_ids(self, text: str | None) -> list[int]:
+        """A text input's token ids within the model's length; ValueError otherwise."""
+        if not text or not text.strip():
+            raise ValueError("give the text to look at in 'input'")
+        ids = self.loaded.tokenizer.encode(text)
+        if not ids:
+            raise ValueError("the input is empty after tokenization")
+        limit = getattr(self.loaded.config, "max_source_len", None) or self.loaded.config.max_seq_len
+        if len(ids) > limit:
+            raise ValueError(f"the input has {len(ids)} tokens; this model takes at most {limit}")
+        return ids
+
+    # ----------------------------------------------------------------------------------------------
+    # Open Inference Protocol (/v2)
+    # ----------------------------------------------------------------------------------------------
+    def oip_metadata(self) -> dict[str, Any] | None:
+        """`{"inputs": [...], "outputs": [...]}` tensor descriptions, or None: not served over /v2."""
+        return None
+
+    async def oip_infer(self, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
+        """The output tensors for one validated input tensor (its name is one of the metadata's inputs)."""
+        raise OIPError(404, f"model {self.name!r} is not served over this protocol")
+
+
+def bytes_elements(tensor: dict[str, Any], limit: int) -> list[str]:
+    """The strings of an OIP BYTES tensor of shape [N], 1 <= N <= limit."""
+    if tensor.get("datatype") != "BYTES" or len(tensor["shape"]) != 1:
+        raise OIPError(400, f"input {tensor['name']!r} must be BYTES with shape [N]")
+    if not tensor["data"] or len(tensor["data"]) > limit:
+        raise OIPError(400, f"give 1 to {limit} elements")
+    if not all(isinstance(x, str) for x in tensor["data"]):
+        raise OIPError(400, "BYTES elements must be strings")
+    return tensor["data"]

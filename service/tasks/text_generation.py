@@ -1,0 +1,31 @@
+"""Text generation (causal LMs): the continuous-batching engine; attention maps of a text. The HTTP API is
+OpenAI's (`service.routes.completions`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model import attention_maps as am
+from service.engine import GenerationEngine
+from service.schemas import AttentionRequest
+from service.tasks.base import AttentionResult, ServedModel
+
+
+class ServedLanguageModel(ServedModel):
+    task = "text-generation"
+
+    def build_worker(self) -> GenerationEngine:
+        s = self.settings
+        self.engine = GenerationEngine(self.name, self.loaded, max_slots=s.max_running_requests,
+                                       max_queue=s.max_queue, max_model_len=s.max_model_len,
+                                       timeout_s=s.request_timeout_s, metrics=self.metrics,
+                                       cuda_graphs=s.cuda_graphs, compile=s.compile)
+        return self.engine
+
+    def warm_up(self) -> None:
+        self.engine.warm_up()
+
+    def attention_maps(self, body: AttentionRequest, context: Any) -> AttentionResult:
+        ids = self.text_ids(body.input)
+        self.bound_weights(body, len(ids))
+        return AttentionResult(am.lm_attention_ids(self.loaded, ids, body.layers, body.heads))
