@@ -29,12 +29,12 @@ serve: setup
 # sampling / beam search and the batcher, at most 60 minutes; see docs/TESTING.md. Options go in
 # MUTATION_ARGS, e.g. MUTATION_ARGS="--sample 0 --time-limit 240" or "--seed 3 --sample 60".
 mutation: setup
-	$(BIN)/python tests/mutation.py $(MUTATION_ARGS)
+	$(BIN)/python tests/tools/mutation.py $(MUTATION_ARGS)
 
 # Plants known bugs one at a time in a copy of the tree and checks that their tests fail (not part of
 # `make test`; about 2 minutes a bug); see docs/TESTING.md. PLANTED="cancel" picks bugs by name.
 planted-bugs: setup
-	$(BIN)/python tests/planted_bugs.py $(PLANTED)
+	$(BIN)/python tests/tools/planted_bugs.py $(PLANTED)
 
 lint: setup
 	$(BIN)/ruff check model service tests bench

@@ -35,8 +35,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
 
 SHAPES = {
     "full": {
@@ -154,11 +153,11 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
              backend: str) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    import factories
     from model import checkpoint
     from model.decoding import SamplingParams
     from service.engine import GenerationEngine
     from service.metrics import Metrics
+    from tests.helpers import factories
 
     d = workdir / "gpt2"
     factories.write_bpe_tokenizer(d)  # ids beyond its vocabulary detokenize to nothing; fine for timing
@@ -212,11 +211,11 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
                       backend: str) -> None:
     from transformers import MarianConfig, MarianMTModel
 
-    import factories
     from model import checkpoint
     from service.engine import TranslationEngine
     from service.metrics import Metrics
     from service.runners import TranslationJob
+    from tests.helpers import factories
 
     d = workdir / "marian"
     factories.write_marian_tokenizer(d)

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
 
 SIZES = {  # GPT-2 family shapes
     "tiny": {"n_layer": 2, "n_embd": 128, "n_head": 4},
@@ -72,7 +72,7 @@ def make_gpt2(size: str, directory: Path) -> Path:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    import factories
+    from tests.helpers import factories
 
     if (directory / "model.safetensors").exists():
         return directory
@@ -180,7 +180,7 @@ def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, t
 
 # --------------------------------------------------------------------------------------------------
 def start_server(path: Path, args: argparse.Namespace, log: Path):
-    from server import ServerProcess
+    from tests.helpers.server import ServerProcess
 
     extra = ["--max-running-requests", str(max(args.concurrency) * 2), "--attention-backend", args.backend,
              "--device", args.device, "--dtype", args.dtype]

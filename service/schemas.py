@@ -134,11 +134,24 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class AttentionMapOut(BaseModel):
+    module: Literal["decoder.self", "encoder.self", "decoder.cross"]
+    layer: int
+    query_tokens: list[str]
+    key_tokens: list[str]
+    weights: list[list[list[float]]] = Field(description="[head][query][key]; each row sums to 1")
+
+
+class AttentionMaps(BaseModel):
+    maps: list[AttentionMapOut]
+
+
 class CompletionChoice(BaseModel):
     text: str
     index: int
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
+    attention: AttentionMaps | None = Field(None, description="with return_attention")
 
 
 class CompletionResponse(BaseModel):
@@ -174,7 +187,31 @@ class ChatCompletionResponse(BaseModel):
 class TranslationItem(BaseModel):
     index: int
     translation: str
-    attention: dict | None = Field(None, description="with return_attention: {'maps': [...]}")
+    attention: AttentionMaps | None = Field(None, description="with return_attention")
+
+
+class AttentionResponse(BaseModel):
+    """`/v1/attention` as JSON; a task may add fields of its own (a translation's `target`)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    maps: list[AttentionMapOut]
+    target: str | None = Field(None, description="translation: the target the maps read")
+
+
+class BertVizResponse(BaseModel):
+    """`/v1/attention` with format bertviz: transformers' `output_attentions` shapes, per layer
+    [1][head][query][key]; encoder-decoders give the encoder_/decoder_/cross_ fields."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    attention: list[list[list[list[list[float]]]]] | None = None
+    tokens: list[str] | None = None
+    encoder_attention: list[list[list[list[list[float]]]]] | None = None
+    decoder_attention: list[list[list[list[list[float]]]]] | None = None
+    cross_attention: list[list[list[list[list[float]]]]] | None = None
+    encoder_tokens: list[str] | None = None
+    decoder_tokens: list[str] | None = None
 
 
 class TranslationResponse(BaseModel):

@@ -8,15 +8,12 @@ tests marked `gpu`, for runs on a GPU machine. Without them, skips stay skips.""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import factories  # noqa: E402
+from tests.helpers import factories  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 

@@ -206,7 +206,7 @@ def _vit_dataset(path: Path, loaded: LoadedModel) -> str:
 
 
 #: Size of the test slice whose metrics are recorded next to the full ones, so that a quick check
-#: (tests/test_bundled_models.py) can reproduce them exactly without a full evaluation.
+#: (tests/model/test_bundled_models.py) can reproduce them exactly without a full evaluation.
 REFERENCE_SLICE = {"translation": 40, "lm": 10, "vit": 300}
 SLICE_KEYS = {"translation": ("bleu", "chrf"), "lm": ("perplexity",), "vit": ("accuracy",)}
 

@@ -13,7 +13,7 @@ from service.attention_png import heatmap_grid, image_overlay
 from service.connection import run_job
 from service.errors import bad_request
 from service.routes.deps import ready_registry, served_model
-from service.schemas import AttentionRequest
+from service.schemas import AttentionRequest, AttentionResponse, BertVizResponse
 from service.tasks import ServedModel
 
 router = APIRouter(tags=["attention"])
@@ -37,10 +37,9 @@ def _model(request: Request, body: AttentionRequest) -> ServedModel:
     return served_model(request, candidates[0].name, None)
 
 
-@router.post("/v1/attention", responses={200: {"content": {"image/png": {}}},
-                                         400: {"description": "invalid request or selection"},
-                                         404: {"description": "unknown model"},
-                                         429: {"description": "queue full (Retry-After)"}})
+@router.post("/v1/attention", response_model=AttentionResponse | BertVizResponse, response_model_exclude_unset=True,
+             responses={200: {"content": {"image/png": {}}}, 400: {"description": "invalid request or selection"},
+                        404: {"description": "unknown model"}, 429: {"description": "queue full (Retry-After)"}})
 async def attention(body: AttentionRequest, request: Request) -> Any:
     served = _model(request, body)
     try:

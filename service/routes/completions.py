@@ -32,12 +32,19 @@ from service.routes.deps import (
     settings,
     sse,
 )
-from service.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from service.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    SamplingFields,
+)
 from service.tasks import ServedLanguageModel
 
 router = APIRouter(tags=["text generation"])
 
-_ERRORS = {400: {"description": "invalid request"}, 404: {"description": "unknown model"},
+_ERRORS = {200: {"content": {"text/event-stream": {"description": "with stream true: SSE chunks, then [DONE]"}}},
+           400: {"description": "invalid request"}, 404: {"description": "unknown model"},
            429: {"description": "queue full (Retry-After)"}, 503: {"description": "models loading"}}
 
 
@@ -216,7 +223,8 @@ def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # /v1/completions
 # --------------------------------------------------------------------------------------------------
-@router.post("/v1/completions", responses=_ERRORS)
+@router.post("/v1/completions", responses=_ERRORS, response_model=CompletionResponse,
+             response_model_exclude_unset=True)
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     cfg = settings(request)
     served = served_model(request, body.model, ServedLanguageModel.task)
@@ -293,7 +301,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 # --------------------------------------------------------------------------------------------------
 # /v1/chat/completions
 # --------------------------------------------------------------------------------------------------
-@router.post("/v1/chat/completions", responses=_ERRORS)
+@router.post("/v1/chat/completions", responses=_ERRORS, response_model=ChatCompletionResponse,
+             response_model_exclude_unset=True)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     cfg = settings(request)
     served = served_model(request, body.model, ServedLanguageModel.task)

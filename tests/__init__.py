@@ -1,0 +1,1 @@
+"""The test suite, by layer: model/, engine/, http/, deploy/, training/; shared helpers in helpers/."""

@@ -1,0 +1,84 @@
+"""The CLI and the README stay in step with the settings and the routes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.app import build_app
+from service.cli import build_parser, settings_from_args
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(Settings.model_fields))
+def test_every_setting_is_documented(name):
+    assert f"TSERVE_{name.upper()}" in README
+    flag = "--model" if name == "models" else f"--{name.replace('_', '-')}"
+    assert f"`{flag}" in README
+
+
+def test_every_route_is_documented():
+    app = build_app(Settings(), load_models=False)
+    paths = set(app.openapi()["paths"])
+    assert paths >= {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                     "/v1/translations", "/v1/classifications"}
+    for path in paths:
+        assert path in README, path
+
+
+def test_quick_start_is_make_test_and_make_serve():
+    quick = README.split("## Quick start", 1)[1].split("##", 1)[0]
+    commands = re.findall(r"^(make \w+)", quick, flags=re.M)
+    assert commands == ["make test", "make serve"]
+
+
+def test_flags_override_environment(monkeypatch):
+    monkeypatch.setenv("TSERVE_PORT", "9001")
+    monkeypatch.setenv("TSERVE_MAX_QUEUE", "7")
+    monkeypatch.setenv("TSERVE_MODELS", "a=/x,b=/y")
+    args = build_parser().parse_args(["serve", "--port", "9002", "--no-warmup", "--model", "c=/z"])
+    settings = settings_from_args(args)
+    assert settings.port == 9002 and settings.max_queue == 7 and settings.warmup is False
+    assert settings.model_specs() == {"c": Path("/z")}
+    assert Settings().model_specs() == {"a": Path("/x"), "b": Path("/y")}
+
+
+def test_bad_model_flag_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "service", "serve", "--model", "no-equals-sign"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 2
+    assert "NAME=PATH" in out.stderr
+
+
+def test_unknown_checkpoint_fails_readiness(tmp_path):
+    """A model that cannot load keeps /readyz at 503 with the reason, instead of serving half the models."""
+    from tests.helpers.server import ServerProcess
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{\"architecture\": \"nonsense\"}")
+    srv = ServerProcess(["--model", f"x={tmp_path / 'broken'}"], tmp_path / "server.log")
+    try:
+        import time
+
+        import httpx
+
+        for _ in range(100):
+            try:
+                resp = httpx.get(srv.url + "/readyz", timeout=2)
+                if "failed" in resp.text:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert resp.status_code == 503
+        assert "config.json" in resp.json()["error"]["message"] or "nonsense" in resp.json()["error"]["message"]
+        assert httpx.get(srv.url + "/healthz").status_code == 200
+    finally:
+        srv.stop()

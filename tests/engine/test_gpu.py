@@ -1,0 +1,138 @@
+"""CUDA-only checks (`pytest -m gpu`; skipped without a GPU): CUDA-graph decode equals eager decode, the
+engine on the GPU gives every request what it gets alone, and every attention backend agrees with `math`
+in bfloat16 and float32. (test_flash_kernels.py runs its kernel checks on the GPU too when one is present.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from model import checkpoint
+from model.attention import math_attention, sdpa_attention
+from model.config import DecoderConfig
+from model.cuda_graphs import BucketedDecode, default_buckets
+from model.decoder import Decoder
+from model.decoding import SamplingParams
+from service.engine import GenerationEngine
+from service.metrics import Metrics
+from tests.helpers import factories
+from tests.helpers.one_request import job_tokens, lm_tokens
+
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+
+async def token_ids(engine, reqs) -> list[list[int]]:
+    """Every request's streamed token ids, in submission order."""
+    out = []
+    for r in reqs:
+        ids = []
+        async for event in engine.stream(r):
+            ids += event.token_ids
+        out.append(ids)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm-gpu"))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T,D,causal", [(1, 64, False), (77, 64, True), (300, 128, True), (513, 80, False)])
+def test_backends_match_math(backend, dtype, T, D, causal):
+    from model.kernels.flash import flash_attention  # noqa: PLC0415
+
+    fn = {"sdpa": sdpa_attention, "flash": flash_attention}[backend]
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(3, 4, T, D, generator=g).to(CUDA, dtype) for _ in range(3))
+    out, _ = fn(q, k, v, None, causal)
+    ref, _ = math_attention(q.float(), k.float(), v.float(), None, causal)
+    err = float((out.float() - ref).norm() / ref.norm())
+    assert err <= (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+def test_cuda_graph_decode_equals_eager_decode(backend):
+    torch.manual_seed(0)
+    cfg = DecoderConfig(vocab_size=512, d_model=128, n_heads=4, d_ff=512, n_layers=3, max_seq_len=256)
+    model = Decoder(cfg, backend=backend).to(CUDA).eval()
+    n, scratch = 5, 16
+    caches = [model.new_cache(scratch + 1, 256) for _ in range(2)]
+    prompts = torch.randint(0, 512, (n, 30), device=CUDA)
+    lengths = torch.tensor([30, 3, 17, 1, 22], device=CUDA)
+    slots = torch.tensor([9, 0, 4, 15, 2], device=CUDA)
+    for cache in caches:
+        model.prefill(prompts, lengths, cache, slots)
+    graphed = BucketedDecode(lambda t, p, s: model.decode_step(t, p, caches[1], s), pad_values=(0, 0, scratch),
+                             buckets=default_buckets(scratch), device=CUDA, use_graphs=True)
+    graphed.capture()
+    tokens, positions = prompts[torch.arange(n), lengths - 1], lengths.clone()
+    for _ in range(20):
+        eager = model.decode_step(tokens, positions, caches[0], slots)
+        replay = graphed(tokens, positions, slots)
+        torch.testing.assert_close(replay, eager, atol=1e-4, rtol=1e-4)
+        tokens, positions = eager.argmax(-1), positions + 1
+    torch.testing.assert_close(caches[1].k[:, slots], caches[0].k[:, slots], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("device", "graphs"), [(CUDA, True), (CUDA, False), ("cuda:0", True)])
+def test_engine_on_gpu_concurrent_equals_alone(lm_dir, device, graphs):
+    """Also with the device index given (`--device cuda:0`): the loader and the engine thread select it."""
+    lm = checkpoint.load(lm_dir, device=device, dtype="float32")
+    prompts = [lm.tokenizer.encode(f"prompt {i} " + "word " * (i % 5)) for i in range(24)]
+    greedy = SamplingParams(max_tokens=20, temperature=0.0)
+    alone = [lm_tokens(lm, p, greedy, with_eos=False) for p in prompts]
+    engine = GenerationEngine("lm", lm, max_slots=8, max_queue=64, max_model_len=None, timeout_s=60.0,
+                              metrics=Metrics(), cuda_graphs=graphs)
+    assert (engine.runner.graphed is not None) == graphs
+    engine.start()
+
+    async def run(params_for):
+        return await token_ids(engine, [engine.submit(p, params_for(i)) for i, p in enumerate(prompts)])
+
+    try:
+        assert asyncio.run(run(lambda i: greedy)) == alone
+        seeded = lambda i: SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=i)  # noqa: E731
+        first, second = asyncio.run(run(seeded)), asyncio.run(run(seeded))
+        assert first == second  # per-request generators on the GPU: reproducible whatever the neighbours
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
+    from service.engine import TranslationEngine
+
+    mt = checkpoint.load(factories.tiny_mt_dir(tmp_path / "mt"), device=CUDA, dtype="float32")
+    engine = TranslationEngine("mt", mt, max_rows=16, max_queue=64, timeout_s=60.0, metrics=Metrics(),
+                               cuda_graphs=graphs)
+    assert (engine.runner.graphed is not None) == graphs
+    texts = ["hello world", "good morning to you", "the house is small", "where is the station"] * 3
+    jobs = [engine.translator.job(t, num_beams=(1, 2, 4)[i % 3], max_tokens=12) for i, t in enumerate(texts)]
+    alone = [job_tokens(mt, j) for j in jobs]
+    engine.start()
+
+    async def run():
+        return await token_ids(engine, [engine.submit(j) for j in jobs])
+
+    try:
+        assert asyncio.run(run()) == alone
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+def test_vit_on_gpu_matches_cpu(tmp_path, backend):
+    d = factories.tiny_vit_dir(tmp_path / "vit")
+    cpu = checkpoint.load(d, device="cpu", dtype="float32")
+    gpu = checkpoint.load(d, device=CUDA, dtype="bfloat16", backend=backend)
+    x = torch.randn(64, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = cpu.model(x)
+        out = gpu.model(x.to(CUDA, torch.bfloat16)).float().cpu()
+    assert float((out - ref).norm() / ref.norm()) <= 2e-2
+    assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95

@@ -1,0 +1,237 @@
+"""Builders of tiny checkpoints for tests: Hugging Face directories (saved with `save_pretrained`) and
+our own format, all with small tokenizers trained here on an inline corpus.
+
+The language models and translators are trained briefly (`fixture_training`) so that their outputs depend
+on the whole input; the weights of each kind are trained once per test process and reused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+from tokenizers import Tokenizer as HFBackend
+from tokenizers import decoders, models, pre_tokenizers, trainers
+from torch import nn
+
+from model.checkpoint import GenerationDefaults, save_checkpoint
+from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
+from model.decoder import Decoder
+from model.preprocessing import ImagePreprocessing
+from model.seq2seq import Seq2Seq
+from model.tokenizer import load_tokenizer
+from model.vit import ViT
+from tests.helpers import fixture_training
+
+EN = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world, this is a small test corpus for tokenizers.",
+    "Good morning. Where is the station? I don't know.",
+    "The weather is nice today, isn't it?",
+    "Once upon a time there was a king who had three daughters.",
+]
+DE = [
+    "Der schnelle braune Fuchs springt über den faulen Hund.",
+    "Hallo Welt, dies ist ein kleiner Testkorpus für Tokenizer.",
+    "Guten Morgen. Wo ist der Bahnhof? Ich weiß es nicht.",
+    "Das Wetter ist heute schön, nicht wahr?",
+    "Es war einmal ein König, der hatte drei Töchter.",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_byte_bpe(special: list[str], vocab_size: int = 320) -> HFBackend:
+    tok = HFBackend(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator((EN + DE) * 3, trainer)
+    return tok
+
+
+def write_bpe_tokenizer(d: Path, *, add_eos: bool = False, chat_template: str | None = None) -> int:
+    """Our layout: tokenizer.json + tokenizer_config.json. Returns the vocabulary size."""
+    d.mkdir(parents=True, exist_ok=True)
+    tok = train_byte_bpe(["<pad>", "<s>", "</s>", "<unk>"])
+    tok.save(str(d / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+              "add_bos_token": not add_eos, "add_eos_token": add_eos}
+    if chat_template:
+        config["chat_template"] = chat_template
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    return tok.get_vocab_size()
+
+
+def _train_spm(prefix: Path, lines: list[str], vocab_size: int) -> bytes:
+    prefix.with_suffix(".txt").write_text("\n".join(lines * 3), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(prefix.with_suffix(".txt")), model_prefix=str(prefix), model_type="unigram",
+        vocab_size=vocab_size, hard_vocab_limit=False, character_coverage=1.0, unk_id=0, eos_id=1,
+        bos_id=-1, pad_id=-1, num_threads=1, minloglevel=2,
+    )
+    return Path(f"{prefix}.model").read_bytes()
+
+
+def write_marian_tokenizer(d: Path) -> dict[str, int]:
+    """opus-mt layout (source.spm, target.spm, vocab.json); returns the vocabulary."""
+    d.mkdir(parents=True, exist_ok=True)
+    src = _train_spm(d / "src", EN, 90)
+    tgt = _train_spm(d / "tgt", DE, 90)
+    (d / "source.spm").write_bytes(src)
+    (d / "target.spm").write_bytes(tgt)
+    vocab = {"</s>": 0, "<unk>": 1}
+    for proto in (src, tgt):
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"source_lang": "en", "target_lang": "de", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}))
+    return vocab
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face directories
+# --------------------------------------------------------------------------------------------------
+_TRAINED: dict[tuple, dict[str, torch.Tensor]] = {}
+
+
+def _trained(key: tuple, model: nn.Module, train: Callable[[nn.Module], float]) -> nn.Module:
+    """`model` after `train(model)`; the weights are computed once per `key` and copied afterwards."""
+    if key not in _TRAINED:
+        train(model)
+        _TRAINED[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(_TRAINED[key])
+    return model.eval()
+
+
+def hf_gpt2_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
+    """GPT-2 that has learnt `fixture_training.CYCLE` (random weights with `trained=False`)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    d.mkdir(parents=True, exist_ok=True)
+    tok = train_byte_bpe(["<|endoftext|>"])
+    tok.model.save(str(d))
+    torch.manual_seed(seed)
+    eot = tok.token_to_id("<|endoftext|>")
+    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                     bos_token_id=eot, eos_token_id=eot)
+    model = GPT2LMHeadModel(cfg)
+    if trained:
+        cycle = tok.encode(fixture_training.CYCLE_TEXT).ids
+        model = _trained(("hf-gpt2", seed), model, lambda m: fixture_training.train_causal_lm(
+            m, cycle, None, lambda x: m(input_ids=x).logits, cfg.n_positions, seed))
+    model.eval().save_pretrained(d, safe_serialization=True)
+    return d
+
+
+def hf_marian_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
+    """Marian that has learnt `fixture_training.LEXICON` (random weights with `trained=False`)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    vocab = write_marian_tokenizer(d)
+    torch.manual_seed(seed)
+    pad = vocab["<pad>"]
+    cfg = MarianConfig(
+        vocab_size=len(vocab), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
+        activation_function="swish", scale_embedding=True, dropout=0.0,
+    )
+    model = MarianMTModel(cfg)
+    with torch.no_grad():  # random final_logits_bias so that the importer's handling of it is tested
+        model.final_logits_bias.normal_(0, 0.5)
+    if trained:
+        tok = load_tokenizer(d)
+
+        def logits(src: torch.Tensor, lengths: torch.Tensor, dec_in: torch.Tensor) -> torch.Tensor:
+            mask = (torch.arange(src.size(1))[None, :] < lengths[:, None]).long()
+            return model(input_ids=src, attention_mask=mask, decoder_input_ids=dec_in).logits
+
+        model = _trained(("hf-marian", seed), model, lambda m: fixture_training.train_translator(
+            m, tok.encode, tok.encode_target, logits, pad, pad, seed))
+    model.save_pretrained(d, safe_serialization=True)
+    (d / "generation_config.json").write_text(json.dumps({
+        "bad_words_ids": [[pad]], "decoder_start_token_id": pad, "eos_token_id": 0, "forced_eos_token_id": 0,
+        "max_length": 64, "num_beams": 4, "pad_token_id": pad}))
+    return d
+
+
+def hf_vit_dir(d: Path, seed: int = 0) -> Path:
+    from transformers import ViTConfig as HFViTConfig
+    from transformers import ViTForImageClassification
+
+    d.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    labels = {i: name for i, name in enumerate(["cat", "dog", "fox", "owl", "eel", "ant", "bee"])}
+    cfg = HFViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                      image_size=16, patch_size=4, num_channels=3, id2label=labels,
+                      label2id={v: k for k, v in labels.items()})
+    ViTForImageClassification(cfg).eval().save_pretrained(d, safe_serialization=True)
+    (d / "preprocessor_config.json").write_text(json.dumps({
+        "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5], "resample": 2, "rescale_factor": 1 / 255, "size": {"height": 16, "width": 16}}))
+    return d
+
+
+# --------------------------------------------------------------------------------------------------
+# Our format (random weights)
+# --------------------------------------------------------------------------------------------------
+def tiny_lm_dir(d: Path, seed: int = 0, trained: bool = True, **overrides) -> Path:
+    """Our decoder, having learnt `fixture_training.CYCLE` (random weights with `trained=False`):
+    a prefix of the cycle has one continuation, which depends on more than its last token."""
+    vocab = write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
+    tok = load_tokenizer(d)
+    torch.manual_seed(seed)
+    cfg = DecoderConfig(vocab_size=vocab, d_model=64, n_heads=4, d_ff=128, n_layers=2, max_seq_len=128,
+                        bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **overrides)
+    model = Decoder(cfg)
+    if trained:
+        cycle = tok.encode(fixture_training.CYCLE_TEXT, add_special_tokens=False)
+        model = _trained(("lm", seed, *sorted(overrides.items())), model, lambda m: fixture_training.train_causal_lm(
+            m, cycle, tok.bos_id, m, cfg.max_seq_len, seed))
+    save_checkpoint(d, model.eval())
+    return d
+
+
+def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
+    """Our encoder-decoder, having learnt `fixture_training.LEXICON` (random weights with `trained=False`)."""
+    vocab = write_bpe_tokenizer(d, add_eos=True)
+    tok = load_tokenizer(d)
+    torch.manual_seed(seed)
+    cfg = Seq2SeqConfig(vocab_size=vocab, d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
+                        max_source_len=64, max_target_len=64, decoder_start_token_id=tok.bos_id,
+                        eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    gen = GenerationDefaults(num_beams=2, max_new_tokens=24, banned_token_ids=[tok.pad_id])
+    model = Seq2Seq(cfg)
+    if trained:
+        model = _trained(("mt", seed), model, lambda m: fixture_training.train_translator(
+            m, tok.encode, tok.encode_target, m, tok.pad_id, tok.bos_id, seed))
+    save_checkpoint(d, model.eval(), generation=gen)
+    return d
+
+
+def tiny_vit_dir(d: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    cfg = ViTConfig(image_size=28, patch_size=7, n_channels=1, d_model=32, n_heads=4, d_ff=64, n_layers=2, n_classes=4)
+    pre = ImagePreprocessing(28, 1, (0.5,), (0.5,), invert="auto")
+    save_checkpoint(d, ViT(cfg).eval(), labels=["circle", "square", "line", "dot"], preprocessing=pre)
+    return d
+
+
+def tiny_model_set(root: Path) -> dict[str, Path]:
+    """One tiny checkpoint of each kind under `root`: {"lm", "mt", "vit"} -> directory."""
+    return {"lm": tiny_lm_dir(root / "lm"), "mt": tiny_mt_dir(root / "mt"), "vit": tiny_vit_dir(root / "vit")}
+
+
+def model_flags(models: dict[str, Path]) -> list[str]:
+    """`--model NAME=PATH` for each checkpoint, as `tserve serve` takes them."""
+    return [a for name, path in models.items() for a in ("--model", f"{name}={path}")]

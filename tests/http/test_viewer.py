@@ -1,0 +1,371 @@
+"""`GET /viewer`: the page is self-contained (nothing fetched from other origins), and, driven by a headless
+Chromium through Playwright, draws what `/v1/attention` answers: the heatmap of a language model with its
+tooltip, the alignment view of a translation, the [CLS] attention of a ViT, and the API's errors.
+
+The browser tests need Playwright (the dev extra) and a Chromium at /usr/bin/chromium (or $TSERVE_CHROMIUM);
+without them they are skipped, unless $TSERVE_REQUIRE_BROWSER or $CI is set, where they fail instead."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image, ImageDraw
+
+from tests.helpers import factories
+from tests.helpers.server import ServerProcess
+
+CHROMIUM = os.environ.get("TSERVE_CHROMIUM", "/usr/bin/chromium")
+SVG_NS = "http://www.w3.org/2000/svg"
+LM_TEXT = "The quick brown fox jumps over the lazy dog"
+MT_TEXT = "Good morning, where is the station?"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("viewer-models")
+    checkpoints = factories.tiny_model_set(root)
+    args = factories.model_flags(checkpoints)
+    srv = ServerProcess(args, tmp_path_factory.mktemp("viewer-logs") / "server.log").wait_ready()
+    yield srv
+    srv.stop()
+
+
+def attention(server, **body) -> dict:
+    resp = httpx.post(server.url + "/v1/attention", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def shown(token: str) -> str:
+    """A token as the page labels it (whitespace made visible)."""
+    return token.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+
+
+# --------------------------------------------------------------------------------------------------
+# Plain HTTP
+# --------------------------------------------------------------------------------------------------
+class _Refs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("src", "href", "action", "poster", "srcset", "data") and value:
+                self.refs.append(value)
+            if name == "id" and value:
+                self.ids.add(value)
+
+
+def test_viewer_page_is_self_contained(server):
+    resp = httpx.get(server.url + "/viewer", timeout=10)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/html")
+    html = resp.text
+    assert "<script src" not in html.lower() and "<link" not in html.lower()
+    for attr in ("src", "href"):
+        assert not re.search(rf"""{attr}\s*=\s*["']?\s*(https?:)?//""", html, re.I), attr
+    assert not re.search(r"@import|url\(\s*[\"']?\s*(https?:)?//", html, re.I)
+    # The only absolute URL is the SVG namespace (a name, never fetched).
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", html)) <= {SVG_NS}
+    parser = _Refs()
+    parser.feed(html)
+    assert parser.refs == []
+    assert {"model", "input", "target", "image", "submit", "module", "layer", "head", "heatmap", "alignment",
+            "vit", "error", "tooltip"} <= parser.ids
+    csp = resp.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+
+
+def test_viewer_html_ships_with_the_package():
+    from importlib import resources
+
+    page = resources.files("service").joinpath("static", "viewer.html")
+    assert page.is_file() and 'id="heatmap"' in page.read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------------------
+# Headless Chromium
+# --------------------------------------------------------------------------------------------------
+def _unavailable(reason: str):
+    if os.environ.get("TSERVE_REQUIRE_BROWSER") or os.environ.get("CI"):
+        pytest.fail(f"browser tests are required here: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed (pip install -e '.[dev]')")
+    if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
+        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                               args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    """The viewer in a fresh page; fails the test if the page asks for anything from another origin or logs
+    a JavaScript error."""
+    context = browser.new_context(viewport={"width": 1360, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    foreign: list[str] = []
+    js_errors: list[str] = []
+
+    def route(r):
+        if r.request.url.startswith(server.url + "/"):
+            r.continue_()
+        else:
+            foreign.append(r.request.url)
+            r.abort()
+
+    pg.route("**/*", route)
+    pg.on("pageerror", lambda exc: js_errors.append(str(exc)))
+    # Chromium logs every 4xx answer as "Failed to load resource"; the error tests ask for those.
+    pg.on("console", lambda msg: js_errors.append(msg.text)
+          if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
+    pg.goto(server.url + "/viewer")
+    pg.wait_for_selector("#model option[value='lm']", state="attached")
+    yield pg
+    context.close()
+    assert foreign == [], f"the page asked for other origins: {foreign}"
+    assert js_errors == [], f"JavaScript errors: {js_errors}"
+
+
+def _submit_and_wait(pg, *views: str) -> None:
+    for v in views:
+        pg.eval_on_selector(f"#{v}", "e => e.dataset.rendered = 'false'")
+    pg.click("#submit")
+    for v in views:
+        pg.wait_for_selector(f"#{v}[data-rendered='true']", state="attached")
+
+
+def _tooltip(pg) -> str:
+    pg.wait_for_selector("#tooltip:not(.hidden)")
+    return pg.inner_text("#tooltip")
+
+
+@pytest.mark.browser
+def test_browser_language_model_heatmap(page, server, tmp_path):
+    expected = attention(server, model="lm", input=LM_TEXT)
+    maps = {(m["module"], m["layer"]): m for m in expected["maps"]}
+    last = max(layer for module, layer in maps)
+    m = maps[("decoder.self", last)]
+    n_q, n_k = len(m["query_tokens"]), len(m["key_tokens"])
+
+    page.select_option("#model", "lm")
+    page.fill("#input", LM_TEXT)
+    _submit_and_wait(page, "heatmap")
+
+    # Defaults: the LM's only module, its last layer, head 0.
+    assert page.input_value("#module") == "decoder.self"
+    assert page.input_value("#layer") == str(last)
+    assert page.input_value("#head") == "0"
+    assert page.eval_on_selector_all("#layer option", "os => os.map(o => o.value)") == \
+        [str(layer) for module, layer in sorted(maps) if module == "decoder.self"]
+    assert page.eval_on_selector_all("#head option", "os => os.length") == len(m["weights"]) + 1  # + mean
+    assert page.locator("#heatmap rect.cell").count() == n_q * n_k
+    assert page.get_attribute("#heatmap", "data-rows") == str(n_q)
+    assert page.get_attribute("#heatmap", "data-cols") == str(n_k)
+    assert page.eval_on_selector_all("#heatmap text.qlabel", "ts => ts.map(t => t.textContent)") == \
+        [shown(t) for t in m["query_tokens"]]
+    assert page.eval_on_selector_all("#heatmap text.klabel", "ts => ts.map(t => t.textContent)") == \
+        [shown(t) for t in m["key_tokens"]]
+    assert page.is_hidden("#alignment-panel") and page.is_hidden("#vit-panel") and page.is_hidden("#error")
+
+    # Hover the strongest weight of the last row: the tooltip names both tokens and the weight.
+    row = m["weights"][0][n_q - 1]
+    j = max(range(n_k), key=row.__getitem__)
+    page.hover(f"#heatmap rect.cell[data-q='{n_q - 1}'][data-k='{j}']")
+    tip = _tooltip(page)
+    assert f"weight {row[j]:.4f}" in tip
+    assert shown(m["query_tokens"][n_q - 1]) in tip and shown(m["key_tokens"][j]) in tip
+    assert "hot" in (page.get_attribute(f"#qlab-{n_q - 1}", "class") or "")
+    page.screenshot(path=str(tmp_path / "lm-heatmap.png"), full_page=True)
+
+    # Another layer and head: the cells show that map.
+    page.select_option("#layer", "0")
+    page.select_option("#head", "1")
+    m0 = maps[("decoder.self", 0)]
+    row = m0["weights"][1][n_q - 1]
+    page.mouse.move(0, 0)
+    page.hover(f"#heatmap rect.cell[data-q='{n_q - 1}'][data-k='0']")
+    assert f"weight {row[0]:.4f}" in _tooltip(page)
+    assert "layer 0 · head 1" in page.text_content("#heatmap-title")
+    # Causal: nothing above the diagonal, so the first row's other cells are the ramp's lightest colour.
+    fills = page.eval_on_selector_all("#heatmap rect.cell[data-q='0']", "rs => rs.map(r => r.getAttribute('fill'))")
+    assert len(set(fills[1:])) == 1 and fills[0] != fills[1]
+
+    # The mean of the heads.
+    page.select_option("#head", "mean")
+    page.mouse.move(0, 0)
+    page.hover(f"#heatmap rect.cell[data-q='{n_q - 1}'][data-k='0']")
+    mean = sum(h[n_q - 1][0] for h in m0["weights"]) / len(m0["weights"])
+    assert f"weight {mean:.4f}" in _tooltip(page)
+
+    # A long input: small cells, every token still has its cell and its label, only some labels show until
+    # their row or column is hovered.
+    long_text = " ".join([LM_TEXT] * 3)
+    long = attention(server, model="lm", input=long_text, layers=[0])["maps"][0]
+    n = len(long["query_tokens"])
+    assert n > 80
+    page.fill("#input", long_text)
+    _submit_and_wait(page, "heatmap")
+    assert page.locator("#heatmap rect.cell").count() == n * n
+    assert page.locator("#heatmap text.qlabel").count() == n
+    shown_labels = page.locator("#heatmap text.qlabel:not(.minor)").count()
+    assert 1 < shown_labels < n
+    minor = page.get_attribute("#heatmap text.qlabel.minor", "id")
+    q = int(minor.removeprefix("qlab-"))
+    page.hover(f"#heatmap rect.cell[data-q='{q}'][data-k='0']")
+    assert shown(long["query_tokens"][q]) in _tooltip(page)
+    assert page.is_visible(f"#{minor}")
+
+
+@pytest.mark.browser
+def test_browser_translation_alignment(page, server, tmp_path):
+    expected = attention(server, model="mt", input=MT_TEXT)
+    cross = {m["layer"]: m for m in expected["maps"] if m["module"] == "decoder.cross"}
+    last = max(cross)
+    m = cross[last]
+    src, tgt = m["key_tokens"], m["query_tokens"]
+
+    page.select_option("#model", "mt")
+    assert page.is_visible("#target") and page.is_hidden("#image")
+    page.fill("#input", MT_TEXT)
+    _submit_and_wait(page, "heatmap", "alignment")
+
+    assert page.input_value("#module") == "decoder.cross"
+    assert page.input_value("#layer") == str(last)
+    assert page.eval_on_selector_all("#module option", "os => os.map(o => o.value)") == \
+        ["encoder.self", "decoder.self", "decoder.cross"]
+    assert expected["target"] in page.inner_text("#target-used")
+    # Heatmap of the cross-attention: target rows, source columns.
+    assert page.locator("#heatmap rect.cell").count() == len(tgt) * len(src)
+    # Alignment: source tokens above, target tokens below, one line per pair.
+    assert page.eval_on_selector_all("#alignment .tok.src text", "ts => ts.map(t => t.textContent)") == \
+        [shown(t) for t in src]
+    assert page.eval_on_selector_all("#alignment .tok.tgt text", "ts => ts.map(t => t.textContent)") == \
+        [shown(t) for t in tgt]
+    assert page.locator("#alignment line.link").count() == len(tgt) * len(src)
+    src_y = page.eval_on_selector("#alignment .tok.src rect", "r => +r.getAttribute('y')")
+    tgt_y = page.eval_on_selector("#alignment .tok.tgt rect", "r => +r.getAttribute('y')")
+    assert src_y < tgt_y
+    # Opacity and width follow the weight: by default relative to the largest weight of the target token's row.
+    w = m["weights"][0]
+    pairs = [(a, b) for a in range(len(tgt)) for b in range(len(src))]
+    i, j = max(pairs, key=lambda p: w[p[0]][p[1]])
+    link = f"#alignment line.link[data-q='{i}'][data-k='{j}']"
+    assert float(page.get_attribute(link, "stroke-opacity")) == pytest.approx(1.0)
+    weakest = min(pairs, key=lambda p: w[p[0]][p[1]] / max(w[p[0]]))
+    weak_link = f"#alignment line.link[data-q='{weakest[0]}'][data-k='{weakest[1]}']"
+
+    def opacities(weights, divisor):
+        got = page.eval_on_selector_all("#alignment line.link", "ls => ls.map(l => [+l.dataset.q, +l.dataset.k, "
+                                        "+l.getAttribute('stroke-opacity')])")
+        assert len(got) == len(pairs)
+        for a, b, o in got:
+            assert o == pytest.approx(weights[a][b] / divisor(a), abs=1e-3), (a, b)
+
+    opacities(w, lambda a: max(w[a]))
+    assert float(page.get_attribute(weak_link, "stroke-width")) < float(page.get_attribute(link, "stroke-width"))
+    page.select_option("#scale", "map")
+    top = max(max(r) for r in w)
+    opacities(w, lambda a: top)
+    page.select_option("#scale", "absolute")
+    opacities(w, lambda a: 1.0)
+    page.select_option("#scale", "map")
+
+    # Hovering a target token lights its lines and names its strongest source token.
+    page.hover(f"#alignment .tok.tgt[data-i='{i}']")
+    tip = _tooltip(page)
+    assert shown(tgt[i]) in tip and f"strongest: {shown(src[j])} ({w[i][j]:.4f})" in tip
+    assert page.locator("#alignment line.link.on").count() == len(src)
+    page.screenshot(path=str(tmp_path / "mt-alignment.png"), full_page=True)
+
+    # Another head changes the lines; a given target is scored instead of the model's own.
+    page.select_option("#head", "2")
+    w2 = m["weights"][2]
+    opacities(w2, lambda a: max(max(r) for r in w2))
+    page.fill("#target", "Guten Morgen")
+    _submit_and_wait(page, "alignment")
+    scored = attention(server, model="mt", input=MT_TEXT, target="Guten Morgen")
+    m2 = next(x for x in scored["maps"] if x["module"] == "decoder.cross" and x["layer"] == last)
+    assert "Guten Morgen" in page.inner_text("#target-used")
+    assert page.locator("#alignment .tok.tgt").count() == len(m2["query_tokens"])
+    assert page.locator("#alignment line.link").count() == len(m2["query_tokens"]) * len(m2["key_tokens"])
+    page.screenshot(path=str(tmp_path / "mt-alignment-target.png"), full_page=True)
+
+
+def _png() -> bytes:
+    img = Image.new("RGB", (56, 56), "white")
+    ImageDraw.Draw(img).ellipse((10, 10, 46, 46), outline="black", width=5)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.browser
+def test_browser_vit_cls_attention(page, server, tmp_path):
+    png = _png()
+    expected = attention(server, model="vit", image=base64.b64encode(png).decode())
+    m = next(x for x in expected["maps"] if x["layer"] == max(y["layer"] for y in expected["maps"]))
+    n = len(m["key_tokens"])
+
+    page.select_option("#model", "vit")
+    assert page.is_visible("#image") and page.is_hidden("#input")
+    page.set_input_files("#image", files=[{"name": "circle.png", "mimeType": "image/png", "buffer": png}])
+    page.wait_for_selector("#image[data-ready='true']", state="attached")  # FileReader is asynchronous
+    _submit_and_wait(page, "heatmap", "vit")
+    assert page.input_value("#module") == "encoder.self"
+    assert page.locator("#heatmap rect.cell").count() == n * n
+    assert page.get_attribute("#vit", "data-patches") == str(n - 1)
+    assert page.is_visible("#vit canvas")
+    # Hover the strongest patch: the tooltip names it.
+    cls = m["weights"][0][0]
+    p = max(range(1, n), key=cls.__getitem__)
+    r, c = map(int, re.fullmatch(r"patch\((\d+),(\d+)\)", m["key_tokens"][p]).groups())
+    grid = round((n - 1) ** 0.5)
+    box = page.locator("#vit canvas").bounding_box()
+    size = (box["width"] - 12) / 2
+    page.mouse.move(box["x"] + size + 12 + (c + 0.5) * size / grid, box["y"] + (r + 0.5) * size / grid)
+    tip = _tooltip(page)
+    assert f"patch({r},{c})" in tip and f"weight {cls[p]:.4f}" in tip
+    page.screenshot(path=str(tmp_path / "vit.png"), full_page=True)
+
+
+@pytest.mark.browser
+def test_browser_shows_api_and_input_errors(page, server):
+    page.select_option("#model", "lm")
+    page.fill("#input", LM_TEXT)
+    page.click("#options-summary")
+    page.fill("#fetch-layers", "7")
+    page.click("#submit")
+    page.wait_for_selector("#error:not(.hidden)")
+    assert "do not exist" in page.inner_text("#error") and "(HTTP 400)" in page.inner_text("#error")
+    assert page.get_attribute("#heatmap", "data-rendered") == "false"
+
+    page.fill("#fetch-layers", "")
+    page.fill("#input", "   ")
+    page.click("#submit")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes('type some text')")
+
+    page.select_option("#model", "vit")
+    assert page.is_hidden("#error")  # a new model clears the old error
+    page.click("#submit")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes('choose an image')")

@@ -1,0 +1,119 @@
+"""Our implementation against `transformers` on the same tiny weights (briefly trained, so that outputs depend
+on the input; see fixture_training), in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.checkpoint import load
+from model.decoding import SamplingParams, translate
+from tests.helpers.fixture_training import (
+    assert_varied,
+    cycle_prompts,
+    lexicon_sentences,
+    sentences_where_beams_matter,
+)
+from tests.helpers.one_request import lm_tokens
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_gpt2_logits_and_greedy_tokens(hf_gpt2):
+    ours = load(hf_gpt2)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(hf_gpt2).eval()
+    assert ours.task == "text-generation" and ours.source_format == "hf-gpt2"
+    tokens = torch.randint(0, ours.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(tokens).logits
+        got = ours.model(tokens)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+    runs = []
+    for text in cycle_prompts(4, seed=5):
+        prompt = ours.tokenizer.encode(text)
+        with torch.no_grad():
+            hf_out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=40, pad_token_id=ours.config.eos_token_id)
+        hf_new = hf_out[0, len(prompt):].tolist()
+        params = SamplingParams(max_tokens=40, temperature=0.0)
+        our_new = lm_tokens(ours, prompt, params)
+        assert len(our_new) >= 30 or our_new[-1] == ours.config.eos_token_id
+        assert our_new == hf_new
+        runs.append(our_new)
+    assert_varied(runs, min_distinct=1.0)
+
+
+def _marian_inputs(ours, texts):
+    return [ours.tokenizer.encode(t) for t in texts]
+
+
+def test_marian_logits_with_padding(hf_marian):
+    ours = load(hf_marian)
+    hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
+    assert ours.task == "translation" and ours.generation.num_beams == 4
+    sources = _marian_inputs(ours, ["Good morning.", "Where is the station? I don't know why."])
+    S = max(map(len, sources))
+    pad = ours.config.pad_token_id
+    src = torch.tensor([s + [pad] * (S - len(s)) for s in sources])
+    lengths = torch.tensor([len(s) for s in sources])
+    mask = (torch.arange(S)[None] < lengths[:, None]).long()
+    tgt = torch.randint(0, ours.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        got = ours.model(src, lengths, tgt)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+# Up to 10 words: longer than most training sentences, where the model is less sure.
+SENTENCES = lexicon_sentences(6, seed=11, min_words=2, max_words=10)
+
+
+def test_marian_greedy_translation_identical(hf_marian):
+    ours = load(hf_marian)
+    hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
+    sources = _marian_inputs(ours, SENTENCES)
+    got = [s.output_ids for s in translate(ours, sources, num_beams=1, max_new_tokens=30)]  # batched
+    assert_varied(got, min_distinct=1.0)
+    for src, ids in zip(sources, got, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([src]), num_beams=1, do_sample=False, max_new_tokens=30)[0, 1:].tolist()
+        assert ids == [t for t in ref if t != ours.config.pad_token_id]
+
+
+def test_marian_beam_search_identical(hf_marian):
+    ours = load(hf_marian)
+    hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
+
+    # Sentences on which 4 beams find another translation than greedy decoding, and as many on which they
+    # may agree.
+    differ = sentences_where_beams_matter(ours, 3)
+    texts = differ + [t for t in SENTENCES if t not in differ][:3]
+    lengths_seen, beams = set(), []
+    for text in texts:
+        src = ours.tokenizer.encode(text)
+        for max_new in (12, 30):
+            (ids,) = (s.output_ids for s in translate(ours, [src], num_beams=4, max_new_tokens=max_new))
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([src]), num_beams=4, do_sample=False, max_new_tokens=max_new)
+            ref = [t for t in ref[0, 1:].tolist() if t != ours.config.pad_token_id]
+            assert ids == ref, (text, max_new)
+            lengths_seen.add(len(ids))
+            beams.append(ids)
+    assert len(lengths_seen) > 1  # some hypotheses ended on eos before the limit
+    assert_varied(beams)
+
+
+def test_vit_logits_and_top5(hf_vit):
+    ours = load(hf_vit)
+    hf = transformers.ViTForImageClassification.from_pretrained(hf_vit).eval()
+    assert ours.labels[:2] == ["cat", "dog"] and ours.preprocessing.image_size == 16
+    pixels = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(pixel_values=pixels).logits
+        got = ours.model(pixels)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    ref_p, ref_i = ref.softmax(-1).topk(5)
+    got_p, got_i = got.softmax(-1).topk(5)
+    assert torch.equal(ref_i, got_i)
+    torch.testing.assert_close(got_p, ref_p, atol=1e-4, rtol=0)

@@ -1,0 +1,159 @@
+"""Plants known bugs, one at a time, in a copy of the tree and checks that the tests guarding against each
+one fail (`make planted-bugs`; not part of `make test`). A bug whose tests still pass means those tests
+compare things that would be equal anyway.
+
+    python tests/tools/planted_bugs.py            # every bug
+    python tests/tools/planted_bugs.py cancel     # the bugs whose name contains "cancel"
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    path: str
+    old: str  # must occur exactly once in `path`
+    new: str
+    tests: tuple[str, ...]  # each must fail with the bug planted
+
+
+BUGS = [
+    Bug("lm-decode-reads-another-requests-kv-slot", "model/decoding/lm_runner.py",
+        "self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,",
+        "self.cache, torch.tensor([s.slot for s in seqs][1:] + [s.slot for s in seqs][:1], device=dev), "
+        "kv_len=max(positions) + 1,",
+        ("tests/engine/test_engine.py::test_greedy_alone_equals_among_fifty_others",
+         "tests/engine/test_engine.py::test_a_fault_in_one_request_leaves_the_others_identical",
+         "tests/http/test_http.py::test_concurrent_streams_equal_sequential")),
+    Bug("cancel-is-a-no-op", "service/engine/request.py",
+        "the engine frees its rows next step.\"\"\"\n        self.cancelled = True",
+        "the engine frees its rows next step.\"\"\"\n        pass",
+        ("tests/engine/test_engine.py::test_cancel_frees_the_slot_within_a_step",
+         "tests/engine/test_translation_engine.py::test_cancel_frees_rows",
+         "tests/http/test_http_disconnects.py::test_disconnect_frees_slot")),
+    Bug("stop-does-not-drain", "service/engine/scheduler.py",
+        "while (self.running or self.waiting) and time.perf_counter() < deadline",
+        "while False and (self.running or self.waiting) and time.perf_counter() < deadline",
+        ("tests/engine/test_engine.py::test_graceful_stop_drains_running_requests",)),
+    Bug("sigterm-does-not-refuse-new-requests", "service/shutdown.py",
+        "        self.registry.begin_drain()\n", "",
+        ("tests/http/test_reliability.py::test_sigterm_finishes_in_flight_requests_and_exits_0",)),
+    Bug("max-image-pixels-unchecked", "service/runners.py",
+        "if w * h > max_pixels:", "if False:",
+        ("tests/http/test_http.py::test_max_image_pixels_is_the_limit",
+         "tests/http/test_http.py::test_bad_input_gets_4xx",)),
+    # The one-request path runs the same runner, so only a reference outside it (transformers) catches this.
+    Bug("beams-keep-their-own-cache-rows", "model/decoding/seq2seq_runner.py",
+        "self.cache.self_kv.copy_slots(cache_rows.gather(1, parents).flatten(), cache_rows.flatten())",
+        "self.cache.self_kv.copy_slots(cache_rows.flatten(), cache_rows.flatten())",
+        ("tests/model/test_hf_parity.py::test_marian_beam_search_identical",
+         "tests/engine/test_translation_engine.py::test_marian_parity_through_the_engine")),
+    Bug("translation-reads-the-first-requests-source", "model/decoding/seq2seq_runner.py",
+        "crosses += [s.cross_slot] * n", "crosses += [seqs[0].cross_slot] * n",
+        ("tests/engine/test_translation_engine.py::test_forty_mixed_requests_equal_each_alone",)),
+    Bug("sampling-uses-the-first-requests-generator", "model/decoding/sampler.py",
+        "exponential_(generator=generators[i])", "exponential_(generator=generators[sampled[0]])",
+        ("tests/model/test_generation.py::test_seeded_sampling_is_independent_of_batch_neighbours",
+         "tests/engine/test_engine.py::test_sampled_requests_with_penalties_and_bias_alone_equal_among_others")),
+    Bug("logit-bias-ignored", "model/decoding/logits.py",
+        "        if not entries:\n", "        if True:\n",
+        ("tests/model/test_generation.py::test_logit_bias_forces_and_bans_in_its_own_row_only",
+         "tests/engine/test_engine.py::test_logit_bias_forces_and_bans_beside_unbiased_requests",
+         "tests/http/test_http_decoding.py::test_logit_bias_over_http_forces_bans_and_leaves_neighbours_alone")),
+    Bug("logit-bias-lands-on-the-first-row", "model/decoding/logits.py",
+        "return scores.index_put((torch.tensor(i, device=dev), torch.tensor(t, device=dev)),",
+        "return scores.index_put((torch.tensor(i, device=dev) * 0, torch.tensor(t, device=dev)),",
+        ("tests/engine/test_engine.py::test_logit_bias_forces_and_bans_beside_unbiased_requests",)),
+    Bug("attention-scores-a-greedy-translation", "service/tasks/translation.py",
+        "self.engine.translator.job(body.input, None, None)", "self.engine.translator.job(body.input, 1, None)",
+        ("tests/http/test_http_decoding.py::test_attention_scores_what_translations_return",)),
+    Bug("non-streaming-translations-ignore-hang-ups", "service/tasks/translation.py",
+        "return await while_connected(request, asyncio.gather(", "return await (lambda _, work: work)(request, asyncio.gather(",
+        ("tests/http/test_http_disconnects.py::test_non_streaming_translations_are_freed_when_their_clients_leave",)),
+    Bug("classifications-ignore-hang-ups", "service/tasks/image_classification.py",
+        "results = await while_connected(request, asyncio.gather(", "results = await (lambda _, work: work)(request, asyncio.gather(",
+        ("tests/http/test_http_disconnects.py::test_abandoned_classifications_are_not_computed",)),
+    Bug("batcher-exceeds-max-batch-size", "service/engine/batcher.py",
+        "if self._taken >= self.max_batch_size:", "if False:",
+        ("tests/engine/test_engine.py::test_batcher_batches_and_isolates_failures",)),
+    Bug("max-queue-0-refuses-everything", "service/engine/scheduler.py",
+        "            if self.max_queue == 0:", "            if False:",
+        ("tests/engine/test_engine.py::test_max_queue_0_takes_what_free_rows_take",)),
+    Bug("cancelled-requests-stay-queued", "service/engine/scheduler.py",
+        "        if any(r.cancelled for r in self.waiting):", "        if False:",
+        ("tests/engine/test_engine.py::test_cancelled_requests_behind_a_waiting_head_leave_the_queue",)),
+    Bug("the-last-text-skips-the-stop-strings", "service/engine/generation.py",
+        "tail, stopped = req.stops.close(req.detok.flush())", "tail, stopped = req.stops.close(req.detok.flush())[0], False",
+        ("tests/engine/test_engine.py::test_a_stop_string_completed_by_the_last_flush_cuts_and_stops",)),
+    Bug("every-choice-uses-the-same-seed", "service/routes/completions.py",
+        "(body.seed + seed_offset) % 2**63", "body.seed % 2**63",
+        ("tests/http/test_http_contract.py::test_choice_j_of_n_uses_seed_plus_j",)),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as git sees it (tracked and untracked, not ignored); models/ is linked, not copied."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if rel.startswith("models/") or not (ROOT / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    (dest / "models").symlink_to(ROOT / "models")
+
+
+def plant(tree: Path, bug: Bug) -> None:
+    path = tree / bug.path
+    text = path.read_text()
+    if text.count(bug.old) != 1:
+        raise SystemExit(f"{bug.name}: the code to change occurs {text.count(bug.old)} times in {bug.path}; "
+                         "update tests/tools/planted_bugs.py")
+    path.write_text(text.replace(bug.old, bug.new))
+
+
+def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[dict[str, bool], float]:
+    """({test: failed}, seconds), all in one pytest process. A test that names a module or a parametrized
+    function has failed when any of its cases failed. The copy comes first on the path, ahead of the
+    installed project."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests],
+                          cwd=tree, env=env, capture_output=True, text=True)
+    failed_ids = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return {t: any(f.startswith(t) for f in failed_ids) for t in tests}, time.monotonic() - start
+
+
+def main(selected: list[str]) -> int:
+    bugs = [b for b in BUGS if not selected or any(s in b.name for s in selected)]
+    missed = []
+    print(f"{'bug':48} {'test':70} result")
+    for bug in bugs:
+        with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
+            tree = Path(tmp)
+            copy_tree(tree)
+            plant(tree, bug)
+            results, seconds = run_tests(tree, bug.tests)
+            for test, failed in results.items():
+                print(f"{bug.name:48} {test:70} {'caught' if failed else 'MISSED'}", flush=True)
+                if not failed:
+                    missed.append((bug.name, test))
+            print(f"{'':48} ({seconds:.0f} s)")
+    print(f"\n{len(missed)} missed" + "".join(f"\n  {b}: {t}" for b, t in missed))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
