@@ -1,7 +1,7 @@
 """Continuous batching for a causal language model: one KV-cache slot per request, every running request
 advances by one token per step, each chosen with its own parameters and generator, so a request's output
 does not depend on its neighbours. The `DecoderRunner` does the model work and the next-token rules; this
-engine schedules requests onto it and turns their tokens into text and events."""
+engine schedules requests onto it and hands each token to the output stage (`output.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from model.checkpoint import LoadedModel
 from model.decoding import DecoderRunner, SamplingParams, StopStrings, TextSequence, generate, token_logprobs
 from model.decoding.lm_runner import StepLogprobs
 from model.tokenizer import IncrementalDetokenizer
-from service.engine.request import EngineRequest, Event, TokenLogprob
+from service.engine.output import text_event, token_logprob
+from service.engine.request import EngineRequest, TokenLogprob
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 
@@ -125,25 +126,15 @@ class GenerationEngine(Scheduler):
                  logprobs: StepLogprobs | None) -> TokenLogprob | None:
         if logprobs is None or req.params.logprobs is None:
             return None
-        chosen, top_v, top_i = logprobs
-        k, tok = req.params.logprobs, self.tokenizer
-        top = {tok.tokens([t])[0]: v for t, v in zip(top_i[i][:k], top_v[i][:k], strict=True)}
-        return TokenLogprob(tok.tokens([tokens[i]])[0], chosen[i], top)
+        return token_logprob(self.tokenizer, req.params.logprobs, tokens[i], i, logprobs)
 
     def _emit(self, req: GenerationRequest, token: int, lp: TokenLogprob | None, now: float) -> None:
-        """The output stage: the runner's finish rule, then text (a stop string cuts it) and the event."""
+        """The runner's finish rule, then the output stage (text, stop strings, the event)."""
         before = len(req.generated)
         finish = self.runner.append(req, token)
         is_eos = len(req.generated) == before  # an eos that ends the sequence is not part of the output
-        if is_eos:
-            text = req.stops.close(req.detok.flush())[0]
-        else:
-            text, stopped = req.stops.feed(req.detok.push(token))
-            if not stopped and finish is not None:  # the last text may complete a stop string too
-                tail, stopped = req.stops.close(req.detok.flush())
-                text += tail
-            if stopped:
-                finish = req.finish_reason = "stop"
+        event = text_event(req.detok, req.stops, token, is_eos, finish, lp)
+        if event.finish_reason == "stop":
+            req.finish_reason = "stop"  # eos, or a stop string: the runner decodes it no further
         self.m.generated_tokens.inc()
-        event = Event(text, [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish)
         self._publish(req, event, now)

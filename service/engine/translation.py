@@ -1,6 +1,6 @@
 """Continuous batching for an encoder-decoder translator, beam search included. The `Seq2SeqRunner` does
 the model work (encoder into cross slots, one decoder batch for every running row, beam reordering) and the
-next-token rules; this engine schedules requests onto it and turns their tokens into text and events."""
+next-token rules; this engine schedules requests onto it and hands each token to the output stage (`output.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from model.checkpoint import LoadedModel
 from model.decoding import Seq2SeqRunner, TranslationJob, TranslationSequence, translate
 from model.tokenizer import IncrementalDetokenizer
-from service.engine.request import EngineRequest, Event
+from service.engine.output import beam_translation_event, greedy_translation_event
+from service.engine.request import EngineRequest
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 from service.runners import Translator
@@ -104,14 +105,8 @@ class TranslationEngine(Scheduler):
             self.m.generated_tokens.inc()
             finish = self.runner.append(req, token[id(req)])
             if req.greedy:
-                t = token[id(req)]
-                if finish == "stop":  # eos
-                    text = req.detok.flush()
-                else:
-                    text = req.detok.push(t) + (req.detok.flush() if finish else "")
-                self._publish(req, Event(text, [t], finish_reason=finish), now)
+                self._publish(req, greedy_translation_event(req.detok, token[id(req)], finish), now)
             elif finish is not None:
-                ids = req.output_ids
-                self._publish(req, Event(self.tokenizer.decode(ids), ids, finish_reason=finish), now)
+                self._publish(req, beam_translation_event(self.tokenizer, req.output_ids, finish), now)
 
         self._each([r for r in reqs if id(r) not in failed], emit)
