@@ -59,11 +59,13 @@ class KVCache(nn.Module):
         """(B, H, length, D) keys and values of `slots`."""
         return self.k[index, slots, :, :length], self.v[index, slots, :, :length]
 
-    def copy_slots(self, src: Tensor, dst: Tensor) -> None:
-        """Copy whole slots (every layer) from `src` to `dst`, e.g. to reorder beams by their parents.
-        Reads all sources before writing, so `src` and `dst` may overlap."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+    def copy_slots(self, src: Tensor, dst: Tensor, length: int | None = None) -> None:
+        """Copy slots (every layer) from `src` to `dst`, e.g. to reorder beams by their parents: the first
+        `length` positions (default: all), which is all a slot filled so far holds. Reads all sources before
+        writing, so `src` and `dst` may overlap."""
+        n = self.max_len if length is None else length
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.lengths[dst] = self.lengths[src]
 
     def nbytes(self) -> int:
