@@ -1,21 +1,29 @@
-"""The GPU benchmark script runs end to end (small shapes on CPU), so that it is ready for a GPU machine."""
+"""The benchmark scripts run end to end on tiny shapes, so that none of their columns rots: the GPU benchmark
+(on CPU here, ready for a GPU machine) and the translation benchmark against HF and CTranslate2."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def bench_script(name: str):  # noqa: ANN201 - the script as a module
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
 def test_gpu_benchmark_runs_on_tiny_shapes(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_script("gpu")
     out = tmp_path / "rows.json"
     rows = bench.main(["--tiny", "--device", "cpu", "--out", str(out)])
     assert json.loads(out.read_text()) == rows
@@ -31,3 +39,17 @@ def test_gpu_benchmark_runs_on_tiny_shapes(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| section | what | baseline | tserve | unit | speed-up |" in table
     assert "kernels | skipped" in table
+
+
+@pytest.mark.slow
+def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
+    pytest.importorskip("ctranslate2")
+    rows = bench_script("translation").main(["--tiny"])
+    systems = {(r.system, r.beams) for r in rows}
+    for beams in (1, 4):
+        assert {("HF generate", beams), ("CTranslate2 float32", beams), ("CTranslate2 int8", beams),
+                ("tserve HTTP, batches of 4", beams), ("tserve HTTP, 4 clients", beams)} <= systems
+    assert all(r.tokens > 0 and r.seconds > 0 for r in rows)
+    table = capsys.readouterr().out
+    assert "| decoding | HF generate | CTranslate2 float32 | CTranslate2 int8 |" in table
+    assert "| greedy |" in table and "| 4 beams |" in table

@@ -1,0 +1,230 @@
+"""Translation speed against the anchors, in one run on the same weights: Hugging Face `generate`,
+CTranslate2 (float32 and int8, converted with its own converter) and tserve over HTTP; greedy and 4 beams.
+
+    python bench/translation.py                # opus-mt-en-de shape (d512, 6+6 layers, 8 heads), random weights
+    python bench/translation.py --tiny         # tiny shapes, every column, seconds (the tests run this)
+
+Each system translates the same sentences (18-30 words) to at most --max-tokens target tokens: HF and
+CTranslate2 in batches of --batch; tserve as batches of --batch inputs per `/v1/translations` request, and as
+--clients concurrent clients sending one sentence each. Reported: generated target tokens per second (each
+system's own count of the tokens it produced), and tserve's ratio to CTranslate2 of the same precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
+
+SHAPES = {
+    "opus-mt": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=15_900, max_pos=512),
+    "tiny": dict(d_model=32, layers=2, heads=4, ffn=64, vocab=400, max_pos=256),
+}
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
+         "they you were her she there been one all we their its has would more when if no out so said what up "
+         "house tree water morning friend train book city river small old new good long").split()
+
+
+@dataclass
+class Row:
+    system: str
+    beams: int
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def make_marian(shape: dict, d: Path) -> Path:
+    """A Marian checkpoint of `shape` with random weights; the test factory's opus-mt tokenizer files, the
+    vocabulary padded to the shape's size so that the output layer costs what the real one does."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    from tests.helpers import factories
+
+    vocab = factories.write_marian_tokenizer(d)
+    del vocab["<pad>"]  # opus-mt's layout: <pad> is the last id
+    for i in range(shape["vocab"] - 1 - len(vocab)):
+        vocab[f"<extra_{i}>"] = len(vocab)
+    vocab["<pad>"] = len(vocab)
+    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    pad = vocab["<pad>"]
+    torch.manual_seed(0)
+    cfg = MarianConfig(vocab_size=len(vocab), d_model=shape["d_model"], encoder_layers=shape["layers"],
+                       decoder_layers=shape["layers"], encoder_attention_heads=shape["heads"],
+                       decoder_attention_heads=shape["heads"], encoder_ffn_dim=shape["ffn"],
+                       decoder_ffn_dim=shape["ffn"], max_position_embeddings=shape["max_pos"], pad_token_id=pad,
+                       decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
+                       activation_function="swish", scale_embedding=True, dropout=0.0)
+    MarianMTModel(cfg).save_pretrained(d, safe_serialization=True)
+    (d / "generation_config.json").write_text(json.dumps({
+        "bad_words_ids": [[pad]], "decoder_start_token_id": pad, "eos_token_id": 0, "forced_eos_token_id": 0,
+        "max_length": shape["max_pos"], "num_beams": 4, "pad_token_id": pad}))
+    return d
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(18, 30))).capitalize() + "." for _ in range(n)]
+
+
+def batches(items: list, size: int) -> list[list]:
+    return [items[i: i + size] for i in range(0, len(items), size)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face and CTranslate2, in this process
+# --------------------------------------------------------------------------------------------------
+def hf_rows(d: Path, texts: list[str], args: argparse.Namespace) -> list[Row]:
+    import torch
+    from transformers import MarianMTModel, MarianTokenizer
+
+    torch.set_num_threads(args.threads)
+    tok, model = MarianTokenizer.from_pretrained(d), MarianMTModel.from_pretrained(d).eval()
+    rows = []
+    for beams in args.beams:
+        tokens, start = 0, time.perf_counter()
+        with torch.inference_mode():
+            for chunk in batches(texts, args.batch):
+                enc = tok(chunk, return_tensors="pt", padding=True)
+                out = model.generate(**enc, num_beams=beams, max_new_tokens=args.max_tokens, do_sample=False)
+                tokens += int((out[:, 1:] != tok.pad_token_id).sum())  # the start token is not generated
+        rows.append(Row("HF generate", beams, tokens, time.perf_counter() - start))
+    return rows
+
+
+def ct2_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) -> list[Row]:
+    import ctranslate2
+    from transformers import MarianTokenizer
+
+    tok = MarianTokenizer.from_pretrained(d)
+    pieces = [tok.convert_ids_to_tokens(tok(t).input_ids) for t in texts]
+    rows = []
+    for precision in ("float32", "int8"):
+        out = work / f"ct2-{precision}"
+        ctranslate2.converters.TransformersConverter(str(d)).convert(
+            str(out), quantization=None if precision == "float32" else "int8", force=True)
+        translator = ctranslate2.Translator(str(out), device="cpu", compute_type=precision, inter_threads=1,
+                                            intra_threads=args.threads)
+        translator.translate_batch(pieces[:2], beam_size=1, max_decoding_length=4)  # warm-up
+        for beams in args.beams:
+            start = time.perf_counter()
+            results = translator.translate_batch(pieces, beam_size=beams, max_decoding_length=args.max_tokens,
+                                                 max_batch_size=args.batch)
+            tokens = sum(len(r.hypotheses[0]) for r in results)  # eos is not part of a hypothesis
+            rows.append(Row(f"CTranslate2 {precision}", beams, tokens, time.perf_counter() - start))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# tserve over HTTP
+# --------------------------------------------------------------------------------------------------
+async def tserve_batches(url: str, texts: list[str], beams: int, args: argparse.Namespace) -> Row:
+    tokens = 0
+    async with httpx.AsyncClient(timeout=3600) as client:
+        start = time.perf_counter()
+        for chunk in batches(texts, args.batch):
+            resp = await client.post(f"{url}/v1/translations", json={
+                "input": chunk, "num_beams": beams, "max_tokens": args.max_tokens})
+            resp.raise_for_status()
+            tokens += resp.json()["usage"]["completion_tokens"]
+        return Row(f"tserve HTTP, batches of {args.batch}", beams, tokens, time.perf_counter() - start)
+
+
+async def tserve_clients(url: str, texts: list[str], beams: int, args: argparse.Namespace) -> Row:
+    queue, tokens = list(texts), 0
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        while queue:
+            resp = await client.post(f"{url}/v1/translations", json={
+                "input": queue.pop(), "num_beams": beams, "max_tokens": args.max_tokens})
+            resp.raise_for_status()
+            tokens += resp.json()["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=args.clients + 4)) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(args.clients)))
+        return Row(f"tserve HTTP, {args.clients} clients", beams, tokens, time.perf_counter() - start)
+
+
+def tserve_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) -> list[Row]:
+    from tests.helpers.server import ServerProcess
+
+    rows_needed = max(args.batch, args.clients) * max(args.beams)
+    server = ServerProcess(["--model", f"mt={d}", "--max-running-requests", str(rows_needed), "--max-prompts",
+                            str(max(args.batch, 32))], work / "server.log",
+                           env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
+    rows = []
+    try:
+        for beams in args.beams:
+            asyncio.run(tserve_batches(server.url, texts[: args.batch], beams, args))  # warm-up
+            rows.append(asyncio.run(tserve_batches(server.url, texts, beams, args)))
+            rows.append(asyncio.run(tserve_clients(server.url, texts, beams, args)))
+    finally:
+        server.stop()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+def print_table(rows: list[Row], beams: list[int]) -> None:
+    systems = list(dict.fromkeys(r.system for r in rows))
+    by = {(r.system, r.beams): r for r in rows}
+    header = "| decoding | " + " | ".join(systems) + " | tserve / CTranslate2 float32 |"
+    print(header)
+    print("|" + "---|" * (len(systems) + 2))
+    for b in beams:
+        cells = [f"{by[(s, b)].tokens_per_s:,.0f}" if (s, b) in by else "-" for s in systems]
+        ct2 = by.get(("CTranslate2 float32", b))
+        ours = max((r for r in rows if r.beams == b and r.system.startswith("tserve")), key=lambda r: r.tokens_per_s,
+                   default=None)
+        ratio = f"{ours.tokens_per_s / ct2.tokens_per_s:.2f}x" if ours and ct2 else "-"
+        print(f"| {'greedy' if b == 1 else f'{b} beams'} | " + " | ".join(cells) + f" | {ratio} |")
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes and counts: every column in seconds")
+    ap.add_argument("--sentences", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--threads", type=int, default=2, help="threads of every system")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["hf", "ct2", "tserve"])
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.sentences, args.batch, args.clients, args.max_tokens = 8, 4, 4, 8
+    shape = SHAPES["tiny" if args.tiny else "opus-mt"]
+    work = Path(tempfile.mkdtemp(prefix="tserve-bench-mt-"))
+    d = make_marian(shape, work / "marian")
+    texts = sentences(args.sentences)
+    rows: list[Row] = []
+    if "hf" not in args.skip:
+        rows += hf_rows(d, texts, args)
+    if "ct2" not in args.skip:
+        rows += ct2_rows(d, texts, args, work)
+    if "tserve" not in args.skip:
+        rows += tserve_rows(d, texts, args, work)
+    print(f"\nMarian {shape}, random weights; {args.sentences} sentences of 18-30 words, at most {args.max_tokens} "
+          f"new tokens, {args.threads} threads per system; target tokens/s\n")
+    print_table(rows, args.beams)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
