@@ -43,7 +43,7 @@ class Settings(BaseSettings):
 
     # Dynamic batching (translation, classification).
     batch_max_size: int = Field(16, ge=1, description="largest classification batch")
-    batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a batch waits to fill up")
+    batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a batch waits to fill up while items keep arriving (an item on an idle worker runs at once)")
 
     # Input limits.
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")

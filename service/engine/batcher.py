@@ -46,6 +46,7 @@ class DynamicBatcher(Scheduler, Generic[T, R]):
         self.device = device or torch.device("cpu")  # where batch_fn runs its model
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1000.0
         self._taken = 0  # items admitted into the batch being formed
+        self._loaded = False  # items arrived while the last batch ran: more are likely, worth waiting for
 
     # ----------------------------------------------------------------------------------------------
     # Event-loop side
@@ -76,12 +77,13 @@ class DynamicBatcher(Scheduler, Generic[T, R]):
             super().step()
 
     def _batch_ready(self) -> bool:
-        """A full batch waits, or the oldest item has waited max_wait, or the worker is shutting down;
-        otherwise wait (a new item wakes the worker early) and let the loop ask again."""
+        """A full batch waits, or the oldest item has waited max_wait, or the worker is shutting down, or
+        nothing arrived while the last batch ran (no load: an item alone runs at once, with no wait); otherwise
+        wait (a new item wakes the worker early) and let the loop ask again."""
         with self._lock:
             oldest = self.waiting[0].arrival if self.waiting else None
             full = len(self.waiting) >= self.max_batch_size
-        if oldest is None or full or self._draining or self._stop:
+        if oldest is None or full or not self._loaded or self._draining or self._stop:
             return True
         left = oldest + self.max_wait_s - time.perf_counter()
         if left <= 0:
@@ -114,6 +116,7 @@ class DynamicBatcher(Scheduler, Generic[T, R]):
                          else Event(finish_reason="stop", result=result))
 
         self._each(reqs, finish)
+        self._loaded = bool(self.waiting)
 
     def _decode(self) -> None:
         pass  # every item of a batch finishes in the step that ran it

@@ -424,6 +424,40 @@ def test_batcher_batches_and_isolates_failures():
     assert max(seen) <= 4 and sum(seen) == 9 and len(seen) < 9  # batched, never above the limit
 
 
+def test_an_item_on_an_idle_batcher_does_not_wait_for_a_batch_but_items_under_load_do():
+    """--batch-max-wait-ms is a wait for more items while they keep coming: a lone request on an idle
+    batcher runs at once (the minute-long wait never starts), while items that queued up behind a running
+    batch wait for the batch to fill."""
+    gate, seen = threading.Event(), []
+
+    def batch_fn(items: list[int]) -> list[int]:
+        seen.append(list(items))
+        if items == [0]:
+            gate.wait(5)
+        return items
+
+    batcher = DynamicBatcher("b", batch_fn, max_batch_size=4, max_wait_ms=60_000, max_queue=10, metrics=Metrics())
+    batcher.start()
+
+    async def run() -> None:
+        assert await asyncio.wait_for(batcher.submit(7), 5) == 7  # alone, idle: no 60 s wait
+        blocker = asyncio.ensure_future(batcher.submit(0))
+        await asyncio.sleep(0.1)  # the worker is inside the batch of item 0
+        queued = [asyncio.ensure_future(batcher.submit(x)) for x in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.sleep(0.1)  # 1, 2 and 3 wait for the batch to fill
+        queued.append(asyncio.ensure_future(batcher.submit(4)))
+        assert await asyncio.wait_for(asyncio.gather(blocker, *queued), 5) == [0, 1, 2, 3, 4]
+
+    try:
+        asyncio.run(run())
+    finally:
+        gate.set()
+        batcher.stop()
+    assert seen == [[7], [0], [1, 2, 3, 4]]
+
+
 def test_batcher_queue_limit():
     gate = threading.Event()
     batcher = DynamicBatcher("b", lambda items: (gate.wait(5), items)[1], max_batch_size=1, max_wait_ms=0,
