@@ -183,7 +183,7 @@ def start_server(path: Path, args: argparse.Namespace, log: Path):
     from tests.helpers.server import ServerProcess
 
     extra = ["--max-running-requests", str(max(args.concurrency) * 2), "--attention-backend", args.backend,
-             "--device", args.device, "--dtype", args.dtype]
+             "--device", args.device, "--dtype", args.dtype, "--quantize", args.quantize]
     return ServerProcess(["--model", f"lm={path}", *extra], log,
                          env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
 
@@ -214,6 +214,7 @@ def main() -> None:
     ap.add_argument("--backend", default="auto", help="attention backend of the server")
     ap.add_argument("--device", default="cpu", help="cpu | cuda (both sides)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="both sides")
+    ap.add_argument("--quantize", default="none", choices=["none", "int8"], help="the server's --quantize")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
 
@@ -238,7 +239,8 @@ def main() -> None:
             print(f"hf, {c}: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
     runs.sort(key=lambda r: (r.concurrency, r.name))
     print(f"\nmodel: {path} ({args.size}), {args.max_tokens} new tokens per request, "
-          f"{args.prompt_words}-word prompts, greedy, {args.dtype}, {args.device}, {args.threads} threads\n")
+          f"{args.prompt_words}-word prompts, greedy, {args.dtype}, {args.device}, {args.threads} threads, "
+          f"server --quantize {args.quantize}\n")
     print_table(runs)
 
 

@@ -1,5 +1,6 @@
 """Translation speed against the anchors, in one run on the same weights: Hugging Face `generate`,
-CTranslate2 (float32 and int8, converted with its own converter) and tserve over HTTP; greedy and 4 beams.
+CTranslate2 (float32 and int8, converted with its own converter) and tserve over HTTP (float32 and
+`--quantize int8`); greedy and 4 beams.
 
     python bench/translation.py                # opus-mt-en-de shape (d512, 6+6 layers, 8 heads), random weights
     python bench/translation.py --tiny         # tiny shapes, every column, seconds (the tests run this)
@@ -133,7 +134,7 @@ def ct2_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) ->
 # --------------------------------------------------------------------------------------------------
 # tserve over HTTP
 # --------------------------------------------------------------------------------------------------
-async def tserve_batches(url: str, texts: list[str], beams: int, args: argparse.Namespace) -> Row:
+async def tserve_batches(url: str, texts: list[str], beams: int, args: argparse.Namespace, label: str) -> Row:
     tokens = 0
     async with httpx.AsyncClient(timeout=3600) as client:
         start = time.perf_counter()
@@ -142,10 +143,10 @@ async def tserve_batches(url: str, texts: list[str], beams: int, args: argparse.
                 "input": chunk, "num_beams": beams, "max_tokens": args.max_tokens})
             resp.raise_for_status()
             tokens += resp.json()["usage"]["completion_tokens"]
-        return Row(f"tserve HTTP, batches of {args.batch}", beams, tokens, time.perf_counter() - start)
+        return Row(f"tserve {label} HTTP, batches of {args.batch}", beams, tokens, time.perf_counter() - start)
 
 
-async def tserve_clients(url: str, texts: list[str], beams: int, args: argparse.Namespace) -> Row:
+async def tserve_clients(url: str, texts: list[str], beams: int, args: argparse.Namespace, label: str) -> Row:
     queue, tokens = list(texts), 0
 
     async def client_loop(client: httpx.AsyncClient) -> None:
@@ -159,24 +160,26 @@ async def tserve_clients(url: str, texts: list[str], beams: int, args: argparse.
     async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=args.clients + 4)) as client:
         start = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(args.clients)))
-        return Row(f"tserve HTTP, {args.clients} clients", beams, tokens, time.perf_counter() - start)
+        return Row(f"tserve {label} HTTP, {args.clients} clients", beams, tokens, time.perf_counter() - start)
 
 
 def tserve_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) -> list[Row]:
     from tests.helpers.server import ServerProcess
 
     rows_needed = max(args.batch, args.clients) * max(args.beams)
-    server = ServerProcess(["--model", f"mt={d}", "--max-running-requests", str(rows_needed), "--max-prompts",
-                            str(max(args.batch, 32))], work / "server.log",
-                           env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
     rows = []
-    try:
-        for beams in args.beams:
-            asyncio.run(tserve_batches(server.url, texts[: args.batch], beams, args))  # warm-up
-            rows.append(asyncio.run(tserve_batches(server.url, texts, beams, args)))
-            rows.append(asyncio.run(tserve_clients(server.url, texts, beams, args)))
-    finally:
-        server.stop()
+    for precision in ("float32", "int8"):
+        server = ServerProcess(["--model", f"mt={d}", "--max-running-requests", str(rows_needed), "--max-prompts",
+                                str(max(args.batch, 32)), "--quantize", "none" if precision == "float32" else "int8"],
+                               work / f"server-{precision}.log",
+                               env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
+        try:
+            for beams in args.beams:
+                asyncio.run(tserve_batches(server.url, texts[: args.batch], beams, args, precision))  # warm-up
+                rows.append(asyncio.run(tserve_batches(server.url, texts, beams, args, precision)))
+                rows.append(asyncio.run(tserve_clients(server.url, texts, beams, args, precision)))
+        finally:
+            server.stop()
     return rows
 
 
@@ -184,16 +187,18 @@ def tserve_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path)
 def print_table(rows: list[Row], beams: list[int]) -> None:
     systems = list(dict.fromkeys(r.system for r in rows))
     by = {(r.system, r.beams): r for r in rows}
-    header = "| decoding | " + " | ".join(systems) + " | tserve / CTranslate2 float32 |"
+    header = "| decoding | " + " | ".join(systems) + " | tserve / CTranslate2, float32 | tserve / CTranslate2, int8 |"
     print(header)
-    print("|" + "---|" * (len(systems) + 2))
+    print("|" + "---|" * (len(systems) + 3))
     for b in beams:
         cells = [f"{by[(s, b)].tokens_per_s:,.0f}" if (s, b) in by else "-" for s in systems]
-        ct2 = by.get(("CTranslate2 float32", b))
-        ours = max((r for r in rows if r.beams == b and r.system.startswith("tserve")), key=lambda r: r.tokens_per_s,
-                   default=None)
-        ratio = f"{ours.tokens_per_s / ct2.tokens_per_s:.2f}x" if ours and ct2 else "-"
-        print(f"| {'greedy' if b == 1 else f'{b} beams'} | " + " | ".join(cells) + f" | {ratio} |")
+        ratios = []
+        for precision in ("float32", "int8"):  # tserve's better mode against CTranslate2 of the same precision
+            ct2 = by.get((f"CTranslate2 {precision}", b))
+            ours = max((r for r in rows if r.beams == b and r.system.startswith(f"tserve {precision}")),
+                       key=lambda r: r.tokens_per_s, default=None)
+            ratios.append(f"{ours.tokens_per_s / ct2.tokens_per_s:.2f}x" if ours and ct2 else "-")
+        print(f"| {'greedy' if b == 1 else f'{b} beams'} | " + " | ".join(cells + ratios) + " |")
 
 
 def main(argv: list[str] | None = None) -> list[Row]:

@@ -27,6 +27,7 @@ from torch import nn
 from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.decoder import Decoder
 from model.preprocessing import ImagePreprocessing
+from model.quantize import QUANTIZATIONS, quantize_int8
 from model.seq2seq import Seq2Seq
 from model.tokenizer import Tokenizer, load_tokenizer
 from model.vit import ViT
@@ -71,6 +72,7 @@ class LoadedModel:
     preprocessing: ImagePreprocessing | None = None
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     source_format: str = "tserve"  # or "hf-gpt2", "hf-marian", "hf-vit"
+    quantization: str = "none"  # or "int8": the linear layers hold int8 weights
 
     @property
     def device(self) -> torch.device:
@@ -186,8 +188,12 @@ def load(
     device: str | torch.device | None = "cpu",
     dtype: str | torch.dtype | None = None,
     backend: str = "auto",
+    quantize: str = "none",
 ) -> LoadedModel:
-    """Load our checkpoint or a Hugging Face GPT-2 / Marian / ViT directory onto `device`."""
+    """Load our checkpoint or a Hugging Face GPT-2 / Marian / ViT directory onto `device`. `quantize="int8"`:
+    int8 weights for every linear layer (`model.quantize`; float32 on the CPU only)."""
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
@@ -210,10 +216,14 @@ def load(
     dev = resolve_device(device)
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
+    parameters = loaded.num_parameters()  # before int8 layers pack their weights out of `parameters()`
+    if quantize == "int8":
+        quantize_int8(loaded.model)
+        loaded.quantization = "int8"
     log.info(
         "model loaded",
         extra={"path": str(path), "task": loaded.task, "format": loaded.source_format, "device": str(dev),
-               "dtype": str(loaded.dtype), "parameters": loaded.num_parameters(),
+               "dtype": str(loaded.dtype), "quantization": loaded.quantization, "parameters": parameters,
                "seconds": round(time.perf_counter() - start, 3)},
     )
     return loaded

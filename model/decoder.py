@@ -100,7 +100,7 @@ class Decoder(nn.Module):
     def new_cache(
         self, num_slots: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
     ) -> KVCache:
-        p = self.lm_head.weight
+        p = self.tok_emb.weight  # not lm_head's: an int8 output layer has no float weight
         return KVCache(
             self.cfg.n_layers,
             num_slots,

@@ -143,7 +143,7 @@ class Seq2Seq(nn.Module):
         max_source_len: int | None = None,
         dtype: torch.dtype | None = None,
     ) -> Seq2SeqCache:
-        cfg, p = self.cfg, self.lm_head.weight
+        cfg, p = self.cfg, self.tok_emb.weight  # not lm_head's: an int8 output layer has no float weight
         kw = dict(dtype=dtype or p.dtype, device=p.device)
         n_dec = cfg.n_decoder_layers
         return Seq2SeqCache(

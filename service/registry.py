@@ -64,10 +64,11 @@ class ModelRegistry:
 
     def _load_one(self, name: str, path: Path, device: torch.device, backend: str) -> ServedModel:
         s = self.settings
-        loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend)
+        loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize)
         served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),
+                                         "quantization": loaded.quantization,
                                          "attention_backend": backend, "parameters": loaded.num_parameters()})
         return served
 

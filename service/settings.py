@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
+    quantize: Literal["none", "int8"] = Field(
+        "none", description="int8: int8 weights for every linear layer of every model (float32 on the CPU only)")
     attention_backend: Literal["auto", "math", "sdpa", "flash"] = Field(
         "auto", description="attention kernels (auto: sdpa)")
     cuda_graphs: bool = Field(

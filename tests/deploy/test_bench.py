@@ -47,8 +47,10 @@ def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
     rows = bench_script("translation").main(["--tiny"])
     systems = {(r.system, r.beams) for r in rows}
     for beams in (1, 4):
-        assert {("HF generate", beams), ("CTranslate2 float32", beams), ("CTranslate2 int8", beams),
-                ("tserve HTTP, batches of 4", beams), ("tserve HTTP, 4 clients", beams)} <= systems
+        assert {("HF generate", beams), ("CTranslate2 float32", beams), ("CTranslate2 int8", beams)} <= systems
+        for precision in ("float32", "int8"):
+            assert {(f"tserve {precision} HTTP, batches of 4", beams), (f"tserve {precision} HTTP, 4 clients",
+                                                                          beams)} <= systems
     assert all(r.tokens > 0 and r.seconds > 0 for r in rows)
     table = capsys.readouterr().out
     assert "| decoding | HF generate | CTranslate2 float32 | CTranslate2 int8 |" in table

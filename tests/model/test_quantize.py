@@ -1,0 +1,109 @@
+"""`quantize="int8"` (`--quantize int8`): every linear layer of each model kind holds int8 weights, a quarter
+of the float32 bytes, and the outputs move only within stated bounds: logits of the tiny models, and on
+fixed slices of the bundled models' test splits chrF, identical translations, perplexity and accuracy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from model.checkpoint import load
+from model.quantize import is_int8_linear, linear_weight_bytes, quantize_int8
+from training import data as data_mod
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _logits(loaded, which: str) -> torch.Tensor:  # noqa: ANN001
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        if which == "lm":
+            return loaded.model(torch.tensor([loaded.tokenizer.encode("Hello world, good morning to you")]))
+        if which == "mt":
+            src = torch.tensor([loaded.tokenizer.encode("Good morning, my friend.")])
+            dec = torch.tensor([[loaded.config.decoder_start_token_id, 5, 6, 7]])
+            return loaded.model(src, torch.tensor([src.size(1)]), dec)
+        cfg = loaded.config
+        return loaded.model(torch.rand(2, cfg.n_channels, cfg.image_size, cfg.image_size))
+
+
+@pytest.mark.parametrize("which", ["lm", "mt", "vit"])
+def test_every_linear_layer_holds_int8_weights_and_logits_stay_close(which, tiny_lm, tiny_mt, tiny_vit):
+    path = {"lm": tiny_lm, "mt": tiny_mt, "vit": tiny_vit}[which]
+    fp32, int8 = load(path), load(path, quantize="int8")
+    assert int8.quantization == "int8" and fp32.quantization == "none"
+    float_linears = sum(isinstance(m, nn.Linear) for m in fp32.model.modules())
+    assert not any(isinstance(m, nn.Linear) for m in int8.model.modules())  # none left in float
+    assert sum(is_int8_linear(m) for m in int8.model.modules()) == float_linears > 0
+    assert linear_weight_bytes(int8.model) == pytest.approx(linear_weight_bytes(fp32.model) / 4)
+    ref, got = _logits(fp32, which), _logits(int8, which)
+    assert not torch.equal(ref, got)  # the int8 path really ran
+    # Bound: the largest difference stays under 5% of the logits' range.
+    assert (got - ref).abs().max() < 0.05 * (ref.max() - ref.min())
+
+
+def test_int8_needs_float32_on_the_cpu(tiny_lm):
+    with pytest.raises(ValueError, match="float32 model on the CPU"):
+        load(tiny_lm, dtype="bfloat16", quantize="int8")
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        load(tiny_lm, quantize="int4")
+    model = load(tiny_lm).model.to(torch.bfloat16)
+    with pytest.raises(ValueError):
+        quantize_int8(model)
+
+
+def _bundled(name: str, quantize: str = "none"):  # noqa: ANN202
+    return load(ROOT / "models" / name, quantize=quantize)
+
+
+def _data_or_skip(fetch):  # noqa: ANN001, ANN202
+    try:
+        return fetch()
+    except data_mod.DataPreparationError as exc:
+        if os.environ.get("TSERVE_REQUIRE_DATA") or os.environ.get("CI") or os.environ.get("TSERVE_CI"):
+            raise
+        pytest.skip(f"test data unavailable and cannot be fetched: {exc}")
+
+
+@pytest.mark.slow
+def test_int8_translator_on_200_test_sentences():
+    """chrF within 1.0 of float32. The goal of at least 90% identical translations is not met (78.5% on this
+    slice, 4 beams, which amplify small score differences; docs/BENCHMARKS.md): guarded at 75% so that it
+    cannot get worse unnoticed."""
+    from training.evaluate import bleu_chrf, translate
+
+    pairs = _data_or_skip(lambda: data_mod.load_translation_pairs()["test"][:200])
+    sources, refs = [p.en for p in pairs], [p.de for p in pairs]
+    fp32 = translate(_bundled("tserve-en-de"), sources)
+    int8 = translate(_bundled("tserve-en-de", "int8"), sources)
+    identical = sum(a == b for a, b in zip(fp32, int8, strict=True)) / len(pairs)
+    chrf_fp32, chrf_int8 = bleu_chrf(fp32, refs)["chrf"], bleu_chrf(int8, refs)["chrf"]
+    print(f"chrF float32 {chrf_fp32}, int8 {chrf_int8}; identical {identical:.1%}")
+    assert abs(chrf_int8 - chrf_fp32) <= 1.0
+    assert identical >= 0.75
+
+
+@pytest.mark.slow
+def test_int8_language_model_perplexity_within_2_percent():
+    from training.evaluate import evaluate_loaded
+
+    path = ROOT / "models" / "tserve-lm"
+    fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-lm"), path, limit=20, full=False))
+    int8 = evaluate_loaded(_bundled("tserve-lm", "int8"), path, limit=20, full=False)
+    print(f"perplexity float32 {fp32['perplexity']}, int8 {int8['perplexity']}")
+    assert int8["perplexity"] == pytest.approx(fp32["perplexity"], rel=0.02)
+
+
+@pytest.mark.slow
+def test_int8_vit_accuracy_within_0_3_points():
+    from training.evaluate import evaluate_loaded
+
+    path = ROOT / "models" / "tserve-vit-fashion"
+    fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-vit-fashion"), path, limit=1000, full=False))
+    int8 = evaluate_loaded(_bundled("tserve-vit-fashion", "int8"), path, limit=1000, full=False)
+    print(f"accuracy float32 {fp32['accuracy']}, int8 {int8['accuracy']}")
+    assert abs(int8["accuracy"] - fp32["accuracy"]) <= 0.003
