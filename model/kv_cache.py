@@ -55,8 +55,12 @@ class KVCache(nn.Module):
         self.k[index, slots, :, :T] = k
         self.v[index, slots, :, :T] = v
 
-    def read(self, index: int, slots: Tensor, length: int) -> tuple[Tensor, Tensor]:
-        """(B, H, length, D) keys and values of `slots`."""
+    def read(self, index: int, slots: Tensor, length: int, first_slot: int | None = None) -> tuple[Tensor, Tensor]:
+        """(B, H, length, D) keys and values of `slots`: a view when they are consecutive from `first_slot`
+        (`consecutive_start(slots)`), else a gather."""
+        if first_slot is not None:
+            rows = slice(first_slot, first_slot + slots.numel())
+            return self.k[index, rows, :, :length], self.v[index, rows, :, :length]
         return self.k[index, slots, :, :length], self.v[index, slots, :, :length]
 
     def copy_slots(self, src: Tensor, dst: Tensor, length: int | None = None) -> None:

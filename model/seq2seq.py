@@ -184,14 +184,14 @@ class Seq2Seq(nn.Module):
         x, rotary = self._embed(tokens[:, None], positions, "dec")
         mask = causal_mask(positions, kv_len)
         context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
-        first_slot = consecutive_start(slots)
+        first_slot, first_cross = consecutive_start(slots), consecutive_start(cross_slots)
         for i, block in enumerate(self.decoder):
             x, _, _ = block(
                 x,
                 mask=mask,
                 rotary=rotary,
                 cache=cache.self_kv.layer(i, slots, positions, kv_len, first_slot),
-                context_kv=cache.cross_kv.read(i, cross_slots, src_len),
+                context_kv=cache.cross_kv.read(i, cross_slots, src_len, first_cross),
                 context_mask=context_mask,
             )
         cache.self_kv.lengths[slots] = positions[:, 0] + 1

@@ -7,7 +7,7 @@ import torch
 
 from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig, load_config
 from model.decoder import Decoder
-from model.kv_cache import KVCache, SlotAllocator
+from model.kv_cache import KVCache, SlotAllocator, consecutive_start
 from model.layers import set_attention_backend
 from model.seq2seq import Seq2Seq
 from model.vit import ViT
@@ -192,3 +192,17 @@ def test_kv_cache_slots_and_copy():
         alloc.allocate(1)
     with pytest.raises(RuntimeError):
         alloc.free([5])
+
+
+def test_reading_consecutive_cross_slots_is_a_view_of_exactly_those_slots():
+    """The decoder reads the cross-attention cache of consecutive slots through a slice, not a gather: the
+    slice starts at the first slot asked for, wherever that is."""
+    cache = KVCache(2, 6, 2, 5, 3)
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    slots = torch.tensor([3, 4])
+    k, v = cache.read(1, slots, 4, consecutive_start(slots))
+    assert k.data_ptr() == cache.k[1, 3].data_ptr()  # a view
+    assert torch.equal(k, cache.k[1, [3, 4], :, :4]) and torch.equal(v, cache.v[1, [3, 4], :, :4])
+    gathered = cache.read(1, torch.tensor([4, 1]), 4)  # not consecutive: a gather, in the order asked
+    assert torch.equal(gathered[0], cache.k[1, [4, 1], :, :4])
