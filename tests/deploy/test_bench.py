@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end on tiny shapes, so that none of their columns rots: the GPU benchmark
-(on CPU here, ready for a GPU machine) and the translation benchmark against HF and CTranslate2."""
+(on CPU here, ready for a GPU machine), the translation benchmark against HF and CTranslate2, and the image
+classification benchmark against HF."""
 
 from __future__ import annotations
 
@@ -55,3 +56,11 @@ def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
     table = capsys.readouterr().out
     assert "| decoding | HF generate | CTranslate2 float32 | CTranslate2 int8 |" in table
     assert "| greedy |" in table and "| 4 beams |" in table
+
+
+@pytest.mark.slow
+def test_vit_benchmark_runs_every_column_on_tiny_shapes(capsys):
+    rows = bench_script("vit").main(["--tiny"])
+    assert [r.system for r in rows] == ["HF, batch 1", "HF, batch 4", "tserve HTTP, 1 client", "tserve HTTP, 4 clients"]
+    assert all(r.images >= 8 and r.seconds > 0 for r in rows)
+    assert "tserve 1 client / HF batch 1:" in capsys.readouterr().out

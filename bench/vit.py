@@ -1,0 +1,144 @@
+"""Image classification speed over HTTP against `transformers` in-process, in one run on the same weights.
+
+    python bench/vit.py            # ViT-S/16 shape (384 wide, 12 layers, 6 heads, 224 px), random weights
+    python bench/vit.py --tiny     # tiny shapes (the tests run this)
+
+tserve: 1 client sending one PNG at a time, and --clients concurrent clients (dynamic batching), through
+`/v1/classifications` (decode, preprocessing, batching, JSON). `transformers`: `ViTForImageClassification`
+on preprocessed tensors at batch 1 and batch --hf-batch. Reported: images per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # a script: the tests' server helper comes from the repository root
+
+SHAPES = {
+    "vit-s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
+                    image_size=224, patch_size=16),
+    "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32,
+                 patch_size=8),
+}
+
+
+@dataclass
+class Row:
+    system: str
+    images: int
+    seconds: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds
+
+
+def make_vit(shape: dict, d: Path) -> Path:
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    labels = {i: f"class {i}" for i in range(10)}
+    ViTForImageClassification(ViTConfig(**shape, num_channels=3, id2label=labels,
+                                        label2id={v: k for k, v in labels.items()})).save_pretrained(d)
+    return d
+
+
+def pngs(n: int, size: int) -> list[bytes]:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+def hf_rows(d: Path, shape: dict, args: argparse.Namespace) -> list[Row]:
+    import torch
+    from transformers import ViTForImageClassification
+
+    torch.set_num_threads(args.threads)
+    model = ViTForImageClassification.from_pretrained(d, attn_implementation="sdpa").eval()
+    size, rows = shape["image_size"], []
+    for batch in (1, args.hf_batch):
+        x = torch.randn(batch, 3, size, size)
+        with torch.inference_mode():
+            model(pixel_values=x)
+            n, start = 0, time.perf_counter()
+            while n < args.images:
+                model(pixel_values=x).logits.argmax(-1)
+                n += batch
+        rows.append(Row(f"HF, batch {batch}", n, time.perf_counter() - start))
+    return rows
+
+
+async def http_clients(url: str, images: list[bytes], clients: int) -> Row:
+    queue = list(images)
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while queue:
+            resp = await client.post(f"{url}/v1/classifications",
+                                     json={"image": base64.b64encode(queue.pop()).decode()})
+            resp.raise_for_status()
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+        return Row(f"tserve HTTP, {clients} client{'s' if clients > 1 else ''}", len(images),
+                   time.perf_counter() - start)
+
+
+def tserve_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: Path) -> list[Row]:
+    from tests.helpers.server import ServerProcess
+
+    server = ServerProcess(["--model", f"vit={d}", "--batch-max-size", str(args.hf_batch)], work / "server.log",
+                           env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
+    try:
+        asyncio.run(http_clients(server.url, images[:4], 1))  # warm-up
+        return [asyncio.run(http_clients(server.url, images, c)) for c in (1, args.clients)]
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--images", type=int, default=96)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.images, args.clients, args.hf_batch = 8, 4, 4
+    shape = SHAPES["tiny" if args.tiny else "vit-s16"]
+    work = Path(tempfile.mkdtemp(prefix="tserve-bench-vit-"))
+    d = make_vit(shape, work / "vit")
+    rows = hf_rows(d, shape, args) + tserve_rows(d, pngs(args.images, shape["image_size"]), args, work)
+    print(f"\nViT {shape}, random weights, {args.images} images, {args.threads} threads per system; images/s\n")
+    print("| system | images/s |\n|---|---|")
+    for r in rows:
+        print(f"| {r.system} | {r.images_per_s:.1f} |")
+    by = {r.system: r.images_per_s for r in rows}
+    print(f"\ntserve 1 client / HF batch 1: {by['tserve HTTP, 1 client'] / by['HF, batch 1']:.2f}x; "
+          f"tserve {args.clients} clients / HF batch {args.hf_batch}: "
+          f"{by[f'tserve HTTP, {args.clients} clients'] / by[f'HF, batch {args.hf_batch}']:.2f}x")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
