@@ -200,14 +200,11 @@ class Seq2SeqRunner:
         rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
         log_probs = self.pipeline.constrain(torch.log_softmax(logits[idx].float(), dim=-1), rows)
         filled = max(s.search.step_index for s in group) + 1  # positions of the cache written so far
-        parents = BeamSearch.advance_many([s.search for s in group], log_probs).tolist()
-        # Each beam row takes its parent's cache: only the rows whose parent is another row move, and only the
-        # positions written so far (copying whole slots cost more than the decoder step itself).
-        moves = [(s.rows[p], row) for s, ps in zip(group, parents, strict=True)
-                 for row, p in zip(s.rows, ps, strict=True) if s.rows[p] != row]
-        if moves:
-            src, dst = zip(*moves, strict=True)
-            self.cache.self_kv.copy_slots(torch.tensor(src, device=dev), torch.tensor(dst, device=dev), filled)
+        parents = BeamSearch.advance_many([s.search for s in group], log_probs)
+        # Each beam row takes its parent's cache, only the positions written so far: copying whole slots cost
+        # more than the decoder step itself. Rows are chosen on the device (no host sync per group).
+        cache_rows = torch.tensor([s.rows for s in group], device=dev)  # (R, num_beams)
+        self.cache.self_kv.copy_slots(cache_rows.gather(1, parents).flatten(), cache_rows.flatten(), filled)
 
     def append(self, seq: TranslationSequence, token: int | None) -> str | None:
         """Record a greedy token (beam requests: None) and return the finish reason when `seq` has ended."""

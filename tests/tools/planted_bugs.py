@@ -56,8 +56,8 @@ BUGS = [
          "tests/http/test_http.py::test_bad_input_gets_4xx",)),
     # The one-request path runs the same runner, so only a reference outside it (transformers) catches this.
     Bug("beams-keep-their-own-cache-rows", "model/decoding/seq2seq_runner.py",
-        "for row, p in zip(s.rows, ps, strict=True) if s.rows[p] != row]",
-        "for row, p in zip(s.rows, ps, strict=True) if False]",
+        "self.cache.self_kv.copy_slots(cache_rows.gather(1, parents).flatten(), cache_rows.flatten(), filled)",
+        "self.cache.self_kv.copy_slots(cache_rows.flatten(), cache_rows.flatten(), filled)",
         ("tests/model/test_hf_parity.py::test_marian_beam_search_identical",
          "tests/engine/test_translation_engine.py::test_marian_parity_through_the_engine")),
     Bug("translation-reads-the-first-requests-source", "model/decoding/seq2seq_runner.py",
