@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.kv_cache import LayerKV
+from model.kv_cache import LayerKV, SharedSources
 
 BACKENDS = ("math", "sdpa", "flash")
 
@@ -211,13 +211,17 @@ class Attention(nn.Module):
         cache: KVWriter | None = None,
         context: Tensor | None = None,
         context_kv: tuple[Tensor, Tensor] | None = None,
+        shared_sources: SharedSources | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, C). Returns (output (B, T, C), probabilities (B, H, T, Tk) or None).
 
         Self-attention: new keys/values are written to `cache` (if given), which returns what to attend
-        over. Cross-attention: keys/values come from `context_kv` (cached) or are projected from `context`.
+        over. Cross-attention: keys/values come from `context_kv` (cached) or are projected from `context`;
+        with `shared_sources`, `context_kv` and `mask` hold one entry per distinct source, not per row.
         """
+        if self.cross and shared_sources is not None and not need_weights:
+            return self._attend_shared(x, context_kv, mask, shared_sources), None
         if self.cross:
             q = self._heads(self.q(x))
             k, v = context_kv if context_kv is not None else self.project_kv(context)
@@ -238,6 +242,17 @@ class Attention(nn.Module):
         out, probs = attend(q, k, v, mask, is_causal, dropout_p)
         B, _, T, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, T, -1)), probs
+
+    def _attend_shared(self, x: Tensor, context_kv: tuple[Tensor, Tensor], mask: Tensor | None,
+                       shared: SharedSources) -> Tensor:
+        """One token per row (x: (B, 1, C)); the rows of each source attend as one query block."""
+        B, _, C = x.shape
+        q = self.q(x).view(B, self.n_heads, self.d_head)
+        q = torch.cat([q, q.new_zeros(1, self.n_heads, self.d_head)])[shared.query_rows]  # (U, G, H, D)
+        k, v = context_kv
+        out, _ = self._attend(q.transpose(1, 2), k, v, mask, False, 0.0)  # (U, H, G, D)
+        out = out.transpose(1, 2).reshape(-1, C)[shared.row_positions]
+        return self.proj(out.view(B, 1, C))
 
 
 def _direct_decode(q: Tensor, cache: KVWriter) -> bool:

@@ -115,6 +115,40 @@ def consecutive_start(slots: Tensor) -> int | None:
     return values[0] if values == list(range(values[0], values[0] + len(values))) else None
 
 
+@dataclass
+class SharedSources:
+    """Decoder rows grouped by the cross-attention slot they read (the beams of one request read one
+    source). Cross-attention then reads each source once and attends with its rows as extra queries,
+    where a per-row read copies every source's keys and values once per beam."""
+
+    slots: Tensor  # (U,) the distinct cross slots, in order of first use
+    first_slot: int | None  # `consecutive_start(slots)`
+    query_rows: Tensor  # (U, G) the rows of each source; B (one padding query) where a source has fewer
+    row_positions: Tensor  # (B,) each row's place in the flattened (U * G) queries
+
+    @staticmethod
+    def of(cross_slots: Tensor) -> SharedSources | None:
+        """The grouping of `cross_slots` (B,) when some rows share a source, on the CPU; else None (each row
+        reads its own source; on CUDA a gather keeps shapes static for CUDA graphs)."""
+        if cross_slots.device.type != "cpu":
+            return None
+        rows_of: dict[int, list[int]] = {}
+        for row, slot in enumerate(cross_slots.tolist()):
+            rows_of.setdefault(slot, []).append(row)
+        n_rows = cross_slots.numel()
+        if len(rows_of) == n_rows:
+            return None
+        width = max(len(rows) for rows in rows_of.values())
+        positions = [0] * n_rows
+        for u, rows in enumerate(rows_of.values()):
+            for g, row in enumerate(rows):
+                positions[row] = u * width + g
+        slots = torch.tensor(list(rows_of))
+        return SharedSources(slots, consecutive_start(slots),
+                             torch.tensor([rows + [n_rows] * (width - len(rows)) for rows in rows_of.values()]),
+                             torch.tensor(positions))
+
+
 class SlotAllocator:
     """Free list of cache slots; the lowest free slot is handed out first (deterministic)."""
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from model.attention import Attention, KVWriter, Rotary
 from model.config import BlockConfig
+from model.kv_cache import SharedSources
 
 
 class RMSNorm(nn.Module):
@@ -118,6 +119,7 @@ class Block(nn.Module):
         context: Tensor | None = None,
         context_kv: tuple[Tensor, Tensor] | None = None,
         context_mask: Tensor | None = None,
+        shared_sources: SharedSources | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Returns (x, self-attention probabilities, cross-attention probabilities); the probabilities
@@ -135,7 +137,8 @@ class Block(nn.Module):
                 x,
                 self.norm_cross,
                 lambda h: self.cross_attn(
-                    h, mask=context_mask, context=context, context_kv=context_kv, need_weights=need_weights
+                    h, mask=context_mask, context=context, context_kv=context_kv,
+                    shared_sources=shared_sources, need_weights=need_weights,
                 ),
             )
         x, _ = self._sublayer(x, self.norm2, lambda h: (self.mlp(h), None))

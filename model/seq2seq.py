@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from model.attention import Rotary, causal_mask, padding_mask
 from model.config import Seq2SeqConfig
 from model.decoder import _init_weights
-from model.kv_cache import KVCache, consecutive_start
+from model.kv_cache import KVCache, SharedSources, consecutive_start
 from model.layers import Block, make_norm, sinusoidal_table
 
 
@@ -183,8 +183,13 @@ class Seq2Seq(nn.Module):
         positions = positions[:, None]
         x, rotary = self._embed(tokens[:, None], positions, "dec")
         mask = causal_mask(positions, kv_len)
+        shared = SharedSources.of(cross_slots)
+        if shared is not None:  # beams: each source read once, its rows attend as one query block
+            cross_slots, first_cross = shared.slots, shared.first_slot
+        else:
+            first_cross = consecutive_start(cross_slots)
         context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
-        first_slot, first_cross = consecutive_start(slots), consecutive_start(cross_slots)
+        first_slot = consecutive_start(slots)
         for i, block in enumerate(self.decoder):
             x, _, _ = block(
                 x,
@@ -193,6 +198,7 @@ class Seq2Seq(nn.Module):
                 cache=cache.self_kv.layer(i, slots, positions, kv_len, first_slot),
                 context_kv=cache.cross_kv.read(i, cross_slots, src_len, first_cross),
                 context_mask=context_mask,
+                shared_sources=shared,
             )
         cache.self_kv.lengths[slots] = positions[:, 0] + 1
         return self._logits(self.dec_norm(x[:, 0]))

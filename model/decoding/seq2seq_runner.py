@@ -204,7 +204,12 @@ class Seq2SeqRunner:
         # Each beam row takes its parent's cache, only the positions written so far: copying whole slots cost
         # more than the decoder step itself. Rows are chosen on the device (no host sync per group).
         cache_rows = torch.tensor([s.rows for s in group], device=dev)  # (R, num_beams)
-        self.cache.self_kv.copy_slots(cache_rows.gather(1, parents).flatten(), cache_rows.flatten(), filled)
+        src, dst = cache_rows.gather(1, parents).flatten(), cache_rows.flatten()
+        if dev.type == "cpu":  # a beam that continues itself keeps its row (on CUDA: no host sync)
+            moved = src != dst
+            src, dst = src[moved], dst[moved]
+        if src.numel():
+            self.cache.self_kv.copy_slots(src, dst, filled)
 
     def append(self, seq: TranslationSequence, token: int | None) -> str | None:
         """Record a greedy token (beam requests: None) and return the finish reason when `seq` has ended."""

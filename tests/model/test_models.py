@@ -7,7 +7,7 @@ import torch
 
 from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig, load_config
 from model.decoder import Decoder
-from model.kv_cache import KVCache, SlotAllocator, consecutive_start
+from model.kv_cache import KVCache, SharedSources, SlotAllocator, consecutive_start
 from model.layers import set_attention_backend
 from model.seq2seq import Seq2Seq
 from model.vit import ViT
@@ -124,6 +124,32 @@ def test_seq2seq_cached_equals_teacher_forcing_with_padding(variant):
     with torch.no_grad():
         alone = model(src[1:, :5], src_len[1:], tgt[1:])
     torch.testing.assert_close(alone[0], full[1], atol=1e-5, rtol=1e-5)
+
+
+def test_rows_sharing_a_source_attend_to_it_as_one_query_block():
+    """Beams read their source's cross-attention keys once (`SharedSources`): rows of unequal groups,
+    interleaved, each with its own target, get exactly their own teacher-forced logits."""
+    model = _seq2seq()
+    with torch.no_grad():  # sharp cross-attention: each row's output depends on its own query
+        for block in model.decoder:
+            block.cross_attn.q.weight.mul_(30)
+    g = torch.Generator().manual_seed(5)
+    src = torch.randint(3, 53, (3, 9), generator=g)
+    src_len = torch.tensor([9, 4, 7])
+    source_of_row = torch.tensor([1, 0, 2, 1, 1, 0])  # source 1 has three rows, 0 two, 2 one
+    tgt = torch.randint(3, 53, (6, 5), generator=g)
+    with torch.no_grad():
+        full = model(src[source_of_row], src_len[source_of_row], tgt)
+    cache = model.new_cache(8, 4, max_target_len=8, max_source_len=12)
+    cross = torch.tensor([3, 0, 1])
+    model.start(src, src_len, cache, cross)
+    shared = SharedSources.of(cross[source_of_row])
+    assert shared is not None and shared.slots.tolist() == [0, 3, 1] and shared.query_rows.shape == (3, 3)
+    slots = torch.tensor([7, 2, 5, 0, 4, 1])
+    for t in range(5):
+        logits = model.decode_step(tgt[:, t], torch.full((6,), t), cache, slots, cross[source_of_row])
+        torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
+    assert SharedSources.of(torch.tensor([2, 0, 1])) is None  # nothing shared: each row reads its own
 
 
 def test_seq2seq_attention_maps():
