@@ -67,6 +67,12 @@ class TranslationSequence:
             0, torch.tensor(self.generated, dtype=torch.long, device=device), torch.ones(len(self.generated),
                                                                                         device=device))
 
+    def batch_places(self) -> list[int]:
+        """Each beam's place among this sequence's rows in a decoder batch, which lists them by slot (so that
+        consecutive slots are read through a view) while `rows[j]` is beam j's row."""
+        by_slot = sorted(self.rows)
+        return [by_slot.index(r) for r in self.rows]
+
     @property
     def output_ids(self) -> list[int]:
         """The translation's ids so far (the best hypothesis once a beam search is done); eos included."""
@@ -141,16 +147,16 @@ class Seq2SeqRunner:
         rows, crosses, tokens, positions, spans = [], [], [], [], []
         beam_rows: list[int] = []
         for s in seqs:
-            n = len(s.rows)
-            spans.append((len(rows), len(rows) + n))
+            n, start = len(s.rows), len(rows)
+            spans.append((start, start + n))
             if s.greedy:
                 tokens.append(s.generated[-1] if s.generated else self.cfg.decoder_start_token_id)
                 positions.append(len(s.generated))
             else:
-                beam_rows += range(len(rows), len(rows) + n)
+                beam_rows += [start + place for place in s.batch_places()]
                 tokens += [0] * n  # filled in on the device below
                 positions += [s.search.step_index] * n
-            rows += s.rows
+            rows += sorted(s.rows)
             crosses += [s.cross_slot] * n
         dev = self.device
         token_ids = torch.tensor(tokens, device=dev)
@@ -196,20 +202,45 @@ class Seq2SeqRunner:
 
     def _advance_beams(self, group: list[TranslationSequence], logits: Tensor, span: dict[int, tuple[int, int]]) -> None:
         dev = logits.device
-        idx = torch.tensor([i for s in group for i in range(*span[id(s)])], device=dev)
+        idx = torch.tensor([span[id(s)][0] + place for s in group for place in s.batch_places()], device=dev)
         rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
         log_probs = self.pipeline.constrain(torch.log_softmax(logits[idx].float(), dim=-1), rows)
         filled = max(s.search.step_index for s in group) + 1  # positions of the cache written so far
         parents = BeamSearch.advance_many([s.search for s in group], log_probs)
-        # Each beam row takes its parent's cache, only the positions written so far: copying whole slots cost
-        # more than the decoder step itself. Rows are chosen on the device (no host sync per group).
-        cache_rows = torch.tensor([s.rows for s in group], device=dev)  # (R, num_beams)
-        src, dst = cache_rows.gather(1, parents).flatten(), cache_rows.flatten()
-        if dev.type == "cpu":  # a beam that continues itself keeps its row (on CUDA: no host sync)
-            moved = src != dst
-            src, dst = src[moved], dst[moved]
+        # Each beam needs its parent's cache, only the positions written so far: copying whole slots cost more
+        # than the decoder step itself.
+        if dev.type == "cpu":
+            src, dst = self._reassign_rows(group, parents.tolist())
+            src, dst = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
+        else:  # rows chosen on the device: no host sync per group, every row copied
+            cache_rows = torch.tensor([s.rows for s in group], device=dev)  # (R, num_beams)
+            src, dst = cache_rows.gather(1, parents).flatten(), cache_rows.flatten()
         if src.numel():
             self.cache.self_kv.copy_slots(src, dst, filled)
+
+    @staticmethod
+    def _reassign_rows(group: list[TranslationSequence], parents: list[list[int]]) -> tuple[list[int], list[int]]:
+        """Give each new beam a row: the first child of a parent continues in the parent's row, further children
+        take the rows of parents that left none. Returns the (source, destination) rows to copy: one per extra
+        child, where keeping beam j in row j copies nearly every row at every step."""
+        src: list[int] = []
+        dst: list[int] = []
+        for seq, beam_parents in zip(group, parents, strict=True):
+            old = seq.rows
+            new: list[int | None] = [None] * len(beam_parents)
+            continued: set[int] = set()
+            for j, p in enumerate(beam_parents):
+                if p not in continued:
+                    continued.add(p)
+                    new[j] = old[p]
+            spare = iter([old[p] for p in range(len(old)) if p not in continued])
+            for j, p in enumerate(beam_parents):
+                if new[j] is None:
+                    new[j] = next(spare)
+                    src.append(old[p])
+                    dst.append(new[j])
+            seq.rows = new
+        return src, dst
 
     def append(self, seq: TranslationSequence, token: int | None) -> str | None:
         """Record a greedy token (beam requests: None) and return the finish reason when `seq` has ended."""
