@@ -26,6 +26,7 @@ from torch import nn
 
 from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.decoder import Decoder
+from model.packed_linear import pack_linears
 from model.preprocessing import ImagePreprocessing
 from model.quantize import QUANTIZATIONS, quantize_int8
 from model.seq2seq import Seq2Seq
@@ -73,6 +74,7 @@ class LoadedModel:
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     source_format: str = "tserve"  # or "hf-gpt2", "hf-marian", "hf-vit"
     quantization: str = "none"  # or "int8": the linear layers hold int8 weights
+    parameter_count: int = 0  # counted at load: packed and int8 layers hold their weights outside `parameters()`
 
     @property
     def device(self) -> torch.device:
@@ -87,7 +89,7 @@ class LoadedModel:
         return self.config.architecture
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        return self.parameter_count or sum(p.numel() for p in self.model.parameters())
 
 
 def build_model(config: BlockConfig, backend: str = "auto") -> nn.Module:
@@ -189,9 +191,11 @@ def load(
     dtype: str | torch.dtype | None = None,
     backend: str = "auto",
     quantize: str = "none",
+    pack_weights: bool = False,
 ) -> LoadedModel:
     """Load our checkpoint or a Hugging Face GPT-2 / Marian / ViT directory onto `device`. `quantize="int8"`:
-    int8 weights for every linear layer (`model.quantize`; float32 on the CPU only)."""
+    int8 weights for every linear layer (`model.quantize`; float32 on the CPU only). `pack_weights`: float32
+    linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only)."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
     path = Path(path)
@@ -216,10 +220,12 @@ def load(
     dev = resolve_device(device)
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
-    parameters = loaded.num_parameters()  # before int8 layers pack their weights out of `parameters()`
+    loaded.parameter_count = parameters = loaded.num_parameters()
     if quantize == "int8":
         quantize_int8(loaded.model)
         loaded.quantization = "int8"
+    elif pack_weights:
+        pack_linears(loaded.model)
     log.info(
         "model loaded",
         extra={"path": str(path), "task": loaded.task, "format": loaded.source_format, "device": str(dev),

@@ -1,0 +1,52 @@
+"""`load(..., pack_weights=True)` (what the server loads): every float32 linear layer on the CPU runs on a
+pre-packed weight and computes what `nn.Linear` computes; a row's result does not depend on how many rows
+share the product."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from model.checkpoint import load
+from model.packed_linear import PackedLinear, pack_linears
+
+
+def _inputs(loaded, which: str) -> tuple:  # noqa: ANN001
+    if which == "lm":
+        return (torch.tensor([loaded.tokenizer.encode("Hello world, good morning to you")]),)
+    if which == "mt":
+        src = torch.tensor([loaded.tokenizer.encode("Good morning, my friend.")])
+        return src, torch.tensor([src.size(1)]), torch.tensor([[loaded.config.decoder_start_token_id, 5, 6, 7]])
+    cfg = loaded.config
+    return (torch.rand(2, cfg.n_channels, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(0)),)
+
+
+@pytest.mark.parametrize("which", ["lm", "mt", "vit"])
+def test_packed_linear_layers_compute_what_nn_linear_computes(which, tiny_lm, tiny_mt, tiny_vit):
+    path = {"lm": tiny_lm, "mt": tiny_mt, "vit": tiny_vit}[which]
+    plain, packed = load(path), load(path, pack_weights=True)
+    n_linear = sum(type(m) is nn.Linear for m in plain.model.modules())
+    assert n_linear > 0 and not any(type(m) is nn.Linear for m in packed.model.modules())
+    assert sum(isinstance(m, PackedLinear) for m in packed.model.modules()) == n_linear
+    assert packed.num_parameters() == plain.num_parameters()
+    with torch.inference_mode():
+        torch.testing.assert_close(packed.model(*_inputs(packed, which)), plain.model(*_inputs(plain, which)),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_a_row_gets_the_same_result_in_any_batch():
+    torch.manual_seed(0)
+    layer = PackedLinear(nn.Linear(64, 96))
+    x = torch.randn(40, 64)
+    with torch.inference_mode():
+        together = layer(x)
+        for rows in (1, 3, 7, 16, 33):
+            assert torch.equal(layer(x[:rows]), together[:rows])
+
+
+def test_other_dtypes_and_int8_keep_their_layers(tiny_lm):
+    model = load(tiny_lm, dtype="bfloat16").model
+    assert pack_linears(model) == 0 and any(type(m) is nn.Linear for m in model.modules())
+    int8 = load(tiny_lm, quantize="int8", pack_weights=True)
+    assert int8.quantization == "int8" and not any(isinstance(m, PackedLinear) for m in int8.model.modules())
