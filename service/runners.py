@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import warnings
+from dataclasses import dataclass
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from model.checkpoint import LoadedModel
 from model.decoding import TranslationJob, translation_job
+from model.segmentation import Document, split_document
 
 
 class InvalidInput(ValueError):
@@ -24,6 +26,14 @@ class InvalidInput(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Translation
 # --------------------------------------------------------------------------------------------------
+@dataclass
+class DocumentJob:
+    """One input text: its layout and segments (`model.segmentation.Document`) and a job per segment."""
+
+    document: Document
+    jobs: list[TranslationJob]
+
+
 class Translator:
     """Validation of translation requests against the checkpoint's limits and generation defaults."""
 
@@ -38,6 +48,21 @@ class Translator:
         if max_tokens is not None and max_tokens > self.cfg.max_target_len:
             raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
         return translation_job(self.loaded, ids, num_beams, max_tokens)
+
+    def document(self, text: str, num_beams: int | None, max_tokens: int | None) -> DocumentJob:
+        """`text` as sentences (`model.segmentation`), each cut further until the model takes it whole; one
+        job per segment."""
+        if max_tokens is not None and max_tokens > self.cfg.max_target_len:
+            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
+        ids: dict[str, list[int]] = {}
+
+        def fits(segment: str) -> bool:
+            ids[segment] = self.tokenizer.encode(segment)
+            return len(ids[segment]) <= self.cfg.max_source_len
+
+        doc = split_document(text, fits)
+        return DocumentJob(doc, [translation_job(self.loaded, ids.get(seg) or self.tokenizer.encode(seg), num_beams,
+                                                 max_tokens) for seg in doc.segments])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -88,7 +88,8 @@ class TranslationRequest(_Request):
     model: str | None = None
     input: str | list[str]
     num_beams: int | None = Field(None, ge=1, le=16)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, description="new tokens per sentence")
+    n: int = Field(1, ge=1, le=16, description="alternatives per input, best first (at most num_beams)")
     stream: bool = False
     return_attention: AttentionSelection | None = None
 
@@ -184,9 +185,16 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class Alternative(BaseModel):
+    translation: str
+    score: float
+
+
 class TranslationItem(BaseModel):
     index: int
     translation: str
+    score: float = Field(description="length-normalised log-probability (token-weighted mean over sentences)")
+    alternatives: list[Alternative] | None = Field(None, description="with n > 1: best first, distinct")
     attention: AttentionMaps | None = Field(None, description="with return_attention")
 
 

@@ -158,6 +158,13 @@ class BeamSearch:
         n = int(self.finished_lengths[0])
         return self.finished[0, 1 : 1 + n].tolist()
 
+    def hypotheses(self, n: int) -> list[tuple[list[int], float]]:
+        """Up to `n` finished hypotheses, best first: (generated ids, eos included when reached; score)."""
+        lengths, scores = self.finished_lengths.tolist(), self.finished_scores.tolist()
+        done = self.is_finished.tolist()
+        return [(self.finished[i, 1 : 1 + lengths[i]].tolist(), scores[i])
+                for i in range(min(n, len(done))) if done[i] or i == 0]
+
     @property
     def best_score(self) -> float:
         return float(self.finished_scores[0])

@@ -23,6 +23,7 @@ from model.decoding.beam_search import BeamSearch, BeamSettings
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
 from model.kv_cache import SlotAllocator
+from model.tokenizer import Tokenizer
 
 Spans = list[tuple[int, int]]  # each request's rows in the decoder batch
 
@@ -52,6 +53,7 @@ class TranslationSequence:
         self.cross_slot = -1
         self.search: BeamSearch | None = None
         self.generated: list[int] = []  # greedy output so far (eos included once reached)
+        self.logprob_sum = 0.0  # greedy: the model's log-probability of `generated`
         self.finish_reason: str | None = None
 
     @property
@@ -102,6 +104,54 @@ class Seq2SeqRunner:
         g = self.gen
         return BeamSettings(num_beams=job.num_beams, max_new_tokens=job.max_new_tokens, eos_token_id=self.eos,
                             length_penalty=g.length_penalty, early_stopping=g.early_stopping)
+
+    def final_hypotheses(self, seq: TranslationSequence, tokenizer: Tokenizer) -> list[tuple[str, list[int], float]]:
+        """A finished sequence's translations as (text, ids, score), distinct, best first. The score is that of
+        the text's own tokens: a hypothesis spelled with other tokens than its text encodes to (e.g. "Druck" +
+        "er." for "Drucker" + ".") is scored again by teacher forcing those tokens, so that re-scoring a
+        returned text always gives its score. Of hypotheses with the same text, the best scored one stays."""
+        best: dict[str, tuple[list[int], float]] = {}
+        respell: list[tuple[str, list[int]]] = []
+        for ids, score in self.hypotheses(seq):
+            text = tokenizer.decode(ids)
+            own = tokenizer.encode_target(text)
+            if not ids or ids[-1] != self.eos:
+                own = [t for t in own if t != self.eos]
+            if own == ids:
+                if text not in best or score > best[text][1]:
+                    best[text] = (ids, score)
+            else:
+                respell.append((text, own))
+        for (text, ids), score in zip(respell, self.teacher_forced_scores(seq, [ids for _, ids in respell]),
+                                      strict=True):
+            if text not in best or score > best[text][1]:
+                best[text] = (ids, score)
+        return sorted(((text, ids, score) for text, (ids, score) in best.items()), key=lambda h: -h[2])
+
+    def teacher_forced_scores(self, seq: TranslationSequence, targets: list[list[int]]) -> list[float]:
+        """The score beam search would give each target id list (eos included where it ends on eos)."""
+        if not targets:
+            return []
+        start, pad = self.cfg.decoder_start_token_id, self.cfg.pad_token_id
+        width = max(len(t) for t in targets)
+        dec = torch.full((len(targets), width), pad, dtype=torch.long)
+        for i, t in enumerate(targets):
+            dec[i, : len(t)] = torch.tensor([start] + t[:-1])
+        src = torch.tensor([seq.job.source_ids] * len(targets))
+        with torch.inference_mode():
+            logits = self.model(src.to(self.device), torch.tensor([src.size(1)] * len(targets), device=self.device),
+                                dec.to(self.device))
+        log_probs = torch.log_softmax(logits.float(), dim=-1).cpu()
+        return [log_probs[i, torch.arange(len(t)), torch.tensor(t)].sum().item() / max(len(t), 1) **
+                self.gen.length_penalty for i, t in enumerate(targets)]
+
+    def hypotheses(self, seq: TranslationSequence) -> list[tuple[list[int], float]]:
+        """A finished sequence's hypotheses, best first, with the score beam search ranks by: the sum of the
+        model's log-probabilities of the generated ids (eos included) over their number ** length_penalty.
+        Greedy: its one output, scored the same way."""
+        if not seq.greedy:
+            return seq.search.hypotheses(seq.job.num_beams)
+        return [(seq.generated, seq.logprob_sum / max(len(seq.generated), 1) ** self.gen.length_penalty)]
 
     # ----------------------------------------------------------------------------------------------
     # Rows
@@ -185,8 +235,12 @@ class Seq2SeqRunner:
         chosen: dict[int, int] = {}
         if greedy:
             scores = logits[torch.tensor([span[id(s)][0] for s in greedy], device=logits.device)]
-            chosen = dict(zip(map(id, greedy), self.pipeline.constrain(scores, greedy).argmax(dim=-1).tolist(),
-                              strict=True))
+            log_probs = torch.log_softmax(scores.float(), dim=-1)  # before the constraints, which write in place
+            tokens = self.pipeline.constrain(scores, greedy).argmax(dim=-1)
+            picked = torch.stack((tokens.float(), log_probs.gather(1, tokens[:, None])[:, 0])).tolist()
+            for s, token, logprob in zip(greedy, picked[0], picked[1], strict=True):
+                chosen[id(s)] = int(token)
+                s.logprob_sum += logprob
         groups: dict[tuple, list[TranslationSequence]] = {}
         for s in seqs:
             if not s.greedy:

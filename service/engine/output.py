@@ -4,6 +4,8 @@ its finish rule (eos, max_tokens, context) and says which (`finish`). No model w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from model.decoding import StopStrings
 from model.decoding.lm_runner import StepLogprobs
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -33,15 +35,26 @@ def text_event(detok: IncrementalDetokenizer, stops: StopStrings, token: int, is
     return Event(text, [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish)
 
 
-def greedy_translation_event(detok: IncrementalDetokenizer, token: int, finish: str | None) -> Event:
-    """A greedy translation streams its text token by token; the eos that ends it adds no text."""
+@dataclass
+class Hypothesis:
+    """One finished translation: its text, ids (eos included when reached) and the score beam search ranks by."""
+
+    text: str
+    token_ids: list[int]
+    score: float
+
+
+def greedy_translation_event(detok: IncrementalDetokenizer, token: int, finish: str | None,
+                             final: list[Hypothesis] | None = None) -> Event:
+    """A greedy translation streams its text token by token; the eos that ends it adds no text. The last
+    event carries the finished hypothesis (`final`) as its result."""
     if finish == "stop":  # eos
         text = detok.flush()
     else:
         text = detok.push(token) + (detok.flush() if finish else "")
-    return Event(text, [token], finish_reason=finish)
+    return Event(text, [token], finish_reason=finish, result=final)
 
 
-def beam_translation_event(tokenizer: Tokenizer, output_ids: list[int], finish: str) -> Event:
-    """A beam search answers once, with its best hypothesis."""
-    return Event(tokenizer.decode(output_ids), output_ids, finish_reason=finish)
+def beam_translation_event(final: list[Hypothesis], finish: str) -> Event:
+    """A beam search answers once, with its best hypothesis as the text and all of them as the result."""
+    return Event(final[0].text, final[0].token_ids, finish_reason=finish, result=final)

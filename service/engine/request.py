@@ -61,6 +61,12 @@ class EngineRequest:
         self.cancelled = False
         self.finished = False
         self.last_emit = 0.0
+        # A client request submitted as several engine requests (a document's sentences) shares one `group`:
+        # it counts once toward --max-queue. `turn` orders admission: a request's k-th part waits behind every
+        # other request's earlier parts, so that a short request is not held back by a long document.
+        self.group: object = self
+        self.turn = 0
+        self.finished_step = -1  # the engine step at which it finished (-1: not yet)
 
     def cancel(self) -> None:
         """Called from the event loop when the client goes away; the engine frees its rows next step."""

@@ -46,6 +46,7 @@ class Scheduler:
         self._draining = False
         self._thread: threading.Thread | None = None
         self.restarts = 0
+        self.steps = 0  # steps taken so far (each request records the one it finished at)
         # Tests only: called with each request as it is processed after a step; raising fails that request.
         self.fault_hook: Callable[[EngineRequest], None] | None = None
         self.m = metrics.for_model(name)
@@ -80,8 +81,11 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
-    def _enqueue(self, req: EngineRequest) -> None:
-        """Queue a request (raises QueueFull). Must be called on the event loop."""
+    def _enqueue(self, req: EngineRequest, group: object | None = None, turn: int = 0) -> None:
+        """Queue a request (raises QueueFull), as part `turn` of client request `group` when given. Must be
+        called on the event loop."""
+        if group is not None:
+            req.group, req.turn = group, turn
         with self._lock:
             if self._draining:
                 raise QueueFull(f"model {self.name!r} is shutting down")
@@ -91,26 +95,32 @@ class Scheduler:
                                                               if not isinstance(r, CallRequest))
                 if not isinstance(req, CallRequest) and self._rows_needed(req) > free:
                     raise QueueFull(f"model {self.name!r} has no free rows and no waiting room; retry later")
-            elif len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"model {self.name!r} has {len(self.waiting)} requests waiting; retry later")
+            elif req.group not in (groups := {r.group for r in self.waiting}) and len(groups) >= self.max_queue:
+                raise QueueFull(f"model {self.name!r} has {len(groups)} requests waiting; retry later")
             self.waiting.append(req)
-            self.m.queue_depth.set(len(self.waiting))
+            self.m.queue_depth.set(self.queue_depth)
         self._wake.set()
 
-    def submit_all(self, jobs: list[Any]) -> list[EngineRequest]:
+    def submit_all(self, jobs: list[Any], *, one_request: bool = False) -> list[EngineRequest]:
         """Queue every job or none: when one is refused (QueueFull, ValueError), those already queued are
-        cancelled and the error is raised."""
+        cancelled and the error is raised. `one_request`: the jobs are parts of one client request (a
+        document's sentences): they count once toward --max-queue and are admitted in turns with others."""
         submitted: list[EngineRequest] = []
+        group = object()
         try:
-            for job in jobs:
-                submitted.append(self.submit_job(job))
+            for turn, job in enumerate(jobs):
+                if one_request:
+                    submitted.append(self.submit_job(job, group=group, turn=turn))
+                else:
+                    submitted.append(self.submit_job(job))
         except (QueueFull, ValueError):
             for req in submitted:
                 req.cancel()
             raise
         return submitted
 
-    def submit_job(self, job: Any) -> EngineRequest:
+    def submit_job(self, job: Any, **part: Any) -> EngineRequest:
+        """Queue one job; `part` (group=, turn=) is passed on to `_enqueue` by engines that take documents."""
         raise NotImplementedError
 
     def call(self, fn: Callable[..., Any], *args: Any) -> CallRequest:
@@ -142,7 +152,8 @@ class Scheduler:
 
     @property
     def queue_depth(self) -> int:
-        return len(self.waiting)
+        """Client requests waiting (the parts of one count once)."""
+        return len({r.group for r in self.waiting})
 
     # ----------------------------------------------------------------------------------------------
     # Worker thread
@@ -202,6 +213,7 @@ class Scheduler:
                 self._fail(req, exc)
 
     def step(self) -> None:
+        self.steps += 1
         now = time.perf_counter()
         for req in [r for r in self.running if r.cancelled or now > r.deadline]:
             self._finish(req, None if req.cancelled else Event(error=RequestTimeout("request timed out")))
@@ -235,11 +247,13 @@ class Scheduler:
             self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
 
     def _admit(self, now: float) -> list[EngineRequest]:
-        """Waiting requests in arrival order, while their rows fit (no overtaking: a large request at the
-        head is not starved by small ones behind it)."""
+        """Waiting requests by turn, then in arrival order, while their rows fit (no overtaking: a large
+        request at the head is not starved by small ones behind it)."""
         admitted = []
         with self._lock:
             self._purge_cancelled()
+            if any(r.turn for r in self.waiting):  # a stable sort: arrival order within a turn
+                self.waiting = collections.deque(sorted(self.waiting, key=lambda r: r.turn))
             while self.waiting:
                 req = self.waiting[0]
                 if req.cancelled:
@@ -268,7 +282,7 @@ class Scheduler:
 
     def _finish(self, req: EngineRequest, event: Event | None) -> None:
         """Retire a request: free its rows and send its last event (None: it was cancelled)."""
-        req.finished = True
+        req.finished, req.finished_step = True, self.steps
         if req in self.running:
             self.running.remove(req)
         if not isinstance(req, CallRequest):
@@ -278,7 +292,7 @@ class Scheduler:
 
     def _update_gauges(self) -> None:
         m = self.m
-        m.queue_depth.set(len(self.waiting))
+        m.queue_depth.set(self.queue_depth)
         m.running.set(len(self.running))
         if self.reports_cache:
             m.kv_in_use.set(self.rows_in_use)

@@ -11,7 +11,7 @@ import torch
 from model.checkpoint import LoadedModel
 from model.decoding import Seq2SeqRunner, TranslationJob, TranslationSequence, translate
 from model.tokenizer import IncrementalDetokenizer
-from service.engine.output import beam_translation_event, greedy_translation_event
+from service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
 from service.engine.request import EngineRequest
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
@@ -34,17 +34,18 @@ class TranslationEngine(Scheduler):
         self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs)
         self.rows, self.cross_slots = self.runner.rows, self.runner.cross_slots
 
-    def submit(self, job: TranslationJob) -> TranslationRequest:
-        """Queue a translation (raises QueueFull or ValueError). Must be called on the event loop."""
+    def submit(self, job: TranslationJob, group: object | None = None, turn: int = 0) -> TranslationRequest:
+        """Queue a translation (raises QueueFull or ValueError), as part `turn` of client request `group` when
+        given (a document's sentences). Must be called on the event loop."""
         if job.num_beams > self.rows.num_slots:
             raise ValueError(f"num_beams {job.num_beams} exceeds the {self.rows.num_slots} decoder rows this "
                              "server runs (--max-running-requests)")
         req = TranslationRequest(job, time.perf_counter() + self.timeout_s, IncrementalDetokenizer(self.tokenizer))
-        self._enqueue(req)
+        self._enqueue(req, group, turn)
         return req
 
-    def submit_job(self, job: TranslationJob) -> TranslationRequest:
-        return self.submit(job)
+    def submit_job(self, job: TranslationJob, **part: object) -> TranslationRequest:
+        return self.submit(job, **part)
 
     def warm_up(self) -> None:
         """One short source through this engine's runner (before `start`), greedy and with the checkpoint's
@@ -104,9 +105,10 @@ class TranslationEngine(Scheduler):
         def emit(req: TranslationRequest) -> None:
             self.m.generated_tokens.inc()
             finish = self.runner.append(req, token[id(req)])
+            final = None if finish is None else [Hypothesis(*h) for h in self.runner.final_hypotheses(req, self.tokenizer)]
             if req.greedy:
-                self._publish(req, greedy_translation_event(req.detok, token[id(req)], finish), now)
-            elif finish is not None:
-                self._publish(req, beam_translation_event(self.tokenizer, req.output_ids, finish), now)
+                self._publish(req, greedy_translation_event(req.detok, token[id(req)], finish, final), now)
+            elif final is not None:
+                self._publish(req, beam_translation_event(final, finish), now)
 
         self._each([r for r in reqs if id(r) not in failed], emit)

@@ -1,8 +1,10 @@
-"""`/v1/translations`: every input is a request of the translation engine (continuous batching, beams
-included); one greedy input can stream its text."""
+"""`/v1/translations`: every input is a document whose sentences are requests of the translation engine
+(continuous batching, beams included); one input can stream: a greedy sentence token by token, a document
+(or beams) segment by segment."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
 from service.connection import run_job
-from service.engine import QueueFull, TranslationEngine
+from service.engine import TranslationEngine
 from service.engine import TranslationRequest as EngineRequest
 from service.errors import bad_request, engine_failure
 from service.routes.deps import (
@@ -25,16 +27,24 @@ from service.routes.deps import (
     settings,
     sse,
 )
-from service.runners import InvalidInput, TranslationJob
+from service.runners import DocumentJob, InvalidInput
 from service.schemas import TranslationRequest, TranslationResponse
 from service.tasks import ServedTranslator
+from service.tasks.translation import TranslationOutput, assemble, collect_translation
 
 router = APIRouter(tags=["translation"])
 
 
-def _usage(jobs: list[TranslationJob], completion_tokens: int) -> dict[str, int]:
-    prompt = sum(len(j.source_ids) for j in jobs)
+def _usage(docs: list[DocumentJob], completion_tokens: int) -> dict[str, int]:
+    prompt = sum(len(j.source_ids) for d in docs for j in d.jobs)
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
+
+
+def _item(index: int, out: TranslationOutput, n: int) -> dict[str, Any]:
+    item = {"index": index, "translation": out.text, "score": out.score}
+    if n > 1:
+        item["alternatives"] = [{"translation": text, "score": score} for text, score in out.alternatives]
+    return item
 
 
 @router.post("/v1/translations", response_model=TranslationResponse, response_model_exclude_none=True,
@@ -50,49 +60,93 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         check_max_tokens(body.max_tokens, cfg.max_tokens_limit)
     log_inputs(request, inputs)
     try:
-        jobs = served.jobs(inputs, body.num_beams, body.max_tokens)
+        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n)
     except InvalidInput as exc:
         raise bad_request(str(exc), exc.code) from exc
-    if body.stream and (len(jobs) != 1 or jobs[0].num_beams != 1):
-        raise bad_request("streaming takes exactly one input and greedy decoding (num_beams 1)", "stream_unsupported")
-    longest = max(len(j.source_ids) for j in jobs)
-    steps = max(j.max_new_tokens for j in jobs) + 1
-    attention = attention_selection(served, body.return_attention, body.stream, len(jobs), steps,
-                                    steps + longest, cfg.max_attention_floats)
+    if body.stream and len(docs) != 1:
+        raise bad_request("streaming takes exactly one input", "stream_unsupported")
+    attention = None
+    if body.return_attention is not None:
+        if any(len(d.jobs) != 1 for d in docs):
+            raise bad_request("return_attention takes inputs of one sentence each", "invalid_attention_request")
+        jobs = [d.jobs[0] for d in docs]
+        longest = max(len(j.source_ids) for j in jobs)
+        steps = max(j.max_new_tokens for j in jobs) + 1
+        attention = attention_selection(served, body.return_attention, body.stream, len(jobs), steps,
+                                        steps + longest, cfg.max_attention_floats)
     if not body.stream:
-        results = await served.translate(request, jobs)
-        data = [{"index": i, "translation": text} for i, (text, _) in enumerate(results)]
+        outputs = await served.translate(request, docs, body.n)
+        data = [_item(i, out, body.n) for i, out in enumerate(outputs)]
         if attention is not None:
-            for item, job, (_, ids) in zip(data, jobs, results, strict=True):
+            for item, doc, out in zip(data, docs, outputs, strict=True):
                 maps = await run_job(request, engine, "attention", "invalid_attention_request",
-                                     translation_attention_ids, served.loaded, job.source_ids, ids, *attention)
+                                     translation_attention_ids, served.loaded, doc.jobs[0].source_ids,
+                                     out.token_ids, *attention)
                 item["attention"] = {"maps": [m.to_dict() for m in maps if m.module != "encoder.self"]}
         return {"object": "translation", "model": served.name, "data": data,
-                "usage": _usage(jobs, sum(len(ids) for _, ids in results))}
+                "usage": _usage(docs, sum(len(out.token_ids) for out in outputs))}
+    doc = docs[0]
+    submitted = served.submit(docs)[0]
+    base = {"object": "translation.chunk", "model": served.name}
+    if len(submitted) == 1 and submitted[0].greedy and body.n == 1:
+        return StreamingResponse(_token_chunks(engine, submitted[0], doc, base), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    return StreamingResponse(_segment_chunks(engine, submitted, doc, base, body.n),
+                             media_type="text/event-stream", headers=SSE_HEADERS)
 
+
+async def _token_chunks(engine: TranslationEngine, req: EngineRequest, doc: DocumentJob,
+                        base: dict[str, Any]) -> AsyncIterator[str]:
+    """One greedy sentence: its text as it is decoded; the layout around it in the first and last chunks."""
+    layout = doc.document.layout
+    text, tokens, first = "", 0, True
     try:
-        submitted: list[EngineRequest] = engine.submit_all(jobs)
-    except (QueueFull, ValueError) as exc:
-        raise engine_failure(exc, "translation") from exc
+        async for event in engine.stream(req):
+            tokens += len(event.token_ids)
+            if not event.text and event.finish_reason is None:
+                continue  # a token without text of its own yet (special, or part of a character)
+            delta = (layout[0] if first else "") + event.text + (layout[1] if event.finish_reason else "")
+            text, first = text + delta, False
+            item = {"index": 0, "translation": text, "delta": delta}
+            chunk = base | {"data": [item]}
+            if event.finish_reason is not None:
+                item["score"] = event.result[0].score
+                chunk |= {"finish_reason": event.finish_reason, "usage": _usage([doc], tokens)}
+            yield sse(chunk)
+    except Exception as exc:
+        err = engine_failure(exc, "translation")
+        yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
+    finally:
+        req.cancel()
+    yield SSE_DONE
 
-    async def chunks() -> AsyncIterator[str]:
-        base = {"object": "translation.chunk", "model": served.name}
-        text, tokens = "", 0
-        try:
-            async for event in engine.stream(submitted[0]):
-                text += event.text
-                tokens += len(event.token_ids)
-                if not event.text and event.finish_reason is None:
-                    continue  # a token without text of its own yet (special, or part of a character)
-                chunk = base | {"data": [{"index": 0, "translation": text, "delta": event.text}]}
-                if event.finish_reason is not None:
-                    chunk |= {"finish_reason": event.finish_reason, "usage": _usage(jobs, tokens)}
-                yield sse(chunk)
-        except Exception as exc:
-            err = engine_failure(exc, "translation")
-            yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
-        finally:
-            submitted[0].cancel()
-        yield SSE_DONE
 
-    return StreamingResponse(chunks(), media_type="text/event-stream", headers=SSE_HEADERS)
+async def _segment_chunks(engine: TranslationEngine, reqs: list[EngineRequest], doc: DocumentJob,
+                          base: dict[str, Any], n: int) -> AsyncIterator[str]:
+    """A document (or beams): each segment, once finished, in order; `delta` is the segment's translation
+    with the layout before it (and, for the last, after it), so that the deltas add up to the translation."""
+    layout = doc.document.layout
+    results = [asyncio.ensure_future(collect_translation(engine, r)) for r in reqs]
+    text, done = "", []
+    try:
+        for i, pending in enumerate(results):
+            seg = await pending
+            done.append(seg)
+            delta = layout[i] + seg.text + (layout[-1] if i == len(reqs) - 1 else "")
+            text += delta
+            item = {"index": 0, "segment": i, "translation": text, "delta": delta}
+            chunk = base | {"data": [item]}
+            if i == len(reqs) - 1:
+                out = assemble(doc, done, n)
+                item |= _item(0, out, n) | {"delta": delta, "segment": i}
+                chunk |= {"finish_reason": out.finish_reason,
+                          "usage": _usage([doc], sum(len(s.token_ids) for s in done))}
+            yield sse(chunk)
+    except Exception as exc:
+        err = engine_failure(exc, "translation")
+        yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
+    finally:
+        for r, pending in zip(reqs, results, strict=True):
+            r.cancel()
+            pending.cancel()
+    yield SSE_DONE

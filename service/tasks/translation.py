@@ -5,26 +5,76 @@ Inference Protocol's BYTES text in and out."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
 from model import attention_maps as am
+from model.segmentation import Document
 from service.connection import while_connected
 from service.engine import QueueFull, TranslationEngine, TranslationRequest
+from service.engine.output import Hypothesis
 from service.errors import OIPError, bad_request, engine_failure
-from service.runners import InvalidInput, TranslationJob
+from service.runners import DocumentJob, InvalidInput
 from service.schemas import AttentionRequest
 from service.tasks.base import AttentionResult, ServedModel, bytes_elements
 
 
-async def collect_translation(engine: TranslationEngine, req: TranslationRequest) -> tuple[str, list[int]]:
-    """The text and ids of one translation request, once it has finished."""
+@dataclass
+class SegmentResult:
+    text: str
+    token_ids: list[int]
+    hypotheses: list[Hypothesis]  # best first (beams: every finished one; greedy: its output)
+    finish_reason: str
+
+
+@dataclass
+class TranslationOutput:
+    """One input's answer: the segments' translations joined into the input's layout."""
+
+    text: str
+    token_ids: list[int]  # every segment's, in order
+    score: float  # token-weighted mean of the segments' scores
+    finish_reason: str  # "length" when any segment stopped at its length limit
+    alternatives: list[tuple[str, float]]  # best first, distinct; the first is (text, score)
+
+
+async def collect_translation(engine: TranslationEngine, req: TranslationRequest) -> SegmentResult:
+    """The text, ids and hypotheses of one translation request, once it has finished."""
     text, ids = "", []
     async for event in engine.stream(req):
         text += event.text
         ids += event.token_ids
-    return text, ids
+    return SegmentResult(text, ids, event.result, event.finish_reason)
+
+
+def weighted_score(parts: list[tuple[float, int]]) -> float:
+    """Mean of segment scores weighted by their token counts."""
+    tokens = sum(max(n, 1) for _, n in parts)
+    return sum(score * max(n, 1) for score, n in parts) / tokens
+
+
+def assemble(doc: DocumentJob, segments: list[SegmentResult], n: int) -> TranslationOutput:
+    """The document's translation and up to `n` distinct alternatives: alternative k joins each segment's
+    k-th best distinct hypothesis (its last one where it has fewer)."""
+    options = []
+    for seg in segments:
+        distinct: dict[str, Hypothesis] = {}
+        for h in seg.hypotheses:
+            distinct.setdefault(h.text, h)
+        options.append(list(distinct.values()))
+    alternatives: dict[str, float] = {}
+    for k in range(max(len(o) for o in options) if n > 1 else 1):
+        picks = [o[min(k, len(o) - 1)] for o in options]
+        text = doc.document.join([h.text for h in picks])
+        alternatives.setdefault(text, weighted_score([(h.score, len(h.token_ids)) for h in picks]))
+    best_text = doc.document.join([seg.text for seg in segments])
+    score = weighted_score([(seg.hypotheses[0].score, len(seg.token_ids)) for seg in segments])
+    alts = [(best_text, score)] + [(t, sc) for t, sc in alternatives.items() if t != best_text]
+    return TranslationOutput(best_text, [t for seg in segments for t in seg.token_ids], score,
+                             "length" if any(seg.finish_reason == "length" for seg in segments) else "stop",
+                             alts[:n])
 
 
 class ServedTranslator(ServedModel):
@@ -42,35 +92,54 @@ class ServedTranslator(ServedModel):
     def warm_up(self) -> None:
         self.engine.warm_up()
 
-    def jobs(self, texts: list[str], num_beams: int | None = None,
-             max_tokens: int | None = None) -> list[TranslationJob]:
-        """Engine jobs for texts, each checked against the server's and the model's limits (InvalidInput)."""
-        jobs, limit = [], self.settings.max_input_chars
+    def documents(self, texts: list[str], num_beams: int | None = None, max_tokens: int | None = None,
+                  n: int = 1) -> list[DocumentJob]:
+        """A document job (segments) per text, each checked against the server's and the model's limits
+        (InvalidInput)."""
+        docs, limit = [], self.settings.max_input_chars
+        beams = num_beams or self.loaded.generation.num_beams
+        if n > beams:
+            raise InvalidInput(f"n {n} exceeds num_beams {beams}: each alternative is a beam's hypothesis",
+                               "invalid_n")
         for i, text in enumerate(texts):
             if not text.strip():
                 raise InvalidInput(f"input {i} is empty", "empty_input")
             if len(text) > limit:
                 raise InvalidInput(f"input {i} has {len(text)} characters; the limit is {limit}", "input_too_long")
             try:
-                jobs.append(self.engine.translator.job(text, num_beams, max_tokens))
+                docs.append(self.engine.translator.document(text, num_beams, max_tokens))
             except InvalidInput as exc:
-                raise InvalidInput(f"input {i}: {exc}", "input_too_long") from exc
-        return jobs
+                raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
+        return docs
 
-    async def translate(self, request: Request, jobs: list[TranslationJob]) -> list[tuple[str, list[int]]]:
-        """(text, ids) of each job, as `/v1/translations` answers it; a client that leaves cancels them."""
-        engine = self.engine
+    def submit(self, docs: list[DocumentJob]) -> list[list[TranslationRequest]]:
+        """Queue every segment of every document as parts of one client request (raises the HTTP error)."""
         try:
-            reqs = engine.submit_all(jobs)
+            reqs = self.engine.submit_all([job for d in docs for job in d.jobs], one_request=True)
         except (QueueFull, ValueError) as exc:
             raise engine_failure(exc, "translation") from exc
+        out, start = [], 0
+        for d in docs:
+            out.append(reqs[start: start + len(d.jobs)])
+            start += len(d.jobs)
+        return out
+
+    async def translate(self, request: Request, docs: list[DocumentJob], n: int = 1) -> list[TranslationOutput]:
+        """Each document's translation, as `/v1/translations` answers it; a client that leaves cancels it."""
+        engine, parts = self.engine, self.submit(docs)
+        reqs = [r for p in parts for r in p]
         try:
-            return await while_connected(request, asyncio.gather(*(collect_translation(engine, r) for r in reqs)))
+            results = await while_connected(request, asyncio.gather(*(collect_translation(engine, r) for r in reqs)))
         except Exception as exc:
             raise engine_failure(exc, "translation") from exc
         finally:
             for r in reqs:
                 r.cancel()
+        out, start = [], 0
+        for d, p in zip(docs, parts, strict=True):
+            out.append(assemble(d, results[start: start + len(p)], n))
+            start += len(p)
+        return out
 
     # ----------------------------------------------------------------------------------------------
     async def attention_context(self, request: Request, body: AttentionRequest) -> list[int] | None:
@@ -82,7 +151,8 @@ class ServedTranslator(ServedModel):
             job = self.engine.translator.job(body.input, None, None)
         except ValueError as exc:
             raise bad_request(str(exc), "invalid_attention_request") from exc
-        return (await self.translate(request, [job]))[0][1]
+        doc = DocumentJob(Document([body.input], ["", ""]), [job])
+        return (await self.translate(request, [doc]))[0].token_ids
 
     def attention_maps(self, body: AttentionRequest, own_translation: list[int] | None) -> AttentionResult:
         tok, eos = self.loaded.tokenizer, self.loaded.config.eos_token_id
@@ -102,8 +172,8 @@ class ServedTranslator(ServedModel):
     async def oip_infer(self, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
         texts = bytes_elements(tensor, self.settings.max_prompts)
         try:
-            jobs = self.jobs(texts)
+            docs = self.documents(texts)
         except InvalidInput as exc:
             raise OIPError(400, str(exc)) from exc
-        out = [text for text, _ in await self.translate(request, jobs)]
+        out = [o.text for o in await self.translate(request, docs)]
         return [{"name": "translation", "datatype": "BYTES", "shape": [len(out)], "data": out}]

@@ -62,9 +62,9 @@ def test_forty_mixed_requests_equal_each_alone(mt):
         results = asyncio.run(all_at_once())
     finally:
         engine.stop()
-    for job, (text, ids), ref in zip(jobs, results, expected, strict=True):
-        assert ids == ref, job
-        assert text == mt.tokenizer.decode(ref)
+    for job, result, ref in zip(jobs, results, expected, strict=True):
+        assert result.token_ids == ref, job
+        assert result.text == mt.tokenizer.decode(ref)
     assert engine.rows_in_use == 0 and engine.cross_slots.num_used == 0
 
 
@@ -88,7 +88,7 @@ def test_cancel_frees_rows(mt):
         assert engine.rows_in_use == 0 and not engine.running
         # The rows are usable again.
         greedy = engine.translator.job("good morning", num_beams=1, max_tokens=5)
-        _, ids = await collect_translation(engine, engine.submit(greedy))
+        ids = (await collect_translation(engine, engine.submit(greedy))).token_ids
         assert ids == alone(mt, engine, greedy)
 
     try:
@@ -126,7 +126,8 @@ def test_marian_parity_through_the_engine(hf_marian):
     finally:
         engine.stop()
     pad = ours.config.pad_token_id
-    for job, (_, ids) in zip(jobs, results, strict=True):
+    for job, result in zip(jobs, results, strict=True):
+        ids = result.token_ids
         with torch.no_grad():
             ref = hf.generate(torch.tensor([job.source_ids]), num_beams=job.num_beams, do_sample=False,
                               max_new_tokens=20)

@@ -40,7 +40,7 @@ def checkpoints(tmp_path_factory):
 def server(checkpoints, tmp_path_factory):
     args = factories.model_flags(checkpoints)
     args += ["--max-running-requests", "8", "--max-body-bytes", "200000", "--max-image-bytes", "100000",
-             "--max-n", "4", "--max-prompts", "8", "--max-attention-floats", "5000",
+             "--max-n", "4", "--max-prompts", "8", "--max-attention-floats", "5000", "--max-input-chars", "20000",
              "--max-image-pixels", str(MAX_IMAGE_PIXELS)]
     srv = ServerProcess(args, tmp_path_factory.mktemp("logs") / "server.log").wait_ready()
     yield srv
@@ -390,9 +390,14 @@ BAD_INPUTS = [
     ("translations: empty list", "/v1/translations", {"json": {"input": []}}, 400),
     ("translations: input wrong type", "/v1/translations", {"json": {"input": {"a": 1}}}, 400),
     ("translations: zero beams", "/v1/translations", {"json": {"input": "hi", "num_beams": 0}}, 400),
-    ("translations: stream with beams", "/v1/translations", {"json": {"input": "hi", "num_beams": 2,
-                                                                       "stream": True}}, 400),
-    ("translations: too long", "/v1/translations", {"json": {"input": "word " * 500}}, 400),
+    ("translations: stream of two inputs", "/v1/translations", {"json": {"input": ["hi", "yo"], "stream": True}},
+     400),
+    ("translations: n above num_beams", "/v1/translations", {"json": {"input": "hi", "num_beams": 2, "n": 3}}, 400),
+    ("translations: n with greedy", "/v1/translations", {"json": {"input": "hi", "num_beams": 1, "n": 2}}, 400),
+    ("translations: n zero", "/v1/translations", {"json": {"input": "hi", "n": 0}}, 400),
+    ("translations: attention of a document", "/v1/translations", {"json": {
+        "input": "One sentence here. Another one there.", "return_attention": {}}}, 400),
+    ("translations: beyond --max-input-chars", "/v1/translations", {"json": {"input": "word " * 4100}}, 400),
     ("classifications: no image", "/v1/classifications", {"json": {"model": "vit"}}, 400),
     ("classifications: bad base64", "/v1/classifications", {"json": {"image": "%%%notbase64"}}, 400),
     ("classifications: not an image", "/v1/classifications", {"json": {"image": base64.b64encode(
