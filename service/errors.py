@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from model.decoding.constrained_beam import ConstraintsUnmet
 from service.engine import OutOfMemory, QueueFull, RequestTimeout
 
 log = logging.getLogger("tserve.errors")
@@ -61,6 +62,8 @@ def engine_failure(exc: BaseException, what: str, invalid_code: str = "request_t
         return overloaded(str(exc), retry_after=1, status=503)
     if isinstance(exc, RequestTimeout):
         return APIError(504, str(exc), "server_error", "timeout")
+    if isinstance(exc, ConstraintsUnmet):  # valid input the model could not satisfy
+        return APIError(422, str(exc), "invalid_request_error", "glossary_unplaceable")
     if isinstance(exc, ValueError):  # the request cannot run on this server, or a call job refused its input
         return bad_request(str(exc), getattr(exc, "code", None) or invalid_code)
     return APIError(500, str(exc) or f"{what} failed", "server_error", f"{what}_failed")

@@ -4,6 +4,7 @@ about HTTP."""
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from PIL import Image, UnidentifiedImageError
 
 from model.checkpoint import LoadedModel
 from model.decoding import TranslationJob, translation_job
+from model.decoding.constrained_beam import ConstraintsUnmet
 from model.segmentation import Document, split_document
 
 
@@ -49,9 +51,11 @@ class Translator:
             raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
         return translation_job(self.loaded, ids, num_beams, max_tokens)
 
-    def document(self, text: str, num_beams: int | None, max_tokens: int | None) -> DocumentJob:
+    def document(self, text: str, num_beams: int | None, max_tokens: int | None,
+                 glossary: dict[str, str] | None = None) -> DocumentJob:
         """`text` as sentences (`model.segmentation`), each cut further until the model takes it whole; one
-        job per segment."""
+        job per segment. A segment in which glossary source terms occur (whole words, any case) must place
+        their target terms: hard constraints of a beam search with at least 4 beams."""
         if max_tokens is not None and max_tokens > self.cfg.max_target_len:
             raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
         ids: dict[str, list[int]] = {}
@@ -61,8 +65,30 @@ class Translator:
             return len(ids[segment]) <= self.cfg.max_source_len
 
         doc = split_document(text, fits)
-        return DocumentJob(doc, [translation_job(self.loaded, ids.get(seg) or self.tokenizer.encode(seg), num_beams,
-                                                 max_tokens) for seg in doc.segments])
+        jobs = []
+        for seg in doc.segments:
+            job = translation_job(self.loaded, ids.get(seg) or self.tokenizer.encode(seg), num_beams, max_tokens)
+            terms = [target for source, target in (glossary or {}).items() if _occurs(source, seg)]
+            if terms:
+                self._constrain(job, list(dict.fromkeys(terms)))
+            jobs.append(job)
+        return DocumentJob(doc, jobs)
+
+    def _constrain(self, job: TranslationJob, terms: list[str]) -> None:
+        eos = self.cfg.eos_token_id
+        job.constraints = [[t for t in self.tokenizer.encode_target(term) if t != eos] for term in terms]
+        job.constraint_terms = terms
+        job.num_beams = max(job.num_beams, MIN_CONSTRAINED_BEAMS)
+        if sum(map(len, job.constraints)) + 1 > job.max_new_tokens:
+            raise ConstraintsUnmet(terms)
+
+
+MIN_CONSTRAINED_BEAMS = 4
+
+
+def _occurs(term: str, text: str) -> bool:
+    """`term` in `text` as whole words, in any case."""
+    return re.search(rf"(?<!\w){re.escape(term)}(?!\w)", text, flags=re.IGNORECASE) is not None
 
 
 # --------------------------------------------------------------------------------------------------

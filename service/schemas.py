@@ -90,6 +90,8 @@ class TranslationRequest(_Request):
     num_beams: int | None = Field(None, ge=1, le=16)
     max_tokens: int | None = Field(None, ge=1, description="new tokens per sentence")
     n: int = Field(1, ge=1, le=16, description="alternatives per input, best first (at most num_beams)")
+    glossary: dict[str, str] | None = Field(None, description="source term -> target term: where a source term "
+                                            "occurs (whole words, any case), the target term appears verbatim")
     stream: bool = False
     return_attention: AttentionSelection | None = None
 
@@ -309,6 +311,7 @@ class OIPInferenceRequest(BaseModel):
     id: str | None = None
     inputs: list[OIPTensor] = Field(min_length=1, max_length=1, description="exactly one tensor")
     outputs: list[OIPRequestedOutput] | None = None
+    parameters: dict[str, Any] | None = Field(None, description="the model's options (a tensor's own win)")
 
 
 class OIPInferenceResponse(BaseModel):

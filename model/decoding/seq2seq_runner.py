@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,6 +20,7 @@ from torch import Tensor
 from model.checkpoint import LoadedModel
 from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoding.beam_search import BeamSearch, BeamSettings
+from model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
 from model.kv_cache import SlotAllocator
@@ -33,6 +34,9 @@ class TranslationJob:
     source_ids: list[int]
     num_beams: int
     max_new_tokens: int
+    # Hard lexical constraints (glossary terms): token ids that must appear in the output, and their text.
+    constraints: list[list[int]] = field(default_factory=list)
+    constraint_terms: list[str] = field(default_factory=list)
 
 
 def translation_job(loaded: LoadedModel, source_ids: Sequence[int], num_beams: int | None = None,
@@ -51,7 +55,7 @@ class TranslationSequence:
         self.params = SamplingParams(max_tokens=job.max_new_tokens, temperature=0.0)
         self.rows: list[int] = []  # self-attention cache rows: 1 (greedy) or num_beams
         self.cross_slot = -1
-        self.search: BeamSearch | None = None
+        self.search: BeamSearch | ConstrainedBeamSearch | None = None
         self.generated: list[int] = []  # greedy output so far (eos included once reached)
         self.logprob_sum = 0.0  # greedy: the model's log-probability of `generated`
         self.finish_reason: str | None = None
@@ -114,10 +118,12 @@ class Seq2SeqRunner:
         respell: list[tuple[str, list[int]]] = []
         for ids, score in self.hypotheses(seq):
             text = tokenizer.decode(ids)
+            if any(term not in text for term in seq.job.constraint_terms):
+                continue  # the terms' tokens are there, but not spelled verbatim
             own = tokenizer.encode_target(text)
             if not ids or ids[-1] != self.eos:
                 own = [t for t in own if t != self.eos]
-            if own == ids:
+            if own == ids or len(own) > self.cfg.max_target_len:  # (a longer spelling has no positions left)
                 if text not in best or score > best[text][1]:
                     best[text] = (ids, score)
             else:
@@ -126,6 +132,8 @@ class Seq2SeqRunner:
                                       strict=True):
             if text not in best or score > best[text][1]:
                 best[text] = (ids, score)
+        if not best:
+            raise ConstraintsUnmet(seq.job.constraint_terms)
         return sorted(((text, ids, score) for text, (ids, score) in best.items()), key=lambda h: -h[2])
 
     def teacher_forced_scores(self, seq: TranslationSequence, targets: list[list[int]]) -> list[float]:
@@ -188,7 +196,10 @@ class Seq2SeqRunner:
 
     def begin(self, seq: TranslationSequence) -> None:
         """After `encode`: a beam request gets its search state."""
-        if not seq.greedy:
+        if seq.job.constraints:
+            seq.search = ConstrainedBeamSearch(self.beam_settings(seq.job), self.cfg.decoder_start_token_id,
+                                               seq.job.constraints, seq.job.constraint_terms, device=self.device)
+        elif not seq.greedy:
             seq.search = BeamSearch(self.beam_settings(seq.job), self.cfg.decoder_start_token_id,
                                     device=self.device, width=self.width)
 
@@ -260,7 +271,7 @@ class Seq2SeqRunner:
         rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
         log_probs = self.pipeline.constrain(torch.log_softmax(logits[idx].float(), dim=-1), rows)
         filled = max(s.search.step_index for s in group) + 1  # positions of the cache written so far
-        parents = BeamSearch.advance_many([s.search for s in group], log_probs)
+        parents = type(group[0].search).advance_many([s.search for s in group], log_probs)  # one group_key
         # Each beam needs its parent's cache, only the positions written so far: copying whole slots cost more
         # than the decoder step itself.
         if dev.type == "cpu":

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from model.decoding.constrained_beam import ConstraintsUnmet
+
 
 class QueueFull(Exception):
     """The waiting queue is at capacity, or the worker is shutting down (HTTP 429)."""
@@ -28,6 +30,8 @@ def request_error(exc: BaseException) -> Exception:
     """What a request that hit `exc` in a worker reports: no internals, only the kind of failure."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return OutOfMemory("the device is out of memory; retry later or with a smaller request")
+    if isinstance(exc, ConstraintsUnmet):  # the client's to know: which glossary terms did not fit
+        return exc
     return RuntimeError(f"generation failed: {type(exc).__name__}")
 
 

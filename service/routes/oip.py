@@ -56,10 +56,11 @@ async def model_metadata(name: str, request: Request) -> dict[str, Any]:
 
 
 def _tensor(body: OIPInferenceRequest, names: tuple[str, ...]) -> dict[str, Any]:
+    """The input tensor, with the request's parameters under the tensor's own."""
     tensor = body.inputs[0]
     if tensor.name not in names:
         raise OIPError(400, f"unknown input {tensor.name!r}; expected one of {list(names)}")
-    return tensor.model_dump()
+    return tensor.model_dump() | {"parameters": (body.parameters or {}) | (tensor.parameters or {})}
 
 
 def _parse(raw: bytes) -> OIPInferenceRequest:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
+from model.decoding.constrained_beam import ConstraintsUnmet
 from service.connection import run_job
 from service.engine import TranslationEngine
 from service.engine import TranslationRequest as EngineRequest
@@ -60,9 +61,11 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         check_max_tokens(body.max_tokens, cfg.max_tokens_limit)
     log_inputs(request, inputs)
     try:
-        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n)
+        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n, body.glossary)
     except InvalidInput as exc:
         raise bad_request(str(exc), exc.code) from exc
+    except ConstraintsUnmet as exc:
+        raise engine_failure(exc, "translation") from exc
     if body.stream and len(docs) != 1:
         raise bad_request("streaming takes exactly one input", "stream_unsupported")
     attention = None

@@ -5,12 +5,14 @@ Inference Protocol's BYTES text in and out."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
 from model import attention_maps as am
+from model.decoding.constrained_beam import ConstraintsUnmet
 from model.segmentation import Document
 from service.connection import while_connected
 from service.engine import QueueFull, TranslationEngine, TranslationRequest
@@ -77,6 +79,9 @@ def assemble(doc: DocumentJob, segments: list[SegmentResult], n: int) -> Transla
                              alts[:n])
 
 
+MAX_GLOSSARY_TERM_CHARS = 100
+
+
 class ServedTranslator(ServedModel):
     task = "translation"
     scores_targets = True
@@ -93,10 +98,11 @@ class ServedTranslator(ServedModel):
         self.engine.warm_up()
 
     def documents(self, texts: list[str], num_beams: int | None = None, max_tokens: int | None = None,
-                  n: int = 1) -> list[DocumentJob]:
+                  n: int = 1, glossary: dict[str, str] | None = None) -> list[DocumentJob]:
         """A document job (segments) per text, each checked against the server's and the model's limits
-        (InvalidInput)."""
+        (InvalidInput; ConstraintsUnmet when glossary terms cannot fit in max_tokens)."""
         docs, limit = [], self.settings.max_input_chars
+        self.check_glossary(glossary)
         beams = num_beams or self.loaded.generation.num_beams
         if n > beams:
             raise InvalidInput(f"n {n} exceeds num_beams {beams}: each alternative is a beam's hypothesis",
@@ -107,10 +113,23 @@ class ServedTranslator(ServedModel):
             if len(text) > limit:
                 raise InvalidInput(f"input {i} has {len(text)} characters; the limit is {limit}", "input_too_long")
             try:
-                docs.append(self.engine.translator.document(text, num_beams, max_tokens))
+                docs.append(self.engine.translator.document(text, num_beams, max_tokens, glossary))
             except InvalidInput as exc:
                 raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
         return docs
+
+    def check_glossary(self, glossary: dict[str, str] | None) -> None:
+        if not glossary:
+            return
+        limit = self.settings.max_glossary_entries
+        if len(glossary) > limit:
+            raise InvalidInput(f"the glossary has {len(glossary)} entries; the limit is {limit} "
+                               "(--max-glossary-entries)", "invalid_glossary")
+        for source, target in glossary.items():
+            for term in (source, target):
+                if not term.strip() or len(term) > MAX_GLOSSARY_TERM_CHARS:
+                    raise InvalidInput(f"glossary terms must be 1 to {MAX_GLOSSARY_TERM_CHARS} characters and not "
+                                       f"blank: {source!r} -> {target!r}", "invalid_glossary")
 
     def submit(self, docs: list[DocumentJob]) -> list[list[TranslationRequest]]:
         """Queue every segment of every document as parts of one client request (raises the HTTP error)."""
@@ -167,13 +186,39 @@ class ServedTranslator(ServedModel):
     # ----------------------------------------------------------------------------------------------
     def oip_metadata(self) -> dict[str, Any]:
         return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-                "outputs": [{"name": "translation", "datatype": "BYTES", "shape": [-1]}]}
+                "outputs": [{"name": "translation", "datatype": "BYTES", "shape": [-1]},
+                            {"name": "score", "datatype": "FP32", "shape": [-1]},
+                            {"name": "alternatives", "datatype": "BYTES", "shape": [-1, -1]}]}
 
     async def oip_infer(self, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
+        """Parameters: `n` (integer), `num_beams` (integer), `glossary` (a JSON object in a string). Outputs:
+        `translation` [len], `score` [len] and, with n > 1, `alternatives` [len, n] (best first; "" where an
+        input has fewer distinct ones)."""
         texts = bytes_elements(tensor, self.settings.max_prompts)
+        params = tensor.get("parameters") or {}
+        n, beams, glossary = params.get("n", 1), params.get("num_beams"), params.get("glossary")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
+            raise OIPError(400, "parameter n must be an integer from 1 to 16")
+        if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or not 1 <= beams <= 16):
+            raise OIPError(400, "parameter num_beams must be an integer from 1 to 16")
+        if glossary is not None:
+            try:
+                glossary = json.loads(glossary) if isinstance(glossary, str) else None
+            except json.JSONDecodeError:
+                glossary = None
+            if not isinstance(glossary, dict) or not all(isinstance(v, str) for v in glossary.values()):
+                raise OIPError(400, "parameter glossary must be a JSON object of strings, sent as a string")
         try:
-            docs = self.documents(texts)
+            docs = self.documents(texts, beams, None, n, glossary)
         except InvalidInput as exc:
             raise OIPError(400, str(exc)) from exc
-        out = [o.text for o in await self.translate(request, docs)]
-        return [{"name": "translation", "datatype": "BYTES", "shape": [len(out)], "data": out}]
+        except ConstraintsUnmet as exc:
+            raise OIPError(422, str(exc)) from exc
+        outs = await self.translate(request, docs, n)
+        outputs = [{"name": "translation", "datatype": "BYTES", "shape": [len(outs)], "data": [o.text for o in outs]},
+                   {"name": "score", "datatype": "FP32", "shape": [len(outs)], "data": [o.score for o in outs]}]
+        if n > 1:
+            alternatives = [t for o in outs for t in [a for a, _ in o.alternatives] + [""] * (n - len(o.alternatives))]
+            outputs.append({"name": "alternatives", "datatype": "BYTES", "shape": [len(outs), n],
+                            "data": alternatives})
+        return outputs

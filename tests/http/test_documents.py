@@ -163,3 +163,68 @@ def test_a_short_request_sent_while_a_long_document_runs_finishes_first(tmp_path
     finally:
         srv.stop()
     assert order == ["short", "document"]
+
+
+GLOSSARY = {"printer": "Druckgerät", "changes": "Modifikationen", "folder": "Verzeichnis"}
+CONSTRAINED = ["Select the printer.", "Click Save to keep your changes.", "The file is stored in the current folder.",
+               "Select the Printer and the folder."]
+
+
+def test_glossary_terms_appear_verbatim_also_beside_ten_other_requests(server):
+    others = [f"Choose Tools - Options - {w}." for w in ("General", "View", "Print", "Paths", "Colors", "Fonts",
+                                                          "Security", "Appearance", "Accessibility", "Advanced")]
+    alone = [translate(server, {"input": text})["data"][0]["translation"] for text in others]
+    results: dict[str, str] = {}
+
+    def send(key: str, body: dict) -> None:
+        results[key] = translate(server, body)["data"]
+
+    threads = [threading.Thread(target=send, args=(f"o{i}", {"input": t})) for i, t in enumerate(others)]
+    threads.append(threading.Thread(target=send, args=("g", {"input": CONSTRAINED, "glossary": GLOSSARY})))
+    threads.append(threading.Thread(target=send, args=("greedy", {"input": CONSTRAINED[0], "num_beams": 1,
+                                                                  "glossary": GLOSSARY})))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    glossed = [item["translation"] for item in results["g"]]
+    assert "Druckgerät" in glossed[0] and "Modifikationen" in glossed[1] and "Verzeichnis" in glossed[2]
+    assert "Druckgerät" in glossed[3] and "Verzeichnis" in glossed[3]  # any case in the source
+    assert "Druckgerät" in results["greedy"][0]["translation"]
+    assert [results[f"o{i}"][0]["translation"] for i in range(len(others))] == alone
+    plain = translate(server, {"input": CONSTRAINED[0]})["data"][0]["translation"]
+    assert "Druckgerät" not in plain  # the glossary made the difference
+
+
+def test_glossary_terms_that_cannot_fit_are_a_422_naming_them(server):
+    resp = httpx.post(server.url + "/v1/translations", json={
+        "model": "mt", "input": "Select the printer.", "max_tokens": 3,
+        "glossary": {"printer": "Hochleistungslaserdruckgerät mit Netzwerkanschluss"}}, timeout=60)
+    assert resp.status_code == 422, resp.text
+    assert "Hochleistungslaserdruckgerät mit Netzwerkanschluss" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("glossary, reason", [
+    ({f"term{i}": "x" for i in range(65)}, "65 entries; the limit is 64"),
+    ({"printer": ""}, "not blank"),
+    ({"": "Drucker"}, "not blank"),
+    ({"printer": "x" * 101}, "1 to 100 characters"),
+])
+def test_bad_glossaries_are_400(server, glossary, reason):
+    resp = httpx.post(server.url + "/v1/translations", json={"model": "mt", "input": "Select the printer.",
+                                                             "glossary": glossary}, timeout=60)
+    assert resp.status_code == 400 and reason in resp.json()["error"]["message"], resp.text
+
+
+def test_oip_takes_n_and_a_glossary(server):
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": CONSTRAINED[:2]}],
+            "parameters": {"n": 2, "glossary": json.dumps(GLOSSARY)}}
+    resp = httpx.post(server.url + "/v2/models/mt/infer", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    out = {o["name"]: o for o in resp.json()["outputs"]}
+    assert "Druckgerät" in out["translation"]["data"][0] and "Modifikationen" in out["translation"]["data"][1]
+    assert out["alternatives"]["shape"] == [2, 2] and out["alternatives"]["data"][0] == out["translation"]["data"][0]
+    assert len(out["score"]["data"]) == 2
+    bad = httpx.post(server.url + "/v2/models/mt/infer", json=body | {"parameters": {"glossary": {"a": "b"}}},
+                     timeout=60)
+    assert bad.status_code == 400
