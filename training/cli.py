@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     e.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     e.add_argument("--no-write", action="store_true", help="print metrics without writing them")
+    e.add_argument("--quantize", default="none", choices=("none", "int8"),
+                   help="int8: evaluate the int8 model (--quantize int8); stored beside the float32 figures")
     e.set_defaults(func=run_eval)
 
 
@@ -99,7 +101,7 @@ def run_eval(args: argparse.Namespace) -> int:
     setup_logging()
     try:
         metrics = evaluate_checkpoint(args.checkpoint, limit=args.limit, device=args.device,
-                                      data_root=args.data_dir, write=not args.no_write)
+                                      data_root=args.data_dir, write=not args.no_write, quantize=args.quantize)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

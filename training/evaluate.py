@@ -26,6 +26,7 @@ from PIL import Image
 from model.checkpoint import LoadedModel, load
 from model.decoding import SamplingParams, generate, translation_job
 from model.decoding.seq2seq_runner import run_jobs
+from model.quantize import QUANTIZATIONS
 from training import data as data_mod
 from training.card import METRICS_FILE, TRAINING_FILE, read_json, write_card, write_json
 from training.common import configure_threads, log_event, resolve_device
@@ -242,13 +243,25 @@ def evaluate_loaded(loaded: LoadedModel, path: Path, *, limit: int | None = None
 
 
 def evaluate_checkpoint(path: str | Path, *, limit: int | None = None, device: str = "auto",
-                        data_root: str | None = None, write: bool = True) -> dict[str, Any]:
+                        data_root: str | None = None, write: bool = True, quantize: str = "none") -> dict[str, Any]:
     """Evaluate a checkpoint on the test split of its data set (the first `limit` items when given).
     A full evaluation also records the metrics of the first REFERENCE_SLICE items. With `write`, store
-    `metrics.json` next to the weights and re-render the model card."""
+    `metrics.json` next to the weights and re-render the model card. `quantize="int8"`: the figures of the
+    int8 model (`--quantize int8`), stored under `"int8"` beside the float32 ones."""
     configure_threads()
     path = Path(path)
-    loaded = load(path, device=resolve_device(device), dtype="float32")
+    loaded = load(path, device=resolve_device(device), dtype="float32", quantize=quantize)
+    if quantize != "none":
+        metrics = evaluate_loaded(loaded, path, limit=limit, data_root=data_root)
+        figures = {"limit": limit, **{k: v for k, v in metrics.items() if k != "samples"}}
+        if write:
+            stored = read_json(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else {}
+            write_json(path / METRICS_FILE, stored | {quantize: figures})
+            write_card(path)
+        return figures
+    kept = {}  # a float32 evaluation keeps the quantized figures it does not recompute
+    if (path / METRICS_FILE).is_file():
+        kept = {k: v for k, v in read_json(path / METRICS_FILE).items() if k in QUANTIZATIONS}
     start = time.perf_counter()
     task = task_of(loaded)
     metrics = evaluate_loaded(loaded, path, limit=limit, data_root=data_root)
@@ -260,6 +273,6 @@ def evaluate_checkpoint(path: str | Path, *, limit: int | None = None, device: s
     log_event("evaluation", path=str(path), total_seconds=round(time.perf_counter() - start, 1),
               **{k: v for k, v in metrics.items() if not isinstance(v, (list, dict))})
     if write:
-        write_json(path / METRICS_FILE, metrics)
+        write_json(path / METRICS_FILE, metrics | kept)
         write_card(path)
     return metrics

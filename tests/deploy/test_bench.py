@@ -64,3 +64,12 @@ def test_vit_benchmark_runs_every_column_on_tiny_shapes(capsys):
     assert [r.system for r in rows] == ["HF, batch 1", "HF, batch 4", "tserve HTTP, 1 client", "tserve HTTP, 4 clients"]
     assert all(r.images >= 8 and r.seconds > 0 for r in rows)
     assert "tserve 1 client / HF batch 1:" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_documents_benchmark_runs_every_mode(capsys):
+    rows = bench_script("documents").main(["--tiny"])
+    assert [r.mode for r in rows] == ["one request (the document)", "sentence by sentence", "sentences at once"]
+    assert rows[0].requests == 1 and rows[1].requests == rows[2].requests > 5
+    assert all(r.seconds > 0 for r in rows)
+    assert "| mode | requests | seconds | vs one request |" in capsys.readouterr().out

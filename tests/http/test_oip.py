@@ -91,8 +91,10 @@ def test_translate_bytes(server, models, name, num_beams):
         mt, 1, num_beams=2, max_new_tokens=min(g.max_new_tokens, mt.config.max_target_len))]
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": texts}]}
     resp = httpx.post(server.url + f"/v2/models/{name}/infer", json=body).json()
-    (out,) = resp["outputs"]
-    assert out["name"] == "translation" and out["shape"] == [3]
+    outputs = {o["name"]: o for o in resp["outputs"]}
+    assert list(outputs) == ["translation", "score"]  # "alternatives" only with n > 1
+    out = outputs["translation"]
+    assert out["shape"] == [3] and outputs["score"]["shape"] == [3]
     sources = [mt.tokenizer.encode(t) for t in texts]
     greedy, beams = ([s.output_ids for s in translate(mt, sources, n)] for n in (1, 2))
     assert greedy != beams, "the inputs must tell greedy decoding and beam search apart"
@@ -100,6 +102,7 @@ def test_translate_bytes(server, models, name, num_beams):
     assert out["data"] == [mt.tokenizer.decode(r) for r in ref]
     same = httpx.post(server.url + "/v1/translations", json={"model": name, "input": texts}).json()
     assert out["data"] == [d["translation"] for d in same["data"]]
+    assert outputs["score"]["data"] == pytest.approx([d["score"] for d in same["data"]])
 
 
 @pytest.mark.parametrize(("path", "body", "status"), [

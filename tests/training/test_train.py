@@ -399,3 +399,27 @@ def test_plan_loop_applies_the_command_line():
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command", required=True))
     assert parser.parse_args(["train", "vit", "--lr", "3e-4"]).lr == 3e-4
+
+
+def test_eval_records_int8_figures_beside_the_float32_ones(tiny_vit, tmp_path, monkeypatch):
+    """`tserve eval --quantize int8` evaluates the int8 model and stores its figures under "int8" in
+    metrics.json (the model card lists them); a float32 evaluation afterwards keeps them."""
+    import shutil
+
+    ckpt = tmp_path / "vit"
+    shutil.copytree(tiny_vit, ckpt)
+    seen = []
+
+    def fake_evaluate(loaded, path, *, limit=None, data_root=None, full=True):  # noqa: ANN001, ANN202
+        seen.append(loaded.quantization)
+        return {"accuracy": 0.5 if loaded.quantization == "int8" else 0.6}
+
+    monkeypatch.setattr(evaluate, "evaluate_loaded", fake_evaluate)
+    monkeypatch.setitem(evaluate.REFERENCE_SLICE, evaluate.task_of(evaluate.load(ckpt)), 5)
+    assert cli.main(["eval", str(ckpt), "--quantize", "int8"]) == 0
+    stored = json.loads((ckpt / "metrics.json").read_text())
+    assert stored["int8"] == {"limit": None, "accuracy": 0.5} and seen == ["int8"]
+    evaluate.evaluate_checkpoint(ckpt, device="cpu")
+    stored = json.loads((ckpt / "metrics.json").read_text())
+    assert stored["accuracy"] == 0.6 and stored["int8"]["accuracy"] == 0.5
+    assert "| int8.accuracy | 0.5 |" in (ckpt / "MODEL_CARD.md").read_text()
