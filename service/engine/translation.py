@@ -101,14 +101,35 @@ class TranslationEngine(Scheduler):
         tokens = self.runner.advance(reqs, *output, on_group_error=fail_group)
         token = {id(r): t for r, t in zip(reqs, tokens, strict=True)}
         now = time.perf_counter()
+        finishing: dict[int, str] = {}
 
-        def emit(req: TranslationRequest) -> None:
+        def record(req: TranslationRequest) -> None:
             self.m.generated_tokens.inc()
             finish = self.runner.append(req, token[id(req)])
-            final = None if finish is None else [Hypothesis(*h) for h in self.runner.final_hypotheses(req, self.tokenizer)]
+            if finish is not None:
+                finishing[id(req)] = finish
+            elif req.greedy:
+                self._publish(req, greedy_translation_event(req.detok, token[id(req)], None), now)
+
+        self._each([r for r in reqs if id(r) not in failed], record)
+        done = [r for r in reqs if id(r) in finishing and not r.finished]
+        try:  # batched: respelled hypotheses of every finishing request in one teacher-forced forward
+            finals = dict(zip(map(id, done), self.runner.final_hypotheses(done, self.tokenizer), strict=True))
+        except Exception:  # noqa: BLE001 - each request then computes its own, and fails alone
+            finals = {}
+
+        def publish(req: TranslationRequest) -> None:
+            final = finals.get(id(req)) or self.runner.final_hypotheses([req], self.tokenizer)[0]
+            if isinstance(final, Exception):
+                raise final
+            final, finish = [Hypothesis(*h) for h in final], finishing[id(req)]
             if req.greedy:
                 self._publish(req, greedy_translation_event(req.detok, token[id(req)], finish, final), now)
-            elif final is not None:
+            else:
                 self._publish(req, beam_translation_event(final, finish), now)
 
-        self._each([r for r in reqs if id(r) not in failed], emit)
+        for req in done:  # (not `_each`: the fault hook has seen these requests in `record`)
+            try:
+                publish(req)
+            except Exception as exc:  # noqa: BLE001 - this request's own failure
+                self._fail(req, exc)
