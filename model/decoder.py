@@ -88,6 +88,11 @@ class Decoder(nn.Module):
         hidden, _ = self._run(tokens, positions, mask=None, is_causal=True)
         return self.lm_head(hidden)
 
+    def hidden_states(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> the final hidden states after the final norm (B, T, C) (right padding as `forward`)."""
+        positions = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
+        return self._run(tokens, positions, mask=None, is_causal=True)[0]
+
     def forward_with_attention(
         self, tokens: Tensor, layers: set[int] | None = None
     ) -> tuple[Tensor, dict[int, Tensor]]:

@@ -38,6 +38,7 @@ class ViT(nn.Module):
         return self.drop(torch.cat((cls, x), dim=1) + self.pos_emb.to(x.dtype))
 
     def _run(self, pixels: Tensor, attention_layers: set[int] | None) -> tuple[Tensor, dict[int, Tensor]]:
+        """The class token's final state (after the final norm: what the head reads) and the maps asked for."""
         x = self.tokens(pixels)
         maps: dict[int, Tensor] = {}
         for i, block in enumerate(self.blocks):
@@ -45,17 +46,22 @@ class ViT(nn.Module):
             x, probs, _ = block(x, need_weights=want)
             if want:
                 maps[i] = probs
-        return self.head(self.norm(x)[:, 0]), maps
+        return self.norm(x)[:, 0], maps
 
     def forward(self, pixels: Tensor) -> Tensor:
         """pixels (B, C, H, W), normalised -> class logits (B, n_classes)."""
+        return self.head(self._run(pixels, None)[0])
+
+    def features(self, pixels: Tensor) -> Tensor:
+        """pixels (B, C, H, W) -> the class token's final state (B, d_model), before the classifier head."""
         return self._run(pixels, None)[0]
 
     def forward_with_attention(
         self, pixels: Tensor, layers: set[int] | None = None
     ) -> tuple[Tensor, dict[int, Tensor]]:
         layers = set(range(self.cfg.n_layers)) if layers is None else set(layers)
-        return self._run(pixels, layers)
+        features, maps = self._run(pixels, layers)
+        return self.head(features), maps
 
     def token_names(self) -> list[str]:
         g = self.cfg.grid_size

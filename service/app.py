@@ -15,7 +15,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.errors import APIError, error_response, install_error_handlers
 from service.metrics import Metrics
 from service.registry import ModelRegistry
-from service.routes import attention, classifications, completions, health, oip, translations, viewer
+from service.routes import (
+    attention,
+    classifications,
+    completions,
+    embeddings,
+    health,
+    oip,
+    translations,
+    viewer,
+)
 from service.security import APIKeyMiddleware
 from service.settings import Settings
 
@@ -121,6 +130,6 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"])
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     for router in (health.router, completions.router, translations.router, classifications.router,
-                   attention.router, oip.router, viewer.router):
+                   embeddings.router, attention.router, oip.router, viewer.router):
         app.include_router(router)
     return app

@@ -27,6 +27,7 @@ class Metrics:
         self.kv_total = Gauge("tserve_kv_slots_total", "KV-cache slots", ["model"], registry=r)
         self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)
         self.images = Counter("tserve_images_classified_total", "Images classified", ["model"], registry=r)
+        self.embeddings = Counter("tserve_embeddings_total", "Inputs embedded (/v1/embeddings)", ["model"], registry=r)
         self.calls = Counter("tserve_model_calls_total", "Model work other than token streams run by a worker "
                              "(attention maps, prompt scoring)", ["model"], registry=r)
         self.batch_size = Histogram("tserve_batch_size", "Size of the batches run", ["model"],

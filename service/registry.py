@@ -55,7 +55,8 @@ class ModelRegistry:
                 for served in self.models.values():
                     self._warmup(served)
             for served in self.models.values():
-                served.worker.start()
+                for worker in served.workers:
+                    worker.start()
             self.ready = True
             log.info("ready", extra={"models": sorted(self.models)})
         except Exception as exc:
@@ -83,15 +84,17 @@ class ModelRegistry:
         holds finish."""
         self.ready, self.draining = False, True
         for served in self.models.values():
-            served.worker.refuse_new()
+            for worker in served.workers:
+                worker.refuse_new()
 
     def idle(self) -> bool:
         """No model holds a request (queued or running)."""
-        return all(served.worker.idle for served in self.models.values())
+        return all(w.idle for served in self.models.values() for w in served.workers)
 
     def stop(self) -> None:
         for served in self.models.values():
-            served.worker.stop()
+            for worker in served.workers:
+                worker.stop()
 
     # ----------------------------------------------------------------------------------------------
     def get(self, name: str | None, task: str | None) -> ServedModel:

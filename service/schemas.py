@@ -110,6 +110,17 @@ class ClassificationRequest(_Request):
     top_k: int = Field(5, ge=1)
 
 
+class EmbeddingRequest(_Request):
+    """OpenAI's embeddings request; `image` / `images` (base64) are the extension for image models."""
+
+    model: str | None = None
+    input: str | list[str] | None = Field(None, description="text(s) to embed (language models, translators)")
+    image: str | None = Field(None, description="base64 image (ViT)")
+    images: list[str] | None = None
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
+    user: str | None = None
+
+
 class AttentionRequest(_Request):
     model: str | None = None
     input: str | None = Field(None, description="LM text, or the translation source")
@@ -245,6 +256,24 @@ class ClassificationResponse(BaseModel):
     object: Literal["classification"] = "classification"
     model: str
     data: list[ClassificationItem]
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
 
 
 class ModelCard(BaseModel):

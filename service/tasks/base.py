@@ -5,7 +5,9 @@ does. A new task is a module with a `ServedModel` subclass passed to `register` 
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -13,8 +15,9 @@ from fastapi import Request
 
 from model import attention_maps as am
 from model.checkpoint import LoadedModel
-from service.engine import Scheduler
-from service.errors import OIPError
+from service.connection import while_connected
+from service.engine import DynamicBatcher, Scheduler
+from service.errors import OIPError, engine_failure
 from service.metrics import Metrics
 from service.runners import InvalidInput
 from service.schemas import AttentionRequest
@@ -30,6 +33,7 @@ class AttentionResult:
 
 class ServedModel:
     task: ClassVar[str]  # the checkpoint task this class serves (LoadedModel.task)
+    embeds: ClassVar[str | None] = None  # what /v1/embeddings takes for it: "text", "image" or nothing
     reads_images: ClassVar[bool] = False  # /v1/attention without 'model' picks it for an 'image'
     scores_targets: ClassVar[bool] = False  # ... and for a 'target'
     generated_attention_modules: ClassVar[int] = 1  # maps per layer of `return_attention` (decoder.self, ...)
@@ -41,6 +45,34 @@ class ServedModel:
 
     def build_worker(self) -> Scheduler:
         raise NotImplementedError
+
+    @property
+    def workers(self) -> list[Scheduler]:
+        """Every worker thread of this model (started, drained and stopped by the registry)."""
+        return [self.worker] + ([self.embedder] if self.embedder is not None else [])
+
+    # ----------------------------------------------------------------------------------------------
+    # /v1/embeddings
+    # ----------------------------------------------------------------------------------------------
+    embedder: DynamicBatcher | None = None
+
+    def build_embedder(self, batch_fn: Callable[[list[Any]], list[Any]]) -> None:
+        """A dynamic batcher for embeddings, beside the model's main worker (same limits as classifications)."""
+        s = self.settings
+        self.embedder = DynamicBatcher(f"{self.name}/embeddings", batch_fn, max_batch_size=s.batch_max_size,
+                                       device=self.loaded.device, max_wait_ms=s.batch_max_wait_ms,
+                                       max_queue=s.max_queue, timeout_s=s.request_timeout_s, metrics=self.metrics)
+
+    async def embed(self, request: Request, items: list[Any]) -> list[list[float]]:
+        """One L2-normalised vector per item (token ids or preprocessed pixels), batched with other requests';
+        a client that leaves cancels them."""
+        try:
+            reqs = self.embedder.enqueue(items)
+            results = await while_connected(request, asyncio.gather(*(self.embedder.result(r) for r in reqs)))
+        except Exception as exc:
+            raise engine_failure(exc, "embedding") from exc
+        self.metrics.embeddings.labels(self.name).inc(len(results))
+        return results
 
     def warm_up(self) -> None:
         """One small request through the worker's own model code (before the worker starts), so that the

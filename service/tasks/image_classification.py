@@ -12,6 +12,7 @@ import torch
 from fastapi import Request
 
 from model import attention_maps as am
+from model.embeddings import embed_pixels
 from service.connection import while_connected
 from service.engine import DynamicBatcher
 from service.errors import OIPError, engine_failure
@@ -35,6 +36,7 @@ def decode_base64(value: str) -> bytes:
 class ServedClassifier(ServedModel):
     task = "image-classification"
     reads_images = True
+    embeds = "image"
 
     def build_worker(self) -> DynamicBatcher:
         s = self.settings
@@ -42,6 +44,7 @@ class ServedClassifier(ServedModel):
         self.batcher = DynamicBatcher(self.name, self.classifier.run_batch, max_batch_size=s.batch_max_size,
                                       device=self.loaded.device, max_wait_ms=s.batch_max_wait_ms,
                                       max_queue=s.max_queue, timeout_s=s.request_timeout_s, metrics=self.metrics)
+        self.build_embedder(lambda pixels: list(embed_pixels(self.loaded, torch.stack(pixels)).cpu()))
         return self.batcher
 
     def warm_up(self) -> None:

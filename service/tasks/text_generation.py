@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from model import attention_maps as am
+from model.embeddings import embed_token_lists
 from service.engine import GenerationEngine
 from service.schemas import AttentionRequest
 from service.tasks.base import AttentionResult, ServedModel
 
 
 class ServedLanguageModel(ServedModel):
+    embeds = "text"
     task = "text-generation"
 
     def build_worker(self) -> GenerationEngine:
@@ -20,6 +22,7 @@ class ServedLanguageModel(ServedModel):
                                        max_queue=s.max_queue, max_model_len=s.max_model_len,
                                        timeout_s=s.request_timeout_s, metrics=self.metrics,
                                        cuda_graphs=s.cuda_graphs, compile=s.compile)
+        self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         return self.engine
 
     def warm_up(self) -> None:

@@ -13,6 +13,7 @@ from fastapi import Request
 
 from model import attention_maps as am
 from model.decoding.constrained_beam import ConstraintsUnmet
+from model.embeddings import embed_token_lists
 from model.segmentation import Document
 from service.connection import while_connected
 from service.engine import QueueFull, TranslationEngine, TranslationRequest
@@ -83,6 +84,7 @@ MAX_GLOSSARY_TERM_CHARS = 100
 
 
 class ServedTranslator(ServedModel):
+    embeds = "text"
     task = "translation"
     scores_targets = True
     generated_attention_modules = 2  # decoder.self and decoder.cross
@@ -92,6 +94,7 @@ class ServedTranslator(ServedModel):
         self.engine = TranslationEngine(self.name, self.loaded, max_rows=s.max_running_requests,
                                         max_queue=s.max_queue, timeout_s=s.request_timeout_s, metrics=self.metrics,
                                         cuda_graphs=s.cuda_graphs)
+        self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         return self.engine
 
     def warm_up(self) -> None:
