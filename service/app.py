@@ -21,6 +21,7 @@ from service.routes import (
     completions,
     embeddings,
     health,
+    logit_lens,
     oip,
     translations,
     viewer,
@@ -130,6 +131,6 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"])
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     for router in (health.router, completions.router, translations.router, classifications.router,
-                   embeddings.router, attention.router, oip.router, viewer.router):
+                   embeddings.router, attention.router, logit_lens.router, oip.router, viewer.router):
         app.include_router(router)
     return app

@@ -110,6 +110,37 @@ class ClassificationRequest(_Request):
     top_k: int = Field(5, ge=1)
 
 
+class LogitLensRequest(_Request):
+    model: str | None = None
+    input: str = Field(description="the LM's text, or the translation source")
+    target: str | None = Field(None, description="translation: the target to inspect (default: the model's own "
+                                                 "translation, exactly what /v1/translations returns)")
+    layers: list[int] | None = Field(None, description="0 is the embedding output, i the stream after block i; "
+                                                       "default: all")
+    top_k: int = Field(5, ge=1, le=20)
+
+
+class LensToken(BaseModel):
+    token: str
+    prob: float
+
+
+class LensPosition(BaseModel):
+    token: str = Field(description="the (target) token at this position")
+    top: list[LensToken] = Field(description="the distribution for the next position, most likely first")
+
+
+class LensLayerOut(BaseModel):
+    layer: int
+    positions: list[LensPosition]
+
+
+class LogitLensResponse(BaseModel):
+    model: str
+    tokens: list[str]
+    layers: list[LensLayerOut]
+
+
 class EmbeddingRequest(_Request):
     """OpenAI's embeddings request; `image` / `images` (base64) are the extension for image models."""
 

@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     max_attention_floats: int = Field(2_000_000, ge=1, description="most attention weights one request may return")
     max_input_chars: int = Field(100_000, ge=1, description="longest prompt / translation input")
     max_glossary_entries: int = Field(64, ge=1, description="largest translation glossary (source term -> target term)")
+    max_lens_entries: int = Field(200_000, ge=1, description="largest /v1/logit_lens answer: layers x positions x top_k")
 
     # Access.
     api_keys: Annotated[list[str], NoDecode] = Field(

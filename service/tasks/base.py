@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from fastapi import Request
 
 from model import attention_maps as am
+from model import logit_lens as lens
 from model.checkpoint import LoadedModel
 from service.connection import while_connected
 from service.engine import DynamicBatcher, Scheduler
@@ -89,6 +90,31 @@ class ServedModel:
         """The maps, run as a call job in the worker's thread; a ValueError is the client's (400). The
         weight bound (`bound_weights`) is checked before the model runs."""
         raise InvalidInput(f"model {self.name!r} ({self.task}) has no attention maps", "invalid_attention_request")
+
+    def lens_inputs(self, body: Any, own_translation: list[int] | None) -> tuple[list[int], list[int] | None]:
+        """The token ids the logit lens reads (the decoder's inputs) and, for a translator, the source ids."""
+        raise InvalidInput(f"model {self.name!r} ({self.task}) has no logit lens", "invalid_lens_request")
+
+    def logit_lens(self, body: Any, own_translation: list[int] | None) -> dict[str, Any]:
+        """`/v1/logit_lens`'s answer less the model name, run as a call job in the worker's thread; the entries
+        bound (--max-lens-entries) is checked before the model runs."""
+        ids, source = self.lens_inputs(body, own_translation)
+        count = lens.n_layers(self.loaded)
+        layers = list(range(count)) if body.layers is None else body.layers
+        if not layers or any(not 0 <= i < count for i in layers) or len(set(layers)) != len(layers):
+            raise InvalidInput(f"layers must be distinct, from 0 to {count - 1}", "invalid_lens_request")
+        entries, limit = len(layers) * len(ids) * body.top_k, self.settings.max_lens_entries
+        if entries > limit:
+            raise InvalidInput(f"{entries} entries asked for (layers x positions x top_k); the limit is {limit}: "
+                               "ask for fewer 'layers', a smaller 'top_k' or a shorter input", "too_many_entries")
+        names = self.loaded.tokenizer.tokens(ids)
+        out = lens.logit_lens(self.loaded, ids, layers, body.top_k, source)
+        return {"tokens": names, "layers": [
+            {"layer": r.layer, "positions": [
+                {"token": names[j], "top": [{"token": t, "prob": p}
+                                            for t, p in zip(self.loaded.tokenizer.tokens(top), probs, strict=True)]}
+                for j, (top, probs) in enumerate(zip(r.top_ids, r.top_probs, strict=True))]}
+            for r in out]}
 
     def bound_weights(self, body: AttentionRequest, n_tokens: int = 0, n_target: int = 0) -> None:
         """--max-attention-floats, from the token counts, before any model work."""

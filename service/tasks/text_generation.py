@@ -32,3 +32,6 @@ class ServedLanguageModel(ServedModel):
         ids = self.text_ids(body.input)
         self.bound_weights(body, len(ids))
         return AttentionResult(am.lm_attention_ids(self.loaded, ids, body.layers, body.heads))
+
+    def lens_inputs(self, body: Any, own_translation: list[int] | None) -> tuple[list[int], list[int] | None]:
+        return self.text_ids(body.input), None

@@ -186,6 +186,17 @@ class ServedTranslator(ServedModel):
         target = body.target if own_translation is None else tok.decode(target_ids)
         return AttentionResult(maps, extra={"target": target})
 
+    def lens_inputs(self, body: Any, own_translation: list[int] | None) -> tuple[list[int], list[int] | None]:
+        """The decoder's inputs: the start token, then the target (by default the model's own translation)."""
+        tok, cfg = self.loaded.tokenizer, self.loaded.config
+        src = self.text_ids(body.input)
+        target = own_translation if own_translation is not None else tok.encode_target(body.target or "")
+        target = [t for t in target if t != cfg.eos_token_id]
+        if len(target) + 1 > cfg.max_target_len:
+            raise InvalidInput(f"the target has {len(target)} tokens; this model takes at most "
+                               f"{cfg.max_target_len - 1}", "invalid_lens_request")
+        return [cfg.decoder_start_token_id, *target], src
+
     # ----------------------------------------------------------------------------------------------
     def oip_metadata(self) -> dict[str, Any]:
         return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
