@@ -78,6 +78,8 @@ class Translator:
         eos = self.cfg.eos_token_id
         job.constraints = [[t for t in self.tokenizer.encode_target(term) if t != eos] for term in terms]
         job.constraint_terms = terms
+        if empty := [term for term, ids in zip(terms, job.constraints, strict=True) if not ids]:
+            raise InvalidInput(f"glossary target terms with no tokens for this model: {empty}", "invalid_glossary")
         job.num_beams = max(job.num_beams, MIN_CONSTRAINED_BEAMS)
         if sum(map(len, job.constraints)) + 1 > job.max_new_tokens:
             raise ConstraintsUnmet(terms)
