@@ -127,3 +127,13 @@ def test_inputs_are_bounded_and_the_metric_counts_them(server, models):
     embed(server, {"input": "hi"}, 400)  # two text models are served: say which
     embed(server, {"model": "gpt2", "image": base64.b64encode(png(0)).decode()}, 400)
     embed(server, {"model": "nope", "input": "hi"}, 404)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "marian"])
+def test_the_official_openai_client_gets_the_same_vectors(server, model):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    result = client.embeddings.create(model=model, input=TEXTS[:2])  # it asks for base64 and decodes it
+    got = np.array([d.embedding for d in result.data], dtype=np.float32)
+    assert np.array_equal(got, vectors(embed(server, {"model": model, "input": TEXTS[:2]})))
+    assert result.model == model and result.usage.prompt_tokens == result.usage.total_tokens > 0
