@@ -27,6 +27,7 @@ from model.kv_cache import SlotAllocator
 from model.tokenizer import Tokenizer
 
 Spans = list[tuple[int, int]]  # each request's rows in the decoder batch
+RESPELL_SLACK = 4  # how many tokens longer than the generated ones a text's own spelling is re-scored at most
 
 
 @dataclass
@@ -115,7 +116,9 @@ class Seq2SeqRunner:
         ConstraintsUnmet it ends with). The score is that of the text's own tokens: a hypothesis spelled with
         other tokens than its text encodes to (e.g. "Druck" + "er." for "Drucker" + ".") is scored again by
         teacher forcing those tokens (all of them in one batch), so that re-scoring a returned text always
-        gives its score. Of hypotheses with the same text, the best scored one stays."""
+        gives its score. Of hypotheses with the same text, the best scored one stays. A text whose own tokens
+        are more than RESPELL_SLACK longer than the generated ones (a degenerate output, e.g. one token repeated
+        to the length limit) keeps the generated tokens' score: teacher forcing it would cost a decoding."""
         kept: list[dict[str, tuple[list[int], float]]] = []
         respell: list[tuple[int, str, list[int]]] = []
         for i, seq in enumerate(seqs):
@@ -127,7 +130,7 @@ class Seq2SeqRunner:
                 own = tokenizer.encode_target(text)
                 if not ids or ids[-1] != self.eos:
                     own = [t for t in own if t != self.eos]
-                if own == ids or len(own) > self.cfg.max_target_len:  # (a longer spelling has no positions left)
+                if own == ids or len(own) > min(len(ids) + RESPELL_SLACK, self.cfg.max_target_len):
                     if text not in best or score > best[text][1]:
                         best[text] = (ids, score)
                 else:
