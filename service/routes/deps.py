@@ -6,16 +6,23 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
 
 from model.attention_maps import check_selection
 from service.errors import APIError, bad_request, overloaded
 from service.registry import ModelRegistry
+from service.runners import InvalidInput
 from service.schemas import AttentionSelection
 from service.settings import Settings
 from service.tasks import ServedModel
+from service.tasks.image_classification import decode_base64
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def registry(request: Request) -> ModelRegistry:
@@ -96,3 +103,52 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+# --------------------------------------------------------------------------------------------------
+# Bodies that carry images: JSON with base64, or multipart uploads
+# --------------------------------------------------------------------------------------------------
+def validated(schema: type[Body], data: dict[str, Any]) -> Body:
+    """`data` as `schema`, its errors reported like FastAPI's own (422)."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from exc
+
+
+async def image_body(request: Request, schema: type[Body], fields: tuple[str, ...],
+                     max_images: int) -> tuple[Body, list[bytes] | None]:
+    """The request as `schema`: from JSON (uploads None), or from a multipart form whose `fields` fill the body
+    and whose `file` parts (at least one, at most `max_images`) are returned read."""
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        try:
+            form = await request.form(max_files=max_images + 1, max_fields=16)
+        except Exception as exc:  # malformed multipart bodies
+            if isinstance(exc, APIError):
+                raise
+            raise bad_request(f"malformed multipart body: {exc}", "invalid_multipart") from exc
+        files = [f for f in form.getlist("file") if isinstance(f, UploadFile)]
+        body = validated(schema, {k: v for k, v in form.items() if k in fields and isinstance(v, str)})
+        if not files:
+            raise bad_request("multipart requests need at least one 'file' part", "missing_image")
+        check_count("images", len(files), max_images)
+        return body, [await f.read() for f in files]
+    try:
+        data = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the body is not valid JSON ({exc})", "invalid_json") from exc
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object", "invalid_json")
+    return validated(schema, data), None
+
+
+def base64_images(values: list[str], max_images: int) -> list[bytes]:
+    """JSON's base64 images (plain or data URLs), at most `max_images`; a 400 names the one that is not base64."""
+    check_count("images", len(values), max_images)
+    blobs = []
+    for i, value in enumerate(values):
+        try:
+            blobs.append(decode_base64(value))
+        except InvalidInput as exc:
+            raise bad_request(f"image {i} is not valid base64", "invalid_base64") from exc
+    return blobs

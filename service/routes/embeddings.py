@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
-from starlette.datastructures import UploadFile
 
-from service.errors import APIError, bad_request
-from service.routes.deps import check_count, ready_registry, settings
+from service.errors import bad_request
+from service.routes.deps import base64_images, check_count, image_body, ready_registry, settings
 from service.runners import InvalidInput
 from service.schemas import EmbeddingRequest, EmbeddingResponse
 from service.tasks import ServedModel
-from service.tasks.image_classification import decode_base64
 
 router = APIRouter(tags=["embeddings"])
 
@@ -33,44 +28,13 @@ _OPENAPI = {"requestBody": {"required": True, "content": {
 
 async def _parse(request: Request, max_inputs: int) -> tuple[EmbeddingRequest, list[bytes]]:
     """The request and its images' bytes (none for text)."""
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        try:
-            form = await request.form(max_files=max_inputs + 1, max_fields=16)
-        except Exception as exc:  # malformed multipart bodies
-            if isinstance(exc, APIError):
-                raise
-            raise bad_request(f"malformed multipart body: {exc}", "invalid_multipart") from exc
-        files = [f for f in form.getlist("file") if isinstance(f, UploadFile)]
-        fields = {k: v for k, v in form.items() if k in ("model", "encoding_format") and isinstance(v, str)}
-        if not files:
-            raise bad_request("multipart requests need at least one 'file' part", "missing_input")
-        check_count("images", len(files), max_inputs)
-        return _validated(fields), [await f.read() for f in files]
-    try:
-        data = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the body is not valid JSON ({exc})", "invalid_json") from exc
-    if not isinstance(data, dict):
-        raise bad_request("the body must be a JSON object", "invalid_json")
-    body = _validated(data)
+    body, uploads = await image_body(request, EmbeddingRequest, ("model", "encoding_format"), max_inputs)
+    if uploads is not None:
+        return body, uploads
     images = ([body.image] if body.image is not None else []) + list(body.images or [])
     if images and body.input is not None:
         raise bad_request("give 'input' (text) or images, not both", "invalid_input")
-    check_count("images", len(images), max_inputs)
-    blobs = []
-    for i, value in enumerate(images):
-        try:
-            blobs.append(decode_base64(value))
-        except InvalidInput as exc:
-            raise bad_request(f"image {i} is not valid base64", "invalid_base64") from exc
-    return body, blobs
-
-
-def _validated(data: dict[str, Any]) -> EmbeddingRequest:
-    try:
-        return EmbeddingRequest.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from exc
+    return body, base64_images(images, max_inputs)
 
 
 def _model(request: Request, name: str | None, kind: str) -> ServedModel:

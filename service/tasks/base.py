@@ -67,11 +67,7 @@ class ServedModel:
     async def embed(self, request: Request, items: list[Any]) -> list[list[float]]:
         """One L2-normalised vector per item (token ids or preprocessed pixels), batched with other requests';
         a client that leaves cancels them."""
-        try:
-            reqs = self.embedder.enqueue(items)
-            results = await while_connected(request, asyncio.gather(*(self.embedder.result(r) for r in reqs)))
-        except Exception as exc:
-            raise engine_failure(exc, "embedding") from exc
+        results = await batched(request, self.embedder, items, "embedding")
         self.metrics.embeddings.labels(self.name).inc(len(results))
         return results
 
@@ -146,6 +142,15 @@ class ServedModel:
     async def oip_infer(self, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
         """The output tensors for one validated input tensor (its name is one of the metadata's inputs)."""
         raise OIPError(404, f"model {self.name!r} is not served over this protocol")
+
+
+async def batched(request: Request, batcher: DynamicBatcher, items: list[Any], what: str) -> list[Any]:
+    """Each item's result from `batcher`, all queued or none; a client that leaves cancels them."""
+    try:
+        reqs = batcher.enqueue(items)
+        return await while_connected(request, asyncio.gather(*(batcher.result(r) for r in reqs)))
+    except Exception as exc:
+        raise engine_failure(exc, what) from exc
 
 
 def bytes_elements(tensor: dict[str, Any], limit: int) -> list[str]:

@@ -13,12 +13,11 @@ from fastapi import Request
 
 from model import attention_maps as am
 from model.embeddings import embed_pixels
-from service.connection import while_connected
 from service.engine import DynamicBatcher
-from service.errors import OIPError, engine_failure
+from service.errors import OIPError
 from service.runners import Classifier, InvalidInput, open_image
 from service.schemas import AttentionRequest
-from service.tasks.base import AttentionResult, ServedModel, bytes_elements
+from service.tasks.base import AttentionResult, ServedModel, batched, bytes_elements
 
 Ranked = list[tuple[str, float]]
 
@@ -53,11 +52,7 @@ class ServedClassifier(ServedModel):
 
     async def classify(self, request: Request, pixels: list[torch.Tensor]) -> list[Ranked]:
         """Each image's (label, probability) pairs, most likely first; a client that leaves cancels them."""
-        try:
-            items = self.batcher.enqueue(pixels)
-            results = await while_connected(request, asyncio.gather(*(self.batcher.result(i) for i in items)))
-        except Exception as exc:
-            raise engine_failure(exc, "classification") from exc
+        results = await batched(request, self.batcher, pixels, "classification")
         self.metrics.images.labels(self.name).inc(len(results))
         return results
 

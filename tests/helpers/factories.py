@@ -227,6 +227,12 @@ def tiny_vit_dir(d: Path, seed: int = 0) -> Path:
     return d
 
 
+def hf_model_set(root: Path) -> dict[str, Path]:
+    """Hugging Face GPT-2, Marian and ViT checkpoints (served as gpt2, marian, vit): `transformers` is the
+    reference for what tserve computes on them."""
+    return {"gpt2": hf_gpt2_dir(root / "gpt2"), "marian": hf_marian_dir(root / "marian"), "vit": hf_vit_dir(root / "vit")}
+
+
 def tiny_model_set(root: Path) -> dict[str, Path]:
     """One tiny checkpoint of each kind under `root`: {"lm", "mt", "vit"} -> directory."""
     return {"lm": tiny_lm_dir(root / "lm"), "mt": tiny_mt_dir(root / "mt"), "vit": tiny_vit_dir(root / "vit")}

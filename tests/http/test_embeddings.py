@@ -23,9 +23,7 @@ TEXTS = ["Good morning, my friend.", "Where is the station?", "the cat sat on th
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("embedding-models")
-    return {"gpt2": factories.hf_gpt2_dir(root / "gpt2"), "marian": factories.hf_marian_dir(root / "marian"),
-            "vit": factories.hf_vit_dir(root / "vit")}
+    return factories.hf_model_set(tmp_path_factory.mktemp("embedding-models"))
 
 
 @pytest.fixture(scope="module")

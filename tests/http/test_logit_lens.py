@@ -18,9 +18,7 @@ TEXT = "the cat sat on the mat and the dog"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lens-models")
-    return {"gpt2": factories.hf_gpt2_dir(root / "gpt2"), "marian": factories.hf_marian_dir(root / "marian"),
-            "vit": factories.hf_vit_dir(root / "vit")}
+    return factories.hf_model_set(tmp_path_factory.mktemp("lens-models"))
 
 
 @pytest.fixture(scope="module")
