@@ -1,6 +1,8 @@
 """`GET /viewer`: a self-contained page (inline CSS and JS, nothing fetched from elsewhere) that calls
-`/v1/models` and `/v1/attention` and draws the answer: a heatmap per module / layer / head, the cross-attention
-alignment of a translation, and a ViT's [CLS] attention over the image."""
+`/v1/models`, `/v1/attention` and `/v1/logit_lens` and draws the answer: a heatmap per module / layer / head,
+the cross-attention alignment of a translation, a ViT's [CLS] attention over the image, and a layers × positions
+grid of the logit lens. The scripts live in their own files and are inlined here, so the page needs no second
+request and the CSP can stay closed."""
 
 from __future__ import annotations
 
@@ -13,9 +15,16 @@ from fastapi.responses import HTMLResponse
 router = APIRouter(tags=["viewer"])
 
 
+SCRIPTS = ("viewer.js", "lens.js")
+
+
 @cache
 def _page() -> str:
-    return resources.files("service").joinpath("static", "viewer.html").read_text(encoding="utf-8")
+    static = resources.files("service").joinpath("static")
+    page = static.joinpath("viewer.html").read_text(encoding="utf-8")
+    for name in SCRIPTS:
+        page = page.replace(f"/* {name} */", static.joinpath(name).read_text(encoding="utf-8"), 1)
+    return page
 
 
 @router.get("/viewer", response_class=HTMLResponse, include_in_schema=True,

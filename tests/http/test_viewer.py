@@ -1,6 +1,7 @@
 """`GET /viewer`: the page is self-contained (nothing fetched from other origins), and, driven by a headless
 Chromium through Playwright, draws what `/v1/attention` answers: the heatmap of a language model with its
-tooltip, the alignment view of a translation, the [CLS] attention of a ViT, and the API's errors.
+tooltip, the alignment view of a translation, the [CLS] attention of a ViT, the logit lens grid of
+`/v1/logit_lens`, and the API's errors.
 
 The browser tests need Playwright (the dev extra) and a Chromium at /usr/bin/chromium (or $TSERVE_CHROMIUM);
 without them they are skipped, unless $TSERVE_REQUIRE_BROWSER or $CI is set, where they fail instead."""
@@ -81,7 +82,8 @@ def test_viewer_page_is_self_contained(server):
     parser.feed(html)
     assert parser.refs == []
     assert {"model", "input", "target", "image", "submit", "module", "layer", "head", "heatmap", "alignment",
-            "vit", "error", "tooltip"} <= parser.ids
+            "vit", "error", "tooltip", "tab-lens", "lens", "top-k"} <= parser.ids
+    assert "/* viewer.js */" not in html and "window.tserveViewer" in html and "v1/logit_lens" in html
     csp = resp.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp
 
@@ -89,8 +91,9 @@ def test_viewer_page_is_self_contained(server):
 def test_viewer_html_ships_with_the_package():
     from importlib import resources
 
-    page = resources.files("service").joinpath("static", "viewer.html")
-    assert page.is_file() and 'id="heatmap"' in page.read_text(encoding="utf-8")
+    static = resources.files("service").joinpath("static")
+    assert static.joinpath("viewer.html").is_file() and 'id="heatmap"' in static.joinpath("viewer.html").read_text()
+    assert all(static.joinpath(name).is_file() for name in ("viewer.js", "lens.js"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -369,3 +372,78 @@ def test_browser_shows_api_and_input_errors(page, server):
     assert page.is_hidden("#error")  # a new model clears the old error
     page.click("#submit")
     page.wait_for_function("() => document.getElementById('error').textContent.includes('choose an image')")
+
+
+def lens(server, **body) -> dict:
+    resp = httpx.post(server.url + "/v1/logit_lens", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+@pytest.mark.browser
+def test_browser_logit_lens_grid(page, server, tmp_path):
+    expected = lens(server, model="lm", input=LM_TEXT, top_k=3)
+    tokens, layers = expected["tokens"], expected["layers"]
+
+    page.click("#tab-lens")
+    assert page.get_attribute("#tab-lens", "aria-selected") == "true"
+    assert page.is_hidden("#heatmap-panel") and page.is_hidden("#selection-panel") and page.is_visible("#lens-panel")
+    assert page.eval_on_selector("#model option[value='vit']", "o => o.disabled")  # a ViT has no lens
+    page.select_option("#model", "lm")
+    page.click("#options-summary")
+    page.fill("#top-k", "3")
+    page.fill("#input", LM_TEXT)
+    _submit_and_wait(page, "lens")
+
+    assert page.get_attribute("#lens", "data-rows") == str(len(layers))
+    assert page.get_attribute("#lens", "data-cols") == str(len(tokens))
+    assert page.locator("#lens rect.lcell").count() == len(layers) * len(tokens)
+    # The last layer is the top row; every cell names its top token and is coloured by its probability.
+    cells = page.eval_on_selector_all("#lens rect.lcell", "rs => rs.map(r => [+r.dataset.layer, +r.dataset.pos, "
+                                      "+r.dataset.prob, r.getAttribute('fill')])")
+    assert [c[0] for c in cells[:len(tokens)]] == [layers[-1]["layer"]] * len(tokens)
+    by_cell = {(layer["layer"], j): p for layer in layers for j, p in enumerate(layer["positions"])}
+    for layer, j, prob, _ in cells:
+        assert prob == pytest.approx(by_cell[(layer, j)]["top"][0]["prob"], rel=1e-6)
+    ranked = sorted(cells, key=lambda c: c[2])
+    assert ranked[0][3] != ranked[-1][3]  # the colour follows the probability
+    labels = page.eval_on_selector_all("#lens text.top", "ts => ts.map(t => t.dataset.token)")
+    assert labels == [p["top"][0]["token"] for layer in reversed(layers) for p in layer["positions"]]
+    hits = page.eval_on_selector_all("#lens text.top.hit", "ts => ts.length")
+    assert hits == sum(p["top"][0]["token"] == tokens[j + 1] for layer in layers
+                       for j, p in enumerate(layer["positions"][:-1]))
+    assert page.eval_on_selector_all("#lens text.plabel", "ts => ts.length") == len(tokens)
+
+    # Hover: the top-k of that layer and position, with their probabilities.
+    last, j = layers[-1], 2
+    page.hover(f"#lens rect.lcell[data-layer='{last['layer']}'][data-pos='{j}']")
+    tip = _tooltip(page)
+    assert f"layer {last['layer']} · after {shown(tokens[j])}" in tip
+    for i, t in enumerate(last["positions"][j]["top"]):
+        assert f"{i + 1}. {shown(t['token'])}  {t['prob']:.4f}" in tip or t["prob"] < 0.001
+    page.screenshot(path=str(tmp_path / "lm-lens.png"), full_page=True)
+
+    # A translator: the grid reads the model's own translation; a given target replaces it.
+    page.select_option("#model", "mt")
+    page.fill("#input", MT_TEXT)
+    _submit_and_wait(page, "lens")
+    own = lens(server, model="mt", input=MT_TEXT, top_k=3)
+    assert page.get_attribute("#lens", "data-cols") == str(len(own["tokens"]))
+    assert "".join(own["tokens"][1:]) in page.inner_text("#lens")
+    page.fill("#target", "Guten Morgen")
+    _submit_and_wait(page, "lens")
+    given = lens(server, model="mt", input=MT_TEXT, target="Guten Morgen", top_k=3)
+    assert page.get_attribute("#lens", "data-cols") == str(len(given["tokens"]))
+
+    # Errors: a layer that does not exist, a bad top-k; back to the attention view.
+    page.fill("#fetch-layers", "9")
+    page.click("#submit")
+    page.wait_for_selector("#error:not(.hidden)")
+    assert "(HTTP 400)" in page.inner_text("#error")
+    page.fill("#fetch-layers", "")
+    page.fill("#top-k", "50")
+    page.click("#submit")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes('top-k')")
+    page.click("#tab-attention")
+    assert page.is_hidden("#lens-panel") and page.is_visible("#heatmap-panel") and page.is_hidden("#error")
+    assert page.inner_text("#submit") == "Show attention"
