@@ -98,7 +98,7 @@ class Scheduler:
             elif req.group not in (groups := {r.group for r in self.waiting}) and len(groups) >= self.max_queue:
                 raise QueueFull(f"model {self.name!r} has {len(groups)} requests waiting; retry later")
             self.waiting.append(req)
-            self.m.queue_depth.set(self.queue_depth)
+            self.m.queue_depth.set(self._groups_waiting())
         self._wake.set()
 
     def submit_all(self, jobs: list[Any], *, one_request: bool = False) -> list[EngineRequest]:
@@ -153,6 +153,11 @@ class Scheduler:
     @property
     def queue_depth(self) -> int:
         """Client requests waiting (the parts of one count once)."""
+        with self._lock:  # submitters append to the deque from the event loop's thread while this iterates it
+            return self._groups_waiting()
+
+    def _groups_waiting(self) -> int:
+        """`queue_depth` for callers that hold the lock."""
         return len({r.group for r in self.waiting})
 
     # ----------------------------------------------------------------------------------------------
@@ -169,7 +174,9 @@ class Scheduler:
                 self.restarts += 1
                 for req in list(self.running):
                     self._fail(req, exc)
-        for req in list(self.running) + list(self.waiting):
+        with self._lock:
+            left = list(self.running) + list(self.waiting)
+        for req in left:
             self._finish(req, Event(error=RuntimeError("server shutting down")))
 
     def _run_steps(self) -> None:

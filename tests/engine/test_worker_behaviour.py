@@ -8,6 +8,7 @@ past its deadline fails with a timeout, and call jobs (attention maps, prompt sc
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -175,6 +176,41 @@ def test_a_full_queue_refuses(worker):
     finally:
         w.inner.stop(drain_timeout_s=0)
     assert w.computed == ["running", "waiting"]
+
+
+def test_the_queue_is_counted_safely_while_requests_arrive(worker):
+    """The gauges count the waiting requests from the worker's thread (and /metrics from others) while the
+    event loop's thread appends to the queue: the count must not iterate a queue that changes under it."""
+    w = worker.start(max_queue=5000)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def count() -> None:
+        while not done.is_set():
+            try:
+                w.inner.queue_depth  # noqa: B018 - the read is the test
+            except Exception as exc:  # noqa: BLE001
+                failures.append(exc)
+                return
+
+    async def run() -> None:
+        jobs = [w.submit(f"job {i}", long=True) for i in range(1500)]
+        assert w.inner.queue_depth >= 1400
+        for job in jobs:
+            w.cancel(job)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads inside a count, so that a race shows at once
+    reader = threading.Thread(target=count)
+    reader.start()
+    try:
+        asyncio.run(run())
+    finally:
+        done.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+        w.inner.stop(drain_timeout_s=0)
+    assert failures == []
 
 
 def test_a_cancelled_waiting_request_is_never_computed(worker):
