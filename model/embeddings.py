@@ -16,6 +16,11 @@ from torch import Tensor
 from model.checkpoint import LoadedModel
 
 
+def max_input_tokens(loaded: LoadedModel) -> int:
+    """How many tokens a text input may have: the encoder's source length, or a decoder's context."""
+    return getattr(loaded.config, "max_source_len", None) or loaded.config.max_seq_len
+
+
 @torch.inference_mode()
 def embed_token_lists(loaded: LoadedModel, token_lists: Sequence[Sequence[int]]) -> Tensor:
     """(N, d_model) embeddings of N token id lists (none empty), as one right-padded batch."""

@@ -16,6 +16,7 @@ from fastapi import Request
 from model import attention_maps as am
 from model import logit_lens as lens
 from model.checkpoint import LoadedModel
+from model.embeddings import max_input_tokens
 from service.connection import while_connected
 from service.engine import DynamicBatcher, Scheduler
 from service.errors import OIPError, engine_failure
@@ -127,7 +128,7 @@ class ServedModel:
         ids = self.loaded.tokenizer.encode(text)
         if not ids:
             raise ValueError("the input is empty after tokenization")
-        limit = getattr(self.loaded.config, "max_source_len", None) or self.loaded.config.max_seq_len
+        limit = max_input_tokens(self.loaded)
         if len(ids) > limit:
             raise ValueError(f"the input has {len(ids)} tokens; this model takes at most {limit}")
         return ids

@@ -73,3 +73,16 @@ def test_documents_benchmark_runs_every_mode(capsys):
     assert rows[0].requests == 1 and rows[1].requests == rows[2].requests > 5
     assert all(r.seconds > 0 for r in rows)
     assert "| mode | requests | seconds | vs one request |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_embeddings_benchmark_scores_every_model(tmp_path, capsys):
+    figure = tmp_path / "clusters.png"
+    rows = bench_script("embeddings").main(["--tiny", "--per-domain", "12", "--figure", str(figure)])
+    assert [r.model for r in rows] == ["tiny LM", "tiny translator", "bag of words (reference)"]
+    words = rows[-1]  # the made-up domains share no word: word overlap separates them exactly
+    assert words.nn_accuracy == 1.0 and words.between == 0.0 and words.within > 0
+    for r in rows[:-1]:  # trained fixtures: texts of one domain lie closer together than texts of two
+        assert r.within > r.between and r.nn_accuracy > 0.5
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| embedding | nearest neighbour same domain |" in capsys.readouterr().out

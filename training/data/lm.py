@@ -144,7 +144,21 @@ def load_lm_corpus(
     chunk_chars: int = LM_CHUNK_CHARS,
     force: bool = False,
 ) -> dict[str, list[str]]:
-    """English LM corpus (Shakespeare, Jane Austen, fortunes) split into train/valid/test.
+    """English LM corpus (Shakespeare, Jane Austen, fortunes) split into train/valid/test: the chunks' texts
+    (see `load_lm_chunks`)."""
+    chunks = load_lm_chunks(root, valid_frac=valid_frac, test_frac=test_frac, chunk_chars=chunk_chars, force=force)
+    return {s: [c["text"] for c in v] for s, v in chunks.items()}
+
+
+def load_lm_chunks(
+    root: str | Path | None = None,
+    *,
+    valid_frac: float = LM_VALID_FRAC,
+    test_frac: float = LM_TEST_FRAC,
+    chunk_chars: int = LM_CHUNK_CHARS,
+    force: bool = False,
+) -> dict[str, list[dict[str, str]]]:
+    """English LM corpus split into train/valid/test: ``{"id": "<source>/<document>#<chunk>", "text"}`` each.
 
     Long works are cut into chunks of about ``chunk_chars`` characters at paragraph
     breaks; each fortune is one chunk. Exact duplicate chunks are dropped and each chunk's
@@ -155,7 +169,7 @@ def load_lm_corpus(
     tag = f"lm-v{PROCESSING_VERSION}-{valid_frac:g}-{test_frac:g}-{chunk_chars}"
     paths = {s: pdir / f"{tag}-{s}.jsonl" for s in ("train", "valid", "test")}
     if not force and all(p.is_file() for p in paths.values()):
-        return {s: [r["text"] for r in _read_jsonl(p)] for s, p in paths.items()}
+        return {s: list(_read_jsonl(p)) for s, p in paths.items()}
     t0 = time.perf_counter()
     chunks: list[dict[str, str]] = []
     seen: set[str] = set()
@@ -175,4 +189,4 @@ def load_lm_corpus(
     logger.info(
         "lm corpus: %s chunks (%.1fs)", {s: len(v) for s, v in splits.items()}, time.perf_counter() - t0
     )
-    return {s: [c["text"] for c in v] for s, v in splits.items()}
+    return splits
