@@ -53,6 +53,9 @@ class GenerationDefaults:
     early_stopping: bool | str = False
     banned_token_ids: list[int] = field(default_factory=list)
     force_eos_at_max: bool = False
+    # Translators: the cross-attention heads that align target tokens to source tokens (model/alignment.py).
+    alignment_heads: list[list[int]] = field(default_factory=list)  # [[decoder layer, head], ...]
+    alignment_offset: int = 0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationDefaults:

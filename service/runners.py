@@ -14,6 +14,7 @@ from PIL import Image, UnidentifiedImageError
 from model.checkpoint import LoadedModel
 from model.decoding import TranslationJob, translation_job
 from model.decoding.constrained_beam import ConstraintsUnmet
+from model.html_markup import Markup, parse_html
 from model.segmentation import Document, split_document
 
 
@@ -34,6 +35,9 @@ class DocumentJob:
 
     document: Document
     jobs: list[TranslationJob]
+    # HTML input: the page's markup, and each of its blocks' sentences (`document` then lists them all in order)
+    markup: Markup | None = None
+    blocks: list[Document] | None = None
 
 
 class Translator:
@@ -64,7 +68,22 @@ class Translator:
             ids[segment] = self.tokenizer.encode(segment)
             return len(ids[segment]) <= self.cfg.max_source_len
 
-        doc = split_document(text, fits)
+        return self._jobs(split_document(text, fits), ids, num_beams, max_tokens, glossary)
+
+    def html_document(self, page: str, num_beams: int | None, max_tokens: int | None,
+                      glossary: dict[str, str] | None = None) -> DocumentJob:
+        """An HTML page: each block's text (model.html_markup) cut into sentences like a text's, one job per
+        sentence, all blocks in order. A page without text to translate is refused."""
+        markup = parse_html(page)
+        if not markup.blocks:
+            raise InvalidInput("the page holds no text to translate", "empty_input")
+        docs = [self.document(b.text, num_beams, max_tokens, glossary) for b in markup.blocks]
+        segments = [seg for d in docs for seg in d.document.segments]
+        return DocumentJob(Document(segments, [""] * (len(segments) + 1)), [j for d in docs for j in d.jobs],
+                           markup, [d.document for d in docs])
+
+    def _jobs(self, doc: Document, ids: dict[str, list[int]], num_beams: int | None, max_tokens: int | None,
+              glossary: dict[str, str] | None) -> DocumentJob:
         jobs = []
         for seg in doc.segments:
             job = translation_job(self.loaded, ids.get(seg) or self.tokenizer.encode(seg), num_beams, max_tokens)

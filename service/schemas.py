@@ -92,6 +92,8 @@ class TranslationRequest(_Request):
     n: int = Field(1, ge=1, le=16, description="alternatives per input, best first (at most num_beams)")
     glossary: dict[str, str] | None = Field(None, description="source term -> target term: where a source term "
                                             "occurs (whole words, any case), the target term appears verbatim")
+    format: Literal["text", "html"] = Field("text", description="html: translate the page's text, keep its markup "
+                                            "(inline tags placed by the model's alignment)")
     stream: bool = False
     return_attention: AttentionSelection | None = None
 

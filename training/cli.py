@@ -53,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="int8: evaluate the int8 model (--quantize int8); stored beside the float32 figures")
     e.set_defaults(func=run_eval)
 
+    from training.alignment import register as register_align  # noqa: PLC0415
+
+    register_align(subparsers)
+
 
 def default_out(task: str, dataset: str | None) -> str:
     if task == "vit":

@@ -61,13 +61,15 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         check_max_tokens(body.max_tokens, cfg.max_tokens_limit)
     log_inputs(request, inputs)
     try:
-        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n, body.glossary)
+        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html")
     except InvalidInput as exc:
         raise bad_request(str(exc), exc.code) from exc
     except ConstraintsUnmet as exc:
         raise engine_failure(exc, "translation") from exc
     if body.stream and len(docs) != 1:
         raise bad_request("streaming takes exactly one input", "stream_unsupported")
+    if body.format == "html" and (body.stream or body.return_attention is not None):
+        raise bad_request("format html answers whole pages: without stream and return_attention", "invalid_format")
     attention = None
     if body.return_attention is not None:
         if any(len(d.jobs) != 1 for d in docs):

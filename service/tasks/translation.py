@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
 from model import attention_maps as am
+from model.alignment import SentencePair, token_spans, word_alignment
 from model.decoding.constrained_beam import ConstraintsUnmet
 from model.embeddings import embed_token_lists
+from model.html_markup import render_block, words
 from model.segmentation import Document
-from service.connection import while_connected
+from model.tokenizer import Tokenizer
+from service.connection import run_job, while_connected
 from service.engine import QueueFull, TranslationEngine, TranslationRequest
 from service.engine.output import Hypothesis
 from service.errors import OIPError, bad_request, engine_failure
@@ -58,26 +62,76 @@ def weighted_score(parts: list[tuple[float, int]]) -> float:
     return sum(score * max(n, 1) for score, n in parts) / tokens
 
 
-def assemble(doc: DocumentJob, segments: list[SegmentResult], n: int) -> TranslationOutput:
-    """The document's translation and up to `n` distinct alternatives: alternative k joins each segment's
-    k-th best distinct hypothesis (its last one where it has fewer)."""
+def alternative_picks(segments: list[SegmentResult], n: int) -> list[list[Hypothesis]]:
+    """Up to `n` alternatives as one hypothesis per segment: alternative k takes each segment's k-th best
+    distinct hypothesis (its last one where it has fewer); the first is every segment's best."""
     options = []
     for seg in segments:
         distinct: dict[str, Hypothesis] = {}
         for h in seg.hypotheses:
             distinct.setdefault(h.text, h)
         options.append(list(distinct.values()))
+    best = [Hypothesis(seg.text, seg.token_ids, seg.hypotheses[0].score) for seg in segments]
+    return [best] + [[o[min(k, len(o) - 1)] for o in options] for k in range(1, max(map(len, options)) if n > 1 else 1)]
+
+
+def assemble(doc: DocumentJob, segments: list[SegmentResult], n: int,
+             render: Callable[[list[Hypothesis]], str] | None = None) -> TranslationOutput:
+    """The document's translation and up to `n` distinct alternatives (`alternative_picks`), each joined into
+    the document's layout, or made by `render` (an HTML page's markup around its blocks' translations)."""
+    render = render or (lambda picks: doc.document.join([h.text for h in picks]))
     alternatives: dict[str, float] = {}
-    for k in range(max(len(o) for o in options) if n > 1 else 1):
-        picks = [o[min(k, len(o) - 1)] for o in options]
-        text = doc.document.join([h.text for h in picks])
-        alternatives.setdefault(text, weighted_score([(h.score, len(h.token_ids)) for h in picks]))
-    best_text = doc.document.join([seg.text for seg in segments])
-    score = weighted_score([(seg.hypotheses[0].score, len(seg.token_ids)) for seg in segments])
-    alts = [(best_text, score)] + [(t, sc) for t, sc in alternatives.items() if t != best_text]
+    for picks in alternative_picks(segments, n):
+        alternatives.setdefault(render(picks), weighted_score([(h.score, len(h.token_ids)) for h in picks]))
+    (best_text, score), *rest = alternatives.items()
     return TranslationOutput(best_text, [t for seg in segments for t in seg.token_ids], score,
                              "length" if any(seg.finish_reason == "length" for seg in segments) else "stop",
-                             alts[:n])
+                             [(best_text, score), *rest][:n])
+
+
+def _key(picks: list[Hypothesis]) -> tuple:
+    return tuple((h.text, tuple(h.token_ids)) for h in picks)
+
+
+def html_sentence_pairs(doc: DocumentJob, picks: list[Hypothesis], tokenizer: Tokenizer,
+                        eos: int) -> list[SentencePair | None]:
+    """Per sentence of an HTML page, what aligning its translation `picks[i]` takes (None in blocks without
+    markup, which need no alignment)."""
+    pairs: list[SentencePair | None] = []
+    sentences = iter(zip(doc.jobs, doc.document.segments, picks, strict=True))
+    for block, bdoc in zip(doc.markup.blocks, doc.blocks, strict=True):
+        for _ in bdoc.segments:
+            job, source, pick = next(sentences)
+            if not block.children:
+                pairs.append(None)
+                continue
+            target_ids = [t for t in pick.token_ids if t != eos]
+            pairs.append(SentencePair(job.source_ids, target_ids, token_spans(tokenizer, job.source_ids, source),
+                                      token_spans(tokenizer, target_ids, pick.text), words(source), words(pick.text)))
+    return pairs
+
+
+def render_html(doc: DocumentJob, picks: list[Hypothesis], aligned: list[list[int] | None]) -> str:
+    """The page with each block's translation (its sentences' `picks`, joined in the block's layout) and its
+    markup placed by the sentences' word alignments."""
+    rendered, i = [], 0
+    for block, bdoc in zip(doc.markup.blocks, doc.blocks, strict=True):
+        m = len(bdoc.segments)
+        texts = [h.text for h in picks[i: i + m]]
+        target = bdoc.join(texts)
+        source_words, target_words, block_aligned = [], [], []
+        src_at, tgt_at = len(bdoc.layout[0]), len(bdoc.layout[0])
+        for source, text, after, a in zip(bdoc.segments, texts, bdoc.layout[1:], aligned[i: i + m], strict=True):
+            base = len(source_words)
+            source_words += words(source, src_at)
+            tw = words(text, tgt_at)
+            target_words += tw
+            block_aligned += [-1] * len(tw) if a is None else [x + base if x >= 0 else -1 for x in a]
+            src_at += len(source) + len(after)
+            tgt_at += len(text) + len(after)
+        rendered.append(render_block(block, target, target_words, source_words, block_aligned))
+        i += m
+    return doc.markup.join(rendered)
 
 
 MAX_GLOSSARY_TERM_CHARS = 100
@@ -101,9 +155,9 @@ class ServedTranslator(ServedModel):
         self.engine.warm_up()
 
     def documents(self, texts: list[str], num_beams: int | None = None, max_tokens: int | None = None,
-                  n: int = 1, glossary: dict[str, str] | None = None) -> list[DocumentJob]:
-        """A document job (segments) per text, each checked against the server's and the model's limits
-        (InvalidInput; ConstraintsUnmet when glossary terms cannot fit in max_tokens)."""
+                  n: int = 1, glossary: dict[str, str] | None = None, html: bool = False) -> list[DocumentJob]:
+        """A document job (segments) per text (with `html`, per HTML page), each checked against the server's
+        and the model's limits (InvalidInput; ConstraintsUnmet when glossary terms cannot fit in max_tokens)."""
         docs, limit = [], self.settings.max_input_chars
         self.check_glossary(glossary)
         beams = num_beams or self.loaded.generation.num_beams
@@ -116,7 +170,8 @@ class ServedTranslator(ServedModel):
             if len(text) > limit:
                 raise InvalidInput(f"input {i} has {len(text)} characters; the limit is {limit}", "input_too_long")
             try:
-                docs.append(self.engine.translator.document(text, num_beams, max_tokens, glossary))
+                make = self.engine.translator.html_document if html else self.engine.translator.document
+                docs.append(make(text, num_beams, max_tokens, glossary))
             except InvalidInput as exc:
                 raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
         return docs
@@ -157,11 +212,34 @@ class ServedTranslator(ServedModel):
         finally:
             for r in reqs:
                 r.cancel()
-        out, start = [], 0
-        for d, p in zip(docs, parts, strict=True):
-            out.append(assemble(d, results[start: start + len(p)], n))
+        per_doc, start = [], 0
+        for p in parts:
+            per_doc.append(results[start: start + len(p)])
             start += len(p)
-        return out
+        renders = await self.html_renderers(request, docs, per_doc, n)
+        return [assemble(d, r, n, render) for d, r, render in zip(docs, per_doc, renders, strict=True)]
+
+    async def html_renderers(self, request: Request, docs: list[DocumentJob], results: list[list[SegmentResult]],
+                             n: int) -> list[Callable[[list[Hypothesis]], str] | None]:
+        """For each HTML page, how to render an alternative: its sentences' word alignments (every alternative
+        of every page in one call job of the engine's worker), then the markup placed by them."""
+        tok, eos = self.loaded.tokenizer, self.loaded.config.eos_token_id
+        wanted: list[tuple[int, tuple, list[SentencePair | None]]] = []  # (page, alternative's key, pairs)
+        for i, (d, r) in enumerate(zip(docs, results, strict=True)):
+            if d.markup is not None:
+                wanted += [(i, _key(picks), html_sentence_pairs(d, picks, tok, eos))
+                           for picks in alternative_picks(r, n)]
+        pairs = [p for _, _, ps in wanted for p in ps if p is not None]
+        if not wanted:
+            return [None] * len(docs)
+        aligned = iter(await run_job(request, self.engine, "translation", "invalid_request", word_alignment,
+                                     self.loaded, pairs) if pairs else [])
+        by_key = {(i, key): [None if p is None else next(aligned) for p in ps] for i, key, ps in wanted}
+
+        def renderer(i: int) -> Callable[[list[Hypothesis]], str]:
+            return lambda picks: render_html(docs[i], picks, by_key[(i, _key(picks))])
+
+        return [renderer(i) if d.markup is not None else None for i, d in enumerate(docs)]
 
     # ----------------------------------------------------------------------------------------------
     async def attention_context(self, request: Request, body: AttentionRequest) -> list[int] | None:

@@ -202,7 +202,7 @@ def tiny_lm_dir(d: Path, seed: int = 0, trained: bool = True, **overrides) -> Pa
     return d
 
 
-def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
+def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, steps: int = fixture_training.STEPS) -> Path:
     """Our encoder-decoder, having learnt `fixture_training.LEXICON` (random weights with `trained=False`)."""
     vocab = write_bpe_tokenizer(d, add_eos=True)
     tok = load_tokenizer(d)
@@ -213,9 +213,26 @@ def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
     gen = GenerationDefaults(num_beams=2, max_new_tokens=24, banned_token_ids=[tok.pad_id])
     model = Seq2Seq(cfg)
     if trained:
-        model = _trained(("mt", seed), model, lambda m: fixture_training.train_translator(
-            m, tok.encode, tok.encode_target, m, tok.pad_id, tok.bos_id, seed))
+        model = _trained(("mt", seed, steps), model, lambda m: fixture_training.train_translator(
+            m, tok.encode, tok.encode_target, m, tok.pad_id, tok.bos_id, seed, steps))
     save_checkpoint(d, model.eval(), generation=gen)
+    return d
+
+
+ALIGNED_MT_STEPS = 1500  # longer than the other fixtures: its cross-attention settles on the word it translates
+
+
+def aligned_mt_dir(d: Path, seed: int = 0) -> Path:
+    """`tiny_mt_dir` whose alignment heads are chosen on lexicon sentences (word i translates to word i)."""
+    from model.alignment import choose_alignment_heads
+    from model.checkpoint import load
+
+    tiny_mt_dir(d, seed, steps=ALIGNED_MT_STEPS)
+    loaded = load(d)
+    choice = choose_alignment_heads(loaded, fixture_training.lexicon_alignments(loaded, 60))
+    gen = json.loads((d / "generation.json").read_text())
+    gen |= {"alignment_heads": [list(h) for h in choice.heads], "alignment_offset": choice.offset}
+    (d / "generation.json").write_text(json.dumps(gen))
     return d
 
 

@@ -168,3 +168,28 @@ def sentences_where_beams_matter(loaded, n: int, num_beams: int = 4, max_new_tok
                 break
     assert out, f"{num_beams} beams never beat greedy decoding: the fixture is too sure to test beam search"
     return out
+
+
+def lexicon_alignments(loaded, n: int, seed: int = 3):  # noqa: ANN001, ANN201 - a translator; KnownAlignments
+    """`n` lexicon sentences and their word-for-word translations, whose alignment is known (word i to word
+    i), as `model.alignment.KnownAlignment`s over the translator's tokens."""
+    import re  # noqa: PLC0415
+
+    from model.alignment import KnownAlignment, token_spans  # noqa: PLC0415
+
+    tok, eos = loaded.tokenizer, loaded.config.eos_token_id
+    out = []
+    for source in lexicon_sentences(n, seed=seed, min_words=3, max_words=8):
+        target = " ".join(LEXICON[w] for w in source.split())
+        src_ids, tgt_ids = tok.encode(source), [t for t in tok.encode_target(target) if t != eos]
+        src_spans, tgt_spans = token_spans(tok, src_ids, source), token_spans(tok, tgt_ids, target)
+        src_words = [m.span() for m in re.finditer(r"\S+", source)]
+        tgt_words = [m.span() for m in re.finditer(r"\S+", target)]
+        gold = {}
+        for t, (a, b) in enumerate(tgt_spans):
+            w = next((i for i, (s, e) in enumerate(tgt_words) if a < b and s <= a < e), None)
+            if w is not None:
+                s, e = src_words[w]
+                gold[t] = {j for j, (c, d) in enumerate(src_spans) if c < d and s <= c < e}
+        out.append(KnownAlignment(src_ids, tgt_ids, gold))
+    return out
