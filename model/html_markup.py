@@ -369,6 +369,39 @@ def _escape(text: str, entities: dict[str, str]) -> str:
     return out
 
 
+@dataclass(frozen=True)
+class TagPlacement:
+    """Where one inline piece of markup went: a span's source words and the target words it wraps, or an
+    atom's word boundary (it sits before word `boundary`) in the source and in the target."""
+
+    tag: str  # the open tag as the page wrote it (an atom: its whole markup)
+    kind: str  # "span" | "atom"
+    depth: int  # 0 for the block's own children, 1 inside one span, ...
+    source_words: list[int]
+    target_words: list[int]
+    source_boundary: int | None = None
+    target_boundary: int | None = None
+
+
+def tag_placements(block: Block, source_words: list[tuple[int, int]], aligned: list[int]) -> list[TagPlacement]:
+    """Every span and atom of `block`, in the order `render_block` writes them, with the target words it
+    placed them on (same arguments as `render_block`)."""
+    out: list[TagPlacement] = []
+
+    def walk(items: list[_Placed], depth: int) -> None:
+        for p in items:
+            if isinstance(p.item, Atom):
+                before = sum(1 for _, e in source_words if e <= p.item.at)
+                out.append(TagPlacement(p.item.raw, "atom", depth, [], [], before, p.first))
+            else:
+                out.append(TagPlacement(p.item.open_tag, "span", depth, _source_words_of(p.item, source_words),
+                                        list(range(p.first, p.last + 1))))
+                walk(p.children, depth + 1)
+
+    walk(_place(block.children, 0, len(aligned), source_words, aligned), 0)
+    return out
+
+
 def render_block(block: Block, target: str, target_words: list[tuple[int, int]],
                  source_words: list[tuple[int, int]], aligned: list[int]) -> str:
     """`target` (the block's translation) as HTML with the block's spans and atoms placed: `target_words` and

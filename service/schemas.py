@@ -94,6 +94,8 @@ class TranslationRequest(_Request):
                                             "occurs (whole words, any case), the target term appears verbatim")
     format: Literal["text", "html"] = Field("text", description="html: translate the page's text, keep its markup "
                                             "(inline tags placed by the model's alignment)")
+    return_alignment: bool = Field(False, description="each input's segments with their word alignment (and, "
+                                   "for html, where each inline tag went)")
     stream: bool = False
     return_attention: AttentionSelection | None = None
 
@@ -236,12 +238,33 @@ class Alternative(BaseModel):
     score: float
 
 
+class TagPlacementOut(BaseModel):
+    tag: str = Field(description="the open tag as written (an atom such as <br> or a comment: all of it)")
+    kind: Literal["span", "atom"]
+    depth: int = Field(description="0 for a segment's own tags, 1 inside one span, ...")
+    source_words: list[int] = Field(description="a span: the source words it wraps")
+    target_words: list[int] = Field(description="a span: the target words it was placed around")
+    source_boundary: int | None = Field(None, description="an atom: it stood before this source word")
+    target_boundary: int | None = Field(None, description="an atom: it was put before this target word")
+
+
+class SegmentAlignment(BaseModel):
+    source: str = Field(description="the text the model read (for html: a block's text, markup removed)")
+    translation: str
+    source_words: list[str]
+    target_words: list[str]
+    alignment: list[int] = Field(description="per target word, the source word it was read from (-1: none)")
+    tags: list[TagPlacementOut] | None = Field(None, description="format html: the block's inline markup")
+
+
 class TranslationItem(BaseModel):
     index: int
     translation: str
     score: float = Field(description="length-normalised log-probability (token-weighted mean over sentences)")
     alternatives: list[Alternative] | None = Field(None, description="with n > 1: best first, distinct")
     attention: AttentionMaps | None = Field(None, description="with return_attention")
+    segments: list[SegmentAlignment] | None = Field(None, description="with return_alignment: the best "
+                                                    "translation's segments (sentences; html: blocks)")
 
 
 class AttentionResponse(BaseModel):

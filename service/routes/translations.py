@@ -70,6 +70,8 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         raise bad_request("streaming takes exactly one input", "stream_unsupported")
     if body.format == "html" and (body.stream or body.return_attention is not None):
         raise bad_request("format html answers whole pages: without stream and return_attention", "invalid_format")
+    if body.return_alignment and body.stream:
+        raise bad_request("return_alignment answers whole translations: without stream", "stream_unsupported")
     attention = None
     if body.return_attention is not None:
         if any(len(d.jobs) != 1 for d in docs):
@@ -80,8 +82,11 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         attention = attention_selection(served, body.return_attention, body.stream, len(jobs), steps,
                                         steps + longest, cfg.max_attention_floats)
     if not body.stream:
-        outputs = await served.translate(request, docs, body.n)
+        outputs = await served.translate(request, docs, body.n, body.return_alignment)
         data = [_item(i, out, body.n) for i, out in enumerate(outputs)]
+        if body.return_alignment:
+            for item, out in zip(data, outputs, strict=True):
+                item["segments"] = out.segments
         if attention is not None:
             for item, doc, out in zip(data, docs, outputs, strict=True):
                 maps = await run_job(request, engine, "attention", "invalid_attention_request",

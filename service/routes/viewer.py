@@ -1,8 +1,9 @@
 """`GET /viewer`: a self-contained page (inline CSS and JS, nothing fetched from elsewhere) that calls
-`/v1/models`, `/v1/attention` and `/v1/logit_lens` and draws the answer: a heatmap per module / layer / head,
-the cross-attention alignment of a translation, a ViT's [CLS] attention over the image, and a layers × positions
-grid of the logit lens. The scripts live in their own files and are inlined here, so the page needs no second
-request and the CSP can stay closed."""
+`/v1/models`, `/v1/attention`, `/v1/logit_lens` and `/v1/translations` and draws the answer: a heatmap per
+module / layer / head, the cross-attention alignment of a translation, a ViT's [CLS] attention over the image,
+a layers × positions grid of the logit lens, and a translated document's segments with their word alignment
+and where each inline HTML tag went. The scripts live in their own files and are inlined here, so the page
+needs no second request and the CSP can stay closed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fastapi.responses import HTMLResponse
 router = APIRouter(tags=["viewer"])
 
 
-SCRIPTS = ("viewer.js", "lens.js")
+SCRIPTS = ("viewer.js", "lens.js", "document.js")
 
 
 @cache

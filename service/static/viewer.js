@@ -135,9 +135,10 @@
     const task = currentTask();
     document.body.dataset.task = task || "";
     $("text-row").classList.toggle("hidden", task === "image-classification");
-    $("target-row").classList.toggle("hidden", task !== "translation");
+    $("target-row").classList.toggle("hidden", task !== "translation" || state.view === "document");
     $("image-row").classList.toggle("hidden", task !== "image-classification");
-    $("input-hint").textContent = task === "translation" ? "(the source sentence)" : "(the language model's input)";
+    $("input-hint").textContent = state.view === "document" ? "(a text or an HTML page)"
+      : task === "translation" ? "(the source sentence)" : "(the language model's input)";
   }
 
   $("image").addEventListener("change", () => {

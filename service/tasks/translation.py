@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -16,7 +16,7 @@ from model import attention_maps as am
 from model.alignment import SentencePair, token_spans, word_alignment
 from model.decoding.constrained_beam import ConstraintsUnmet
 from model.embeddings import embed_token_lists
-from model.html_markup import render_block, words
+from model.html_markup import Block, render_block, tag_placements, words
 from model.segmentation import Document
 from model.tokenizer import Tokenizer
 from service.connection import run_job, while_connected
@@ -45,6 +45,7 @@ class TranslationOutput:
     score: float  # token-weighted mean of the segments' scores
     finish_reason: str  # "length" when any segment stopped at its length limit
     alternatives: list[tuple[str, float]]  # best first, distinct; the first is (text, score)
+    segments: list[dict] | None = field(default=None)  # alignment_report, when asked for
 
 
 async def collect_translation(engine: TranslationEngine, req: TranslationRequest) -> SegmentResult:
@@ -93,32 +94,43 @@ def _key(picks: list[Hypothesis]) -> tuple:
     return tuple((h.text, tuple(h.token_ids)) for h in picks)
 
 
-def html_sentence_pairs(doc: DocumentJob, picks: list[Hypothesis], tokenizer: Tokenizer,
-                        eos: int) -> list[SentencePair | None]:
-    """Per sentence of an HTML page, what aligning its translation `picks[i]` takes (None in blocks without
-    markup, which need no alignment)."""
+def sentence_pairs(doc: DocumentJob, picks: list[Hypothesis], tokenizer: Tokenizer, eos: int,
+                   every: bool = False) -> list[SentencePair | None]:
+    """Per sentence of a document, what aligning its translation `picks[i]` takes; in an HTML page's blocks
+    without markup (which need no alignment to render) None, unless `every`."""
     pairs: list[SentencePair | None] = []
-    sentences = iter(zip(doc.jobs, doc.document.segments, picks, strict=True))
-    for block, bdoc in zip(doc.markup.blocks, doc.blocks, strict=True):
-        for _ in bdoc.segments:
-            job, source, pick = next(sentences)
-            if not block.children:
-                pairs.append(None)
-                continue
-            target_ids = [t for t in pick.token_ids if t != eos]
-            pairs.append(SentencePair(job.source_ids, target_ids, token_spans(tokenizer, job.source_ids, source),
-                                      token_spans(tokenizer, target_ids, pick.text), words(source), words(pick.text)))
+    sentences = zip(doc.jobs, doc.document.segments, picks, strict=True)
+    needed = ([bool(block.children) for block, bdoc in zip(doc.markup.blocks, doc.blocks, strict=True)
+               for _ in bdoc.segments] if doc.markup is not None else [True] * len(doc.jobs))
+    for (job, source, pick), need in zip(sentences, needed, strict=True):
+        if not (need or every):
+            pairs.append(None)
+            continue
+        target_ids = [t for t in pick.token_ids if t != eos]
+        pairs.append(SentencePair(job.source_ids, target_ids, token_spans(tokenizer, job.source_ids, source),
+                                  token_spans(tokenizer, target_ids, pick.text), words(source), words(pick.text)))
     return pairs
 
 
-def render_html(doc: DocumentJob, picks: list[Hypothesis], aligned: list[list[int] | None]) -> str:
-    """The page with each block's translation (its sentences' `picks`, joined in the block's layout) and its
-    markup placed by the sentences' word alignments."""
-    rendered, i = [], 0
+@dataclass
+class BlockAlignment:
+    """An HTML block, its translation, and which source word each target word was read from (-1: none)."""
+
+    block: Block
+    target: str
+    source_words: list[tuple[int, int]]  # (start, end) in block.text
+    target_words: list[tuple[int, int]]  # ... in target
+    aligned: list[int]
+
+
+def block_alignments(doc: DocumentJob, picks: list[Hypothesis],
+                     aligned: list[list[int] | None]) -> list[BlockAlignment]:
+    """Each block of an HTML page with its translation (its sentences' `picks`, joined in the block's layout)
+    and its sentences' word alignments put end to end."""
+    out, i = [], 0
     for block, bdoc in zip(doc.markup.blocks, doc.blocks, strict=True):
         m = len(bdoc.segments)
         texts = [h.text for h in picks[i: i + m]]
-        target = bdoc.join(texts)
         source_words, target_words, block_aligned = [], [], []
         src_at, tgt_at = len(bdoc.layout[0]), len(bdoc.layout[0])
         for source, text, after, a in zip(bdoc.segments, texts, bdoc.layout[1:], aligned[i: i + m], strict=True):
@@ -129,9 +141,32 @@ def render_html(doc: DocumentJob, picks: list[Hypothesis], aligned: list[list[in
             block_aligned += [-1] * len(tw) if a is None else [x + base if x >= 0 else -1 for x in a]
             src_at += len(source) + len(after)
             tgt_at += len(text) + len(after)
-        rendered.append(render_block(block, target, target_words, source_words, block_aligned))
+        out.append(BlockAlignment(block, bdoc.join(texts), source_words, target_words, block_aligned))
         i += m
-    return doc.markup.join(rendered)
+    return out
+
+
+def render_html(doc: DocumentJob, picks: list[Hypothesis], aligned: list[list[int] | None]) -> str:
+    """The page with each block's translation and its markup placed by the sentences' word alignments."""
+    return doc.markup.join([render_block(b.block, b.target, b.target_words, b.source_words, b.aligned)
+                            for b in block_alignments(doc, picks, aligned)])
+
+
+def _segment(source: str, target: str, source_words: list[tuple[int, int]], target_words: list[tuple[int, int]],
+             aligned: list[int]) -> dict[str, Any]:
+    return {"source": source, "translation": target, "source_words": [source[s:e] for s, e in source_words],
+            "target_words": [target[s:e] for s, e in target_words], "alignment": aligned}
+
+
+def alignment_report(doc: DocumentJob, picks: list[Hypothesis], aligned: list[list[int] | None]) -> list[dict]:
+    """What `return_alignment` answers: per segment (a sentence; an HTML page's block) its words, the source
+    word each target word was read from, and, for HTML, where each inline tag went."""
+    if doc.markup is None:
+        return [_segment(source, h.text, words(source), words(h.text), a or [])
+                for source, h, a in zip(doc.document.segments, picks, aligned, strict=True)]
+    return [_segment(b.block.text, b.target, b.source_words, b.target_words, b.aligned)
+            | {"tags": [asdict(t) for t in tag_placements(b.block, b.source_words, b.aligned)]}
+            for b in block_alignments(doc, picks, aligned)]
 
 
 MAX_GLOSSARY_TERM_CHARS = 100
@@ -201,8 +236,10 @@ class ServedTranslator(ServedModel):
             start += len(d.jobs)
         return out
 
-    async def translate(self, request: Request, docs: list[DocumentJob], n: int = 1) -> list[TranslationOutput]:
-        """Each document's translation, as `/v1/translations` answers it; a client that leaves cancels it."""
+    async def translate(self, request: Request, docs: list[DocumentJob], n: int = 1,
+                        alignment: bool = False) -> list[TranslationOutput]:
+        """Each document's translation, as `/v1/translations` answers it (with `alignment`, its best
+        translation's `alignment_report`); a client that leaves cancels it."""
         engine, parts = self.engine, self.submit(docs)
         reqs = [r for p in parts for r in p]
         try:
@@ -216,30 +253,45 @@ class ServedTranslator(ServedModel):
         for p in parts:
             per_doc.append(results[start: start + len(p)])
             start += len(p)
-        renders = await self.html_renderers(request, docs, per_doc, n)
-        return [assemble(d, r, n, render) for d, r, render in zip(docs, per_doc, renders, strict=True)]
+        aligned = await self.word_alignments(request, docs, per_doc, n, alignment)
 
-    async def html_renderers(self, request: Request, docs: list[DocumentJob], results: list[list[SegmentResult]],
-                             n: int) -> list[Callable[[list[Hypothesis]], str] | None]:
-        """For each HTML page, how to render an alternative: its sentences' word alignments (every alternative
-        of every page in one call job of the engine's worker), then the markup placed by them."""
+        def renderer(i: int) -> Callable[[list[Hypothesis]], str] | None:
+            if docs[i].markup is None:
+                return None
+            return lambda picks: render_html(docs[i], picks, aligned[(i, _key(picks))])
+
+        outputs = []
+        for i, (d, r) in enumerate(zip(docs, per_doc, strict=True)):
+            out = assemble(d, r, n, renderer(i))
+            if alignment:
+                best = alternative_picks(r, n)[0]
+                out.segments = alignment_report(d, best, aligned[(i, _key(best))])
+            outputs.append(out)
+        return outputs
+
+    async def word_alignments(self, request: Request, docs: list[DocumentJob], results: list[list[SegmentResult]],
+                              n: int, report: bool) -> dict[tuple[int, tuple], list[list[int] | None]]:
+        """(document, alternative's key) -> its sentences' word alignments (None where not needed): every
+        alternative of every HTML page (to place its markup) and, with `report`, every document's best; all
+        in one call job of the engine's worker."""
         tok, eos = self.loaded.tokenizer, self.loaded.config.eos_token_id
-        wanted: list[tuple[int, tuple, list[SentencePair | None]]] = []  # (page, alternative's key, pairs)
+        wanted: list[tuple[int, tuple, list[SentencePair | None]]] = []  # (document, alternative's key, pairs)
         for i, (d, r) in enumerate(zip(docs, results, strict=True)):
-            if d.markup is not None:
-                wanted += [(i, _key(picks), html_sentence_pairs(d, picks, tok, eos))
-                           for picks in alternative_picks(r, n)]
+            picks = alternative_picks(r, n)
+            if d.markup is None and report:
+                picks = picks[:1]
+            elif d.markup is None:
+                continue
+            wanted += [(i, _key(p), sentence_pairs(d, p, tok, eos, every=report and k == 0))
+                       for k, p in enumerate(picks)]
         pairs = [p for _, _, ps in wanted for p in ps if p is not None]
-        if not wanted:
-            return [None] * len(docs)
         aligned = iter(await run_job(request, self.engine, "translation", "invalid_request", word_alignment,
                                      self.loaded, pairs) if pairs else [])
-        by_key = {(i, key): [None if p is None else next(aligned) for p in ps] for i, key, ps in wanted}
-
-        def renderer(i: int) -> Callable[[list[Hypothesis]], str]:
-            return lambda picks: render_html(docs[i], picks, by_key[(i, _key(picks))])
-
-        return [renderer(i) if d.markup is not None else None for i, d in enumerate(docs)]
+        out: dict[tuple[int, tuple], list[list[int] | None]] = {}
+        for i, key, ps in wanted:
+            found = [None if p is None else next(aligned) for p in ps]
+            out.setdefault((i, key), found)
+        return out
 
     # ----------------------------------------------------------------------------------------------
     async def attention_context(self, request: Request, body: AttentionRequest) -> list[int] | None:

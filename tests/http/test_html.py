@@ -140,6 +140,31 @@ def test_nested_tags_and_a_link_are_placed_on_their_words(lexicon):
     assert out == '<p>der <a href="/x?a=1&amp;b=2">schnelle <i>braune</i></a> Fuchs springt</p>'
 
 
+def test_return_alignment_reports_each_segment_and_where_each_tag_went(lexicon):
+    page = '<p>the <a href="/x">quick <i>brown</i></a> fox<br>jumps</p>\n<p>hello world</p>'
+    item = post(lexicon, {"input": page, "format": "html", "num_beams": 1, "return_alignment": True})["data"][0]
+    assert item["translation"] == '<p>der <a href="/x">schnelle <i>braune</i></a> Fuchs<br>springt</p>\n<p>Hallo Welt</p>'
+    first, second = item["segments"]
+    assert (first["source"], second["source"]) == ("the quick brown fox jumps", "hello world")
+    assert first["target_words"] == [LEXICON[w] for w in first["source_words"]]
+    assert first["alignment"] == [0, 1, 2, 3, 4] and second["alignment"] == [0, 1]
+    assert first["tags"] == [
+        {"tag": '<a href="/x">', "kind": "span", "depth": 0, "source_words": [1, 2], "target_words": [1, 2]},
+        {"tag": "<i>", "kind": "span", "depth": 1, "source_words": [2], "target_words": [2]},
+        {"tag": "<br>", "kind": "atom", "depth": 0, "source_words": [], "target_words": [], "source_boundary": 4,
+         "target_boundary": 4}]
+    assert second["tags"] == []
+    # Text: a segment per sentence (here, per line), no tags; without return_alignment, no segments.
+    item = post(lexicon, {"input": "the quick brown fox jumps\nhello world", "num_beams": 1,
+                          "return_alignment": True})["data"][0]
+    assert [(s["source"], s["translation"], s["alignment"]) for s in item["segments"]] == [
+        ("the quick brown fox jumps", "der schnelle braune Fuchs springt", [0, 1, 2, 3, 4]),
+        ("hello world", "Hallo Welt", [0, 1])]
+    assert all("tags" not in s for s in item["segments"])
+    assert "segments" not in post(lexicon, {"input": "good morning"})["data"][0]
+    post(lexicon, {"input": "good morning", "return_alignment": True, "stream": True}, 400)
+
+
 def test_bad_formats_are_400(bundled):
     assert "format" in post(bundled, {"input": "Hello", "format": "xml"}, 400)["error"]["message"]
     post(bundled, {"input": "<p>Hello</p>", "format": "html", "stream": True}, 400)

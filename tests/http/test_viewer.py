@@ -1,7 +1,8 @@
 """`GET /viewer`: the page is self-contained (nothing fetched from other origins), and, driven by a headless
 Chromium through Playwright, draws what `/v1/attention` answers: the heatmap of a language model with its
 tooltip, the alignment view of a translation, the [CLS] attention of a ViT, the logit lens grid of
-`/v1/logit_lens`, and the API's errors.
+`/v1/logit_lens`, a translated document's word alignments and tag placements (`/v1/translations` with
+return_alignment), and the API's errors.
 
 The browser tests need Playwright (the dev extra) and a Chromium at /usr/bin/chromium (or $TSERVE_CHROMIUM);
 without them they are skipped, unless $TSERVE_REQUIRE_BROWSER or $CI is set, where they fail instead."""
@@ -82,8 +83,9 @@ def test_viewer_page_is_self_contained(server):
     parser.feed(html)
     assert parser.refs == []
     assert {"model", "input", "target", "image", "submit", "module", "layer", "head", "heatmap", "alignment",
-            "vit", "error", "tooltip", "tab-lens", "lens", "top-k"} <= parser.ids
+            "vit", "error", "tooltip", "tab-lens", "lens", "top-k", "tab-document", "document", "doc-format"} <= parser.ids
     assert "/* viewer.js */" not in html and "window.tserveViewer" in html and "v1/logit_lens" in html
+    assert "/* document.js */" not in html and "return_alignment" in html
     csp = resp.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp
 
@@ -93,7 +95,7 @@ def test_viewer_html_ships_with_the_package():
 
     static = resources.files("service").joinpath("static")
     assert static.joinpath("viewer.html").is_file() and 'id="heatmap"' in static.joinpath("viewer.html").read_text()
-    assert all(static.joinpath(name).is_file() for name in ("viewer.js", "lens.js"))
+    assert all(static.joinpath(name).is_file() for name in ("viewer.js", "lens.js", "document.js"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -447,3 +449,88 @@ def test_browser_logit_lens_grid(page, server, tmp_path):
     page.click("#tab-attention")
     assert page.is_hidden("#lens-panel") and page.is_visible("#heatmap-panel") and page.is_hidden("#error")
     assert page.inner_text("#submit") == "Show attention"
+
+
+DOC_PAGE = ('<p>Good <b>morning</b>, where is <a href="/s?a=1&amp;b=2">the <i>station</i></a>?<br>Thank you.</p>'
+            '<p>See you <em>tomorrow</em>.</p>')
+
+
+def _translate(server, **body) -> dict:
+    resp = httpx.post(server.url + "/v1/translations", json={"model": "mt", "return_alignment": True} | body,
+                      timeout=120)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["data"][0]
+
+
+def _chip_box(page, sec: str, side: str, i: int) -> tuple[float, float]:
+    return tuple(page.eval_on_selector(f"{sec} .word.{side}[data-i='{i}'] rect",
+                                       "r => [+r.getAttribute('x'), +r.getAttribute('x') + +r.getAttribute('width')]"))
+
+
+@pytest.mark.browser
+def test_browser_document_view_draws_alignments_and_tag_placements(page, server, tmp_path):
+    # A plain text of two sentences: one segment each, a line per aligned target word.
+    text = "Good morning. Where is the station?"
+    expected = _translate(server, input=text)
+    page.click("#tab-document")
+    assert page.is_visible("#document-panel") and page.is_hidden("#heatmap-panel") and page.is_hidden("#target-row")
+    assert page.eval_on_selector_all("#model option:not([disabled])", "os => os.map(o => o.value)") == ["mt"]
+    page.select_option("#model", "mt")
+    page.fill("#input", text)
+    _submit_and_wait(page, "document")
+    assert page.get_attribute("#document", "data-segments") == str(len(expected["segments"])) == "2"
+    assert page.text_content("#doc-translation") == expected["translation"]
+
+    # An HTML page: its segments are blocks; each inline tag is a bar over its source and its target words.
+    expected = _translate(server, input=DOC_PAGE, format="html")
+    page.select_option("#doc-format", "html")
+    page.fill("#input", DOC_PAGE)
+    _submit_and_wait(page, "document")
+    assert page.text_content("#doc-translation") == expected["translation"]
+    assert page.locator("#doc-translation *").count() == 0  # the page's markup is shown as text, never run
+    assert page.get_attribute("#document", "data-segments") == str(len(expected["segments"]))
+    placed = 0
+    for n, seg in enumerate(expected["segments"]):
+        sec = f"#document .segment[data-segment='{n}']"
+        for side, key in (("src", "source_words"), ("tgt", "target_words")):
+            assert page.eval_on_selector_all(f"{sec} .word.{side} text", "ts => ts.map(t => t.textContent)") == seg[key]
+        lines = page.eval_on_selector_all(f"{sec} line.aln", "ls => ls.map(l => [+l.dataset.t, +l.dataset.s])")
+        assert lines == [[t, s] for t, s in enumerate(seg["alignment"]) if s >= 0]
+        rows = page.eval_on_selector_all(f"{sec} table.tags tbody tr",
+                                         "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+        assert [r[0] for r in rows] == [t["tag"] for t in seg["tags"]]
+        for k, tag in enumerate(seg["tags"]):
+            if tag["kind"] != "span":
+                continue
+            assert rows[k][1] == " ".join(seg["source_words"][i] for i in tag["source_words"])
+            assert rows[k][2] == (" ".join(seg["target_words"][i] for i in tag["target_words"]) or "(empty)")
+            for side, key in (("src", "source_words"), ("tgt", "target_words")):
+                bar = f"{sec} g.tagmark[data-tag='{k}'] rect.bar.{side}"
+                if not tag[key]:
+                    assert page.locator(bar).count() == 0
+                    continue
+                x0, x1 = page.eval_on_selector(bar, "r => [+r.getAttribute('x'), +r.getAttribute('x') + "
+                                                    "+r.getAttribute('width')]")
+                assert (x0, x1) == (_chip_box(page, sec, side, min(tag[key]))[0],
+                                    _chip_box(page, sec, side, max(tag[key]))[1])
+                placed += side == "tgt"
+    assert placed, "no tag was placed on target words: the test would check nothing"
+    assert {t["tag"] for seg in expected["segments"] for t in seg["tags"]} == {
+        "<b>", '<a href="/s?a=1&amp;b=2">', "<i>", "<br>", "<em>"}
+
+    # Hovering a target word names the source word it was read from.
+    seg = expected["segments"][0]
+    t = next(t for t, s in enumerate(seg["alignment"]) if s >= 0)
+    page.hover(f"#document .segment[data-segment='0'] .word.tgt[data-i='{t}']")
+    tip = _tooltip(page)
+    assert f"target [{t}] {seg['target_words'][t]}" in tip
+    assert f"read from: {seg['source_words'][seg['alignment'][t]]}" in tip
+    page.screenshot(path=str(tmp_path / "document.png"), full_page=True)
+
+    # Errors come back on the page; the other views are where they were.
+    page.fill("#input", "<p><code>x</code></p>")
+    page.click("#submit")
+    page.wait_for_selector("#error:not(.hidden)")
+    assert "(HTTP 400)" in page.inner_text("#error")
+    page.click("#tab-attention")
+    assert page.is_hidden("#document-panel") and page.is_visible("#heatmap-panel")
