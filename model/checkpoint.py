@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ class LoadedModel:
     source_format: str = "tserve"  # or "hf-gpt2", "hf-marian", "hf-vit"
     quantization: str = "none"  # or "int8": the linear layers hold int8 weights
     parameter_count: int = 0  # counted at load: packed and int8 layers hold their weights outside `parameters()`
+    languages: tuple[str, str] | None = None  # a translator's (source, target) language codes, when known
 
     @property
     def device(self) -> torch.device:
@@ -108,11 +110,17 @@ def save_checkpoint(
     preprocessing: ImagePreprocessing | None = None,
     generation: GenerationDefaults | None = None,
     extra_files: dict[str, str] | None = None,
+    languages: tuple[str, str] | None = None,
 ) -> Path:
-    """Write a checkpoint in our format. Weights are stored in float32 unless the model is in bf16/fp16."""
+    """Write a checkpoint in our format. Weights are stored in float32 unless the model is in bf16/fp16.
+    `languages`: a translator's (source, target) codes, kept in config.json as source_lang / target_lang."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.cfg.save(path / "config.json")
+    if languages is not None:
+        raw = json.loads((path / "config.json").read_text())
+        raw |= {"source_lang": languages[0], "target_lang": languages[1]}
+        (path / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if getattr(model.cfg, "tie_embeddings", False):
         state.pop("lm_head.weight", None)  # the same tensor as tok_emb.weight
@@ -238,8 +246,31 @@ def load(
     return loaded
 
 
+_LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[_-][A-Za-z0-9]{2,8})*")
+_OPUS_MT_NAME = re.compile(r"opus-mt-([a-z]{2,3})-([a-z]{2,3})(?:$|[-_])")
+
+
+def translation_languages(path: Path, raw: dict[str, Any]) -> tuple[str, str] | None:
+    """A translator's (source, target) language codes: `source_lang` / `target_lang` in config.json (ours) or
+    in tokenizer_config.json (Hugging Face), else an `opus-mt-xx-yy` directory name; None when none says."""
+    tokenizer_config = _read_json(path / "tokenizer_config.json", required=False) or {}
+    for where, data in ((path / "config.json", raw), (path / "tokenizer_config.json", tokenizer_config)):
+        source, target = data.get("source_lang"), data.get("target_lang")
+        if source is None and target is None:
+            continue
+        if not all(isinstance(c, str) and _LANGUAGE_CODE.fullmatch(c) for c in (source, target)):
+            raise CheckpointError(f"{where}: source_lang and target_lang must both be language codes such as "
+                                  f"'en', got {source!r} and {target!r}")
+        return source, target
+    m = _OPUS_MT_NAME.search(path.resolve().name)
+    return (m.group(1), m.group(2)) if m else None
+
+
 def _load_ours(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
     raw = dict(raw)
+    languages = translation_languages(path, raw)
+    raw.pop("source_lang", None)
+    raw.pop("target_lang", None)
     task = raw.pop("task", None)  # what the checkpoint is served for; default: its architecture's task
     if task is not None and not isinstance(task, str):
         raise CheckpointError(f"{path / 'config.json'}: 'task' must be a string")
@@ -250,7 +281,8 @@ def _load_ours(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
     model = build_model(config, backend)
     weights = path / "model.safetensors"
     load_state(model, read_safetensors(weights), weights)
-    loaded = LoadedModel(path, task or TASKS[config.architecture], config, model)
+    loaded = LoadedModel(path, task or TASKS[config.architecture], config, model,
+                         languages=languages if isinstance(config, Seq2SeqConfig) else None)
     if isinstance(config, DecoderConfig | Seq2SeqConfig):
         try:
             loaded.tokenizer = load_tokenizer(path)

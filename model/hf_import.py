@@ -19,6 +19,7 @@ from model.checkpoint import (
     build_model,
     load_state,
     read_safetensors,
+    translation_languages,
 )
 from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.preprocessing import ImagePreprocessing
@@ -48,6 +49,8 @@ def load_hf(path: Path, raw: dict[str, Any], backend: str = "auto") -> LoadedMod
     model = build_model(config, backend)
     load_state(model, state, weights)
     loaded = LoadedModel(path, TASKS[config.architecture], config, model, source_format=f"hf-{kind}", **extras)
+    if kind == "marian":
+        loaded.languages = translation_languages(path, {})
     if kind in ("gpt2", "marian"):
         try:
             loaded.tokenizer = load_tokenizer(path)

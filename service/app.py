@@ -21,12 +21,13 @@ from service.routes import (
     completions,
     embeddings,
     health,
+    libretranslate,
     logit_lens,
     oip,
     translations,
     viewer,
 )
-from service.security import APIKeyMiddleware
+from service.security import APIKeyMiddleware, KeyGate
 from service.settings import Settings
 
 log = logging.getLogger("tserve.access")
@@ -124,13 +125,15 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
 
     # Added last = outermost: refused requests (no key, oversized body) are counted and logged too.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
-    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public_paths=settings.public_paths,
-                       max_in_flight_per_key=settings.max_requests_per_key)
+    app.state.key_gate = gate = KeyGate(settings.api_keys, settings.max_requests_per_key)
+    app.add_middleware(APIKeyMiddleware, gate=gate, public_paths=settings.public_paths,
+                       self_checked_paths=libretranslate.KEY_CHECKED_PATHS)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"])
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     for router in (health.router, completions.router, translations.router, classifications.router,
-                   embeddings.router, attention.router, logit_lens.router, oip.router, viewer.router):
+                   embeddings.router, attention.router, logit_lens.router, oip.router, viewer.router,
+                   libretranslate.router):
         app.include_router(router)
     return app

@@ -1,9 +1,9 @@
 """Errors, in one place: what every failure path (validation, unknown routes, oversized bodies, overload,
 engine failures, internal faults) answers, without stack traces. `engine_failure` is the one map from what
 the engines and the batcher raise to a status, message and code; the shape follows the protocol of the
-route: OpenAI's `{"error": {"message", "type", "code"}}` everywhere, the Open Inference Protocol's
-`{"error": "..."}` under `/v2/`. Overload is 429 (queue full) or 503 (loading, shutting down, out of
-memory), always with Retry-After."""
+route: OpenAI's `{"error": {"message", "type", "code"}}` everywhere, `{"error": "..."}` under `/v2/` (the Open
+Inference Protocol) and on LibreTranslate's routes. Overload is 429 (queue full) or 503 (loading, shutting
+down, out of memory), always with Retry-After."""
 
 from __future__ import annotations
 
@@ -79,12 +79,18 @@ def error_body(message: str, type_: str, code: str | None) -> dict:
 
 
 OIP_PREFIX = "/v2/"
+LIBRETRANSLATE_PATHS = frozenset({"/translate", "/languages", "/detect", "/frontend/settings"})
+
+
+def flat_errors(path: str) -> bool:
+    """Whether errors on `path` are `{"error": message}` (the Open Inference Protocol, LibreTranslate's API)."""
+    return path.startswith(OIP_PREFIX) or path in LIBRETRANSLATE_PATHS
 
 
 def error_response(status: int, message: str, type_: str, code: str | None = None,
                    headers: dict[str, str] | None = None, request: Request | None = None) -> JSONResponse:
     """The error in the shape of the request's protocol."""
-    if request is not None and request.url.path.startswith(OIP_PREFIX):
+    if request is not None and flat_errors(request.url.path):
         return JSONResponse({"error": message}, status_code=status, headers=headers)
     return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
 

@@ -332,6 +332,11 @@ class EmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
+class LanguagePair(BaseModel):
+    source: str
+    target: str
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -339,6 +344,8 @@ class ModelCard(BaseModel):
     owned_by: str = "tserve"
     task: str = Field(description="text-generation, translation, image-classification, or a task that "
                                   "--task-modules added")
+    languages: LanguagePair | None = Field(None, description="a translator's languages, when its checkpoint "
+                                           "names them")
 
 
 class ModelList(BaseModel):

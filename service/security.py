@@ -46,35 +46,64 @@ def bearer_token(scope: Scope) -> str:
     return ""
 
 
-class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: list[str], public_paths: list[str], max_in_flight_per_key: int) -> None:
-        self.app, self.checker = app, KeyChecker(keys)
-        self.public = set(public_paths)
-        self.limit = max_in_flight_per_key
+class KeyGate:
+    """The API keys and how many requests each has in flight: shared by the middleware (Bearer keys) and the
+    routes whose clients send the key in the body (LibreTranslate's `api_key`)."""
+
+    def __init__(self, keys: list[str], max_in_flight_per_key: int) -> None:
+        self.checker, self.limit = KeyChecker(keys), max_in_flight_per_key
         self.in_flight: Counter[int] = Counter()
         self._lock = threading.Lock()
 
+    @property
+    def enabled(self) -> bool:
+        return self.checker.enabled
+
+    def match(self, presented: str) -> int | None:
+        return self.checker.match(presented)
+
+    def enter(self, key: int) -> bool:
+        """Count one more request of `key` in flight; False (and nothing counted) when it has its limit."""
+        with self._lock:
+            if self.limit and self.in_flight[key] >= self.limit:
+                return False
+            self.in_flight[key] += 1
+            return True
+
+    def leave(self, key: int) -> None:
+        with self._lock:
+            self.in_flight[key] -= 1
+
+    def busy_message(self) -> str:
+        return f"this API key has {self.limit} requests in flight; retry later"
+
+
+class APIKeyMiddleware:
+    """Bearer keys on every path but the public ones and those whose routes check the key themselves."""
+
+    def __init__(self, app: ASGIApp, gate: KeyGate, public_paths: list[str], self_checked_paths: frozenset[str]) -> None:
+        self.app, self.gate = app, gate
+        self.public = set(public_paths)
+        self.self_checked = self_checked_paths
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.checker.enabled or scope["path"] in self.public:
+        path = scope.get("path", "")
+        if (scope["type"] != "http" or not self.gate.enabled or path in self.public
+                or path in self.self_checked):
             await self.app(scope, receive, send)
             return
-        key = self.checker.match(bearer_token(scope))
+        key = self.gate.match(bearer_token(scope))
         if key is None:
             response = error_response(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                                       "invalid_request_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
-        with self._lock:
-            busy = self.limit and self.in_flight[key] >= self.limit
-            if not busy:
-                self.in_flight[key] += 1
-        if busy:
-            response = error_response(429, f"this API key has {self.limit} requests in flight; retry later",
-                                      "server_overloaded", "rate_limit_exceeded", {"Retry-After": "1"})
+        if not self.gate.enter(key):
+            response = error_response(429, self.gate.busy_message(), "server_overloaded", "rate_limit_exceeded",
+                                      {"Retry-After": "1"})
             await response(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
-            with self._lock:
-                self.in_flight[key] -= 1
+            self.gate.leave(key)

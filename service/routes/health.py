@@ -34,8 +34,12 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@router.get("/v1/models", tags=["models"])
+@router.get("/v1/models", tags=["models"], response_model=ModelList, response_model_exclude_none=True)
 async def list_models(request: Request) -> ModelList:
     reg = registry(request)
-    cards = [ModelCard(id=m.name, created=m.created, task=m.task) for m in reg.models.values()]
+    cards = []
+    for m in reg.models.values():
+        pair = getattr(getattr(m, "loaded", None), "languages", None) if m.task == "translation" else None
+        languages = {"source": pair[0], "target": pair[1]} if pair else None
+        cards.append(ModelCard(id=m.name, created=m.created, task=m.task, languages=languages))
     return ModelList(data=cards)

@@ -202,8 +202,10 @@ def tiny_lm_dir(d: Path, seed: int = 0, trained: bool = True, **overrides) -> Pa
     return d
 
 
-def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, steps: int = fixture_training.STEPS) -> Path:
-    """Our encoder-decoder, having learnt `fixture_training.LEXICON` (random weights with `trained=False`)."""
+def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, steps: int = fixture_training.STEPS,
+                reverse: bool = False, languages: tuple[str, str] | None = None) -> Path:
+    """Our encoder-decoder, having learnt `fixture_training.LEXICON` (random weights with `trained=False`;
+    `reverse`: from German to English), its config naming `languages` (source, target) when given."""
     vocab = write_bpe_tokenizer(d, add_eos=True)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
@@ -213,9 +215,9 @@ def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, steps: int = fixtu
     gen = GenerationDefaults(num_beams=2, max_new_tokens=24, banned_token_ids=[tok.pad_id])
     model = Seq2Seq(cfg)
     if trained:
-        model = _trained(("mt", seed, steps), model, lambda m: fixture_training.train_translator(
-            m, tok.encode, tok.encode_target, m, tok.pad_id, tok.bos_id, seed, steps))
-    save_checkpoint(d, model.eval(), generation=gen)
+        model = _trained(("mt", seed, steps, reverse), model, lambda m: fixture_training.train_translator(
+            m, tok.encode, tok.encode_target, m, tok.pad_id, tok.bos_id, seed, steps, reverse))
+    save_checkpoint(d, model.eval(), generation=gen, languages=languages)
     return d
 
 

@@ -96,11 +96,12 @@ def train_causal_lm(model: torch.nn.Module, cycle_ids: list[int], bos: int | Non
 
 def train_translator(model: torch.nn.Module, encode_source: Callable[[str], list[int]],
                      encode_target: Callable[[str], list[int]], logits_of: Callable[[Tensor, Tensor, Tensor], Tensor],
-                     pad: int, start: int, seed: int = 0, steps: int = STEPS) -> float:
-    """Teach an encoder-decoder the lexicon. Targets from `encode_target` end with eos;
-    `logits_of(src (B, S), src_lengths (B,), decoder_input (B, T)) -> (B, T, V)`."""
+                     pad: int, start: int, seed: int = 0, steps: int = STEPS, reverse: bool = False) -> float:
+    """Teach an encoder-decoder the lexicon (`reverse`: German to English). Targets from `encode_target` end
+    with eos; `logits_of(src (B, S), src_lengths (B,), decoder_input (B, T)) -> (B, T, V)`."""
     rng = random.Random(seed)
-    pool = [(encode_source(s), encode_target(t)) for s, t in (lexicon_pair(rng) for _ in range(2048))]
+    pairs = [lexicon_pair(rng) for _ in range(2048)]
+    pool = [(encode_source(t), encode_target(s)) if reverse else (encode_source(s), encode_target(t)) for s, t in pairs]
 
     def loss(_: int) -> Tensor:
         batch = rng.sample(pool, 32)
