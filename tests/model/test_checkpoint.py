@@ -85,3 +85,29 @@ def test_pickled_hf_weights_are_refused(hf_gpt2, tmp_path):
 def test_not_a_directory(tmp_path):
     with pytest.raises(CheckpointError, match="not a directory"):
         load(tmp_path / "nope")
+
+
+def test_a_translators_languages(tiny_mt, hf_marian, tmp_path):
+    assert load(tiny_mt).languages is None  # nothing names them
+    ours = load(save_checkpoint(tmp_path / "ours", load(tiny_mt).model, tokenizer=load(tiny_mt).tokenizer,
+                                languages=("de", "en")))
+    assert ours.languages == ("de", "en")
+    # Hugging Face Marian: tokenizer_config.json's source_lang / target_lang, else an opus-mt-xx-yy name.
+    assert load(hf_marian).languages == ("en", "de")
+
+    def unnamed(d):
+        config = json.loads((d / "tokenizer_config.json").read_text())
+        (d / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                             if k not in ("source_lang", "target_lang")}))
+        return d
+
+    named = unnamed(_copy(hf_marian, tmp_path / "opus-mt-nl-fr"))
+    assert load(named).languages == ("nl", "fr")
+    assert load(unnamed(_copy(hf_marian, tmp_path / "marian"))).languages is None
+    config = json.loads((named / "tokenizer_config.json").read_text())
+    (named / "tokenizer_config.json").write_text(json.dumps(config | {"source_lang": "es", "target_lang": "pt-BR"}))
+    assert load(named).languages == ("es", "pt-BR")
+    bad = _copy(tiny_mt, tmp_path / "bad")
+    _edit_config(bad, lambda c: c | {"source_lang": "English!", "target_lang": "de"})
+    with pytest.raises(CheckpointError, match="source_lang and target_lang must both be language codes"):
+        load(bad)
