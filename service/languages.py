@@ -8,6 +8,7 @@ English and German are served.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
 
@@ -46,31 +47,34 @@ def language_name(code: str) -> str:
 
 
 class LanguageDetector:
-    """py3langid's identifier, loaded on first use (about half a second), restricted per call to the
-    candidate languages; one call at a time, since restricting changes the identifier."""
+    """py3langid's identifier, loaded on first use (about half a second), and a copy of it restricted to each
+    set of candidate languages asked for, made once: restricting slices the whole model (about 0.8 ms),
+    forty times the cost of ranking a sentence. Ranking only reads an identifier, so calls run side by side."""
 
     def __init__(self) -> None:
-        self._identifier = None
-        self._all: set[str] = set()  # every language the model knows
+        self._full = None  # every language the model knows
+        self._restricted: dict[tuple[str, ...], object] = {}
         self._lock = threading.Lock()
 
-    def _load(self):  # noqa: ANN202 - py3langid.langid.LanguageIdentifier
-        if self._identifier is None:
-            from py3langid.langid import MODEL_FILE, LanguageIdentifier  # noqa: PLC0415 - half a second
+    def _identifier(self, candidates: Sequence[str] | None):  # noqa: ANN202 - py3langid's LanguageIdentifier
+        with self._lock:
+            if self._full is None:
+                from py3langid.langid import MODEL_FILE, LanguageIdentifier  # noqa: PLC0415 - half a second
 
-            self._identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-            self._all = set(self._identifier.nb_classes)
-        return self._identifier
+                self._full = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+            wanted = tuple(sorted({c for c in candidates or () if c in self._full.nb_classes}))
+            if not wanted:
+                return self._full
+            if wanted not in self._restricted:
+                restricted = copy.copy(self._full)  # shares the full model; set_languages replaces, not edits
+                restricted.set_languages(list(wanted))
+                self._restricted[wanted] = restricted
+            return self._restricted[wanted]
 
     def rank(self, text: str, candidates: Sequence[str] | None = None) -> list[tuple[str, float]]:
         """(language, confidence 0-100), best first, over `candidates` (codes the model does not know are
         left out; none known or None: every language the model knows)."""
-        with self._lock:
-            ident = self._load()
-            wanted = sorted({c for c in candidates or () if c in self._all})
-            ident.set_languages(wanted or None)
-            ranked = ident.rank(text)
         best: dict[str, float] = {}
-        for code, p in ranked:  # the model has a few codes twice (two scripts): keep the better
+        for code, p in self._identifier(candidates).rank(text):  # a few codes twice (two scripts): keep the better
             best[code] = max(best.get(code, 0.0), float(p))
         return sorted(((c, round(100 * p, 2)) for c, p in best.items()), key=lambda x: -x[1])

@@ -106,14 +106,12 @@ def _code(fields: dict[str, Any], name: str) -> str:
 
 def _alternatives(fields: dict[str, Any]) -> int:
     value = fields.get("alternatives", 0)
-    try:
-        n = int(value) if not isinstance(value, bool) else -1
-    except (TypeError, ValueError):
-        n = -1
-    if isinstance(value, float) and value != n or not 0 <= n <= MAX_ALTERNATIVES:
+    if isinstance(value, str) and value.strip().isdigit():  # a form sends every field as text
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ALTERNATIVES:
         raise bad_request(f"Invalid request: alternatives must be a whole number from 0 to {MAX_ALTERNATIVES}",
                           "invalid_n")
-    return n
+    return value
 
 
 def _pair_list(pairs: dict[tuple[str, str], ServedTranslator]) -> str:
@@ -121,7 +119,8 @@ def _pair_list(pairs: dict[tuple[str, str], ServedTranslator]) -> str:
 
 
 async def _detect(texts: list[str], candidates: list[str]) -> list[dict[str, Any]]:
-    ranked = [await asyncio.to_thread(detector.rank, t, candidates) for t in texts]
+    # Off the event loop: the first call loads the detector's model (about half a second).
+    ranked = await asyncio.to_thread(lambda: [detector.rank(t, candidates) for t in texts])
     return [{"language": r[0][0], "confidence": r[0][1]} for r in ranked]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import Request
@@ -45,7 +45,7 @@ class TranslationOutput:
     score: float  # token-weighted mean of the segments' scores
     finish_reason: str  # "length" when any segment stopped at its length limit
     alternatives: list[tuple[str, float]]  # best first, distinct; the first is (text, score)
-    segments: list[dict] | None = field(default=None)  # alignment_report, when asked for
+    segments: list[dict] | None = None  # alignment_report, when asked for
 
 
 async def collect_translation(engine: TranslationEngine, req: TranslationRequest) -> SegmentResult:
@@ -84,10 +84,11 @@ def assemble(doc: DocumentJob, segments: list[SegmentResult], n: int,
     alternatives: dict[str, float] = {}
     for picks in alternative_picks(segments, n):
         alternatives.setdefault(render(picks), weighted_score([(h.score, len(h.token_ids)) for h in picks]))
-    (best_text, score), *rest = alternatives.items()
+    ranked = list(alternatives.items())
+    (best_text, score) = ranked[0]
     return TranslationOutput(best_text, [t for seg in segments for t in seg.token_ids], score,
                              "length" if any(seg.finish_reason == "length" for seg in segments) else "stop",
-                             [(best_text, score), *rest][:n])
+                             ranked[:n])
 
 
 def _key(picks: list[Hypothesis]) -> tuple:
