@@ -36,7 +36,15 @@ def alone(loaded, engine: TranslationEngine, job) -> list[int]:
     return job_tokens(loaded, job)
 
 
-def test_forty_mixed_requests_equal_each_alone(mt):
+@pytest.fixture(scope="module")
+def mt_int8(tmp_path_factory):
+    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt8")), device="cpu", quantize="int8")
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_forty_mixed_requests_equal_each_alone(quantize, mt, mt_int8):
+    """int8 too: its activations are quantized per row, so a row's numbers do not depend on its batch."""
+    mt = mt_int8 if quantize == "int8" else mt
     engine = make_engine(mt)
     # Up to 14 words: longer than anything the lexicon model was trained on, where it is unsure and
     # beams find other answers than greedy decoding.
