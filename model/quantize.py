@@ -6,8 +6,8 @@ for these ops (on a GPU, bfloat16 is the smaller type to use).
 Activations are quantized per row (per token), not per batch. `quantized::linear_dynamic` picks one scale for
 its whole input; fed each row mapped onto [0, 1] (`(x - min) / (max - min)`), every input it sees spans
 exactly [0, 1], so that one scale is always 1/255 (1/127 with 7-bit activations) and each row gets all the
-levels over its own range. The
-affine map is undone on the output: `W x = span * (W x01) + min * rowsum(W)`. Two things follow:
+levels over its own range. The affine map is undone on the output: `W x = span * (W x01) + min * rowsum(W)`.
+Two things follow:
 - a row's result no longer depends on the other rows of the batch: a request's int8 output is the same alone
   and beside others (with one scale per batch, one long-tailed row coarsened every row's steps);
 - accuracy: on the bundled translator's 200-sentence test slice, 92.5% of the 4-beam translations equal
