@@ -18,6 +18,7 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.hooked_server import slow_steps
 from tests.helpers.one_request import lm_tokens
+from tests.helpers.polling import until
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_max_queue_0_takes_what_free_rows_take(lm):
         with pytest.raises(QueueFull, match="no waiting room"):
             engine.submit(lm.tokenizer.encode("c"), params)
         await collect(engine, first)
-        await asyncio.sleep(0.05)
+        await until(lambda: engine.slots_in_use < 2)
         engine.submit(lm.tokenizer.encode("d"), SamplingParams(max_tokens=2, temperature=0.0))
 
     try:
@@ -143,8 +144,7 @@ def test_cancelled_requests_behind_a_waiting_head_leave_the_queue(lm):
         assert (await running.events.get()).token_ids
         engine.submit(lm.tokenizer.encode("b"), params)  # the head: waits for the slot
         engine.submit(lm.tokenizer.encode("c"), params).cancel()
-        await asyncio.sleep(0.1)  # a few steps
-        assert engine.queue_depth == 1
+        await until(lambda: engine.queue_depth == 1)  # the cancelled one leaves within a few steps
         engine.submit(lm.tokenizer.encode("d"), params)  # room again
 
     try:
@@ -428,11 +428,12 @@ def test_an_item_on_an_idle_batcher_does_not_wait_for_a_batch_but_items_under_lo
     """--batch-max-wait-ms is a wait for more items while they keep coming: a lone request on an idle
     batcher runs at once (the minute-long wait never starts), while items that queued up behind a running
     batch wait for the batch to fill."""
-    gate, seen = threading.Event(), []
+    gate, inside, seen = threading.Event(), threading.Event(), []
 
     def batch_fn(items: list[int]) -> list[int]:
         seen.append(list(items))
         if items == [0]:
+            inside.set()
             gate.wait(5)
         return items
 
@@ -442,11 +443,11 @@ def test_an_item_on_an_idle_batcher_does_not_wait_for_a_batch_but_items_under_lo
     async def run() -> None:
         assert await asyncio.wait_for(batcher.submit(7), 5) == 7  # alone, idle: no 60 s wait
         blocker = asyncio.ensure_future(batcher.submit(0))
-        await asyncio.sleep(0.1)  # the worker is inside the batch of item 0
+        assert await asyncio.to_thread(inside.wait, 5)  # the worker is inside the batch of item 0
         queued = [asyncio.ensure_future(batcher.submit(x)) for x in (1, 2, 3)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # 1, 2 and 3 are queued behind the running batch
         gate.set()
-        await asyncio.sleep(0.1)  # 1, 2 and 3 wait for the batch to fill
+        await asyncio.sleep(0.1)  # 1, 2 and 3 wait for the batch to fill (were 4 later still, it would join)
         queued.append(asyncio.ensure_future(batcher.submit(4)))
         assert await asyncio.wait_for(asyncio.gather(blocker, *queued), 5) == [0, 1, 2, 3, 4]
 
@@ -466,7 +467,7 @@ def test_batcher_queue_limit():
 
     async def run() -> int:
         first = batcher.enqueue([1])  # taken by the worker, which then blocks
-        await asyncio.sleep(0.1)
+        await until(lambda: batcher.running and not batcher.waiting)
         batcher.enqueue([2, 3])
         with pytest.raises(QueueFull):
             batcher.enqueue([4])

@@ -31,6 +31,7 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE, cycle_prompts, lexicon_sentences
 from tests.helpers.hooked_server import slow_steps
 from tests.helpers.one_request import job_tokens, lm_tokens
+from tests.helpers.polling import until
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +386,7 @@ def test_errors_tell_the_client_what_happened(lm):
 
     async def run() -> list:
         held = batcher.enqueue([1])
-        await asyncio.sleep(0.1)  # the worker is inside the batch function with item 1
+        await until(lambda: batcher.running and not batcher.waiting)  # inside the batch function with item 1
         left = batcher.enqueue([2, 3])
         threading.Timer(0.3, gate.set).start()
         await asyncio.to_thread(batcher.stop, drain_timeout_s=0.1)  # the drain runs out while item 1 runs

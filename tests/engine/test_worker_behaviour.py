@@ -23,6 +23,7 @@ from service.metrics import Metrics
 from service.runners import Translator
 from tests.helpers import factories
 from tests.helpers.hooked_server import slow_steps
+from tests.helpers.polling import until
 
 STEP_S = 0.02  # engine steps slowed to this: a 60-token request runs for more than a second
 BATCH_S = 0.6  # the batch function's time for a "long" item
@@ -153,13 +154,6 @@ def worker(request, lm, mt) -> Worker:
             "batcher": batcher_worker}[request.param]()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.005)
-
-
 def test_a_full_queue_refuses(worker):
     w = worker.start(max_queue=1)
 
@@ -218,9 +212,8 @@ def test_a_cancelled_waiting_request_is_never_computed(worker):
 
     async def run() -> None:
         running = w.submit("running", long=True)
-        await asyncio.sleep(0.1)
+        await until(lambda: w.held() == 1 and w.inner.queue_depth == 0)  # taken: the queue is empty again
         dropped, kept = w.submit("dropped", long=False), w.submit("kept", long=False)
-        await asyncio.sleep(0.01)
         assert w.inner.queue_depth == 2
         w.cancel(dropped)
         assert await w.results(running, kept) == ["running", "kept"]
@@ -238,11 +231,11 @@ def test_stopping_finishes_held_requests_and_refuses_new_ones(worker):
 
     async def run() -> None:
         held = [w.submit("running", long=True)]
-        await asyncio.sleep(0.1)
+        await until(lambda: w.held() == 1 and w.inner.queue_depth == 0)
         held.append(w.submit("waiting", long=False))
         stopper = threading.Thread(target=w.inner.stop, kwargs={"drain_timeout_s": 30})
         stopper.start()
-        await asyncio.sleep(0.05)
+        await until(lambda: w.inner._draining)  # the stopper has begun
         with pytest.raises(QueueFull, match="shutting down"):
             w.submit("late", long=False)
         assert await w.results(*held) == ["running", "waiting"]
