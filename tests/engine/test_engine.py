@@ -201,11 +201,7 @@ def test_cancel_frees_the_slot_within_a_step(lm):
         req.cancel()
         at_cancel = len(req.generated)
         # A step takes 20 ms and the request needs 100 of them: only a cancel frees the slot this soon.
-        for _ in range(50):
-            if engine.slots_in_use == 0:
-                break
-            await asyncio.sleep(0.005)
-        assert engine.slots_in_use == 0 and not engine.running
+        await until(lambda: engine.slots_in_use == 0 and not engine.running, timeout=1.0)
         stopped_at = len(req.generated)
         await asyncio.sleep(0.1)
         assert len(req.generated) == stopped_at <= at_cancel + 1  # no token after the hang-up's step

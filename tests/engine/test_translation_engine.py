@@ -18,6 +18,7 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences, sentences_where_beams_matter
 from tests.helpers.hooked_server import slow_steps
 from tests.helpers.one_request import job_tokens
+from tests.helpers.polling import until
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +84,9 @@ def test_cancel_frees_rows(mt):
         job = engine.translator.job("hello world good morning", num_beams=4, max_tokens=60)
         job.max_new_tokens = 60
         req = engine.submit(job)
-        for _ in range(100):
-            if engine.rows_in_use == 4:
-                break
-            await asyncio.sleep(0.002)
-        assert engine.rows_in_use == 4
+        await until(lambda: engine.rows_in_use == 4)
         req.cancel()
-        for _ in range(50):
-            if engine.rows_in_use == 0:
-                break
-            await asyncio.sleep(0.005)
-        assert engine.rows_in_use == 0 and not engine.running
+        await until(lambda: engine.rows_in_use == 0 and not engine.running, timeout=1.0)
         # The rows are usable again.
         greedy = engine.translator.job("good morning", num_beams=1, max_tokens=5)
         ids = (await collect_translation(engine, engine.submit(greedy))).token_ids
