@@ -217,8 +217,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     result = train_loop(model, batch_iterator(examples, p.batch_tokens, pad, bos, g),
                         lambda m, b: mt_loss(m, b, device, p.label_smoothing), loop, device=device, unit="tok",
                         validate=validate, save=save, desc="translation")
-    save_checkpoint(out, model.cpu(), tokenizer=tokenizer, generation=generation,
-                    languages=("en", "de"))
+    save(model.cpu(), result.steps)
     info.update(steps=result.steps, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history,
                 epochs_seen=round(result.steps / n_batches, 2))

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from service.errors import error_response
 from service.routes.deps import registry
 from service.schemas import ModelCard, ModelList
+from service.tasks import ServedTranslator
 
 router = APIRouter()
 
@@ -39,7 +40,7 @@ async def list_models(request: Request) -> ModelList:
     reg = registry(request)
     cards = []
     for m in reg.models.values():
-        pair = getattr(getattr(m, "loaded", None), "languages", None) if m.task == "translation" else None
+        pair = m.loaded.languages if isinstance(m, ServedTranslator) else None
         languages = {"source": pair[0], "target": pair[1]} if pair else None
         cards.append(ModelCard(id=m.name, created=m.created, task=m.task, languages=languages))
     return ModelList(data=cards)
