@@ -29,7 +29,7 @@ from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.decoder import Decoder
 from model.packed_linear import pack_linears
 from model.preprocessing import ImagePreprocessing
-from model.quantize import QUANTIZATIONS, quantize_int8
+from model.quantize import QUANTIZATIONS, quantize_int8, resolve_activations
 from model.seq2seq import Seq2Seq
 from model.tokenizer import Tokenizer, load_tokenizer
 from model.vit import ViT
@@ -202,10 +202,12 @@ def load(
     dtype: str | torch.dtype | None = None,
     backend: str = "auto",
     quantize: str = "none",
+    int8_activations: str = "auto",
     pack_weights: bool = False,
 ) -> LoadedModel:
     """Load our checkpoint or a Hugging Face GPT-2 / Marian / ViT directory onto `device`. `quantize="int8"`:
-    int8 weights for every linear layer (`model.quantize`; float32 on the CPU only). `pack_weights`: float32
+    int8 weights for every linear layer (`model.quantize`; float32 on the CPU only), with activations quantized
+    as `int8_activations` says (`model.quantize.ACTIVATIONS`). `pack_weights`: float32
     linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only)."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
@@ -233,14 +235,16 @@ def load(
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     loaded.parameter_count = parameters = loaded.num_parameters()
     if quantize == "int8":
-        quantize_int8(loaded.model)
+        quantize_int8(loaded.model, int8_activations)
         loaded.quantization = "int8"
     elif pack_weights:
         pack_linears(loaded.model)
     log.info(
         "model loaded",
         extra={"path": str(path), "task": loaded.task, "format": loaded.source_format, "device": str(dev),
-               "dtype": str(loaded.dtype), "quantization": loaded.quantization, "parameters": parameters,
+               "dtype": str(loaded.dtype), "quantization": loaded.quantization,
+               **({"int8_activations": resolve_activations(int8_activations)} if loaded.quantization == "int8" else {}),
+               "parameters": parameters,
                "seconds": round(time.perf_counter() - start, 3)},
     )
     return loaded

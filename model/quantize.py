@@ -11,13 +11,24 @@ Two things follow:
 - a row's result no longer depends on the other rows of the batch: a request's int8 output is the same alone
   and beside others (with one scale per batch, one long-tailed row coarsened every row's steps);
 - accuracy: on the bundled translator's 200-sentence test slice, 92.5% of the 4-beam translations equal
-  float32's, against 78% with PyTorch's default (one 7-bit scale per batch; docs/BENCHMARKS.md)."""
+  float32's, against 78% with PyTorch's default (one 7-bit scale per batch; docs/BENCHMARKS.md).
+
+How many bits a row gets depends on the GEMM's kernel (`ACTIVATIONS`):
+- `full`: one GEMM with 8-bit activations. Only where the kernel sums in int32 (VNNI, AMX). Without VNNI,
+  fbgemm multiplies u8 by s8 in pairs summed into a saturating int16 (`vpmaddubsw`): 255 x 127 x 2
+  overflows it, which is why PyTorch's own dynamic Linear passes `reduce_range=True` (7-bit activations).
+- `split`: each row's 14-bit code `c = 128 hi + lo` as two 7-bit halves, both rows of one GEMM
+  (`W c = 128 W hi + W lo`). 7-bit inputs never saturate, so this is exact on every kernel; it costs twice
+  the GEMM rows, and gives more levels than `full`. With plain 7-bit activations only 87.5% of those
+  translations equal float32's; split, 95%.
+- `auto`: `full` where a probe GEMM shows that the kernel does not saturate, `split` elsewhere. The probe
+  asks the kernel itself, so it follows whatever fbgemm chose (`FBGEMM_ENABLE_INSTRUCTIONS=AVX2` forces
+  the AVX2 kernels on any CPU)."""
 
 from __future__ import annotations
 
 import functools
 import warnings
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -25,35 +36,49 @@ from torch import Tensor, nn
 QUANTIZATIONS = ("none", "int8")
 
 
+ACTIVATIONS = ("auto", "full", "split")
+_SPLIT = 128  # a 14-bit code is 128 x its high half (0..127) + its low half (0..127)
+
+
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split())
-
-
 def full_range_activations() -> bool:
-    """Whether 8-bit (not 7-bit) activations are safe: without VNNI, fbgemm multiplies u8 by s8 in pairs summed
-    into saturating int16 (`vpmaddubsw`), which only 7-bit inputs keep from overflowing; VNNI (and AMX)
-    accumulate in int32. This is the reason PyTorch's own dynamic Linear always passes `reduce_range=True`."""
-    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & _cpu_flags())
+    """Whether this process's int8 GEMM takes 8-bit activations without overflow: one dot product whose
+    u8 x s8 pairs sum past int16 (2 x 255 x 127), compared with its exact value."""
+    k, n = 256, 8
+    weight = _quantize_weight(torch.ones(n, k), torch.full((n,), 1 / 127, dtype=torch.double))
+    packed = torch.ops.quantized.linear_prepack(weight, None)
+    # Row 0 quantizes to 255 everywhere (scale 1/255, zero point 0); row 1 sets the minimum.
+    got = torch.ops.quantized.linear_dynamic(torch.tensor([[1.0] * k, [0.0] * k]), packed, reduce_range=False)
+    return abs(float(got[0, 0]) - k) < 0.5
+
+
+def resolve_activations(activations: str) -> str:
+    """`auto` made `full` or `split` for this process's kernel; `full` refused where it would overflow."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"int8 activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if activations == "auto":
+        return "full" if full_range_activations() else "split"
+    if activations == "full" and not full_range_activations():
+        raise ValueError("8-bit int8 activations overflow this CPU's int8 kernel (it sums pairs in int16: no "
+                         "VNNI or AMX); use 'auto' or 'split'")
+    return activations
+
+
+def _quantize_weight(weight: Tensor, scales: Tensor) -> Tensor:
+    with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, not removed
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
 
 
 class Int8Linear(nn.Module):
     """`nn.Linear`'s forward with an int8 weight (one scale per output channel) and int8 activations (one
-    scale per row)."""
+    scale per row; 8 bits, or 14 bits as two 7-bit halves with `split`)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, split: bool) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
-        with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, not removed
-            warnings.simplefilter("ignore")
-            qweight = torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long), 0,
-                                                 torch.qint8)
+        qweight = _quantize_weight(weight, (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double())
         # Packed for the default engine (fbgemm on x86). oneDNN's GEMM uses AMX where the CPU has it and is 2x
         # faster from about 32 rows, but 1.2-1.8x slower below 16 (one request's decode steps); one engine for
         # every row count, since the two round their outputs differently and a row must get the same numbers
@@ -63,7 +88,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_row_sums", qweight.dequantize().sum(dim=1).unsqueeze(0), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float(),
                              persistent=False)
-        self.reduce_range = not full_range_activations()
+        self.split = split
 
     def int8_weight(self) -> Tensor:
         return torch.ops.quantized.linear_unpack(self._packed)[0]
@@ -75,17 +100,35 @@ class Int8Linear(nn.Module):
         span = (high - low).clamp_(min=1e-12)
         # (x - min) / span puts each row's own extremes exactly at 0 and 1 (a constant row is all 0).
         unit = (rows - low).div_(span)
-        product = torch.ops.quantized.linear_dynamic(unit, self._packed, reduce_range=self.reduce_range)
+        product = self._split_product(unit) if self.split else self._product(unit)
         out = low * self.weight_row_sums if self.bias is None else torch.addcmul(self.bias, low, self.weight_row_sums)
         out.addcmul_(product, span)
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def _product(self, unit: Tensor) -> Tensor:
+        # Every row spans [0, 1] (or is all 0), so the GEMM's one scale is 1/255.
+        return torch.ops.quantized.linear_dynamic(unit, self._packed, reduce_range=False)
+
+    def _split_product(self, unit: Tensor) -> Tensor:
+        code = unit.mul_((_SPLIT - 1) * _SPLIT).round_()
+        high = torch.div(code, _SPLIT, rounding_mode="floor")
+        low = code.sub_(high * _SPLIT)
+        # Each non-constant row's maximum has high = 127, and every minimum is 0: the GEMM's one 7-bit scale
+        # is 1/127, and both halves (k/127) quantize back to exactly k.
+        halves = torch.cat([high, low]).div_(_SPLIT - 1)
+        products = torch.ops.quantized.linear_dynamic(halves, self._packed, reduce_range=True)
+        n = unit.shape[0]
+        return products[:n].add_(products[n:], alpha=1 / _SPLIT)
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"activations={'split' if self.split else 'full'}")
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """Replace every `nn.Linear` of a float32 CPU `model` in place; returns it. Inference only."""
+def quantize_int8(model: nn.Module, activations: str = "auto") -> nn.Module:
+    """Replace every `nn.Linear` of a float32 CPU `model` in place; returns it. Inference only.
+    `activations`: one of `ACTIVATIONS`."""
+    split = resolve_activations(activations) == "split"
     first = next(model.parameters())
     if first.device.type != "cpu" or first.dtype != torch.float32:
         raise ValueError(f"int8 weights need a float32 model on the CPU (got {first.dtype} on {first.device}): "
@@ -93,7 +136,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, Int8Linear(child))
+                setattr(module, name, Int8Linear(child, split))
     return model
 
 

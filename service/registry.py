@@ -66,7 +66,7 @@ class ModelRegistry:
     def _load_one(self, name: str, path: Path, device: torch.device, backend: str) -> ServedModel:
         s = self.settings
         loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
-                                 pack_weights=True)
+                                 int8_activations=s.int8_activations, pack_weights=True)
         served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),

@@ -27,7 +27,6 @@ from model.kv_cache import SlotAllocator
 from model.tokenizer import Tokenizer
 
 Spans = list[tuple[int, int]]  # each request's rows in the decoder batch
-RESPELL_SLACK = 4  # how many tokens longer than the generated ones a text's own spelling is re-scored at most
 
 
 @dataclass
@@ -110,63 +109,23 @@ class Seq2SeqRunner:
         return BeamSettings(num_beams=job.num_beams, max_new_tokens=job.max_new_tokens, eos_token_id=self.eos,
                             length_penalty=g.length_penalty, early_stopping=g.early_stopping)
 
-    def final_hypotheses(self, seqs: Sequence[TranslationSequence],
-                         tokenizer: Tokenizer) -> list[list[tuple[str, list[int], float]] | ConstraintsUnmet]:
-        """Each finished sequence's translations as (text, ids, score), distinct, best first (or the
-        ConstraintsUnmet it ends with). The score is that of the text's own tokens: a hypothesis spelled with
-        other tokens than its text encodes to (e.g. "Druck" + "er." for "Drucker" + ".") is scored again by
-        teacher forcing those tokens (all of them in one batch), so that re-scoring a returned text always
-        gives its score. Of hypotheses with the same text, the best scored one stays. A text whose own tokens
-        are more than RESPELL_SLACK longer than the generated ones (a degenerate output, e.g. one token repeated
-        to the length limit) keeps the generated tokens' score: teacher forcing it would cost a decoding."""
-        kept: list[dict[str, tuple[list[int], float]]] = []
-        respell: list[tuple[int, str, list[int]]] = []
-        for i, seq in enumerate(seqs):
-            best: dict[str, tuple[list[int], float]] = {}
-            for ids, score in self.hypotheses(seq):
-                text = tokenizer.decode(ids)
-                if any(term not in text for term in seq.job.constraint_terms):
-                    continue  # the terms' tokens are there, but not spelled verbatim
-                own = tokenizer.encode_target(text)
-                if not ids or ids[-1] != self.eos:
-                    own = [t for t in own if t != self.eos]
-                if own == ids or len(own) > min(len(ids) + RESPELL_SLACK, self.cfg.max_target_len):
-                    if text not in best or score > best[text][1]:
-                        best[text] = (ids, score)
-                else:
-                    respell.append((i, text, own))
-            kept.append(best)
-        scores = self.teacher_forced_scores([(seqs[i].job.source_ids, ids) for i, _, ids in respell])
-        for (i, text, ids), score in zip(respell, scores, strict=True):
-            if text not in kept[i] or score > kept[i][text][1]:
-                kept[i][text] = (ids, score)
-        return [sorted(((text, ids, score) for text, (ids, score) in best.items()), key=lambda h: -h[2]) if best
-                else ConstraintsUnmet(seq.job.constraint_terms) for seq, best in zip(seqs, kept, strict=True)]
-
-    @torch.inference_mode()
-    def teacher_forced_scores(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-                              chunk: int = 32) -> list[float]:
-        """The score beam search would give each (source ids, target ids) pair (eos included in the target
-        where it ends on eos), in padded batches of `chunk`."""
-        scores: list[float] = []
-        start, pad = self.cfg.decoder_start_token_id, self.cfg.pad_token_id
-        for first in range(0, len(pairs), chunk):
-            part = pairs[first: first + chunk]
-            src = torch.full((len(part), max(len(s) for s, _ in part)), pad, dtype=torch.long)
-            dec = torch.full((len(part), max(len(t) for _, t in part)), pad, dtype=torch.long)
-            target = torch.zeros_like(dec)
-            for i, (s, t) in enumerate(part):
-                src[i, : len(s)] = torch.tensor(list(s))
-                dec[i, : len(t)] = torch.tensor([start, *t[:-1]])
-                target[i, : len(t)] = torch.tensor(list(t))
-            dev = self.device
-            logits = self.model(src.to(dev), torch.tensor([len(s) for s, _ in part], device=dev),
-                                dec.to(dev)).float()
-            picked = logits.gather(-1, target.to(dev)[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
-            picked = picked.cpu()
-            scores += [picked[i, : len(t)].sum().item() / max(len(t), 1) ** self.gen.length_penalty
-                       for i, (_, t) in enumerate(part)]
-        return scores
+    def final_hypotheses(self, seq: TranslationSequence,
+                         tokenizer: Tokenizer) -> list[tuple[str, list[int], float]] | ConstraintsUnmet:
+        """A finished sequence's translations as (text, ids, score), distinct by text, in the order beam search
+        ranks them (the first is what `transformers`' `generate` and CTranslate2 return), or the
+        ConstraintsUnmet it ends with. The score is the one beam search ranks by, of the ids generated (with
+        `output_scores`, `transformers` calls it `sequences_scores`). A beam may spell a text with other tokens
+        than the text encodes to ("Druck" + "er." for "Drucker" + "."); teacher forcing the text's own tokens
+        may then give another score, which neither ranks nor is reported. Of hypotheses with the same text,
+        the first ranked stays."""
+        best: dict[str, tuple[list[int], float]] = {}
+        for ids, score in self.hypotheses(seq):
+            text = tokenizer.decode(ids)
+            if all(term in text for term in seq.job.constraint_terms):  # else the terms' tokens are not verbatim
+                best.setdefault(text, (ids, score))
+        if not best:
+            return ConstraintsUnmet(seq.job.constraint_terms)
+        return [(text, ids, score) for text, (ids, score) in best.items()]
 
     def hypotheses(self, seq: TranslationSequence) -> list[tuple[list[int], float]]:
         """A finished sequence's hypotheses, best first, with the score beam search ranks by: the sum of the

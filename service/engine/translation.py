@@ -113,13 +113,9 @@ class TranslationEngine(Scheduler):
 
         self._each([r for r in reqs if id(r) not in failed], record)
         done = [r for r in reqs if id(r) in finishing and not r.finished]
-        try:  # batched: respelled hypotheses of every finishing request in one teacher-forced forward
-            finals = dict(zip(map(id, done), self.runner.final_hypotheses(done, self.tokenizer), strict=True))
-        except Exception:  # noqa: BLE001 - each request then computes its own, and fails alone
-            finals = {}
 
         def publish(req: TranslationRequest) -> None:
-            final = finals.get(id(req)) or self.runner.final_hypotheses([req], self.tokenizer)[0]
+            final = self.runner.final_hypotheses(req, self.tokenizer)
             if isinstance(final, Exception):
                 raise final
             final, finish = [Hypothesis(*h) for h in final], finishing[id(req)]

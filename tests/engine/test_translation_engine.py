@@ -15,6 +15,7 @@ from service.engine import TranslationEngine
 from service.metrics import Metrics
 from service.tasks.translation import collect_translation
 from tests.helpers import factories
+from tests.helpers.beam_parity import BeamParity, hf_beam_hypotheses, spelled_otherwise
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences, sentences_where_beams_matter
 from tests.helpers.hooked_server import slow_steps
 from tests.helpers.one_request import job_tokens
@@ -115,10 +116,20 @@ def test_too_many_beams_is_refused(mt):
 
 
 def test_marian_parity_through_the_engine(hf_marian):
+    """Greedy and 4-beam requests all at once through the engine answer what `generate` answers, ids and
+    score, including sources whose best hypothesis spells its text with other tokens than the text encodes
+    to (the engine returns beam search's first hypothesis as generated, never a re-ranked one)."""
     ours = checkpoint.load(hf_marian, device="cpu")
     hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
+    pad, eos = ours.config.pad_token_id, ours.config.eos_token_id
+    reference = {}
+    for text in lexicon_sentences(30, seed=11, min_words=2, max_words=10):
+        reference[text] = hf_beam_hypotheses(hf, ours.tokenizer.encode(text), 4, 20, pad)
+    respelled = [t for t, ref in reference.items() if spelled_otherwise(ours.tokenizer, ref[0][0], eos)][:3]
+    assert len(respelled) == 3, "the fixture's beams no longer spell any text otherwise: the test lost its point"
+    sentences = [*respelled, *sentences_where_beams_matter(ours, 2, max_new_tokens=20),
+                 *lexicon_sentences(2, seed=7, max_words=6)]
     engine = make_engine(ours, max_rows=16)
-    sentences = sentences_where_beams_matter(ours, 2, max_new_tokens=20) + lexicon_sentences(2, seed=7, max_words=6)
     jobs = [engine.translator.job(s, num_beams=b, max_tokens=20) for s in sentences for b in (1, 4)]
 
     async def all_at_once() -> list:
@@ -129,15 +140,14 @@ def test_marian_parity_through_the_engine(hf_marian):
         results = asyncio.run(all_at_once())
     finally:
         engine.stop()
-    pad = ours.config.pad_token_id
-    for job, result in zip(jobs, results, strict=True):
-        ids = result.token_ids
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([job.source_ids]), num_beams=job.num_beams, do_sample=False,
-                              max_new_tokens=20)
-        ref_ids = [t for t in ref[0, 1:].tolist() if t != pad]
-        assert result.text == ours.tokenizer.decode(ref_ids), job
-        # The engine answers with the text's own tokens (what re-scoring the text reads): transformers' ids,
-        # unless its best hypothesis spells that text otherwise (e.g. a trailing space token before eos).
-        own = ours.tokenizer.encode_target(result.text)
-        assert ids in (ref_ids, own if ref_ids[-1:] == [ours.config.eos_token_id] else own[:-1]), job
+    parity = BeamParity()
+    for text, job, result in zip([s for s in sentences for _ in (1, 4)], jobs, results, strict=True):
+        if job.num_beams == 1:
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([job.source_ids]), num_beams=1, do_sample=False, max_new_tokens=20)
+            assert result.token_ids == [t for t in ref[0, 1:].tolist() if t != pad], text
+            continue
+        ref = reference.get(text) or hf_beam_hypotheses(hf, job.source_ids, 4, 20, pad)
+        parity.check(result.token_ids, result.hypotheses[0].score, ref, text)
+        assert result.text == ours.tokenizer.decode(result.token_ids)
+    parity.assert_at_most_one_tie()

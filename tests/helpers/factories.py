@@ -1,11 +1,14 @@
 """Builders of tiny checkpoints for tests: Hugging Face directories (saved with `save_pretrained`) and
-our own format, all with small tokenizers trained here on an inline corpus.
+our own format, all with small tokenizers trained on an inline corpus.
 
 The language models and translators are trained briefly (`fixture_training`) so that their outputs depend
-on the whole input; the weights of each kind are trained once per test process and reused."""
+on the whole input. Their recipes are `RECIPES`; what the recipes yielded is committed under
+tests/fixtures/ (`committed_fixtures`), and a trained builder copies those files: no test process trains a
+fixture, and every machine tests the same weights. `trained=False` builds random weights here."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +17,6 @@ import sentencepiece as spm
 import torch
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers, trainers
-from torch import nn
 
 from model.checkpoint import GenerationDefaults, save_checkpoint
 from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
@@ -24,6 +26,7 @@ from model.seq2seq import Seq2Seq
 from model.tokenizer import load_tokenizer
 from model.vit import ViT
 from tests.helpers import fixture_training
+from tests.helpers.committed_fixtures import copy_fixture
 
 EN = [
     "The quick brown fox jumps over the lazy dog.",
@@ -68,21 +71,21 @@ def write_bpe_tokenizer(d: Path, *, add_eos: bool = False, chat_template: str | 
     return tok.get_vocab_size()
 
 
-def _train_spm(prefix: Path, lines: list[str], vocab_size: int) -> bytes:
-    prefix.with_suffix(".txt").write_text("\n".join(lines * 3), encoding="utf-8")
+def _train_spm(lines: list[str], vocab_size: int) -> bytes:
+    model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        input=str(prefix.with_suffix(".txt")), model_prefix=str(prefix), model_type="unigram",
+        sentence_iterator=iter(lines * 3), model_writer=model, model_type="unigram",
         vocab_size=vocab_size, hard_vocab_limit=False, character_coverage=1.0, unk_id=0, eos_id=1,
         bos_id=-1, pad_id=-1, num_threads=1, minloglevel=2,
     )
-    return Path(f"{prefix}.model").read_bytes()
+    return model.getvalue()
 
 
 def write_marian_tokenizer(d: Path) -> dict[str, int]:
     """opus-mt layout (source.spm, target.spm, vocab.json); returns the vocabulary."""
     d.mkdir(parents=True, exist_ok=True)
-    src = _train_spm(d / "src", EN, 90)
-    tgt = _train_spm(d / "tgt", DE, 90)
+    src = _train_spm(EN, 90)
+    tgt = _train_spm(DE, 90)
     (d / "source.spm").write_bytes(src)
     (d / "target.spm").write_bytes(tgt)
     vocab = {"</s>": 0, "<unk>": 1}
@@ -101,20 +104,19 @@ def write_marian_tokenizer(d: Path) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 # Hugging Face directories
 # --------------------------------------------------------------------------------------------------
-_TRAINED: dict[tuple, dict[str, torch.Tensor]] = {}
-
-
-def _trained(key: tuple, model: nn.Module, train: Callable[[nn.Module], float]) -> nn.Module:
-    """`model` after `train(model)`; the weights are computed once per `key` and copied afterwards."""
-    if key not in _TRAINED:
-        train(model)
-        _TRAINED[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(_TRAINED[key])
-    return model.eval()
+def _committed(name: str, d: Path, seed: int) -> Path:
+    if seed != 0:
+        raise ValueError(f"the committed fixture {name} was trained with seed 0; add a recipe for seed {seed}")
+    return copy_fixture(name, d)
 
 
 def hf_gpt2_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
-    """GPT-2 that has learnt `fixture_training.CYCLE` (random weights with `trained=False`)."""
+    """GPT-2 that has learnt `fixture_training.CYCLE` (committed, `RECIPES["hf-gpt2"]`; random weights with
+    `trained=False`)."""
+    return _committed("hf-gpt2", d, seed) if trained else _hf_gpt2(d, seed, train=False)
+
+
+def _hf_gpt2(d: Path, seed: int, train: bool) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     d.mkdir(parents=True, exist_ok=True)
@@ -125,16 +127,20 @@ def hf_gpt2_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
     cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_embd=64, n_layer=2, n_head=4, n_positions=128,
                      bos_token_id=eot, eos_token_id=eot)
     model = GPT2LMHeadModel(cfg)
-    if trained:
+    if train:
         cycle = tok.encode(fixture_training.CYCLE_TEXT).ids
-        model = _trained(("hf-gpt2", seed), model, lambda m: fixture_training.train_causal_lm(
-            m, cycle, None, lambda x: m(input_ids=x).logits, cfg.n_positions, seed))
+        fixture_training.train_causal_lm(model, cycle, None, lambda x: model(input_ids=x).logits, cfg.n_positions, seed)
     model.eval().save_pretrained(d, safe_serialization=True)
     return d
 
 
 def hf_marian_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
-    """Marian that has learnt `fixture_training.LEXICON` (random weights with `trained=False`)."""
+    """Marian that has learnt `fixture_training.LEXICON` (committed, `RECIPES["hf-marian"]`; random weights
+    with `trained=False`)."""
+    return _committed("hf-marian", d, seed) if trained else _hf_marian(d, seed, train=False)
+
+
+def _hf_marian(d: Path, seed: int, train: bool, steps: int = fixture_training.STEPS) -> Path:
     from transformers import MarianConfig, MarianMTModel
 
     vocab = write_marian_tokenizer(d)
@@ -149,15 +155,14 @@ def hf_marian_dir(d: Path, seed: int = 0, trained: bool = True) -> Path:
     model = MarianMTModel(cfg)
     with torch.no_grad():  # random final_logits_bias so that the importer's handling of it is tested
         model.final_logits_bias.normal_(0, 0.5)
-    if trained:
+    if train:
         tok = load_tokenizer(d)
 
         def logits(src: torch.Tensor, lengths: torch.Tensor, dec_in: torch.Tensor) -> torch.Tensor:
             mask = (torch.arange(src.size(1))[None, :] < lengths[:, None]).long()
             return model(input_ids=src, attention_mask=mask, decoder_input_ids=dec_in).logits
 
-        model = _trained(("hf-marian", seed), model, lambda m: fixture_training.train_translator(
-            m, tok.encode, tok.encode_target, logits, pad, pad, seed))
+        fixture_training.train_translator(model, tok.encode, tok.encode_target, logits, pad, pad, seed, steps)
     model.save_pretrained(d, safe_serialization=True)
     (d / "generation_config.json").write_text(json.dumps({
         "bad_words_ids": [[pad]], "decoder_start_token_id": pad, "eos_token_id": 0, "forced_eos_token_id": 0,
@@ -183,29 +188,50 @@ def hf_vit_dir(d: Path, seed: int = 0) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------
-# Our format (random weights)
+# Our format
 # --------------------------------------------------------------------------------------------------
 def tiny_lm_dir(d: Path, seed: int = 0, trained: bool = True, **overrides) -> Path:
-    """Our decoder, having learnt `fixture_training.CYCLE` (random weights with `trained=False`):
-    a prefix of the cycle has one continuation, which depends on more than its last token."""
+    """Our decoder, having learnt `fixture_training.CYCLE` (committed, `RECIPES["tiny-lm"]`; random weights,
+    with any `DecoderConfig` `overrides`, with `trained=False`): a prefix of the cycle has one continuation,
+    which depends on more than its last token."""
+    if trained:
+        if overrides:
+            raise ValueError(f"the committed tiny-lm has the default config; {overrides} needs trained=False")
+        return _committed("tiny-lm", d, seed)
+    return _tiny_lm(d, seed, train=False, **overrides)
+
+
+def _tiny_lm(d: Path, seed: int, train: bool, **overrides) -> Path:
     vocab = write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
     cfg = DecoderConfig(vocab_size=vocab, d_model=64, n_heads=4, d_ff=128, n_layers=2, max_seq_len=128,
                         bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **overrides)
     model = Decoder(cfg)
-    if trained:
+    if train:
         cycle = tok.encode(fixture_training.CYCLE_TEXT, add_special_tokens=False)
-        model = _trained(("lm", seed, *sorted(overrides.items())), model, lambda m: fixture_training.train_causal_lm(
-            m, cycle, tok.bos_id, m, cfg.max_seq_len, seed))
+        fixture_training.train_causal_lm(model, cycle, tok.bos_id, model, cfg.max_seq_len, seed)
     save_checkpoint(d, model.eval())
     return d
 
 
-def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, steps: int = fixture_training.STEPS,
-                reverse: bool = False, languages: tuple[str, str] | None = None) -> Path:
-    """Our encoder-decoder, having learnt `fixture_training.LEXICON` (random weights with `trained=False`;
-    `reverse`: from German to English), its config naming `languages` (source, target) when given."""
+def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, reverse: bool = False,
+                languages: tuple[str, str] | None = None) -> Path:
+    """Our encoder-decoder, having learnt `fixture_training.LEXICON` (committed, `RECIPES["tiny-mt"]`, or
+    `RECIPES["tiny-mt-de-en"]` with `reverse`: from German to English; random weights with `trained=False`),
+    its config naming `languages` (source, target) when given."""
+    if not trained:
+        return _tiny_mt(d, seed, train=False, languages=languages)
+    _committed("tiny-mt-de-en" if reverse else "tiny-mt", d, seed)
+    if languages is not None:
+        raw = json.loads((d / "config.json").read_text())
+        raw |= {"source_lang": languages[0], "target_lang": languages[1]}
+        (d / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    return d
+
+
+def _tiny_mt(d: Path, seed: int, train: bool, steps: int = fixture_training.STEPS, reverse: bool = False,
+             languages: tuple[str, str] | None = None) -> Path:
     vocab = write_bpe_tokenizer(d, add_eos=True)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
@@ -214,9 +240,9 @@ def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, steps: int = fixtu
                         eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     gen = GenerationDefaults(num_beams=2, max_new_tokens=24, banned_token_ids=[tok.pad_id])
     model = Seq2Seq(cfg)
-    if trained:
-        model = _trained(("mt", seed, steps, reverse), model, lambda m: fixture_training.train_translator(
-            m, tok.encode, tok.encode_target, m, tok.pad_id, tok.bos_id, seed, steps, reverse))
+    if train:
+        fixture_training.train_translator(model, tok.encode, tok.encode_target, model, tok.pad_id, tok.bos_id, seed,
+                                          steps, reverse)
     save_checkpoint(d, model.eval(), generation=gen, languages=languages)
     return d
 
@@ -225,11 +251,16 @@ ALIGNED_MT_STEPS = 1500  # longer than the other fixtures: its cross-attention s
 
 
 def aligned_mt_dir(d: Path, seed: int = 0) -> Path:
-    """`tiny_mt_dir` whose alignment heads are chosen on lexicon sentences (word i translates to word i)."""
+    """A translator like `tiny_mt_dir`'s, trained longer, whose alignment heads are chosen on lexicon
+    sentences (word i translates to word i); committed, `RECIPES["aligned-mt"]`."""
+    return _committed("aligned-mt", d, seed)
+
+
+def _aligned_mt(d: Path, seed: int = 0) -> Path:
     from model.alignment import choose_alignment_heads
     from model.checkpoint import load
 
-    tiny_mt_dir(d, seed, steps=ALIGNED_MT_STEPS)
+    _tiny_mt(d, seed, train=True, steps=ALIGNED_MT_STEPS)
     loaded = load(d)
     choice = choose_alignment_heads(loaded, fixture_training.lexicon_alignments(loaded, 60))
     gen = json.loads((d / "generation.json").read_text())
@@ -255,6 +286,19 @@ def hf_model_set(root: Path) -> dict[str, Path]:
 def tiny_model_set(root: Path) -> dict[str, Path]:
     """One tiny checkpoint of each kind under `root`: {"lm", "mt", "vit"} -> directory."""
     return {"lm": tiny_lm_dir(root / "lm"), "mt": tiny_mt_dir(root / "mt"), "vit": tiny_vit_dir(root / "vit")}
+
+
+# What tests/fixtures/ holds, each made by `python -m tests.helpers.committed_fixtures NAME`.
+RECIPES: dict[str, Callable[[Path], Path]] = {
+    "tiny-lm": lambda d: _tiny_lm(d, 0, train=True),
+    "tiny-mt": lambda d: _tiny_mt(d, 0, train=True),
+    "tiny-mt-de-en": lambda d: _tiny_mt(d, 0, train=True, reverse=True),
+    "aligned-mt": lambda d: _aligned_mt(d, 0),
+    "hf-gpt2": lambda d: _hf_gpt2(d, 0, train=True),
+    # Fewer steps than our translator's: trained longer on some CPUs, 4 beams stop finding anything that
+    # greedy decoding does not, and beam search goes untested.
+    "hf-marian": lambda d: _hf_marian(d, 0, train=True, steps=250),
+}
 
 
 def model_flags(models: dict[str, Path]) -> list[str]:

@@ -1,6 +1,6 @@
 """Documents through a real server on the bundled translator: a multi-paragraph text beyond the model's source
 limit keeps its layout and is decoded with several rows at once; `n` alternatives are distinct, best first,
-and their scores are what teacher forcing the returned text gives; documents stream sentence by sentence; a
+the hypotheses beam search ranks, in its order, with the scores it ranks by; documents stream sentence by sentence; a
 short request sent while a long document runs finishes first."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from model.checkpoint import load
+from model.decoding import translate as translate_ids
 from tests.helpers.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,10 +85,9 @@ def test_a_sentence_beyond_the_source_limit_is_cut_not_refused(server, mt):
     assert out["data"][0]["translation"].strip()
 
 
-def teacher_forced_score(mt, source: str, target: str) -> float:  # noqa: ANN001
-    """The length-normalised log-probability of `target` (its tokens, then eos) given `source`."""
-    ids = mt.tokenizer.encode_target(target)
-    ids = [t for t in ids if t != mt.config.eos_token_id] + [mt.config.eos_token_id]
+def teacher_forced_score(mt, source: str, ids: list[int]) -> float:  # noqa: ANN001
+    """The length-normalised log-probability of the target `ids` (eos included where they end on it) given
+    `source`."""
     src = torch.tensor([mt.tokenizer.encode(source)])
     dec = torch.tensor([[mt.config.decoder_start_token_id] + ids[:-1]])
     with torch.inference_mode():
@@ -96,11 +96,21 @@ def teacher_forced_score(mt, source: str, target: str) -> float:  # noqa: ANN001
     return logp / len(ids) ** mt.generation.length_penalty
 
 
+def ranked_hypotheses(mt, source: str, num_beams: int) -> list[tuple[str, list[int]]]:  # noqa: ANN001
+    """The distinct texts of a beam search alone, in its order, with the ids it generated for each."""
+    seq = translate_ids(mt, [mt.tokenizer.encode(source)], num_beams)[0]
+    hyps = seq.search.hypotheses(num_beams) if num_beams > 1 else [(seq.generated, 0.0)]
+    distinct: dict[str, list[int]] = {}
+    for ids, _ in hyps:
+        distinct.setdefault(mt.tokenizer.decode(ids), ids)
+    return list(distinct.items())
+
+
 SENTENCES = ["Click Save to keep your changes.", "Choose Tools - Options.", "Select the printer.",
              "Good morning."]
 
 
-def test_alternatives_are_distinct_best_first_and_scored_as_teacher_forcing_scores_them(server, mt):
+def test_alternatives_are_the_beams_in_their_order_with_the_scores_they_are_ranked_by(server, mt):
     out = translate(server, {"input": SENTENCES, "num_beams": 4, "n": 4})
     for source, item in zip(SENTENCES, out["data"], strict=True):
         alts = item["alternatives"]
@@ -108,11 +118,15 @@ def test_alternatives_are_distinct_best_first_and_scored_as_teacher_forcing_scor
         assert 2 <= len(alts) <= 4 and len(set(texts)) == len(texts)
         assert texts[0] == item["translation"] and scores[0] == item["score"]
         assert scores == sorted(scores, reverse=True)
-        for text, score in zip(texts, scores, strict=True):
-            assert teacher_forced_score(mt, source, text) == pytest.approx(score, abs=1e-3), text
+        reference = ranked_hypotheses(mt, source, 4)
+        assert texts == [text for text, _ in reference][: len(texts)]
+        for (_, ids), score in zip(reference, scores, strict=False):
+            assert teacher_forced_score(mt, source, ids) == pytest.approx(score, abs=1e-3)
     greedy = translate(server, {"input": SENTENCES[0], "num_beams": 1})["data"][0]
     assert "alternatives" not in greedy
-    assert teacher_forced_score(mt, SENTENCES[0], greedy["translation"]) == pytest.approx(greedy["score"], abs=1e-3)
+    [(text, ids)] = ranked_hypotheses(mt, SENTENCES[0], 1)
+    assert greedy["translation"] == text
+    assert teacher_forced_score(mt, SENTENCES[0], ids) == pytest.approx(greedy["score"], abs=1e-3)
 
 
 def test_a_documents_score_is_the_token_weighted_mean_and_alternatives_join_sentences(server, mt):
@@ -120,7 +134,7 @@ def test_a_documents_score_is_the_token_weighted_mean_and_alternatives_join_sent
     whole = translate(server, {"input": document, "n": 2})["data"][0]
     parts = translate(server, {"input": SENTENCES[:2], "n": 2})["data"]
     assert whole["translation"] == " ".join(p["translation"] for p in parts)
-    lengths = [len(mt.tokenizer.encode_target(p["translation"])) for p in parts]
+    lengths = [len(ranked_hypotheses(mt, s, mt.generation.num_beams)[0][1]) for s in SENTENCES[:2]]
     mean = sum(p["score"] * n for p, n in zip(parts, lengths, strict=True)) / sum(lengths)
     assert whole["score"] == pytest.approx(mean, abs=1e-3)
     second = " ".join(p["alternatives"][1]["translation"] for p in parts)

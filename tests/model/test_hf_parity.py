@@ -8,6 +8,7 @@ import torch
 
 from model.checkpoint import load
 from model.decoding import SamplingParams, translate
+from tests.helpers.beam_parity import BeamParity, hf_beam_hypotheses
 from tests.helpers.fixture_training import (
     assert_varied,
     cycle_prompts,
@@ -82,6 +83,8 @@ def test_marian_greedy_translation_identical(hf_marian):
 
 
 def test_marian_beam_search_identical(hf_marian):
+    """4 beams give `generate`'s first hypothesis and its `sequences_scores` (to a near-tie on at most one
+    input: `beam_parity`)."""
     ours = load(hf_marian)
     hf = transformers.MarianMTModel.from_pretrained(hf_marian).eval()
 
@@ -89,17 +92,18 @@ def test_marian_beam_search_identical(hf_marian):
     # may agree, drawn with another seed: sentences drawn with one seed share their first words.
     differ = sentences_where_beams_matter(ours, 3)
     texts = differ + [t for t in lexicon_sentences(6, seed=23, min_words=2, max_words=10) if t not in differ][:3]
-    lengths_seen, beams = set(), []
+    lengths_seen, beams, parity = set(), [], BeamParity()
     for text in texts:
         src = ours.tokenizer.encode(text)
         for max_new in (12, 30):
-            (ids,) = (s.output_ids for s in translate(ours, [src], num_beams=4, max_new_tokens=max_new))
-            with torch.no_grad():
-                ref = hf.generate(torch.tensor([src]), num_beams=4, do_sample=False, max_new_tokens=max_new)
-            ref = [t for t in ref[0, 1:].tolist() if t != ours.config.pad_token_id]
-            assert ids == ref, (text, max_new)
+            (seq,) = translate(ours, [src], num_beams=4, max_new_tokens=max_new)
+            (ids, score), = seq.search.hypotheses(1)
+            assert ids == seq.output_ids
+            reference = hf_beam_hypotheses(hf, src, 4, max_new, ours.config.pad_token_id)
+            parity.check(ids, score, reference, f"{text!r}, max_new_tokens={max_new}")
             lengths_seen.add(len(ids))
             beams.append(ids)
+    parity.assert_at_most_one_tie()
     assert len(lengths_seen) > 1  # some hypotheses ended on eos before the limit
     assert_varied(beams)
 
