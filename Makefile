@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test test-fast serve lint clean mutation planted-bugs
+.PHONY: setup test test-avx2 test-fast serve lint clean mutation planted-bugs
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,12 @@ setup: $(BIN)/.installed
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The suite again on the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs it:
+# PyTorch's ATen kernels, oneDNN and fbgemm are each held to AVX2, and int8 layers take the activations such
+# a CPU gets (tests/helpers/avx2_only.py). CI runs it after `make test`; see docs/TESTING.md.
+test-avx2: setup
+	$(BIN)/python -m tests.helpers.avx2_only -m pytest $(PYTEST_ARGS)
+
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
@@ -31,8 +37,9 @@ serve: setup
 mutation: setup
 	$(BIN)/python tests/tools/mutation.py $(MUTATION_ARGS)
 
-# Plants known bugs one at a time in a copy of the tree and checks that their tests fail (not part of
-# `make test`; about 2 minutes a bug); see docs/TESTING.md. PLANTED="cancel" picks bugs by name.
+# Plants known bugs one at a time in a copy of the tree and checks that their tests fail, on this CPU's
+# kernels and on AVX2-only ones (not part of `make test`); see docs/TESTING.md. PLANTED="cancel" picks bugs
+# by name, PLANTED="--avx2" one kind of kernels.
 planted-bugs: setup
 	$(BIN)/python tests/tools/planted_bugs.py $(PLANTED)
 

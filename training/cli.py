@@ -51,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--no-write", action="store_true", help="print metrics without writing them")
     e.add_argument("--quantize", default="none", choices=("none", "int8"),
                    help="int8: evaluate the int8 model (--quantize int8); stored beside the float32 figures")
+    e.add_argument("--int8-activations", default="auto", choices=("auto", "full", "split"),
+                   help="with --quantize int8: how activations are quantized (as `tserve serve --int8-activations`); "
+                        "full and split figures are stored apart")
     e.set_defaults(func=run_eval)
 
     from training.alignment import register as register_align  # noqa: PLC0415
@@ -105,7 +108,8 @@ def run_eval(args: argparse.Namespace) -> int:
     setup_logging()
     try:
         metrics = evaluate_checkpoint(args.checkpoint, limit=args.limit, device=args.device,
-                                      data_root=args.data_dir, write=not args.no_write, quantize=args.quantize)
+                                      data_root=args.data_dir, write=not args.no_write, quantize=args.quantize,
+                                      int8_activations=args.int8_activations)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

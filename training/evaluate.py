@@ -26,13 +26,14 @@ from PIL import Image
 from model.checkpoint import LoadedModel, load
 from model.decoding import SamplingParams, generate, translation_job
 from model.decoding.seq2seq_runner import run_jobs
-from model.quantize import QUANTIZATIONS
+from model.quantize import resolve_activations
 from training import data as data_mod
 from training.card import METRICS_FILE, TRAINING_FILE, read_json, write_card, write_json
 from training.common import configure_threads, log_event, resolve_device
 
 PROBES = ["Good morning.", "Where is the station?", "I don't know.", "Thank you very much.",
           "The weather is nice today.", "Open the file.", "Save the document."]
+QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split"}  # metrics.json's key for each kind of int8 figures
 LM_PROMPTS = ["The king said", "It is a truth universally acknowledged", "Love is"]
 
 
@@ -243,25 +244,29 @@ def evaluate_loaded(loaded: LoadedModel, path: Path, *, limit: int | None = None
 
 
 def evaluate_checkpoint(path: str | Path, *, limit: int | None = None, device: str = "auto",
-                        data_root: str | None = None, write: bool = True, quantize: str = "none") -> dict[str, Any]:
+                        data_root: str | None = None, write: bool = True, quantize: str = "none",
+                        int8_activations: str = "auto") -> dict[str, Any]:
     """Evaluate a checkpoint on the test split of its data set (the first `limit` items when given).
     A full evaluation also records the metrics of the first REFERENCE_SLICE items. With `write`, store
     `metrics.json` next to the weights and re-render the model card. `quantize="int8"`: the figures of the
-    int8 model (`--quantize int8`), stored under `"int8"` beside the float32 ones."""
+    int8 model (`--quantize int8`, activations as `int8_activations` says), stored beside the float32 ones
+    under `"int8"` (8-bit activations) or `"int8_split"` (split ones, what a CPU without VNNI runs)."""
     configure_threads()
     path = Path(path)
-    loaded = load(path, device=resolve_device(device), dtype="float32", quantize=quantize)
+    loaded = load(path, device=resolve_device(device), dtype="float32", quantize=quantize,
+                  int8_activations=int8_activations)
     if quantize != "none":
         metrics = evaluate_loaded(loaded, path, limit=limit, data_root=data_root)
-        figures = {"limit": limit, **{k: v for k, v in metrics.items() if k != "samples"}}
+        activations = resolve_activations(int8_activations)
+        figures = {"limit": limit, "activations": activations, **{k: v for k, v in metrics.items() if k != "samples"}}
         if write:
             stored = read_json(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else {}
-            write_json(path / METRICS_FILE, stored | {quantize: figures})
+            write_json(path / METRICS_FILE, stored | {QUANTIZED_FIGURES[activations]: figures})
             write_card(path)
         return figures
     kept = {}  # a float32 evaluation keeps the quantized figures it does not recompute
     if (path / METRICS_FILE).is_file():
-        kept = {k: v for k, v in read_json(path / METRICS_FILE).items() if k in QUANTIZATIONS}
+        kept = {k: v for k, v in read_json(path / METRICS_FILE).items() if k in QUANTIZED_FIGURES.values()}
     start = time.perf_counter()
     task = task_of(loaded)
     metrics = evaluate_loaded(loaded, path, limit=limit, data_root=data_root)

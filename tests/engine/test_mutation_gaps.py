@@ -336,7 +336,7 @@ def test_batcher_goes_on_after_a_batch_whose_items_were_all_cancelled():
 
     async def run() -> int:
         gone = asyncio.create_task(batcher.submit(1))
-        await asyncio.sleep(0.01)  # queued: the batcher has not started yet
+        await until(lambda: batcher.queue_depth == 1)  # queued: the batcher has not started yet
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone

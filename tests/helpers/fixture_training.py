@@ -194,3 +194,31 @@ def lexicon_alignments(loaded, n: int, seed: int = 3):  # noqa: ANN001, ANN201 -
                 gold[t] = {j for j, (c, d) in enumerate(src_spans) if c < d and s <= c < e}
         out.append(KnownAlignment(src_ids, tgt_ids, gold))
     return out
+
+
+# A greedy choice a test relies on must beat the runner-up by this much (in logits): the float rounding of
+# another CPU's kernels, or of another batch shape, moves a logit by far less.
+MIN_MARGIN = 1.0
+
+
+def translation_margins(loaded, source: str, target: str) -> list[float]:  # noqa: ANN001
+    """Teacher-forced on `target`'s tokens and then eos, given `source`: at each step, how far the logit of the
+    token `target` takes lies above the best other token the decoder may pick (the checkpoint's banned
+    tokens excluded). Negative where greedy decoding would pick another token."""
+    tok, cfg = loaded.tokenizer, loaded.config
+    ids = [t for t in tok.encode_target(target) if t != cfg.eos_token_id] + [cfg.eos_token_id]
+    src = torch.tensor([tok.encode(source)])
+    dec = torch.tensor([[cfg.decoder_start_token_id, *ids[:-1]]])
+    with torch.inference_mode():
+        logits = loaded.model(src, torch.tensor([src.size(1)]), dec)[0].float()
+        logits[:, list(loaded.generation.banned_token_ids)] = float("-inf")
+        chosen = logits.gather(1, torch.tensor(ids)[:, None])[:, 0]
+        logits.scatter_(1, torch.tensor(ids)[:, None], float("-inf"))
+        return (chosen - logits.amax(dim=1)).tolist()
+
+
+def assert_greedy_margins(loaded, source: str, target: str, min_margin: float = MIN_MARGIN) -> None:  # noqa: ANN001
+    """`target` is the greedy translation of `source` with at least `min_margin` at every step, so that no
+    kernel's rounding can make it another."""
+    margins = translation_margins(loaded, source, target)
+    assert min(margins) >= min_margin, f"{source!r} -> {target!r}: margins {[round(m, 2) for m in margins]}"

@@ -17,6 +17,7 @@ from model import checkpoint
 from model.decoding import translate
 from tests.helpers import factories
 from tests.helpers.fixture_training import sentences_where_beams_matter
+from tests.helpers.polling import until
 from tests.helpers.server import ServerProcess
 
 
@@ -158,7 +159,9 @@ def test_a_full_server_answers_429_with_retry_after_on_both_protocols(models, tm
                                                        json={"model": "mt", "input": text, "num_beams": 2})),
                        asyncio.create_task(client.post(srv.url + "/v1/classifications",
                                                        json={"model": "vit", "image": image}))]
-            await asyncio.sleep(0.5)  # both held: the rows by the translation, the worker by its batch
+            # Both held: the rows by the translation, the worker by its batch.
+            await until(lambda: srv.metric("tserve_kv_slots_in_use", "mt", 0) == 2
+                        and srv.metric("tserve_running_requests", "vit", 0) >= 1, timeout=30)
             out = {path: await client.post(srv.url + path, json=body) for path, body in refused.items()}
             assert [(await h).status_code for h in holders] == [200, 200]
             return out

@@ -23,6 +23,7 @@ from model.quantize import (
     quantize_int8,
     resolve_activations,
 )
+from tests.helpers.avx2_only import AVX2_ONLY
 from training import data as data_mod
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +116,7 @@ def test_the_avx2_kernel_gets_split_activations_which_it_computes_as_accurately(
     """With fbgemm forced onto its AVX2 kernels (what a CPU without VNNI runs), the probe picks `split`;
     8-bit activations would overflow there (the error this guards against), and split ones give the same
     accuracy as on any other kernel."""
-    env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+    env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": AVX2_ONLY["FBGEMM_ENABLE_INSTRUCTIONS"]}
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["auto"] == "split"

@@ -2,8 +2,9 @@
 one fail (`make planted-bugs`; not part of `make test`). A bug whose tests still pass means those tests
 compare things that would be equal anyway.
 
-    python tests/tools/planted_bugs.py            # every bug
+    python tests/tools/planted_bugs.py            # every bug, on this CPU's kernels and on AVX2-only ones
     python tests/tools/planted_bugs.py cancel     # the bugs whose name contains "cancel"
+    python tests/tools/planted_bugs.py --avx2     # on the AVX2-only kernels alone (--native: this CPU's)
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.helpers.avx2_only import AVX2_ONLY  # noqa: E402
+
+KERNELS = {"native": {}, "avx2": AVX2_ONLY}  # each bug's tests run on both
 
 
 @dataclass(frozen=True)
@@ -120,10 +125,19 @@ BUGS = [
          "tests/http/test_documents.py::test_a_long_document_keeps_its_layout_and_decodes_in_parallel")),
     Bug("glossary-ignored", "service/runners.py", "            if terms:\n", "            if False:\n",
         ("tests/http/test_documents.py::test_glossary_terms_appear_verbatim_also_beside_ten_other_requests",)),
-    Bug("respelled-hypotheses-keep-their-beam-score", "model/decoding/seq2seq_runner.py",
-        "if own == ids or len(own) > min(len(ids) + RESPELL_SLACK, self.cfg.max_target_len):", "if True:",
-        ("tests/http/test_documents.py::"
-         "test_alternatives_are_distinct_best_first_and_scored_as_teacher_forcing_scores_them",)),
+    Bug("translations-answer-with-the-texts-own-tokens", "model/decoding/seq2seq_runner.py",
+        "best.setdefault(text, (ids, score))", "best.setdefault(text, (tokenizer.encode_target(text), score))",
+        ("tests/engine/test_translation_engine.py::test_marian_parity_through_the_engine",)),
+    Bug("translations-re-ranked", "model/decoding/seq2seq_runner.py",
+        "for ids, score in self.hypotheses(seq):", "for ids, score in self.hypotheses(seq)[::-1]:",
+        ("tests/engine/test_translation_engine.py::test_marian_parity_through_the_engine",
+         "tests/http/test_documents.py::test_alternatives_are_the_beams_in_their_order_with_the_scores_they_are_ranked_by")),
+    Bug("int8-takes-8-bit-activations-on-every-kernel", "model/quantize.py",
+        "return abs(float(got[0, 0]) - k) < 0.5", "return True",
+        ("tests/model/test_quantize.py::test_the_avx2_kernel_gets_split_activations_which_it_computes_as_accurately",)),
+    Bug("int8-split-activations-lose-their-low-half", "model/quantize.py",
+        "return products[:n].add_(products[n:], alpha=1 / _SPLIT)", "return products[:n]",
+        ("tests/model/test_quantize.py::test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row",)),
 ]
 
 
@@ -148,11 +162,11 @@ def plant(tree: Path, bug: Bug) -> None:
     path.write_text(text.replace(bug.old, bug.new))
 
 
-def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[dict[str, bool], float]:
-    """({test: failed}, seconds), all in one pytest process. A test that names a module or a parametrized
-    function has failed when any of its cases failed. The copy comes first on the path, ahead of the
-    installed project."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+def run_tests(tree: Path, tests: tuple[str, ...], kernels: str) -> tuple[dict[str, bool], float]:
+    """({test: failed}, seconds), all in one pytest process on `kernels` (`KERNELS`). A test that names a
+    module or a parametrized function has failed when any of its cases failed. The copy comes first on the
+    path, ahead of the installed project."""
+    env = {**os.environ, **KERNELS[kernels], "PYTHONPATH": str(tree)}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests],
                           cwd=tree, env=env, capture_output=True, text=True)
@@ -161,21 +175,24 @@ def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[dict[str, bool], floa
 
 
 def main(selected: list[str]) -> int:
+    kernels = [k for k in KERNELS if f"--{k}" in selected] or list(KERNELS)
+    selected = [s for s in selected if not s.startswith("--")]
     bugs = [b for b in BUGS if not selected or any(s in b.name for s in selected)]
     missed = []
-    print(f"{'bug':48} {'test':70} result")
+    print(f"{'bug':48} {'kernels':8} {'test':70} result")
     for bug in bugs:
         with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
             tree = Path(tmp)
             copy_tree(tree)
             plant(tree, bug)
-            results, seconds = run_tests(tree, bug.tests)
-            for test, failed in results.items():
-                print(f"{bug.name:48} {test:70} {'caught' if failed else 'MISSED'}", flush=True)
-                if not failed:
-                    missed.append((bug.name, test))
-            print(f"{'':48} ({seconds:.0f} s)")
-    print(f"\n{len(missed)} missed" + "".join(f"\n  {b}: {t}" for b, t in missed))
+            for k in kernels:
+                results, seconds = run_tests(tree, bug.tests, k)
+                for test, failed in results.items():
+                    print(f"{bug.name:48} {k:8} {test:70} {'caught' if failed else 'MISSED'}", flush=True)
+                    if not failed:
+                        missed.append((bug.name, k, test))
+                print(f"{'':57} ({seconds:.0f} s)")
+    print(f"\n{len(missed)} missed" + "".join(f"\n  {b} ({k}): {t}" for b, k, t in missed))
     return 1 if missed else 0
 
 
