@@ -18,12 +18,14 @@ How many bits a row gets depends on the GEMM's kernel (`ACTIVATIONS`):
   fbgemm multiplies u8 by s8 in pairs summed into a saturating int16 (`vpmaddubsw`): 255 x 127 x 2
   overflows it, which is why PyTorch's own dynamic Linear passes `reduce_range=True` (7-bit activations).
 - `split`: each row's 14-bit code `c = 128 hi + lo` as two 7-bit halves, both rows of one GEMM
-  (`W c = 128 W hi + W lo`). 7-bit inputs never saturate, so this is exact on every kernel; it costs twice
-  the GEMM rows, and gives more levels than `full`. With plain 7-bit activations only 87.5% of those
-  translations equal float32's; split, 95%.
+  (`W c = 128 W hi + W lo`). 7-bit inputs never saturate, so this is exact on every kernel, and gives more
+  levels than `full`; it costs a GEMM of twice the rows (2-3x `7bit`'s time on an AVX2 kernel).
+- `7bit`: one GEMM with 7-bit activations: any kernel, fastest there, least accurate.
 - `auto`: `full` where a probe GEMM shows that the kernel does not saturate, `split` elsewhere. The probe
   asks the kernel itself, so it follows whatever fbgemm chose (`FBGEMM_ENABLE_INSTRUCTIONS=AVX2` forces
-  the AVX2 kernels on any CPU)."""
+  the AVX2 kernels on any CPU).
+On the bundled translator's 200-sentence slice, the 4-beam translations equal to float32's: `full` 92.5%,
+`split` 95%, `7bit` 87.5% (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ from torch import Tensor, nn
 QUANTIZATIONS = ("none", "int8")
 
 
-ACTIVATIONS = ("auto", "full", "split")
+ACTIVATIONS = ("auto", "full", "split", "7bit")
 _SPLIT = 128  # a 14-bit code is 128 x its high half (0..127) + its low half (0..127)
+_SPLIT_LEVELS = (_SPLIT - 1) * _SPLIT  # the largest code: a row's maximum
 
 
 @functools.cache
@@ -72,9 +75,9 @@ def _quantize_weight(weight: Tensor, scales: Tensor) -> Tensor:
 
 class Int8Linear(nn.Module):
     """`nn.Linear`'s forward with an int8 weight (one scale per output channel) and int8 activations (one
-    scale per row; 8 bits, or 14 bits as two 7-bit halves with `split`)."""
+    scale per row; `activations`: `full`, `split` or `7bit`, see the module's docstring)."""
 
-    def __init__(self, linear: nn.Linear, split: bool) -> None:
+    def __init__(self, linear: nn.Linear, activations: str) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
@@ -88,7 +91,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_row_sums", qweight.dequantize().sum(dim=1).unsqueeze(0), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float(),
                              persistent=False)
-        self.split = split
+        self.activations = activations
 
     def int8_weight(self) -> Tensor:
         return torch.ops.quantized.linear_unpack(self._packed)[0]
@@ -98,37 +101,41 @@ class Int8Linear(nn.Module):
         # amin + amax: two passes, yet several times faster than `torch.aminmax` over the last dimension.
         low, high = rows.amin(dim=-1, keepdim=True), rows.amax(dim=-1, keepdim=True)
         span = (high - low).clamp_(min=1e-12)
-        # (x - min) / span puts each row's own extremes exactly at 0 and 1 (a constant row is all 0).
-        unit = (rows - low).div_(span)
-        product = self._split_product(unit) if self.split else self._product(unit)
+        if self.activations == "split":
+            product, span = self._split_product(rows, low, span), span / _SPLIT_LEVELS
+        else:
+            # (x - min) / span puts each row's own extremes exactly at 0 and 1 (a constant row is all 0), so
+            # the GEMM's one scale is 1/255 (1/127 with 7-bit activations).
+            product = torch.ops.quantized.linear_dynamic((rows - low).div_(span), self._packed,
+                                                         reduce_range=self.activations == "7bit")
         out = low * self.weight_row_sums if self.bias is None else torch.addcmul(self.bias, low, self.weight_row_sums)
         out.addcmul_(product, span)
         return out.reshape(*x.shape[:-1], self.out_features)
 
-    def _product(self, unit: Tensor) -> Tensor:
-        # Every row spans [0, 1] (or is all 0), so the GEMM's one scale is 1/255.
-        return torch.ops.quantized.linear_dynamic(unit, self._packed, reduce_range=False)
-
-    def _split_product(self, unit: Tensor) -> Tensor:
-        code = unit.mul_((_SPLIT - 1) * _SPLIT).round_()
-        high = torch.div(code, _SPLIT, rounding_mode="floor")
-        low = code.sub_(high * _SPLIT)
-        # Each non-constant row's maximum has high = 127, and every minimum is 0: the GEMM's one 7-bit scale
-        # is 1/127, and both halves (k/127) quantize back to exactly k.
-        halves = torch.cat([high, low]).div_(_SPLIT - 1)
+    def _split_product(self, rows: Tensor, low: Tensor, span: Tensor) -> Tensor:
+        """W c for each row's 14-bit code c = round((x - min) / span * _SPLIT_LEVELS) = 128 hi + lo, as
+        128 W hi + W lo from one GEMM over the rows [lo; hi]. Each non-constant row's maximum has hi = 127 and
+        every minimum is 0, so the GEMM's one 7-bit scale is exactly 1 and the integer halves are its int8
+        inputs as they are. Six passes over the rows, written straight into the GEMM's input."""
+        n = rows.shape[0]
+        halves = rows.new_empty(2 * n, self.in_features)
+        low_half, high_half = halves[:n], halves[n:]
+        # x - min first: exactly 0 at each row's minimum (and everywhere in a constant row, whose step is huge).
+        torch.sub(rows, low, out=low_half).mul_(_SPLIT_LEVELS / span).round_()  # the code, for now
+        torch.mul(low_half, 1 / _SPLIT, out=high_half).floor_()
+        low_half.sub_(high_half, alpha=_SPLIT)
         products = torch.ops.quantized.linear_dynamic(halves, self._packed, reduce_range=True)
-        n = unit.shape[0]
-        return products[:n].add_(products[n:], alpha=1 / _SPLIT)
+        return products[n:].mul_(_SPLIT).add_(products[:n])
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activations={'split' if self.split else 'full'}")
+                f"activations={self.activations}")
 
 
 def quantize_int8(model: nn.Module, activations: str = "auto") -> nn.Module:
     """Replace every `nn.Linear` of a float32 CPU `model` in place; returns it. Inference only.
     `activations`: one of `ACTIVATIONS`."""
-    split = resolve_activations(activations) == "split"
+    activations = resolve_activations(activations)
     first = next(model.parameters())
     if first.device.type != "cpu" or first.dtype != torch.float32:
         raise ValueError(f"int8 weights need a float32 model on the CPU (got {first.dtype} on {first.device}): "
@@ -136,7 +143,7 @@ def quantize_int8(model: nn.Module, activations: str = "auto") -> nn.Module:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, Int8Linear(child, split))
+                setattr(module, name, Int8Linear(child, activations))
     return model
 
 

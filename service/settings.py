@@ -26,9 +26,10 @@ class Settings(BaseSettings):
         "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
     quantize: Literal["none", "int8"] = Field(
         "none", description="int8: int8 weights for every linear layer of every model (float32 on the CPU only)")
-    int8_activations: Literal["auto", "full", "split"] = Field(
-        "auto", description="with --quantize int8: activations as one 8-bit GEMM (full: needs VNNI or AMX) or as "
-        "two 7-bit halves (split: any CPU, twice the GEMM rows); auto: full where the CPU's int8 kernel allows it")
+    int8_activations: Literal["auto", "full", "split", "7bit"] = Field(
+        "auto", description="with --quantize int8: activations as one 8-bit GEMM (full: needs VNNI or AMX), as "
+        "two 7-bit halves (split: any CPU, twice the GEMM rows) or 7-bit (7bit: any CPU, fastest there, least "
+        "accurate); auto: full where the CPU's int8 kernel allows it, split elsewhere")
     attention_backend: Literal["auto", "math", "sdpa", "flash"] = Field(
         "auto", description="attention kernels (auto: sdpa)")
     cuda_graphs: bool = Field(

@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--no-write", action="store_true", help="print metrics without writing them")
     e.add_argument("--quantize", default="none", choices=("none", "int8"),
                    help="int8: evaluate the int8 model (--quantize int8); stored beside the float32 figures")
-    e.add_argument("--int8-activations", default="auto", choices=("auto", "full", "split"),
+    e.add_argument("--int8-activations", default="auto", choices=("auto", "full", "split", "7bit"),
                    help="with --quantize int8: how activations are quantized (as `tserve serve --int8-activations`); "
                         "full and split figures are stored apart")
     e.set_defaults(func=run_eval)

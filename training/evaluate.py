@@ -33,7 +33,7 @@ from training.common import configure_threads, log_event, resolve_device
 
 PROBES = ["Good morning.", "Where is the station?", "I don't know.", "Thank you very much.",
           "The weather is nice today.", "Open the file.", "Save the document."]
-QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split"}  # metrics.json's key for each kind of int8 figures
+QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit"}  # metrics.json's key for each kind of int8 figures
 LM_PROMPTS = ["The king said", "It is a truth universally acknowledged", "Love is"]
 
 

@@ -86,3 +86,10 @@ def test_embeddings_benchmark_scores_every_model(tmp_path, capsys):
         assert r.within > r.between and r.nn_accuracy > 0.5
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| embedding | nearest neighbour same domain |" in capsys.readouterr().out
+
+
+def test_int8_linear_benchmark_times_every_activation_scheme(capsys):
+    table = bench_script("int8_linear").main(["--rows", "1", "4", "--repeats", "1", "--calls", "2"])
+    assert len(table) == 2 * 3
+    assert all(r["float32"] > 0 and r["split"] > 0 and r["7bit"] > 0 and r["dynamic7"] > 0 for r in table)
+    assert "| shape | rows | float32 | int8 full | int8 split | int8 7bit |" in capsys.readouterr().out
