@@ -122,10 +122,10 @@ def render_card(directory: str | Path) -> str:
         lines += ["| metric | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v)} |" for k, v in _flatten({k: v for k, v in metrics.items() if k != "samples"})]
         lines.append("")
-        if "int8" in metrics or "int8_split" in metrics:
+        if any(k.startswith("int8") for k in metrics):
             lines += ["`int8.*`: the same evaluation with `--quantize int8` and 8-bit activations, what a CPU with "
                       "VNNI or AMX runs; `int8_split.*`: with split activations (two 7-bit halves), what a CPU "
-                      "with AVX2 only runs (`--int8-activations`).", ""]
+                      "with AVX2 only runs; `int8_7bit.*`: with 7-bit activations (`--int8-activations`).", ""]
         if samples:
             lines += ["Samples:", ""]
             for s in samples:

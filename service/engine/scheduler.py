@@ -225,6 +225,8 @@ class Scheduler:
         for req in [r for r in self.running if r.cancelled or now > r.deadline]:
             self._finish(req, None if req.cancelled else Event(error=RequestTimeout("request timed out")))
         admitted = self._admit(now)
+        if admitted:  # a long step (a batch, a prefill) shows its requests as running while it runs
+            self._update_gauges()
         for call in [r for r in admitted if isinstance(r, CallRequest)]:
             self._run_call(call)
         admitted = [r for r in admitted if not isinstance(r, CallRequest)]

@@ -136,7 +136,7 @@ BUGS = [
         "return abs(float(got[0, 0]) - k) < 0.5", "return True",
         ("tests/model/test_quantize.py::test_the_avx2_kernel_gets_split_activations_which_it_computes_as_accurately",)),
     Bug("int8-split-activations-lose-their-low-half", "model/quantize.py",
-        "return products[:n].add_(products[n:], alpha=1 / _SPLIT)", "return products[:n]",
+        "return products[n:].mul_(_SPLIT).add_(products[:n])", "return products[n:].mul_(_SPLIT)",
         ("tests/model/test_quantize.py::test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row",)),
 ]
 

@@ -402,8 +402,10 @@ def test_plan_loop_applies_the_command_line():
 
 
 def test_eval_records_int8_figures_beside_the_float32_ones(tiny_vit, tmp_path, monkeypatch):
-    """`tserve eval --quantize int8` evaluates the int8 model and stores its figures under "int8" in
-    metrics.json (the model card lists them); a float32 evaluation afterwards keeps them."""
+    """`tserve eval --quantize int8` evaluates the int8 model and stores its figures in metrics.json, under a
+    key for the activations it ran with ("int8_split", "int8_7bit"; "int8" for 8-bit ones), so that the two
+    CPU paths' figures stand side by side (the model card lists them); a float32 evaluation afterwards keeps
+    them."""
     import shutil
 
     ckpt = tmp_path / "vit"
@@ -411,15 +413,18 @@ def test_eval_records_int8_figures_beside_the_float32_ones(tiny_vit, tmp_path, m
     seen = []
 
     def fake_evaluate(loaded, path, *, limit=None, data_root=None, full=True):  # noqa: ANN001, ANN202
-        seen.append(loaded.quantization)
-        return {"accuracy": 0.5 if loaded.quantization == "int8" else 0.6}
+        activations = {m.activations for m in loaded.model.modules() if hasattr(m, "activations")}
+        seen.append((loaded.quantization, *activations))
+        return {"accuracy": {"split": 0.5, "7bit": 0.4}[activations.pop()] if activations else 0.6}
 
     monkeypatch.setattr(evaluate, "evaluate_loaded", fake_evaluate)
     monkeypatch.setitem(evaluate.REFERENCE_SLICE, evaluate.task_of(evaluate.load(ckpt)), 5)
-    assert cli.main(["eval", str(ckpt), "--quantize", "int8"]) == 0
+    for activations in ("split", "7bit"):
+        assert cli.main(["eval", str(ckpt), "--quantize", "int8", "--int8-activations", activations]) == 0
     stored = json.loads((ckpt / "metrics.json").read_text())
-    assert stored["int8"] == {"limit": None, "accuracy": 0.5} and seen == ["int8"]
+    assert stored["int8_split"] == {"limit": None, "activations": "split", "accuracy": 0.5}
+    assert stored["int8_7bit"]["accuracy"] == 0.4 and seen == [("int8", "split"), ("int8", "7bit")]
     evaluate.evaluate_checkpoint(ckpt, device="cpu")
     stored = json.loads((ckpt / "metrics.json").read_text())
-    assert stored["accuracy"] == 0.6 and stored["int8"]["accuracy"] == 0.5
-    assert "| int8.accuracy | 0.5 |" in (ckpt / "MODEL_CARD.md").read_text()
+    assert stored["accuracy"] == 0.6 and stored["int8_split"]["accuracy"] == 0.5
+    assert "| int8_split.accuracy | 0.5 |" in (ckpt / "MODEL_CARD.md").read_text()
