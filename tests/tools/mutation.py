@@ -80,7 +80,7 @@ def diff(name: str) -> str:
 def mutmut_run(argv: list[str]) -> None:
     """`mutmut run ARGV` in this process, less one redundant pass: when mutmut has just collected its stats
     by running every selected test (and stops unless they all pass), its "clean" run of the same tests is
-    skipped. With stats loaded from an earlier run (--reuse) the clean run happens, and trains the fixtures
+    skipped. With stats loaded from an earlier run (--reuse) the clean run happens, and warms the process
     that the forked workers then inherit."""
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]  # tests/ comes from mutants/
