@@ -234,17 +234,17 @@ def load(
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     loaded.parameter_count = parameters = loaded.num_parameters()
+    quantized = {}
     if quantize == "int8":
-        quantize_int8(loaded.model, int8_activations)
+        quantized["int8_activations"] = activations = resolve_activations(int8_activations)
+        quantize_int8(loaded.model, activations)
         loaded.quantization = "int8"
     elif pack_weights:
         pack_linears(loaded.model)
     log.info(
         "model loaded",
         extra={"path": str(path), "task": loaded.task, "format": loaded.source_format, "device": str(dev),
-               "dtype": str(loaded.dtype), "quantization": loaded.quantization,
-               **({"int8_activations": resolve_activations(int8_activations)} if loaded.quantization == "int8" else {}),
-               "parameters": parameters,
+               "dtype": str(loaded.dtype), "quantization": loaded.quantization, **quantized, "parameters": parameters,
                "seconds": round(time.perf_counter() - start, 3)},
     )
     return loaded

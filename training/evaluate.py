@@ -33,7 +33,9 @@ from training.common import configure_threads, log_event, resolve_device
 
 PROBES = ["Good morning.", "Where is the station?", "I don't know.", "Thank you very much.",
           "The weather is nice today.", "Open the file.", "Save the document."]
-QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit"}  # metrics.json's key for each kind of int8 figures
+# metrics.json's key for the int8 figures of each kind of activations: 8-bit ones (what a CPU with VNNI or AMX
+# runs) keep the key they always had.
+QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit"}
 LM_PROMPTS = ["The king said", "It is a truth universally acknowledged", "Love is"]
 
 
@@ -250,7 +252,7 @@ def evaluate_checkpoint(path: str | Path, *, limit: int | None = None, device: s
     A full evaluation also records the metrics of the first REFERENCE_SLICE items. With `write`, store
     `metrics.json` next to the weights and re-render the model card. `quantize="int8"`: the figures of the
     int8 model (`--quantize int8`, activations as `int8_activations` says), stored beside the float32 ones
-    under `"int8"` (8-bit activations) or `"int8_split"` (split ones, what a CPU without VNNI runs)."""
+    under the key `QUANTIZED_FIGURES` gives those activations."""
     configure_threads()
     path = Path(path)
     loaded = load(path, device=resolve_device(device), dtype="float32", quantize=quantize,
