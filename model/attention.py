@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model import rope
 from model.kv_cache import LayerKV, SharedSources
+from model.norms import RMSNorm
 
 BACKENDS = ("math", "sdpa", "flash")
 
@@ -135,10 +137,9 @@ class Rotary:
     sin: Tensor
 
     @staticmethod
-    def tables(d_head: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
-        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
-        angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        return angles.cos(), angles.sin()
+    def tables(d_head: int, max_len: int, base: float = 10000.0,
+               scaling: dict | None = None) -> tuple[Tensor, Tensor]:
+        return rope.tables(d_head, max_len, base, scaling)
 
     @classmethod
     def at(cls, cos: Tensor, sin: Tensor, positions: Tensor, dtype: torch.dtype) -> Rotary:
@@ -157,9 +158,12 @@ class Attention(nn.Module):
     queries from `x` and keys/values from the encoder output (or takes them precomputed from a cache).
 
     Args:
-        d_model: model width; n_heads: number of heads (d_head = d_model // n_heads).
+        d_model: model width; n_heads: number of query heads.
+        n_kv_heads: key/value heads (grouped-query attention: query head j reads kv head j // (H / KV));
+            default n_heads. d_head: head size, default d_model // n_heads.
         cross: cross-attention (separate `q` and fused `kv` projections) instead of self-attention.
-        bias: biases on the projections.
+        bias: biases on the q/k/v projections; out_bias: on the output projection (default `bias`).
+        qk_norm_eps: RMSNorm each head's queries and keys (Qwen3) with this epsilon; None: no norm.
         dropout: dropout on the attention probabilities (training only).
         backend: `auto | math | sdpa | flash`.
     """
@@ -169,22 +173,31 @@ class Attention(nn.Module):
         d_model: int,
         n_heads: int,
         *,
+        n_kv_heads: int | None = None,
+        d_head: int | None = None,
         cross: bool = False,
         bias: bool = True,
+        out_bias: bool | None = None,
+        qk_norm_eps: float | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.d_head = d_model // n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.d_head = d_head or d_model // n_heads
         self.cross = cross
         self.dropout = dropout
+        q_width, kv_width = n_heads * self.d_head, self.n_kv_heads * self.d_head
+        self.widths = (q_width, kv_width, kv_width)
         if cross:
-            self.q = nn.Linear(d_model, d_model, bias=bias)
-            self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
+            self.q = nn.Linear(d_model, q_width, bias=bias)
+            self.kv = nn.Linear(d_model, 2 * kv_width, bias=bias)
         else:
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
+            self.qkv = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
+        self.proj = nn.Linear(q_width, d_model, bias=bias if out_bias is None else out_bias)
+        self.q_norm = RMSNorm(self.d_head, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(self.d_head, qk_norm_eps) if qk_norm_eps is not None else None
         self.set_backend(backend)
 
     def set_backend(self, name: str) -> None:
@@ -226,7 +239,9 @@ class Attention(nn.Module):
             q = self._heads(self.q(x))
             k, v = context_kv if context_kv is not None else self.project_kv(context)
         else:
-            q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+            q, k, v = (self._heads(t) for t in self.qkv(x).split(self.widths, dim=-1))
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             if rotary is not None:
                 q, k = rotary.apply(q), rotary.apply(k)
             if cache is not None:
@@ -239,7 +254,7 @@ class Attention(nn.Module):
                 k, v = cache.update(k, v)
         attend = math_attention if need_weights else self._attend
         dropout_p = self.dropout if self.training else 0.0
-        out, probs = attend(q, k, v, mask, is_causal, dropout_p)
+        out, probs = _grouped(attend, q, k, v, mask, is_causal, dropout_p)
         B, _, T, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, T, -1)), probs
 
@@ -253,6 +268,22 @@ class Attention(nn.Module):
         out, _ = self._attend(q.transpose(1, 2), k, v, mask, False, 0.0)  # (U, H, G, D)
         out = out.transpose(1, 2).reshape(-1, C)[shared.row_positions]
         return self.proj(out.view(B, 1, C))
+
+
+def _grouped(attend: AttentionFn, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+             dropout_p: float) -> tuple[Tensor, Tensor | None]:
+    """Attention with fewer key/value heads than query heads (k/v: (B, KV, Tk, D)). One query per sequence:
+    each kv head's G query heads attend as a block of G queries over its keys, with no copy. Otherwise every
+    kv head is repeated for its G query heads, so the weights (`math`) come out per query head."""
+    group = q.size(1) // k.size(1)
+    if group == 1:
+        return attend(q, k, v, mask, is_causal, dropout_p)
+    B, H, Tq, D = q.shape
+    if Tq == 1 and attend is not math_attention:  # one query: causal allows every key
+        out, _ = attend(q.view(B, k.size(1), group, D), k, v, mask, False, dropout_p)
+        return out.view(B, H, 1, D), None
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return attend(q, k, v, mask, is_causal, dropout_p)
 
 
 def _direct_decode(q: Tensor, cache: KVWriter) -> bool:

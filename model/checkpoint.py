@@ -7,7 +7,8 @@ Our format is a directory holding
     generation.json         optional decoding defaults (num_beams, max_new_tokens, ...)
     labels.json             classifiers: class names, index order
     preprocessing.json      classifiers: image preprocessing
-`load(path)` reads that, or a Hugging Face GPT-2 / Marian / ViT directory through `model.hf_import`.
+`load(path)` reads that, or a Hugging Face directory (`model.importers`: GPT-2, Marian, ViT, Llama, Mistral,
+Qwen2, Qwen3), assembling the model the same way for every format.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig
+from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig
 from model.decoder import Decoder
+from model.importers import CheckpointError, GenerationDefaults, WeightSource, importer_for
+from model.importers.base import read_json
 from model.packed_linear import pack_linears
 from model.preprocessing import ImagePreprocessing
 from model.quantize import QUANTIZATIONS, quantize_int8, resolve_activations
@@ -36,32 +39,11 @@ from model.vit import ViT
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CheckpointError", "GenerationDefaults", "LoadedModel", "build_model", "load", "save_checkpoint",
+           "resolve_device", "resolve_dtype", "select_device", "translation_languages"]
+
 TASKS = {"decoder": "text-generation", "seq2seq": "translation", "vit": "image-classification"}
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"decoder": Decoder, "seq2seq": Seq2Seq, "vit": ViT}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory is missing, unsupported or corrupt; the message names the file."""
-
-
-@dataclass
-class GenerationDefaults:
-    """Decoding defaults a checkpoint ships with (Marian's generation_config.json, for instance)."""
-
-    num_beams: int = 1
-    max_new_tokens: int = 128
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False
-    banned_token_ids: list[int] = field(default_factory=list)
-    force_eos_at_max: bool = False
-    # Translators: the cross-attention heads that align target tokens to source tokens (model/alignment.py).
-    alignment_heads: list[list[int]] = field(default_factory=list)  # [[decoder layer, head], ...]
-    alignment_offset: int = 0
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GenerationDefaults:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 @dataclass
@@ -76,7 +58,7 @@ class LoadedModel:
     labels: list[str] | None = None
     preprocessing: ImagePreprocessing | None = None
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
-    source_format: str = "tserve"  # or "hf-gpt2", "hf-marian", "hf-vit"
+    source_format: str = "tserve"  # or "hf-<model_type>": "hf-gpt2", "hf-llama", ...
     quantization: str = "none"  # or "int8": the linear layers hold int8 weights
     parameter_count: int = 0  # counted at load: packed and int8 layers hold their weights outside `parameters()`
     languages: tuple[str, str] | None = None  # a translator's (source, target) language codes, when known
@@ -138,29 +120,31 @@ def save_checkpoint(
     return path
 
 
-def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
-    """Load tensors from a .safetensors file, with an error that names the file when it is bad."""
-    if not file.is_file():
-        raise CheckpointError(f"{file}: missing weights file")
-    try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{file}: corrupt or unreadable safetensors file ({exc})") from exc
-
-
-def load_state(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
-    """Copy `state` into `model`, naming the file and the keys when they do not fit."""
+def fill_weights(model: nn.Module, named: Iterator[tuple[str, torch.Tensor]], file: Path) -> None:
+    """Copy each (name, tensor) into the model's parameter of that name as it comes (converted to the
+    parameter's dtype), so that no second copy of the whole checkpoint is ever held; names the file and the
+    keys when they do not fit the config."""
     expected = model.state_dict()
     # Tied output weights are stored once, under the embedding's name.
     tied = {k for k in expected if k.endswith("lm_head.weight")} if getattr(model.cfg, "tie_embeddings", False) else set()
-    missing = sorted(set(expected) - set(state) - tied)
-    unexpected = sorted(set(state) - set(expected))
+    seen, unexpected = set(), []
+    try:
+        with torch.no_grad():
+            for name, tensor in named:
+                if name not in expected:
+                    unexpected.append(name)
+                    continue
+                if tensor.shape != expected[name].shape:
+                    raise CheckpointError(f"{file}: {name} has shape {tuple(tensor.shape)}, config expects "
+                                          f"{tuple(expected[name].shape)}")
+                expected[name].copy_(tensor)
+                seen.add(name)
+    except KeyError as exc:
+        raise CheckpointError(f"{file}: expected tensor or config field {exc} not found") from exc
+    missing = sorted(set(expected) - seen - tied)
     if missing or unexpected:
-        raise CheckpointError(f"{file}: weights do not match the config (missing {missing[:8]}, unexpected {unexpected[:8]})")
-    for k, v in state.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(f"{file}: {k} has shape {tuple(v.shape)}, config expects {tuple(expected[k].shape)}")
-    model.load_state_dict(state, strict=False)
+        raise CheckpointError(f"{file}: weights do not match the config (missing {missing[:8]}, "
+                              f"unexpected {sorted(unexpected)[:8]})")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -222,14 +206,7 @@ def load(
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
     start = time.perf_counter()
-    if "architecture" in raw:
-        loaded = _load_ours(path, raw, backend)
-    elif "model_type" in raw:
-        from model.hf_import import load_hf  # noqa: PLC0415
-
-        loaded = load_hf(path, raw, backend)
-    else:
-        raise CheckpointError(f"{config_file}: neither a tserve config (\"architecture\") nor a Hugging Face one (\"model_type\")")
+    loaded = _assemble(path, raw, backend)
     dev = resolve_device(device)
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
@@ -257,7 +234,7 @@ _OPUS_MT_NAME = re.compile(r"opus-mt-([a-z]{2,3})-([a-z]{2,3})(?:$|[-_])")
 def translation_languages(path: Path, raw: dict[str, Any]) -> tuple[str, str] | None:
     """A translator's (source, target) language codes: `source_lang` / `target_lang` in config.json (ours) or
     in tokenizer_config.json (Hugging Face), else an `opus-mt-xx-yy` directory name; None when none says."""
-    tokenizer_config = _read_json(path / "tokenizer_config.json", required=False) or {}
+    tokenizer_config = read_json(path / "tokenizer_config.json", required=False) or {}
     for where, data in ((path / "config.json", raw), (path / "tokenizer_config.json", tokenizer_config)):
         source, target = data.get("source_lang"), data.get("target_lang")
         if source is None and target is None:
@@ -270,49 +247,31 @@ def translation_languages(path: Path, raw: dict[str, Any]) -> tuple[str, str] | 
     return (m.group(1), m.group(2)) if m else None
 
 
-def _load_ours(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
-    raw = dict(raw)
-    languages = translation_languages(path, raw)
-    raw.pop("source_lang", None)
-    raw.pop("target_lang", None)
-    task = raw.pop("task", None)  # what the checkpoint is served for; default: its architecture's task
-    if task is not None and not isinstance(task, str):
-        raise CheckpointError(f"{path / 'config.json'}: 'task' must be a string")
+def _assemble(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
+    """Build the model its importer describes, fill its weights, and attach what serving it needs: the
+    tokenizer (text models), the languages (translators), generation defaults, labels and preprocessing."""
+    importer, source_format = importer_for(raw, path / "config.json")
     try:
-        config = BlockConfig.from_dict(raw)
+        config = importer.config(raw, path)
+    except KeyError as exc:
+        raise CheckpointError(f"{path / 'config.json'}: expected config field {exc} not found") from exc
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from exc
     model = build_model(config, backend)
-    weights = path / "model.safetensors"
-    load_state(model, read_safetensors(weights), weights)
-    loaded = LoadedModel(path, task or TASKS[config.architecture], config, model,
-                         languages=languages if isinstance(config, Seq2SeqConfig) else None)
+    source = WeightSource(path)
+    fill_weights(model, importer.weights(config, source), source.file)
+    extras = importer.extras(raw, path, config) if hasattr(importer, "extras") else {}
+    loaded = LoadedModel(path, extras.pop("task", None) or TASKS[config.architecture], config, model,
+                         source_format=source_format, **extras)
+    if hasattr(importer, "generation"):
+        loaded.generation = importer.generation(raw, path)
+    if isinstance(config, Seq2SeqConfig):
+        loaded.languages = translation_languages(path, raw)
     if isinstance(config, DecoderConfig | Seq2SeqConfig):
         try:
             loaded.tokenizer = load_tokenizer(path)
         except ValueError as exc:
             raise CheckpointError(str(exc)) from exc
-    if isinstance(config, ViTConfig):
-        loaded.labels = _read_json(path / "labels.json", required=False) or [str(i) for i in range(config.n_classes)]
-        if len(loaded.labels) != config.n_classes:
-            raise CheckpointError(f"{path / 'labels.json'}: {len(loaded.labels)} labels for {config.n_classes} classes")
-        pre = path / "preprocessing.json"
-        loaded.preprocessing = (
-            ImagePreprocessing.load(pre) if pre.is_file()
-            else ImagePreprocessing(config.image_size, config.n_channels, (0.5,) * config.n_channels, (0.5,) * config.n_channels)
-        )
-    gen = _read_json(path / "generation.json", required=False)
-    if gen:
-        loaded.generation = GenerationDefaults.from_dict(gen)
     return loaded
-
-
-def _read_json(file: Path, required: bool = True) -> Any:
-    if not file.is_file():
-        if required:
-            raise CheckpointError(f"{file}: missing")
-        return None
-    try:
-        return json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc

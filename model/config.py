@@ -37,6 +37,15 @@ class BlockConfig:
     activation: Activation = "gelu"
     bias: bool = True
     dropout: float = 0.0
+    # Grouped-query attention: keys/values have `n_kv_heads` heads, each shared by n_heads / n_kv_heads query
+    # heads (None: as many as the queries). `head_dim` None: d_model // n_heads.
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    # Biases per projection where a family differs from `bias` (None: `bias`). Qwen2: q/k/v only.
+    qkv_bias: bool | None = None
+    out_bias: bool | None = None
+    mlp_bias: bool | None = None
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's queries and keys, before the rotation
     # Mixture of experts: 0 = dense MLP; otherwise each token is routed to `moe_top_k` of `n_experts` MLPs.
     n_experts: int = 0
     moe_top_k: int = 2
@@ -45,11 +54,17 @@ class BlockConfig:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
         _check_choice("norm", self.norm, _NORMS)
         _check_choice("norm_placement", self.norm_placement, _PLACEMENTS)
         _check_choice("activation", self.activation, _ACTIVATIONS)
@@ -100,6 +115,8 @@ class DecoderConfig(BlockConfig):
     max_seq_len: int = 512
     positions: Positions = "learned"
     rope_base: float = 10000.0
+    # {"rope_type": "llama3" | "linear" | "dynamic", "factor": ..., ...}: model.rope says what each reads.
+    rope_scaling: dict[str, Any] | None = None
     tie_embeddings: bool = True
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model)
     final_norm: bool = True
@@ -108,6 +125,13 @@ class DecoderConfig(BlockConfig):
     pad_token_id: int | None = None
 
     architecture: ClassVar[str] = "decoder"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rope_scaling is not None:
+            from model.rope import check_scaling  # noqa: PLC0415 (rope imports torch; configs stay light)
+
+            check_scaling(self.rope_scaling)
 
 
 @dataclass

@@ -29,7 +29,7 @@ class Decoder(nn.Module):
         elif cfg.positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(cfg.max_seq_len, cfg.d_model), persistent=False)
         else:
-            cos, sin = Rotary.tables(cfg.d_head, cfg.max_seq_len, cfg.rope_base)
+            cos, sin = Rotary.tables(cfg.d_head, cfg.max_seq_len, cfg.rope_base, cfg.rope_scaling)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
@@ -109,7 +109,7 @@ class Decoder(nn.Module):
         return KVCache(
             self.cfg.n_layers,
             num_slots,
-            self.cfg.n_heads,
+            self.cfg.kv_heads,
             max_len or self.cfg.max_seq_len,
             self.cfg.d_head,
             dtype=dtype or p.dtype,

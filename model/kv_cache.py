@@ -75,6 +75,11 @@ class KVCache(nn.Module):
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    def bytes_per_token(self) -> int:
+        """Keys and values of one position in every layer: 2 x layers x kv heads x head size x dtype size."""
+        layers, _, heads, _, d_head = self.k.shape
+        return 2 * layers * heads * d_head * self.k.element_size()
+
 
 @dataclass
 class LayerKV:

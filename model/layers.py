@@ -12,17 +12,7 @@ from torch import Tensor, nn
 from model.attention import Attention, KVWriter, Rotary
 from model.config import BlockConfig
 from model.kv_cache import SharedSources
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
+from model.norms import RMSNorm
 
 
 def make_norm(cfg: BlockConfig) -> nn.Module:
@@ -46,9 +36,10 @@ class MLP(nn.Module):
         super().__init__()
         self.gated = cfg.activation == "swiglu"
         self.act = F.silu if self.gated else _ACTIVATIONS[cfg.activation]
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if self.gated else None
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        bias = cfg.bias if cfg.mlp_bias is None else cfg.mlp_bias
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=bias) if self.gated else None
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -94,8 +85,10 @@ class Block(nn.Module):
     def __init__(self, cfg: BlockConfig, *, cross: bool = False, backend: str = "auto") -> None:
         super().__init__()
         self.pre_norm = cfg.norm_placement == "pre"
-        attn_args = dict(bias=cfg.bias, dropout=cfg.dropout, backend=backend)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, **attn_args)
+        attn_args = dict(bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, out_bias=cfg.out_bias,
+                         d_head=cfg.d_head, dropout=cfg.dropout, backend=backend)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads,
+                              qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, **attn_args)
         self.norm1 = make_norm(cfg)
         self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cross=True, **attn_args) if cross else None
         self.norm_cross = make_norm(cfg) if cross else None

@@ -13,6 +13,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,9 @@ class Tokenizer(ABC):
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
         env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)  # noqa: DTZ005 (local time, as HF)
+        env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+            x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
         try:
             return env.from_string(self._chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **self._special_tokens

@@ -25,6 +25,10 @@ class Metrics:
         self.running = Gauge("tserve_running_requests", "Requests being processed", ["model"], registry=r)
         self.kv_in_use = Gauge("tserve_kv_slots_in_use", "KV-cache slots in use", ["model"], registry=r)
         self.kv_total = Gauge("tserve_kv_slots_total", "KV-cache slots", ["model"], registry=r)
+        self.kv_bytes_per_token = Gauge("tserve_kv_cache_bytes_per_token", "KV-cache bytes per token (every layer's "
+                                        "keys and values; grouped-query models hold only their kv heads)", ["model"],
+                                        registry=r)
+        self.kv_bytes = Gauge("tserve_kv_cache_bytes", "KV-cache bytes allocated", ["model"], registry=r)
         self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)
         self.images = Counter("tserve_images_classified_total", "Images classified", ["model"], registry=r)
         self.embeddings = Counter("tserve_embeddings_total", "Inputs embedded (/v1/embeddings)", ["model"], registry=r)

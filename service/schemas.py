@@ -346,6 +346,10 @@ class ModelCard(BaseModel):
                                   "--task-modules added")
     languages: LanguagePair | None = Field(None, description="a translator's languages, when its checkpoint "
                                            "names them")
+    max_model_len: int | None = Field(None, description="a language model's context as served: prompt + "
+                                      "completion tokens")
+    kv_cache_bytes_per_token: int | None = Field(None, description="a language model's KV cache per token "
+                                                 "(2 x layers x kv heads x head size x dtype size)")
 
 
 class ModelList(BaseModel):

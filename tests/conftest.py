@@ -103,3 +103,9 @@ def tiny_mt(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vit(tmp_path_factory) -> Path:
     return factories.tiny_vit_dir(tmp_path_factory.mktemp("tiny-vit"))
+
+
+@pytest.fixture(scope="session", params=("llama", "mistral", "qwen2", "qwen3"))
+def hf_family(request, tmp_path_factory) -> tuple[str, Path]:
+    """(family, directory): each trained Llama-family checkpoint in turn (tests/helpers/llama_family.py)."""
+    return request.param, factories.hf_family_dir(request.param, tmp_path_factory.mktemp(f"hf-{request.param}"))

@@ -58,8 +58,10 @@ class DecoderRunner:
         self.vocab_size = cfg.vocab_size
         self.max_len = min(max_len or cfg.max_seq_len, cfg.max_seq_len)
         tok = loaded.tokenizer
-        self.eos = tok.eos_id if tok is not None and tok.eos_id is not None else cfg.eos_token_id
-        self.pipeline = LogitsPipeline(self.eos, gen.banned_token_ids, gen.force_eos_at_max)
+        # The checkpoint's generation eos ids (generation_config.json may list several), else the tokenizer's.
+        eos = tok.eos_id if tok is not None and tok.eos_id is not None else cfg.eos_token_id
+        self.eos_ids = set(gen.eos_token_ids or ([] if eos is None else [eos]))
+        self.pipeline = LogitsPipeline(sorted(self.eos_ids), gen.banned_token_ids, gen.force_eos_at_max)
         self.slots = SlotAllocator(num_slots)
         # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
         graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
@@ -136,7 +138,7 @@ class DecoderRunner:
         """Record a chosen token; returns the finish reason when the sequence ends with it. Eos (unless
         ignored) ends it and is not part of the output; so do max_tokens and the context limit."""
         seq.next_token = token
-        if token == self.eos and not seq.params.ignore_eos:
+        if token in self.eos_ids and not seq.params.ignore_eos:
             seq.finish_reason = "stop"
         else:
             seq.generated.append(token)

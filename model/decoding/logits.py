@@ -37,11 +37,13 @@ class LogitsPipeline:
     """The rules of one model: its eos token and its checkpoint's banned ids / forced eos; the rest comes
     from each row's `SamplingParams`."""
 
-    def __init__(self, eos_token_id: int | None, banned_token_ids: Sequence[int] = (),
+    def __init__(self, eos_token_id: int | Sequence[int] | None, banned_token_ids: Sequence[int] = (),
                  force_eos_at_max: bool = False) -> None:
-        self.eos = eos_token_id
+        # Every id that ends a sequence (generation_config.json may name several); the first is forced.
+        self.eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) \
+            else list(eos_token_id)
         self.banned = list(banned_token_ids)
-        self.force_eos_at_max = force_eos_at_max and eos_token_id is not None
+        self.force_eos_at_max = force_eos_at_max and bool(self.eos_ids)
         self.constraints = [self.penalties, self.logit_bias, self.ban_eos, self.ban_ids, self.force_eos]
         self.shaping = [self.temperature, self.top_k_top_p]
 
@@ -89,13 +91,14 @@ class LogitsPipeline:
 
     def ban_eos(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         """No eos before min_tokens, nor ever with ignore_eos."""
-        if self.eos is None:
+        if not self.eos_ids:
             return scores
         idx = [i for i, r in enumerate(rows) if r.params.ignore_eos or r.num_generated < r.params.min_tokens]
         if not idx:
             return scores
         dev = scores.device
-        return scores.index_put((torch.tensor(idx, device=dev), torch.full((len(idx),), self.eos, device=dev)),
+        rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)
+        return scores.index_put((torch.tensor(rows_, device=dev), torch.tensor(ids, device=dev)),
                                 torch.tensor(float("-inf"), device=dev))
 
     def ban_ids(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
@@ -113,7 +116,7 @@ class LogitsPipeline:
         if not any(last):
             return scores
         only_eos = torch.full_like(scores[0], float("-inf"))
-        only_eos[self.eos] = 0.0
+        only_eos[self.eos_ids[0]] = 0.0
         return torch.where(torch.tensor(last, device=scores.device)[:, None], only_eos, scores)
 
     # ----------------------------------------------------------------------------------------------

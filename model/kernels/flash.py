@@ -151,13 +151,14 @@ def _flash_decode_split_kernel(
     s_qb, s_qh, s_qd,
     s_ks, s_kh, s_kn, s_kd,
     s_vs, s_vh, s_vn, s_vd,
-    H, D, split_len, num_splits, qk_scale,
+    H, D, split_len, num_splits, qk_scale, GROUP,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
+    kv_h = h // GROUP  # grouped-query attention: GROUP query heads read one cached kv head
     slot = tl.load(Slots + b).to(tl.int64)
     length = tl.load(Lengths + b)
     offs_d = tl.arange(0, BLOCK_D)
@@ -168,8 +169,8 @@ def _flash_decode_split_kernel(
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    k_base = KC + slot * s_ks + h * s_kh
-    v_base = VC + slot * s_vs + h * s_vh
+    k_base = KC + slot * s_ks + kv_h * s_kh
+    v_base = VC + slot * s_vs + kv_h * s_vh
     for start in range(lo, hi, BLOCK_N):  # empty when this split lies past the sequence's length
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
@@ -230,7 +231,8 @@ def flash_decode(
 ) -> Tensor:
     """Attention of one query per sequence over its own cached keys.
 
-    q: (B, H, 1, D); k_cache/v_cache: (num_slots, H, L, D); slots (B,) cache rows; lengths (B,) number of
+    q: (B, H, 1, D); k_cache/v_cache: (num_slots, KV, L, D) with H a multiple of KV (query head j reads kv head
+    j // (H / KV)); slots (B,) cache rows; lengths (B,) number of
     valid positions of each row (the query attends over [0, length)). `max_len` bounds the lengths (default
     the cache length); it fixes the split layout. Returns (B, H, 1, D).
     """
@@ -247,7 +249,7 @@ def flash_decode(
     _flash_decode_split_kernel[(B * H, num_splits)](
         qs, k_cache, v_cache, slots.contiguous(), lengths.to(torch.int32).contiguous(), part_o, part_m, part_l,
         *qs.stride(), *k_cache.stride(), *v_cache.stride(),
-        H, D, split_len, num_splits, LOG2E / math.sqrt(D),
+        H, D, split_len, num_splits, LOG2E / math.sqrt(D), H // k_cache.size(1),
         BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
     )
     o = out[:, :, 0]

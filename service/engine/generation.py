@@ -19,6 +19,9 @@ from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 
 
+DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
+
+
 class GenerationRequest(EngineRequest, TextSequence):
     """A sequence of the runner with a stream: its text is detokenized and checked for stop strings."""
 
@@ -36,9 +39,13 @@ class GenerationEngine(Scheduler):
                  compile: bool = False) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
-        self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=max_model_len, cuda_graphs=cuda_graphs,
+        # The cache is allocated whole, per slot, up front: a 32k-token (or 128k) context would take it all.
+        context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
+        self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
                                     compile=compile)
         self.max_len, self.device = self.runner.max_len, loaded.device
+        self.m.kv_bytes_per_token.set(self.runner.cache.bytes_per_token())
+        self.m.kv_bytes.set(self.runner.cache.nbytes())
 
     # ----------------------------------------------------------------------------------------------
     # Event-loop side

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from service.errors import error_response
 from service.routes.deps import registry
 from service.schemas import ModelCard, ModelList
-from service.tasks import ServedTranslator
+from service.tasks import ServedLanguageModel, ServedTranslator
 
 router = APIRouter()
 
@@ -42,5 +42,8 @@ async def list_models(request: Request) -> ModelList:
     for m in reg.models.values():
         pair = m.loaded.languages if isinstance(m, ServedTranslator) else None
         languages = {"source": pair[0], "target": pair[1]} if pair else None
-        cards.append(ModelCard(id=m.name, created=m.created, task=m.task, languages=languages))
+        engine = m.engine if isinstance(m, ServedLanguageModel) else None
+        cards.append(ModelCard(id=m.name, created=m.created, task=m.task, languages=languages,
+                               max_model_len=engine.max_len if engine else None,
+                               kv_cache_bytes_per_token=engine.runner.cache.bytes_per_token() if engine else None))
     return ModelList(data=cards)

@@ -551,3 +551,25 @@ def test_batcher_survives_a_waiter_cancelled_mid_batch_and_drops_abandoned_items
     finally:
         batcher.stop()
     assert calls == [[1], [4]]
+
+
+def test_a_long_context_model_gets_a_cache_of_the_default_context(tmp_path):
+    """Without --max-model-len a 32k-context model serves 4096 positions (the cache is allocated per slot up
+    front), and says so; with it, what it asks for."""
+    import json
+
+    d = factories.hf_family_dir("qwen2", tmp_path / "qwen2")
+    raw = json.loads((d / "config.json").read_text()) | {"max_position_embeddings": 32768}
+    (d / "config.json").write_text(json.dumps(raw))
+    loaded = checkpoint.load(d)
+    assert loaded.config.max_seq_len == 32768
+    for asked, served in ((None, 4096), (6000, 6000)):
+        metrics = Metrics()
+        engine = GenerationEngine("qwen2", loaded, metrics=metrics, max_slots=2, max_queue=4, max_model_len=asked,
+                                  timeout_s=60.0)
+        assert engine.max_len == served and engine.runner.cache.max_len == served
+        per_token = 2 * loaded.config.n_layers * 2 * loaded.config.d_head * 4  # 2 kv heads, float32
+        assert engine.runner.cache.bytes_per_token() == per_token
+        values = dict(line.rsplit(" ", 1) for line in metrics.render().decode().splitlines() if line[0] != "#")
+        assert float(values['tserve_kv_cache_bytes_per_token{model="qwen2"}']) == per_token
+        assert float(values['tserve_kv_cache_bytes{model="qwen2"}']) == per_token * 2 * served

@@ -298,7 +298,20 @@ RECIPES: dict[str, Callable[[Path], Path]] = {
     # Fewer steps than our translator's: trained longer on some CPUs, 4 beams stop finding anything that
     # greedy decoding does not, and beam search goes untested.
     "hf-marian": lambda d: _hf_marian(d, 0, train=True, steps=250),
+    **{f"hf-{family}": (lambda d, family=family: _llama_family(family, d)) for family in
+       ("llama", "mistral", "qwen2", "qwen3")},
 }
+
+
+def _llama_family(family: str, d: Path) -> Path:
+    from tests.helpers import llama_family  # noqa: PLC0415 (it builds on this module)
+
+    return llama_family.build(family, d)
+
+
+def hf_family_dir(family: str, d: Path) -> Path:
+    """A trained Llama-family checkpoint (llama, mistral, qwen2, qwen3; `tests/helpers/llama_family.py`)."""
+    return copy_fixture(f"hf-{family}", d)
 
 
 def model_flags(models: dict[str, Path]) -> list[str]:

@@ -89,3 +89,19 @@ def test_backend_names():
         get_backend("nope")
     with pytest.raises(ValueError, match="CUDA"):
         resolve_backend("flash", "cpu")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("Tq", [1, 6])
+def test_grouped_query_attention_equals_repeated_kv_heads(backend, Tq):
+    """Query head j reads kv head j // (H / KV), one query (decode) or many (prefill), with a padding mask."""
+    from model.attention import _grouped
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, Tq, 8, generator=g)
+    k, v = torch.randn(2, 2, 9, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g)
+    mask = padding_mask(torch.tensor([9, 7]), 9)
+    got, _ = _grouped(get_backend(backend), q, k, v, mask, Tq > 1, 0.0)
+    expected = torch.cat([math_attention(q[:, h:h + 1], k[:, h // 3:h // 3 + 1], v[:, h // 3:h // 3 + 1], mask,
+                                         Tq > 1)[0] for h in range(6)], dim=1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -164,8 +164,22 @@ def test_lm_cached_generation_on_flash_equals_math(tiny_lm):
     assert_varied(outputs, min_distinct=1.0)
 
 
-def test_lm_decode_step_with_mixed_lengths_on_flash_equals_math():
-    cfg = DecoderConfig(vocab_size=50, d_model=32, n_heads=2, d_ff=64, n_layers=2, max_seq_len=80)
+def test_grouped_query_family_on_flash_equals_math(hf_family):
+    """GQA (2 kv heads for 4 query heads): prefill repeats kv heads, the decode kernel maps each query head to
+    its kv head in the cache."""
+    family, path = hf_family
+    ref, fl = _twins(path)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [ref.tokenizer.encode(t) for t in cycle_prompts(2, seed=4)]
+    got = [s.generated for s in generate(fl, prompts, params)]
+    assert got == [s.generated for s in generate(ref, prompts, params)], family
+    assert_varied(got, min_distinct=1.0)
+
+
+@pytest.mark.parametrize("grouping", [{}, {"n_kv_heads": 1}, {"n_kv_heads": 2, "head_dim": 24, "qk_norm": True}])
+def test_lm_decode_step_with_mixed_lengths_on_flash_equals_math(grouping):
+    cfg = DecoderConfig(vocab_size=50, d_model=32, n_heads=4 if grouping else 2, d_ff=64, n_layers=2,
+                        max_seq_len=80, positions="rope" if grouping else "learned", **grouping)
     ref, fl = _pair(lambda b: Decoder(cfg, backend=b))
     prompts = [[1, 2, 3], list(range(5, 45)), [7]]
     lengths = torch.tensor([len(p) for p in prompts], device=DEVICE)

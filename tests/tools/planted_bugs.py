@@ -138,6 +138,26 @@ BUGS = [
     Bug("int8-split-activations-lose-their-low-half", "model/quantize.py",
         "return products[n:].mul_(_SPLIT).add_(products[:n])", "return products[n:].mul_(_SPLIT)",
         ("tests/model/test_quantize.py::test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row",)),
+    Bug("gqa-kv-head-mapping-off-by-one", "model/attention.py",
+        "k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
+        "k, v = k.repeat_interleave(group, dim=1).roll(1, 1), v.repeat_interleave(group, dim=1).roll(1, 1)",
+        tuple(f"tests/model/test_llama_family.py::test_logits_equal_transformers[{f}]"
+              for f in ("llama", "mistral", "qwen2", "qwen3"))),
+    Bug("flash-decode-kv-head-of-another-group", "model/kernels/flash.py",
+        "kv_h = h // GROUP", "kv_h = h % GROUP",
+        ("tests/model/test_flash_kernels.py::test_grouped_query_family_on_flash_equals_math[qwen3]",
+         "tests/model/test_flash_kernels.py::test_lm_decode_step_with_mixed_lengths_on_flash_equals_math[grouping2]")),
+    Bug("rope-scaling-ignored", "model/rope.py",
+        "    kind = scaling_type(scaling)\n    positions", "    kind = 'default'\n    positions",
+        ("tests/model/test_llama_family.py::test_logits_equal_transformers[llama]",
+         "tests/model/test_llama_family.py::test_linear_and_dynamic_rope_scaling_equal_transformers[linear-4.0-100]",
+         "tests/model/test_llama_family.py::test_linear_and_dynamic_rope_scaling_equal_transformers[dynamic-2.0-200]")),
+    Bug("qk-norm-skipped", "model/attention.py",
+        "if self.q_norm is not None:", "if False:",
+        ("tests/model/test_llama_family.py::test_logits_equal_transformers[qwen3]",)),
+    Bug("qwen2-qkv-bias-dropped", "model/importers/qwen2.py",
+        "qkv_bias=True, out_bias=False", "qkv_bias=False, out_bias=False",
+        ("tests/model/test_llama_family.py::test_logits_equal_transformers[qwen2]",)),
 ]
 
 

@@ -1,0 +1,86 @@
+"""Rotary position tables, with the context-extension schemes Llama-family checkpoints use.
+
+`tables` returns cos/sin of every (position, frequency) pair, (max_len, d_head / 2) each, which
+`model.attention.Rotary` gathers at the positions of a forward. The frequencies follow Hugging Face
+`transformers` (`modeling_rope_utils`) exactly, so that imported checkpoints match it:
+
+- default: inv_freq[i] = 1 / base ** (2i / d)
+- `linear`: every frequency divided by `factor`
+- `llama3`: low frequencies (wavelength > original context / low_freq_factor) divided by `factor`, high
+  ones kept, the band between blended smoothly
+- `dynamic` (NTK-aware): within `max_position_embeddings` the default; beyond it, a position p is rotated
+  with the base transformers uses for a sequence of p + 1 tokens. That equals transformers' own tables while
+  decoding token by token; a prompt longer than the original context in a single forward is rotated by
+  transformers with one base for all its positions (its result depends on how a prompt is chunked), and
+  here position by position.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SCALINGS = ("default", "linear", "llama3", "dynamic")
+_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def scaling_type(scaling: dict[str, Any] | None) -> str:
+    if not scaling:
+        return "default"
+    return scaling.get("rope_type") or scaling.get("type") or "default"
+
+
+def check_scaling(scaling: dict[str, Any]) -> None:
+    """ValueError naming the field when a scaling is not one we implement or lacks a parameter."""
+    kind = scaling_type(scaling)
+    if kind not in SCALINGS:
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: {', '.join(SCALINGS)})")
+    missing = [k for k in _REQUIRED.get(kind, ()) if scaling.get(k) is None]
+    if missing:
+        raise ValueError(f"rope_scaling of type {kind!r} needs {missing}")
+    if kind == "dynamic" and not scaling.get("max_position_embeddings"):
+        raise ValueError("rope_scaling of type 'dynamic' needs max_position_embeddings (the trained context)")
+
+
+def inv_freq(d_head: int, base: float) -> Tensor:
+    return 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+
+
+def _llama3(freqs: Tensor, s: dict[str, Any]) -> Tensor:
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_context = float(s["original_max_position_embeddings"])
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / freqs
+    scaled = torch.where(wavelen > low_freq_wavelen, freqs / factor, freqs)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def tables(d_head: int, max_len: int, base: float = 10000.0,
+           scaling: dict[str, Any] | None = None) -> tuple[Tensor, Tensor]:
+    """cos and sin, (max_len, d_head / 2) each, float32."""
+    kind = scaling_type(scaling)
+    positions = torch.arange(max_len, dtype=torch.float32)
+    if kind == "dynamic":
+        trained, factor = int(scaling["max_position_embeddings"]), float(scaling["factor"])
+        angles = positions[:, None] * inv_freq(d_head, base)[None, :]
+        if max_len > trained:  # each later position with the base of a (p + 1)-token sequence
+            later = torch.arange(trained, max_len, dtype=torch.float64)
+            bases = base * (factor * (later + 1) / trained - (factor - 1)) ** (d_head / (d_head - 2))
+            exponents = torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head
+            freqs = 1.0 / (bases.float()[:, None] ** exponents[None, :])
+            angles[trained:] = positions[trained:, None] * freqs
+        return angles.cos(), angles.sin()
+    freqs = inv_freq(d_head, base)
+    if kind == "linear":
+        freqs = freqs / float(scaling["factor"])
+    elif kind == "llama3":
+        freqs = _llama3(freqs, scaling)
+    angles = positions[:, None] * freqs[None, :]
+    return angles.cos(), angles.sin()

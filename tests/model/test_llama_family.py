@@ -1,0 +1,198 @@
+"""Llama, Mistral, Qwen2 and Qwen3 checkpoints against `transformers` on the same trained weights (float32):
+logits, greedy tokens, tokenizers, chat templates, and the config layouts and fields real checkpoints use."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from model.checkpoint import CheckpointError, load
+from model.config import DecoderConfig
+from model.decoder import Decoder
+from model.decoding import SamplingParams, generate
+from tests.helpers.fixture_training import assert_varied, cycle_prompts
+from tests.helpers.one_request import lm_tokens
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["The quick brown fox", "Guten Morgen. Wo ist der Bahnhof?", "Töchter über König ☃ 🦊 naïve café",
+         "  two  spaces\nand a newline", ""]
+
+
+def _hf(d):
+    return transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+
+
+def test_logits_equal_transformers(hf_family):
+    family, d = hf_family
+    ours, hf = load(d), _hf(d)
+    assert ours.source_format == f"hf-{family}" and ours.task == "text-generation"
+    assert ours.config.kv_heads == 2 and ours.config.n_heads == 4
+    # Past the llama fixture's original context (32), where its rope scaling changes the frequencies.
+    tokens = torch.randint(0, ours.config.vocab_size, (3, 100), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(tokens), hf(tokens).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_tokens_equal_transformers_generate(hf_family):
+    family, d = hf_family
+    ours, hf = load(d), _hf(d)
+    runs = []
+    for text in cycle_prompts(5, seed=7):
+        prompt = ours.tokenizer.encode(text)
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                              do_sample=False, max_new_tokens=40, pad_token_id=0)
+        theirs = out[0, len(prompt):].tolist()
+        got = lm_tokens(ours, prompt, SamplingParams(max_tokens=40, temperature=0.0))
+        assert got == theirs, family
+        runs.append(got)
+    assert_varied(runs, min_distinct=1.0)
+    # Batched (continuous batching's runner, prompts of different lengths) equals alone.
+    prompts = [ours.tokenizer.encode(t) for t in cycle_prompts(6, seed=8)]
+    batched = generate(ours, prompts, SamplingParams(max_tokens=20, temperature=0.0))
+    assert [s.generated for s in batched] == [lm_tokens(ours, p, SamplingParams(max_tokens=20, temperature=0.0),
+                                                        with_eos=False) for p in prompts]
+
+
+def test_tokenizer_equals_transformers(hf_family):
+    family, d = hf_family
+    ours = load(d).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(d)
+    for text in TEXTS:
+        ids = theirs(text).input_ids
+        assert ours.encode(text) == ids, (family, text)
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), (family, text)
+    if family == "llama":  # its post-processor adds the bos
+        assert ours.encode("x")[0] == ours.bos_id
+    if family == "mistral":  # add_bos_token, and bytes for what the pieces lack
+        assert ours.encode("x")[0] == ours.bos_id
+        assert "<0xE2>" in theirs.convert_ids_to_tokens(ours.encode("☃"))
+
+
+CHATS = [
+    [{"role": "user", "content": "Hello world"}],
+    [{"role": "system", "content": "Be brief. Ünïcode ✓"}, {"role": "user", "content": "Wo ist der Bahnhof?"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hallo"},
+     {"role": "user", "content": "  The quick brown fox  "}],
+]
+
+
+def test_chat_prompt_equals_apply_chat_template(hf_family):
+    family, d = hf_family
+    ours = load(d).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(d)
+    chats = [c for c in CHATS if family != "mistral" or c[0]["role"] != "system"]
+    for chat in chats:
+        expected = theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        prompt = ours.apply_chat_template(chat)
+        assert prompt == expected, family
+        assert ours.encode(prompt, add_special_tokens=False) == theirs(expected, add_special_tokens=False).input_ids
+    if family == "mistral":  # the template raises: its message comes back
+        with pytest.raises(ValueError, match="Conversation roles must alternate"):
+            ours.apply_chat_template([{"role": "assistant", "content": "x"}])
+    if family.startswith("qwen"):  # loop controls and a tojson that keeps non-ASCII
+        chat = [{"role": "user", "content": ""}, {"role": "user", "content": "x", "name": "Jürgen"}]
+        assert ours.apply_chat_template(chat) == theirs.apply_chat_template(chat, tokenize=False,
+                                                                            add_generation_prompt=True)
+        assert '"Jürgen"' in ours.apply_chat_template(chat)
+
+
+def test_every_eos_id_stops(tmp_path):
+    from tests.helpers.factories import hf_family_dir
+
+    loaded = load(hf_family_dir("llama", tmp_path / "llama"))
+    eos_ids = loaded.generation.eos_token_ids
+    assert len(eos_ids) == 2
+    prompt = loaded.tokenizer.encode("The quick brown fox")
+    for eos in eos_ids:
+        (seq,) = generate(loaded, [prompt], SamplingParams(max_tokens=10, temperature=0.0, logit_bias={eos: 100.0}))
+        assert seq.finish_reason == "stop" and seq.generated == [] and seq.next_token == eos
+
+
+def test_sharded_bfloat16_checkpoint(tmp_path, hf_family):
+    family, d = hf_family
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, max_shard_size="100KB")
+    for f in d.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template")):
+            shutil.copy(f, sharded / f.name)
+    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    ours = load(sharded)
+    assert ours.dtype == torch.float32
+    ref = _hf(sharded)  # the bfloat16 weights, in float32
+    tokens = torch.randint(0, ours.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(tokens), ref(tokens).logits, atol=1e-4, rtol=1e-4)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = "../outside.safetensors"
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="not a .safetensors file in this directory"):
+        load(sharded)
+
+
+def test_classic_rope_layout_loads_the_same(tmp_path):
+    from tests.helpers.factories import hf_family_dir
+
+    d = hf_family_dir("llama", tmp_path / "llama")
+    modern = load(d)
+    raw = json.loads((d / "config.json").read_text())
+    params = raw.pop("rope_parameters")
+    raw["rope_theta"] = params.pop("rope_theta")
+    raw["rope_scaling"] = {"type" if k == "rope_type" else k: v for k, v in params.items()}
+    (d / "config.json").write_text(json.dumps(raw))
+    classic = load(d)
+    assert classic.config.rope_scaling == modern.config.rope_scaling
+    tokens = torch.randint(0, modern.config.vocab_size, (1, 90), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(classic.model(tokens), modern.model(tokens))
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling.rope_type"),
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "needs"),
+    ("hidden_act", "gelu", "hidden_act"),
+    ("partial_rotary_factor", 0.5, "partial_rotary_factor"),
+])
+def test_unsupported_fields_are_named(tmp_path, field, value, message):
+    from tests.helpers.factories import hf_family_dir
+
+    d = hf_family_dir("qwen2", tmp_path / "qwen2")
+    raw = json.loads((d / "config.json").read_text()) | {field: value}
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=message):
+        load(d)
+
+
+@pytest.mark.parametrize(("kind", "factor", "positions"), [("linear", 4.0, 100), ("dynamic", 2.0, 200)])
+def test_linear_and_dynamic_rope_scaling_equal_transformers(tmp_path, kind, factor, positions):
+    """Token-by-token decoding past the trained context, as transformers rotates it (model.rope)."""
+    from tests.helpers.factories import hf_family_dir
+
+    d = hf_family_dir("qwen3", tmp_path / "qwen3")
+    raw = json.loads((d / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": kind, "rope_theta": 1e6, "factor": factor}
+    (d / "config.json").write_text(json.dumps(raw))
+    ours, hf = load(d), _hf(d)
+    assert ours.config.max_seq_len == (128 * factor if kind == "dynamic" else 128)
+    prompt = ours.tokenizer.encode("The quick brown fox")
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          do_sample=False, max_new_tokens=positions - len(prompt), min_new_tokens=positions - len(prompt),
+                          pad_token_id=0)
+    got = lm_tokens(ours, prompt, SamplingParams(max_tokens=positions - len(prompt), temperature=0.0, ignore_eos=True))
+    assert got == out[0, len(prompt):].tolist()
+
+
+def test_grouped_query_cache_holds_kv_heads_only():
+    """A Qwen2.5-0.5B-shaped attention (14 query heads, 2 kv heads) needs 1/7 of a full-heads cache."""
+    shape = dict(vocab_size=64, d_model=112, n_heads=14, d_ff=64, n_layers=2, max_seq_len=32, positions="rope",
+                 norm="rmsnorm", activation="swiglu", bias=False)
+    grouped = Decoder(DecoderConfig(**shape, n_kv_heads=2)).new_cache(4)
+    full = Decoder(DecoderConfig(**shape)).new_cache(4)
+    assert grouped.k.size(2) == 2 and full.nbytes() == 7 * grouped.nbytes()
