@@ -18,7 +18,6 @@ from service.engine.request import EngineRequest, TokenLogprob
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 
-
 DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
 
 
