@@ -2,6 +2,7 @@
 `generate` on the same weights.
 
     python bench/load.py                       # GPT-2 small shape (124M, random weights), 1 and 8 clients
+    python bench/load.py --size smollm2-135m   # Llama-family shapes: smollm2-135m, qwen2.5-0.5b
     python bench/load.py --size distil --concurrency 1 4 8 16 --requests 32 --max-tokens 64
     python bench/load.py --url http://host:8000 --model lm --skip-hf   # an already running server
 
@@ -33,6 +34,21 @@ SIZES = {  # GPT-2 family shapes
     "tiny": {"n_layer": 2, "n_embd": 128, "n_head": 4},
     "distil": {"n_layer": 6, "n_embd": 768, "n_head": 12},
     "small": {"n_layer": 12, "n_embd": 768, "n_head": 12},
+}
+# Llama-family shapes and vocabularies as the published configs have them (random weights; the prompts are
+# tokenized by a small byte-level tokenizer, whose ids all lie inside the real vocabulary).
+FAMILY_SIZES = {
+    "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                   max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                   max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "tiny-llama": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=1024, max_position_embeddings=256,
+                                 tie_word_embeddings=False)),
 }
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
          "they you were her she there been one all we their its has would more when if no out so said what up").split()
@@ -83,6 +99,29 @@ def make_gpt2(size: str, directory: Path) -> Path:
                      **SIZES[size])
     GPT2LMHeadModel(cfg).eval().save_pretrained(directory)
     return directory
+
+
+def make_family(size: str, directory: Path) -> Path:
+    """A Llama-family checkpoint of a published shape, with random weights."""
+    import torch
+    import transformers
+
+    from tests.helpers import llama_family
+
+    if (directory / "model.safetensors").exists() or (directory / "model.safetensors.index.json").exists():
+        return directory
+    family, shape = FAMILY_SIZES[size]
+    llama_family.build(family, directory, train=False)  # tokenizer files (and a tiny model we overwrite)
+    config = transformers.AutoConfig.from_pretrained(directory)
+    for key, value in shape.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).float().eval().save_pretrained(directory)
+    return directory
+
+
+def make_checkpoint(size: str, directory: Path) -> Path:
+    return make_family(size, directory) if size in FAMILY_SIZES else make_gpt2(size, directory)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,10 +239,21 @@ def print_table(runs: list[Run]) -> None:
               f"{ms(pct(r.latency, 50)):>11} |")
 
 
-def main() -> None:
+def print_ratios(runs: list[Run]) -> None:
+    """tserve's throughput over the best `transformers` figure at each concurrency."""
+    for c in sorted({r.concurrency for r in runs}):
+        ours = [r for r in runs if r.concurrency == c and r.name.startswith("tserve")]
+        hf = [r for r in runs if r.concurrency == c and r.name.startswith("hf")]
+        if ours and hf:
+            best = max(hf, key=lambda r: r.tokens_per_s)
+            print(f"{c} clients: tserve / {best.name}: {ours[0].tokens_per_s / best.tokens_per_s:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> list[Run]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default="small", help="GPT-2 shape to benchmark")
-    ap.add_argument("--checkpoint", type=Path, help="a Hugging Face GPT-2 directory instead of random weights")
+    ap.add_argument("--size", choices=sorted(SIZES) + sorted(FAMILY_SIZES), default="small",
+                    help="GPT-2 or Llama-family shape to benchmark")
+    ap.add_argument("--checkpoint", type=Path, help="a Hugging Face directory instead of random weights")
     ap.add_argument("--url", help="benchmark this running server instead of starting one")
     ap.add_argument("--model", help="model name on --url")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
@@ -216,10 +266,13 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="both sides")
     ap.add_argument("--quantize", default="none", choices=["none", "int8"], help="the server's --quantize")
     ap.add_argument("--skip-hf", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--hf-dtype", choices=["float32", "bfloat16", "float16"],
+                    help="transformers' dtype (default --dtype): int8 tserve is compared with float32 transformers")
+    args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-"))
-    path = args.checkpoint or make_gpt2(args.size, ROOT / "runs" / f"bench-gpt2-{args.size}")
+    prefix = "bench-" if args.size in FAMILY_SIZES else "bench-gpt2-"
+    path = args.checkpoint or make_checkpoint(args.size, ROOT / "runs" / f"{prefix}{args.size}")
     server = None if args.url else start_server(path, args, work / "server.log")
     url = args.url or server.url
     runs: list[Run] = []
@@ -235,13 +288,16 @@ def main() -> None:
     if not args.skip_hf:
         for c in args.concurrency:
             prompts = make_prompts(max(args.requests, c), args.prompt_words, seed=c)
-            runs.extend(hf_runs(path, prompts, c, args.max_tokens, args.threads, args.device, args.dtype))
+            runs.extend(hf_runs(path, prompts, c, args.max_tokens, args.threads, args.device,
+                                args.hf_dtype or args.dtype))
             print(f"hf, {c}: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
     runs.sort(key=lambda r: (r.concurrency, r.name))
     print(f"\nmodel: {path} ({args.size}), {args.max_tokens} new tokens per request, "
           f"{args.prompt_words}-word prompts, greedy, {args.dtype}, {args.device}, {args.threads} threads, "
-          f"server --quantize {args.quantize}\n")
+          f"server --quantize {args.quantize}, transformers {args.hf_dtype or args.dtype}\n")
     print_table(runs)
+    print_ratios(runs)
+    return runs
 
 
 if __name__ == "__main__":

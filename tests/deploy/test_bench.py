@@ -93,3 +93,15 @@ def test_int8_linear_benchmark_times_every_activation_scheme(capsys):
     assert len(table) == 2 * 3
     assert all(r["float32"] > 0 and r["split"] > 0 and r["7bit"] > 0 and r["dynamic7"] > 0 for r in table)
     assert "| shape | rows | float32 | int8 full | int8 split | int8 7bit |" in capsys.readouterr().out
+
+
+def test_load_benchmark_runs_a_llama_family_shape_against_transformers(tmp_path, capsys, monkeypatch):
+    bench = bench_script("load")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)  # the random checkpoint goes under tmp_path/runs
+    runs = bench.main(["--size", "tiny-llama", "--concurrency", "1", "2", "--requests", "2", "--max-tokens", "4",
+                       "--prompt-words", "4", "--quantize", "int8", "--hf-dtype", "float32"])
+    assert {(r.name, r.concurrency) for r in runs} == {
+        ("tserve (HTTP)", 1), ("tserve (HTTP)", 2), ("hf generate, sequential", 1), ("hf generate, sequential", 2),
+        ("hf generate, batch of 2", 2)}
+    assert all(r.tokens_per_s > 0 for r in runs)
+    assert "1 clients: tserve / hf generate" in capsys.readouterr().out

@@ -225,3 +225,16 @@ def test_int8_weights_serve_what_they_compute_alone(int8_server, checkpoints, mo
         agree += sum(a == b for a, b in zip(alone, fp32, strict=True))
         total += len(alone)
     assert agree / total >= 0.8, agree / total
+
+
+def test_the_openai_client_chats_and_streams(server, family):
+    """The README's example, with the official client."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Where is the station?"}]
+    reply = client.chat.completions.create(model=family, messages=messages, max_tokens=12, temperature=0)
+    text = reply.choices[0].message.content
+    assert text and reply.choices[0].finish_reason in ("stop", "length")
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+        model=family, messages=messages, max_tokens=12, temperature=0, stream=True))
+    assert streamed == text
