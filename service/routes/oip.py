@@ -1,6 +1,6 @@
 """The Open Inference Protocol (KServe / Triton "v2" REST) beside our own API, for every model whose task
 describes its tensors (`ServedModel.oip_metadata`): the classifier (BYTES images, base64, or FP32 pixels
-[N, C, H, W]) and the translator (BYTES text in and out). Errors are `{"error": "..."}`, as the protocol
+[N, C, H, W]), the translator and the language model (BYTES text in and out). Errors are `{"error": "..."}`, as the protocol
 says."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Llama, Mistral, Qwen2 and Qwen3 served by one real `tserve serve` process, every path against
 `transformers` or the one-request path on the same weights: 20 concurrent greedy completions, streaming text,
 chat, seeds, n, penalties, logit_bias, stop strings, logprobs, /v1/attention, /v1/logit_lens, /v1/embeddings,
-and int8 weights. (Language models are not on the Open Inference Protocol routes, whatever their family.)"""
+and int8 weights, and the Open Inference Protocol (/v2)."""
 
 from __future__ import annotations
 
@@ -238,3 +238,24 @@ def test_the_openai_client_chats_and_streams(server, family):
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
         model=family, messages=messages, max_tokens=12, temperature=0, stream=True))
     assert streamed == text
+
+
+def test_open_inference_protocol_completes_as_v1_does(server, family):
+    meta = httpx.get(server.url + f"/v2/models/{family}").json()
+    assert [t["name"] for t in meta["inputs"]] == ["text_input"]
+    assert [t["name"] for t in meta["outputs"]] == ["text_output", "finish_reason"]
+    texts = ["The quick brown fox", "Guten Morgen. Wo ist"]
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [2], "data": texts}],
+            "parameters": {"max_tokens": 8, "temperature": 0}}
+    outputs = {o["name"]: o for o in post(server, f"/v2/models/{family}/infer", body)["outputs"]}
+    v1 = post(server, "/v1/completions", {"model": family, "prompt": texts, "max_tokens": 8, "temperature": 0})
+    assert outputs["text_output"]["data"] == [c["text"] for c in v1["choices"]]
+    assert outputs["finish_reason"]["data"] == [c["finish_reason"] for c in v1["choices"]]
+    for parameters, words in (({"max_tokens": 0}, "max_tokens must be an integer from 1"),
+                              ({"temperature": "hot"}, "temperature must be a number"),
+                              ({"beams": 2}, "unknown parameter 'beams'")):
+        resp = httpx.post(server.url + f"/v2/models/{family}/infer", json=body | {"parameters": parameters})
+        assert resp.status_code == 400 and words in resp.json()["error"], resp.text
+    too_long = body | {"parameters": {"max_tokens": 200}}
+    resp = httpx.post(server.url + f"/v2/models/{family}/infer", json=too_long)
+    assert resp.status_code == 400 and "context" in resp.json()["error"], resp.text

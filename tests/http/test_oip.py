@@ -1,4 +1,5 @@
-"""Open Inference Protocol (v2) endpoints for the classifier and the translator, with the protocol's JSON."""
+"""Open Inference Protocol (v2) endpoints for the classifier and the translator, with the protocol's JSON
+(the language models': tests/http/test_llama_family_http.py)."""
 
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def test_translate_bytes(server, models, name, num_beams):
 
 @pytest.mark.parametrize(("path", "body", "status"), [
     ("/v2/models/nope/infer", {"inputs": []}, 404),
-    ("/v2/models/lm/infer", {"inputs": []}, 404),
+    ("/v2/models/lm/infer", {"inputs": []}, 400),
     ("/v2/models/vit/infer", {"inputs": []}, 400),
     ("/v2/models/vit/infer", {"inputs": [{"name": "other", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}, 400),
     ("/v2/models/vit/infer", {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": ["x"]}]}, 400),

@@ -34,6 +34,8 @@ MT_TEXT = "Good morning, where is the station?"
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("viewer-models")
     checkpoints = factories.tiny_model_set(root)
+    for family in ("mistral", "qwen3"):  # grouped-query attention; SentencePiece and byte-level tokens
+        checkpoints[family] = factories.hf_family_dir(family, root / family)
     args = factories.model_flags(checkpoints)
     srv = ServerProcess(args, tmp_path_factory.mktemp("viewer-logs") / "server.log").wait_ready()
     yield srv
@@ -240,6 +242,29 @@ def test_browser_language_model_heatmap(page, server, tmp_path):
     page.hover(f"#heatmap rect.cell[data-q='{q}'][data-k='0']")
     assert shown(long["query_tokens"][q]) in _tooltip(page)
     assert page.is_visible(f"#{minor}")
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("family", ["mistral", "qwen3"])
+def test_browser_llama_family_heatmap(page, server, family):
+    """A grouped-query model: one map per query head (4 over 2 kv heads), its tokens labelled as the API
+    names them (SentencePiece's ▁ shown as a space)."""
+    text = "Töchter über den König"
+    expected = attention(server, model=family, input=text, layers=[1])["maps"][0]
+    n_q, n_k = len(expected["query_tokens"]), len(expected["key_tokens"])
+    assert len(expected["weights"]) == 4 and n_q == n_k
+    page.select_option("#model", family)
+    page.fill("#input", text)
+    _submit_and_wait(page, "heatmap")
+    assert page.eval_on_selector_all("#head option", "os => os.length") == 4 + 1  # + mean
+    assert page.locator("#heatmap rect.cell").count() == n_q * n_k
+    assert page.eval_on_selector_all("#heatmap text.qlabel", "ts => ts.map(t => t.textContent)") == \
+        [shown(t) for t in expected["query_tokens"]]
+    assert not any("\u2581" in t for t in expected["query_tokens"])
+    page.select_option("#head", "3")
+    row = expected["weights"][3][n_q - 1]
+    page.hover(f"#heatmap rect.cell[data-q='{n_q - 1}'][data-k='0']")
+    assert f"weight {row[0]:.4f}" in _tooltip(page)
 
 
 @pytest.mark.browser
