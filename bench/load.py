@@ -115,6 +115,8 @@ def make_family(size: str, directory: Path) -> Path:
     config = transformers.AutoConfig.from_pretrained(directory)
     for key, value in shape.items():
         setattr(config, key, value)
+    if getattr(config, "layer_types", None):  # one entry per layer (Qwen2)
+        config.layer_types = [config.layer_types[0]] * config.num_hidden_layers
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).float().eval().save_pretrained(directory)
     return directory

@@ -65,8 +65,10 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if name == "models":
             parser.add_argument("--model", dest="models", action="append", metavar="NAME=PATH",
                                 help="serve the checkpoint at PATH as NAME (repeatable; default: the bundled "
-                                     "models). PATH: a tserve checkpoint or a Hugging Face GPT-2/Marian/ViT "
-                                     "directory. Env: TSERVE_MODELS=a=/x,b=/y")
+                                     "models). PATH: a tserve checkpoint or a Hugging Face GPT-2/Marian/ViT/"
+                                     "Llama/Mistral/Qwen2/Qwen3 directory, or a Hugging Face repo id "
+                                     "ORG/NAME[@REVISION] (downloaded into the Hugging Face cache; safetensors "
+                                     "only). Env: TSERVE_MODELS=a=/x,b=org/y@main")
             continue
         env = f"TSERVE_{name.upper()}"
         default = field.default if field.default_factory is None else field.default_factory()

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from model import checkpoint
+from model import checkpoint, hub
 from model.attention import resolve_backend
 from service import tasks
 from service.errors import bad_request, not_found
@@ -49,8 +49,8 @@ class ModelRegistry:
             tasks.import_task_modules(self.settings.task_modules)
             device = checkpoint.resolve_device(self.settings.device)
             backend = resolve_backend(self.settings.attention_backend, device)
-            for name, path in tqdm(specs.items(), desc="loading models", unit="model"):
-                self.models[name] = self._load_one(name, path, device, backend)
+            for name, spec in tqdm(specs.items(), desc="loading models", unit="model"):
+                self.models[name] = self._load_one(name, spec, device, backend)
             if self.settings.warmup:
                 for served in self.models.values():
                     self._warmup(served)
@@ -63,8 +63,11 @@ class ModelRegistry:
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("model loading failed")
 
-    def _load_one(self, name: str, path: Path, device: torch.device, backend: str) -> ServedModel:
+    def _load_one(self, name: str, spec: Path, device: torch.device, backend: str) -> ServedModel:
+        """`spec`: a checkpoint directory or, where no such directory exists, a Hugging Face repo id, downloaded
+        here (in the loader thread, so that the server answers /healthz meanwhile)."""
         s = self.settings
+        path = hub.checkpoint_dir(spec)
         loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                  int8_activations=s.int8_activations, pack_weights=True)
         served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics)

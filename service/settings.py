@@ -18,7 +18,7 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: all interfaces)")
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
-    # NAME=PATH entries; empty = the bundled models under models/.
+    # NAME=PATH or NAME=ORG/REPO[@REVISION] (a Hugging Face repo id) entries; empty = the bundled models.
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     models_dir: Path = Field(BUNDLED_MODELS_DIR, description="where the bundled models are (served without --model)")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
@@ -87,7 +87,8 @@ class Settings(BaseSettings):
         return value
 
     def model_specs(self) -> dict[str, Path]:
-        """NAME -> checkpoint directory. Without --model: every checkpoint under models/."""
+        """NAME -> checkpoint directory, or Hugging Face repo id (`ORG/REPO[@REVISION]`, resolved when the model
+        is loaded: `model.hub`). Without --model: every checkpoint under models/."""
         if not self.models:
             if not self.models_dir.is_dir():
                 return {}
@@ -96,7 +97,7 @@ class Settings(BaseSettings):
         for entry in self.models:
             name, sep, path = entry.partition("=")
             if not sep or not name or not path:
-                raise ValueError(f"--model takes NAME=PATH, got {entry!r}")
+                raise ValueError(f"--model takes NAME=PATH or NAME=ORG/REPO[@REVISION], got {entry!r}")
             if name in specs:
                 raise ValueError(f"model name {name!r} given twice")
             specs[name] = Path(path).expanduser()
