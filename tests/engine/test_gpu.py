@@ -55,10 +55,16 @@ def test_backends_match_math(backend, dtype, T, D, causal):
     assert err <= (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+GROUPED = dict(n_heads=8, n_kv_heads=2, head_dim=32, qk_norm=True, positions="rope", norm="rmsnorm",
+               activation="swiglu", bias=False)  # a Qwen3-like layer: grouped-query attention
+
+
+@pytest.mark.parametrize("shape", [{}, GROUPED], ids=["mha", "gqa"])
 @pytest.mark.parametrize("backend", ["sdpa", "flash"])
-def test_cuda_graph_decode_equals_eager_decode(backend):
+def test_cuda_graph_decode_equals_eager_decode(backend, shape):
     torch.manual_seed(0)
-    cfg = DecoderConfig(vocab_size=512, d_model=128, n_heads=4, d_ff=512, n_layers=3, max_seq_len=256)
+    cfg = DecoderConfig(**{"vocab_size": 512, "d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3,
+                           "max_seq_len": 256} | shape)
     model = Decoder(cfg, backend=backend).to(CUDA).eval()
     n, scratch = 5, 16
     caches = [model.new_cache(scratch + 1, 256) for _ in range(2)]

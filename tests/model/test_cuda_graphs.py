@@ -24,10 +24,11 @@ def test_graphs_need_cuda():
         BucketedDecode(lambda x: x, [0], [1], "cpu", use_graphs=True)
 
 
-@pytest.fixture(scope="module")
-def lm() -> Decoder:
+@pytest.fixture(scope="module", params=[{}, {"n_kv_heads": 2, "positions": "rope", "qk_norm": True}],
+                ids=["mha", "gqa"])
+def lm(request) -> Decoder:
     torch.manual_seed(0)
-    cfg = DecoderConfig(vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=48)
+    cfg = DecoderConfig(vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=48, **request.param)
     return Decoder(cfg).eval()
 
 
