@@ -145,6 +145,10 @@ class Seq2SeqConfig(BlockConfig):
     max_target_len: int = 256
     positions: Positions = "sinusoidal"
     rope_base: float = 10000.0
+    # Sinusoidal tables: Marian's frequencies or fairseq's (M2M100 / NLLB), and the row of position 0
+    # (fairseq starts at padding index + 1).
+    sinusoid: Literal["marian", "fairseq"] = "marian"
+    position_offset: int = 0
     tie_embeddings: bool = True  # encoder, decoder and output projection share one matrix
     scale_embeddings: bool = True
     final_norm: bool = False  # a last norm on each stack's output (pre-norm models want it)

@@ -71,9 +71,16 @@ class MoE(nn.Module):
         return out.view(shape)
 
 
-def sinusoidal_table(max_len: int, dim: int) -> Tensor:
+def sinusoidal_table(max_len: int, dim: int, style: str = "marian") -> Tensor:
     """(max_len, dim): sin of every frequency in the first half, cos in the second (Marian's layout;
-    the same information as Vaswani's interleaved table)."""
+    the same information as Vaswani's interleaved table). `fairseq` (M2M100 / NLLB): frequencies
+    10000^(-i / (dim/2 - 1)) instead of 10000^(-2i / dim), computed in float32 as fairseq does."""
+    if style == "fairseq":
+        half = dim // 2
+        freqs = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+        angles = torch.arange(max_len, dtype=torch.int64).float()[:, None] * freqs[None, :]
+        table = torch.cat((angles.sin(), angles.cos()), dim=-1)
+        return torch.cat((table, torch.zeros(max_len, dim - table.size(1))), dim=-1)
     freqs = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     angles = torch.arange(max_len, dtype=torch.float64)[:, None] * freqs[None, :]
     return torch.cat((angles.sin(), angles.cos()), dim=-1)[:, :dim].float()

@@ -45,7 +45,8 @@ class Seq2Seq(nn.Module):
             self.enc_pos_emb = nn.Embedding(cfg.max_source_len, cfg.d_model)
             self.dec_pos_emb = nn.Embedding(cfg.max_target_len, cfg.d_model)
         elif cfg.positions == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_table(max_len, cfg.d_model), persistent=False)
+            table = sinusoidal_table(max_len + cfg.position_offset, cfg.d_model, cfg.sinusoid)
+            self.register_buffer("pos_table", table[cfg.position_offset:], persistent=False)
         else:
             cos, sin = Rotary.tables(cfg.d_head, max_len, cfg.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)

@@ -25,6 +25,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 __all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "IncrementalDetokenizer", "load_tokenizer"]
 
 SPIECE_UNDERLINE = "▁"
+_LANGUAGE_TOKEN = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}|__[a-z]{2,3}(?:_[A-Za-z]+)?__")  # eng_Latn, __en__
 GPT2_SPECIAL = "<|endoftext|>"
 # Renders bytes that are not valid UTF-8 as "<0xF0>", the way SentencePiece names byte pieces.
 codecs.register_error(
@@ -232,6 +233,20 @@ class HFTokenizer(Tokenizer):
         if add_special_tokens and self._add_eos and self._eos_id is not None:
             ids = [*ids, self._eos_id]
         return ids
+
+    @property
+    def language_codes(self) -> dict[str, int]:
+        """A multilingual translator's language codes and their ids (NLLB's `eng_Latn`, M2M100's `__en__`):
+        the special tokens tokenizer_config.json lists that name languages."""
+        listed = self._config.get("extra_special_tokens") or self._config.get("additional_special_tokens") or []
+        codes = [t for t in map(_token_str, listed) if t and _LANGUAGE_TOKEN.fullmatch(t)]
+        return {c: i for c in codes if (i := self._tok.token_to_id(c)) is not None}
+
+    def encode_with_language(self, text: str, code: str) -> list[int]:
+        """The source side of NLLB and M2M100 in `code`'s language: its code, the text's pieces, eos."""
+        if code not in self.language_codes:
+            raise ValueError(f"{code!r} is not one of this tokenizer's languages")
+        return [self.language_codes[code], *self._tok.encode(text, add_special_tokens=False).ids, self._eos_id]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         ids = [int(i) for i in ids]

@@ -44,7 +44,8 @@ class LogitsPipeline:
             else list(eos_token_id)
         self.banned = list(banned_token_ids)
         self.force_eos_at_max = force_eos_at_max and bool(self.eos_ids)
-        self.constraints = [self.penalties, self.logit_bias, self.ban_eos, self.ban_ids, self.force_eos]
+        self.constraints = [self.penalties, self.logit_bias, self.ban_eos, self.ban_ids, self.force_eos,
+                            self.force_first]
         self.shaping = [self.temperature, self.top_k_top_p]
 
     def __call__(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
@@ -118,6 +119,20 @@ class LogitsPipeline:
         only_eos = torch.full_like(scores[0], float("-inf"))
         only_eos[self.eos_ids[0]] = 0.0
         return torch.where(torch.tensor(last, device=scores.device)[:, None], only_eos, scores)
+
+    @staticmethod
+    def force_first(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """A row's forced first token (a multilingual translator's target language, `forced_bos_token_id`):
+        at its first step only that token may come, scored 0, as transformers does."""
+        forced = [(i, t) for i, r in enumerate(rows)
+                  if (t := getattr(r, "forced_first_token", None)) is not None and r.num_generated == 0]
+        if not forced:
+            return scores
+        dev = scores.device
+        idx, tokens = (torch.tensor(x, device=dev) for x in zip(*forced, strict=True))
+        only = torch.full((len(forced), scores.size(-1)), float("-inf"), device=dev, dtype=scores.dtype)
+        only[torch.arange(len(forced), device=dev), tokens] = 0.0
+        return scores.index_copy(0, idx, only)
 
     # ----------------------------------------------------------------------------------------------
     # Shape (sampled rows only: a greedy row takes the argmax of its constrained scores)

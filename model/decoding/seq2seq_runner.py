@@ -37,14 +37,17 @@ class TranslationJob:
     # Hard lexical constraints (glossary terms): token ids that must appear in the output, and their text.
     constraints: list[list[int]] = field(default_factory=list)
     constraint_terms: list[str] = field(default_factory=list)
+    # Multilingual translators: the target language's code, the decoder's forced first token.
+    forced_first_token: int | None = None
 
 
 def translation_job(loaded: LoadedModel, source_ids: Sequence[int], num_beams: int | None = None,
-                    max_new_tokens: int | None = None) -> TranslationJob:
+                    max_new_tokens: int | None = None, forced_first_token: int | None = None) -> TranslationJob:
     """A job with the checkpoint's defaults where the caller gives none."""
     g, cfg = loaded.generation, loaded.config
     return TranslationJob(list(source_ids), num_beams or g.num_beams,
-                          max_new_tokens or min(g.max_new_tokens, cfg.max_target_len))
+                          max_new_tokens or min(g.max_new_tokens, cfg.max_target_len),
+                          forced_first_token=forced_first_token)
 
 
 class TranslationSequence:
@@ -63,6 +66,10 @@ class TranslationSequence:
     @property
     def greedy(self) -> bool:
         return self.job.num_beams == 1
+
+    @property
+    def forced_first_token(self) -> int | None:
+        return self.job.forced_first_token
 
     @property
     def num_generated(self) -> int:
@@ -309,10 +316,11 @@ def static_decode(model, cache, *, scratch: int, max_batch: int, use_graphs: boo
 
 def translate(loaded: LoadedModel, sources: Sequence[Sequence[int]], num_beams: int | None = None,
               max_new_tokens: int | None = None, *, runner: Seq2SeqRunner | None = None,
-              max_rows: int = 64) -> list[TranslationSequence]:
-    """Translate source id lists with the checkpoint's defaults (or the given beams / length). Each result's
-    `output_ids` holds its ids (eos included when reached)."""
-    jobs = [translation_job(loaded, s, num_beams, max_new_tokens) for s in sources]
+              max_rows: int = 64, forced_first_token: int | None = None) -> list[TranslationSequence]:
+    """Translate source id lists with the checkpoint's defaults (or the given beams / length; a multilingual
+    translator's target language code as `forced_first_token`). Each result's `output_ids` holds its ids
+    (eos included when reached; the forced token first)."""
+    jobs = [translation_job(loaded, s, num_beams, max_new_tokens, forced_first_token) for s in sources]
     return run_jobs(loaded, jobs, runner=runner, max_rows=max_rows)
 
 

@@ -59,6 +59,11 @@ def weights(cfg: Seq2SeqConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]
         raise CheckpointError(f"{hf.file}: no shared embedding found")
     yield "tok_emb.weight", shared
     yield "final_logits_bias", hf["final_logits_bias"].reshape(-1)
+    yield from layer_weights(cfg, hf)
+
+
+def layer_weights(cfg: Seq2SeqConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
+    """The encoder and decoder layers of the BART layout (Marian, M2M100 / NLLB), `model.` stripped."""
 
     def attention(theirs: str, ours: str, fused: str) -> Iterator[tuple[str, Tensor]]:
         w = [hf[f"{theirs}.{n}_proj.weight"] for n in "qkv"]

@@ -300,7 +300,19 @@ RECIPES: dict[str, Callable[[Path], Path]] = {
     "hf-marian": lambda d: _hf_marian(d, 0, train=True, steps=250),
     **{f"hf-{family}": (lambda d, family=family: _llama_family(family, d)) for family in
        ("llama", "mistral", "qwen2", "qwen3")},
+    "hf-nllb": lambda d: _nllb(d),
 }
+
+
+def _nllb(d: Path) -> Path:
+    from tests.helpers import multilingual  # noqa: PLC0415 (it builds on this module)
+
+    return multilingual.build(d)
+
+
+def hf_nllb_dir(d: Path) -> Path:
+    """A trained NLLB-200 checkpoint, English <-> German in one model (`tests/helpers/multilingual.py`)."""
+    return copy_fixture("hf-nllb", d)
 
 
 def _llama_family(family: str, d: Path) -> Path:
