@@ -17,6 +17,8 @@ from model.decoding.constrained_beam import ConstraintsUnmet
 from model.html_markup import Markup, parse_html
 from model.segmentation import Document, split_document
 
+Languages = tuple[str, str]  # a multilingual model's (source, target) language codes
+
 
 class InvalidInput(ValueError):
     """Input the model cannot take (HTTP 400); `code` names the kind when the caller's default does not."""
@@ -47,46 +49,57 @@ class Translator:
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         self.cfg, self.gen = loaded.config, loaded.generation
 
-    def job(self, text: str, num_beams: int | None, max_tokens: int | None) -> TranslationJob:
-        ids = self.tokenizer.encode(text)
+    def _encode(self, text: str, languages: Languages | None) -> list[int]:
+        """A source's ids; a multilingual model's in the source language (its code first)."""
+        return self.tokenizer.encode(text) if languages is None else \
+            self.tokenizer.encode_with_language(text, languages[0])
+
+    def _forced(self, languages: Languages | None) -> int | None:
+        return None if languages is None else self.tokenizer.language_codes[languages[1]]
+
+    def job(self, text: str, num_beams: int | None, max_tokens: int | None,
+            languages: Languages | None = None) -> TranslationJob:
+        ids = self._encode(text, languages)
         if len(ids) > self.cfg.max_source_len:
             raise InvalidInput(f"input has {len(ids)} tokens; this model takes at most {self.cfg.max_source_len}")
         if max_tokens is not None and max_tokens > self.cfg.max_target_len:
             raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
-        return translation_job(self.loaded, ids, num_beams, max_tokens)
+        return translation_job(self.loaded, ids, num_beams, max_tokens, self._forced(languages))
 
     def document(self, text: str, num_beams: int | None, max_tokens: int | None,
-                 glossary: dict[str, str] | None = None) -> DocumentJob:
+                 glossary: dict[str, str] | None = None, languages: Languages | None = None) -> DocumentJob:
         """`text` as sentences (`model.segmentation`), each cut further until the model takes it whole; one
         job per segment. A segment in which glossary source terms occur (whole words, any case) must place
-        their target terms: hard constraints of a beam search with at least 4 beams."""
+        their target terms: hard constraints of a beam search with at least 4 beams. `languages`: a
+        multilingual model's (source, target) codes."""
         if max_tokens is not None and max_tokens > self.cfg.max_target_len:
             raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
         ids: dict[str, list[int]] = {}
 
         def fits(segment: str) -> bool:
-            ids[segment] = self.tokenizer.encode(segment)
+            ids[segment] = self._encode(segment, languages)
             return len(ids[segment]) <= self.cfg.max_source_len
 
-        return self._jobs(split_document(text, fits), ids, num_beams, max_tokens, glossary)
+        return self._jobs(split_document(text, fits), ids, num_beams, max_tokens, glossary, languages)
 
     def html_document(self, page: str, num_beams: int | None, max_tokens: int | None,
-                      glossary: dict[str, str] | None = None) -> DocumentJob:
+                      glossary: dict[str, str] | None = None, languages: Languages | None = None) -> DocumentJob:
         """An HTML page: each block's text (model.html_markup) cut into sentences like a text's, one job per
         sentence, all blocks in order. A page without text to translate is refused."""
         markup = parse_html(page)
         if not markup.blocks:
             raise InvalidInput("the page holds no text to translate", "empty_input")
-        docs = [self.document(b.text, num_beams, max_tokens, glossary) for b in markup.blocks]
+        docs = [self.document(b.text, num_beams, max_tokens, glossary, languages) for b in markup.blocks]
         segments = [seg for d in docs for seg in d.document.segments]
         return DocumentJob(Document(segments, [""] * (len(segments) + 1)), [j for d in docs for j in d.jobs],
                            markup, [d.document for d in docs])
 
     def _jobs(self, doc: Document, ids: dict[str, list[int]], num_beams: int | None, max_tokens: int | None,
-              glossary: dict[str, str] | None) -> DocumentJob:
+              glossary: dict[str, str] | None, languages: Languages | None) -> DocumentJob:
         jobs = []
         for seg in doc.segments:
-            job = translation_job(self.loaded, ids.get(seg) or self.tokenizer.encode(seg), num_beams, max_tokens)
+            job = translation_job(self.loaded, ids.get(seg) or self._encode(seg, languages), num_beams, max_tokens,
+                                  self._forced(languages))
             terms = [target for source, target in (glossary or {}).items() if _occurs(source, seg)]
             if terms:
                 self._constrain(job, list(dict.fromkeys(terms)))
@@ -94,8 +107,9 @@ class Translator:
         return DocumentJob(doc, jobs)
 
     def _constrain(self, job: TranslationJob, terms: list[str]) -> None:
-        eos = self.cfg.eos_token_id
-        job.constraints = [[t for t in self.tokenizer.encode_target(term) if t != eos] for term in terms]
+        eos = self.cfg.eos_token_id  # the terms' pieces alone: no eos, no language code
+        job.constraints = [[t for t in self.tokenizer.encode_target(term, add_special_tokens=False) if t != eos]
+                           for term in terms]
         job.constraint_terms = terms
         if empty := [term for term, ids in zip(terms, job.constraints, strict=True) if not ids]:
             raise InvalidInput(f"glossary target terms with no tokens for this model: {empty}", "invalid_glossary")

@@ -96,6 +96,10 @@ class TranslationRequest(_Request):
                                             "(inline tags placed by the model's alignment)")
     return_alignment: bool = Field(False, description="each input's segments with their word alignment (and, "
                                    "for html, where each inline tag went)")
+    source_lang: str | None = Field(None, max_length=35, description="the inputs' language: ISO 639-1 / 639-3, "
+                                    "BCP-47 or the model's own code (required by a multilingual model)")
+    target_lang: str | None = Field(None, max_length=35, description="the language to translate into (required by "
+                                    "a multilingual model)")
     stream: bool = False
     return_attention: AttentionSelection | None = None
 
@@ -346,6 +350,8 @@ class ModelCard(BaseModel):
                                   "--task-modules added")
     languages: LanguagePair | None = Field(None, description="a translator's languages, when its checkpoint "
                                            "names them")
+    language_codes: list[str] | None = Field(None, description="a multilingual translator's languages, in its own "
+                                             "codes (source_lang / target_lang also take ISO 639 and BCP-47)")
     max_model_len: int | None = Field(None, description="a language model's context as served: prompt + "
                                       "completion tokens")
     kv_cache_bytes_per_token: int | None = Field(None, description="a language model's KV cache per token "

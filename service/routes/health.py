@@ -44,6 +44,7 @@ async def list_models(request: Request) -> ModelList:
         languages = {"source": pair[0], "target": pair[1]} if pair else None
         engine = m.engine if isinstance(m, ServedLanguageModel) else None
         cards.append(ModelCard(id=m.name, created=m.created, task=m.task, languages=languages,
+                               language_codes=(m.language_codes or None) if isinstance(m, ServedTranslator) else None,
                                max_model_len=engine.max_len if engine else None,
                                kv_cache_bytes_per_token=engine.runner.cache.bytes_per_token() if engine else None))
     return ModelList(data=cards)

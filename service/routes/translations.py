@@ -61,7 +61,8 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         check_max_tokens(body.max_tokens, cfg.max_tokens_limit)
     log_inputs(request, inputs)
     try:
-        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html")
+        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html",
+                                body.source_lang, body.target_lang)
     except InvalidInput as exc:
         raise bad_request(str(exc), exc.code) from exc
     except ConstraintsUnmet as exc:

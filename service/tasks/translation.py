@@ -17,13 +17,14 @@ from model.alignment import SentencePair, token_spans, word_alignment
 from model.decoding.constrained_beam import ConstraintsUnmet
 from model.embeddings import embed_token_lists
 from model.html_markup import Block, render_block, tag_placements, words
+from model.language_codes import model_code
 from model.segmentation import Document
 from model.tokenizer import Tokenizer
 from service.connection import run_job, while_connected
 from service.engine import QueueFull, TranslationEngine, TranslationRequest
 from service.engine.output import Hypothesis
 from service.errors import OIPError, bad_request, engine_failure
-from service.runners import DocumentJob, InvalidInput
+from service.runners import DocumentJob, InvalidInput, Languages
 from service.schemas import AttentionRequest
 from service.tasks.base import AttentionResult, ServedModel, bytes_elements
 
@@ -190,11 +191,43 @@ class ServedTranslator(ServedModel):
     def warm_up(self) -> None:
         self.engine.warm_up()
 
+    @property
+    def language_codes(self) -> list[str]:
+        """A multilingual translator's language codes (NLLB's `deu_Latn`); empty for a one-pair model."""
+        codes = getattr(self.loaded.tokenizer, "language_codes", None)
+        return list(codes) if codes else []
+
+    def resolve_languages(self, source: str | None, target: str | None) -> Languages | None:
+        """The model's (source, target) codes for languages written as ISO 639-1 / 639-3 / BCP-47 or as its
+        own codes: required by a multilingual model; for a one-pair model, checked against its pair (None)."""
+        codes = self.language_codes
+        if not codes:
+            pair = self.loaded.languages
+            for asked, have, side in ((source, pair and pair[0], "source"), (target, pair and pair[1], "target")):
+                if asked is not None and have is not None and model_code(asked, [have]) is None:
+                    raise InvalidInput(f"model {self.name!r} translates {pair[0]} to {pair[1]}; {side} language "
+                                       f"{asked!r} is not its {side}", "unsupported_language")
+            return None
+        resolved = []
+        for asked, side in ((source, "source_lang"), (target, "target_lang")):
+            if asked is None:
+                raise InvalidInput(f"model {self.name!r} is multilingual: give {side} (one of {', '.join(codes)}, "
+                                   f"or ISO 639 / BCP-47 codes of them)", "missing_language")
+            code = model_code(asked, codes)
+            if code is None:
+                raise InvalidInput(f"{side} {asked!r} is not a language of model {self.name!r}; its languages: "
+                                   f"{', '.join(codes)}", "unsupported_language")
+            resolved.append(code)
+        return resolved[0], resolved[1]
+
     def documents(self, texts: list[str], num_beams: int | None = None, max_tokens: int | None = None,
-                  n: int = 1, glossary: dict[str, str] | None = None, html: bool = False) -> list[DocumentJob]:
+                  n: int = 1, glossary: dict[str, str] | None = None, html: bool = False,
+                  source_lang: str | None = None, target_lang: str | None = None) -> list[DocumentJob]:
         """A document job (segments) per text (with `html`, per HTML page), each checked against the server's
-        and the model's limits (InvalidInput; ConstraintsUnmet when glossary terms cannot fit in max_tokens)."""
+        and the model's limits (InvalidInput; ConstraintsUnmet when glossary terms cannot fit in max_tokens),
+        in the languages asked for (`resolve_languages`)."""
         docs, limit = [], self.settings.max_input_chars
+        languages = self.resolve_languages(source_lang, target_lang)
         self.check_glossary(glossary)
         beams = num_beams or self.loaded.generation.num_beams
         if n > beams:
@@ -207,7 +240,7 @@ class ServedTranslator(ServedModel):
                 raise InvalidInput(f"input {i} has {len(text)} characters; the limit is {limit}", "input_too_long")
             try:
                 make = self.engine.translator.html_document if html else self.engine.translator.document
-                docs.append(make(text, num_beams, max_tokens, glossary))
+                docs.append(make(text, num_beams, max_tokens, glossary, languages))
             except InvalidInput as exc:
                 raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
         return docs
@@ -336,7 +369,8 @@ class ServedTranslator(ServedModel):
                             {"name": "alternatives", "datatype": "BYTES", "shape": [-1, -1]}]}
 
     async def oip_infer(self, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
-        """Parameters: `n` (integer), `num_beams` (integer), `glossary` (a JSON object in a string). Outputs:
+        """Parameters: `n` (integer), `num_beams` (integer), `glossary` (a JSON object in a string),
+        `source_lang` and `target_lang` (as /v1/translations takes them). Outputs:
         `translation` [len], `score` [len] and, with n > 1, `alternatives` [len, n] (best first; "" where an
         input has fewer distinct ones)."""
         texts = bytes_elements(tensor, self.settings.max_prompts)
@@ -353,8 +387,11 @@ class ServedTranslator(ServedModel):
                 glossary = None
             if not isinstance(glossary, dict) or not all(isinstance(v, str) for v in glossary.values()):
                 raise OIPError(400, "parameter glossary must be a JSON object of strings, sent as a string")
+        languages = [params.get(k) for k in ("source_lang", "target_lang")]
+        if not all(v is None or isinstance(v, str) for v in languages):
+            raise OIPError(400, "parameters source_lang and target_lang must be strings")
         try:
-            docs = self.documents(texts, beams, None, n, glossary)
+            docs = self.documents(texts, beams, None, n, glossary, False, *languages)
         except InvalidInput as exc:
             raise OIPError(400, str(exc)) from exc
         except ConstraintsUnmet as exc:

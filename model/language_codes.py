@@ -1,0 +1,50 @@
+"""Languages as users write them (ISO 639-1 `de`, ISO 639-3 `deu`, BCP-47 `de-DE`, `zh-Hant`) mapped to a
+multilingual translator's own codes: NLLB-200's `deu_Latn` (ISO 639-3 and an ISO 15924 script) and
+M2M100's `__de__` (ISO 639-1)."""
+
+from __future__ import annotations
+
+import re
+
+# ISO 639-1 -> the ISO 639-3 code NLLB-200 uses (for a macrolanguage, the variety it was trained on: Arabic is
+# Modern Standard Arabic `arb`, Persian `pes`, Malay `zsm`, Swahili `swh`, Norwegian Bokmål `nob`, ...).
+ISO_639_3 = {
+    "af": "afr", "am": "amh", "ar": "arb", "as": "asm", "az": "azj", "ba": "bak", "be": "bel", "bg": "bul",
+    "bn": "ben", "bo": "bod", "bs": "bos", "ca": "cat", "cs": "ces", "cy": "cym", "da": "dan", "de": "deu",
+    "dz": "dzo", "el": "ell", "en": "eng", "eo": "epo", "es": "spa", "et": "est", "eu": "eus", "fa": "pes",
+    "fi": "fin", "fj": "fij", "fo": "fao", "fr": "fra", "ga": "gle", "gd": "gla", "gl": "glg", "gn": "grn",
+    "gu": "guj", "ha": "hau", "he": "heb", "hi": "hin", "hr": "hrv", "ht": "hat", "hu": "hun", "hy": "hye",
+    "id": "ind", "ig": "ibo", "is": "isl", "it": "ita", "ja": "jpn", "jv": "jav", "ka": "kat", "kk": "kaz",
+    "km": "khm", "kn": "kan", "ko": "kor", "ks": "kas", "ky": "kir", "lb": "ltz", "lg": "lug", "li": "lim",
+    "ln": "lin", "lo": "lao", "lt": "lit", "lv": "lvs", "mg": "plt", "mi": "mri", "mk": "mkd", "ml": "mal",
+    "mn": "khk", "mr": "mar", "ms": "zsm", "mt": "mlt", "my": "mya", "nb": "nob", "ne": "npi", "nl": "nld",
+    "nn": "nno", "no": "nob", "ny": "nya", "oc": "oci", "om": "gaz", "or": "ory", "pa": "pan", "pl": "pol",
+    "ps": "pbt", "pt": "por", "qu": "quy", "ro": "ron", "ru": "rus", "rw": "kin", "sa": "san", "sd": "snd",
+    "sg": "sag", "si": "sin", "sk": "slk", "sl": "slv", "sm": "smo", "sn": "sna", "so": "som", "sq": "als",
+    "sr": "srp", "ss": "ssw", "st": "sot", "su": "sun", "sv": "swe", "sw": "swh", "ta": "tam", "te": "tel",
+    "tg": "tgk", "th": "tha", "ti": "tir", "tk": "tuk", "tl": "tgl", "tn": "tsn", "tr": "tur", "ts": "tso",
+    "tt": "tat", "ug": "uig", "uk": "ukr", "ur": "urd", "uz": "uzn", "vi": "vie", "wo": "wol", "xh": "xho",
+    "yi": "ydd", "yo": "yor", "zh": "zho", "zu": "zul",
+}
+_ISO_639_1 = {three: one for one, three in ISO_639_3.items()} | {"nob": "nb"}
+_TAG = re.compile(r"(?P<language>[A-Za-z]{2,3})(?:[-_](?P<script>[A-Za-z]{4}))?(?:[-_][A-Za-z0-9]{2,8})*")
+
+
+def model_code(requested: str, codes: list[str] | dict[str, int]) -> str | None:
+    """The model's code for `requested` (one of its own codes, or ISO 639-1 / 639-3 / BCP-47), or None when
+    the model has no such language. Where a language has several scripts, a script subtag picks one
+    (`zh-Hant`); without one, the first of the model's codes wins (NLLB lists `zho_Hans` before `zho_Hant`)."""
+    if requested in codes:
+        return requested
+    m = _TAG.fullmatch(requested.strip())
+    if m is None:
+        return None
+    language, script = m["language"].lower(), (m["script"] or "").title()
+    three = ISO_639_3.get(language, language)
+    one = _ISO_639_1.get(three, language if len(language) == 2 else None)
+    candidates = [c for c in codes if c.split("_")[0] == three] or \
+                 [c for c in codes if one and c.strip("_").split("_")[0] == one]
+    if script:
+        candidates = [c for c in candidates if c.endswith(f"_{script}")] or \
+                     [c for c in candidates if "_" not in c.strip("_")]
+    return candidates[0] if candidates else None

@@ -1,0 +1,141 @@
+"""A multilingual translator (NLLB-200, English <-> German in one model) served by a real `tserve serve`
+process: each request's languages as users write them, mixed directions in one running batch equal to
+`transformers`' `generate` with the target language forced, beams, alternatives, documents, glossaries, the
+Open Inference Protocol, and the 400s of languages a model does not have."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import torch
+
+from model.checkpoint import load
+from tests.helpers import factories
+from tests.helpers.fixture_training import assert_varied
+from tests.helpers.server import ServerProcess
+
+transformers = pytest.importorskip("transformers")
+
+EN = ["the quick brown fox", "good morning where is the station", "the king is nice today", "three daughters"]
+DE = ["der schnelle braune Fuchs", "Guten Morgen wo ist der Bahnhof", "drei Töchter", "Hallo Welt"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multilingual")
+    return {"nllb": factories.hf_nllb_dir(root / "nllb"), "mt": factories.hf_marian_dir(root / "mt")}
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints, tmp_path_factory):
+    srv = ServerProcess(factories.model_flags(checkpoints), tmp_path_factory.mktemp("logs") / "server.log").wait_ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoints):
+    """transformers' translation of `text` from `source` to `target` (NLLB codes), greedy or with beams."""
+    d = checkpoints["nllb"]
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(d).eval()
+
+    def translate(text: str, source: str, target: str, num_beams: int = 1) -> str:
+        tok.src_lang = source
+        with torch.no_grad():
+            out = hf.generate(tok(text, return_tensors="pt").input_ids, num_beams=num_beams, max_new_tokens=40,
+                              forced_bos_token_id=tok.convert_tokens_to_ids(target))
+        return tok.decode(out[0], skip_special_tokens=True)
+
+    return translate
+
+
+def post(server, path: str, body: dict, status: int = 200) -> dict:
+    resp = httpx.post(server.url + path, json=body, timeout=120)
+    assert resp.status_code == status, resp.text
+    return resp.json()
+
+
+def test_models_list_the_languages(server):
+    cards = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
+    assert cards["nllb"]["language_codes"] == ["eng_Latn", "deu_Latn", "fra_Latn"]
+    assert cards["mt"]["languages"] == {"source": "en", "target": "de"} and "language_codes" not in cards["mt"]
+
+
+def test_both_directions_in_one_batch_equal_generate(server, reference):
+    """Languages written every way a client may: ISO 639-1, 639-3, BCP-47 with a region, the model's code."""
+    spellings = {"eng_Latn": ["en", "eng", "en-US", "eng_Latn"], "deu_Latn": ["de", "deu", "de-DE", "deu_Latn"]}
+    bodies, expected = [], []
+    for i, (texts, source, target) in enumerate(((EN, "eng_Latn", "deu_Latn"), (DE, "deu_Latn", "eng_Latn"))):
+        for j, text in enumerate(texts):
+            beams = 4 if j % 2 else 1
+            bodies.append({"model": "nllb", "input": text, "num_beams": beams,
+                           "source_lang": spellings[source][(i + j) % 4], "target_lang": spellings[target][j % 4]})
+            expected.append(reference(text, source, target, beams))
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(client.post(server.url + "/v1/translations", json=b) for b in bodies))
+
+    answers = asyncio.run(together())
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    got = [r.json()["data"][0]["translation"] for r in answers]
+    assert got == expected
+    assert_varied(got, min_distinct=0.9)
+    assert "Fuchs" in got[0] and "fox" in got[4]
+
+
+def test_the_target_language_is_forced_not_guessed(server, reference):
+    """French, which the model never learnt to choose: the answer is what forcing French's code gives, not the
+    German the model would pick for an English source by itself."""
+    french = [reference(t, "eng_Latn", "fra_Latn") for t in EN[:3]]
+    assert french != [reference(t, "eng_Latn", "deu_Latn") for t in EN[:3]]
+    got = post(server, "/v1/translations", {"model": "nllb", "input": EN[:3], "source_lang": "en",
+                                            "target_lang": "fr"})["data"]
+    assert [d["translation"] for d in got] == french
+
+
+def test_alternatives_documents_glossary_and_oip(server, reference):
+    one = post(server, "/v1/translations", {"model": "nllb", "input": "the quick brown fox jumps", "num_beams": 4,
+                                            "n": 2, "source_lang": "en", "target_lang": "de"})["data"][0]
+    scores = [a["score"] for a in one["alternatives"]]
+    assert len(scores) == 2 and scores == sorted(scores, reverse=True)
+    assert one["translation"] == reference("the quick brown fox jumps", "eng_Latn", "deu_Latn", 4)
+
+    document = "Guten Morgen. Wo ist der Bahnhof?"
+    whole = post(server, "/v1/translations", {"model": "nllb", "input": document, "source_lang": "de",
+                                              "target_lang": "en"})["data"][0]["translation"]
+    assert whole == " ".join(reference(s, "deu_Latn", "eng_Latn") for s in ("Guten Morgen.", "Wo ist der Bahnhof?"))
+
+    glossary = post(server, "/v1/translations", {"model": "nllb", "input": "the lazy dog", "source_lang": "en",
+                                                 "target_lang": "de", "glossary": {"lazy": "Welt"}})["data"][0]
+    assert "Welt" in glossary["translation"]
+
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": DE[:2]}],
+            "parameters": {"source_lang": "deu", "target_lang": "eng"}}
+    outputs = post(server, "/v2/models/nllb/infer", body)["outputs"]
+    assert outputs[0]["data"] == [reference(t, "deu_Latn", "eng_Latn") for t in DE[:2]]
+
+
+@pytest.mark.parametrize(("model", "languages", "code", "words"), [
+    ("nllb", {"source_lang": "en"}, "missing_language", "give target_lang (one of eng_Latn, deu_Latn, fra_Latn"),
+    ("nllb", {"target_lang": "de"}, "missing_language", "give source_lang"),
+    ("nllb", {"source_lang": "en", "target_lang": "zh-Hant"}, "unsupported_language", "its languages: eng_Latn"),
+    ("nllb", {"source_lang": "xx-1", "target_lang": "de"}, "unsupported_language", "source_lang 'xx-1'"),
+    ("mt", {"target_lang": "fr"}, "unsupported_language", "translates en to de"),
+])
+def test_languages_a_model_does_not_have_are_400s(server, model, languages, code, words):
+    error = post(server, "/v1/translations", {"model": model, "input": "good morning"} | languages, 400)["error"]
+    assert error["code"] == code and words in error["message"], error
+
+
+def test_a_one_pair_model_takes_its_own_languages_in_any_spelling(server, checkpoints):
+    mt = load(checkpoints["mt"])
+    plain = post(server, "/v1/translations", {"model": "mt", "input": "good morning"})["data"][0]["translation"]
+    for source, target in (("en", "de"), ("eng", "deu"), ("en-GB", "de-AT")):
+        answer = post(server, "/v1/translations", {"model": "mt", "input": "good morning", "source_lang": source,
+                                                   "target_lang": target})["data"][0]["translation"]
+        assert answer == plain
+    assert mt.languages == ("en", "de")
