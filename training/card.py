@@ -64,7 +64,7 @@ def render_card(directory: str | Path) -> str:
         lines.append(f"| parameters | {info['parameters']:,} |")
     weights = d / "model.safetensors"
     if weights.is_file():
-        lines.append(f"| weights | model.safetensors, {weights.stat().st_size / 1e6:.1f} MB ({info.get('dtype', 'float32')}) |")
+        lines.append(f"| weights | model.safetensors, {weights.stat().st_size / 1e6:.1f} MB ({_stored_dtype(weights)}) |")
     keys = ("d_model", "n_heads", "d_ff", "n_layers", "n_encoder_layers", "n_decoder_layers", "vocab_size",
             "max_seq_len", "max_source_len", "image_size", "patch_size", "n_classes", "positions", "norm",
             "activation")
@@ -143,3 +143,18 @@ def write_card(directory: str | Path) -> Path:
     path = Path(directory) / CARD_FILE
     path.write_text(render_card(directory), encoding="utf-8")
     return path
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _stored_dtype(weights: Path) -> str:
+    """The dtype the weights are stored in (the first floating tensor's)."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    with safe_open(str(weights), "pt") as f:
+        for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+            kind = f.get_slice(name).get_dtype()
+            if kind in _SAFETENSORS_DTYPES:
+                return _SAFETENSORS_DTYPES[kind]
+    return "float32"
