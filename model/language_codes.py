@@ -27,6 +27,7 @@ ISO_639_3 = {
     "yi": "ydd", "yo": "yor", "zh": "zho", "zu": "zul",
 }
 _ISO_639_1 = {three: one for one, three in ISO_639_3.items()} | {"nob": "nb"}
+_ALIASES = {"zt": "zh-Hant"}  # LibreTranslate's code for Traditional Chinese
 _TAG = re.compile(r"(?P<language>[A-Za-z]{2,3})(?:[-_](?P<script>[A-Za-z]{4}))?(?:[-_][A-Za-z0-9]{2,8})*")
 
 
@@ -36,7 +37,7 @@ def model_code(requested: str, codes: list[str] | dict[str, int]) -> str | None:
     (`zh-Hant`); without one, the first of the model's codes wins (NLLB lists `zho_Hans` before `zho_Hant`)."""
     if requested in codes:
         return requested
-    m = _TAG.fullmatch(requested.strip())
+    m = _TAG.fullmatch(_ALIASES.get(requested.strip(), requested.strip()))
     if m is None:
         return None
     language, script = m["language"].lower(), (m["script"] or "").title()
@@ -48,3 +49,12 @@ def model_code(requested: str, codes: list[str] | dict[str, int]) -> str | None:
         candidates = [c for c in candidates if c.endswith(f"_{script}")] or \
                      [c for c in candidates if "_" not in c.strip("_")]
     return candidates[0] if candidates else None
+
+
+def short_code(code: str) -> str:
+    """The code LibreTranslate's clients use for a model's language code: ISO 639-1 where the language has
+    one (`deu_Latn` -> `de`, `__de__` -> `de`), else ISO 639-3; Traditional Chinese is LibreTranslate's `zt`."""
+    language, _, script = code.strip("_").partition("_")
+    if language == "zho" and script == "Hant":
+        return "zt"
+    return _ISO_639_1.get(language, language)

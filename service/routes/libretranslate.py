@@ -3,7 +3,8 @@
 or JSON; the key, when keys are on, comes as `api_key` in the body (or as a Bearer header) and is checked
 here, since the middleware cannot read bodies; errors are `{"error": "..."}` (service/errors.py).
 
-Each served translator whose checkpoint names its languages serves one pair; `source`/`target` pick it, and
+Each served translator whose checkpoint names its languages serves one pair, a multilingual one (NLLB) every
+pair of its languages; `source`/`target` pick it, and
 `source: "auto"` detects each text's language among those the translators read and the target (a text
 already in the target language comes back as it is). The translation
 itself is `/v1/translations`' path: documents, continuous batching, beams, HTML."""
@@ -19,6 +20,7 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
 from model.decoding.constrained_beam import ConstraintsUnmet
+from model.language_codes import short_code
 from service.errors import LIBRETRANSLATE_PATHS, APIError, bad_request, engine_failure, overloaded
 from service.languages import LanguageDetector, language_name
 from service.registry import ModelRegistry
@@ -35,11 +37,21 @@ detector = LanguageDetector()
 
 
 def translators_by_pair(reg: ModelRegistry) -> dict[tuple[str, str], ServedTranslator]:
-    """(source, target) -> the translator that serves it (the first named, when two serve one pair)."""
+    """(source, target) -> the translator that serves it: a one-pair model (opus-mt) before a multilingual one
+    (NLLB: every ordered pair of its languages, in LibreTranslate's codes) unless --prefer-multilingual; of
+    two of a kind, the first named."""
     pairs: dict[tuple[str, str], ServedTranslator] = {}
-    for served in reg.models.values():
-        if isinstance(served, ServedTranslator) and served.loaded.languages is not None:
+    one_pair = [m for m in reg.models.values() if isinstance(m, ServedTranslator) and m.loaded.languages is not None]
+    multilingual = [m for m in reg.models.values() if isinstance(m, ServedTranslator) and m.language_codes]
+    for served in (multilingual + one_pair) if reg.settings.prefer_multilingual else (one_pair + multilingual):
+        if served.loaded.languages is not None:
             pairs.setdefault(served.loaded.languages, served)
+            continue
+        codes = list(dict.fromkeys(short_code(c) for c in served.language_codes))
+        for source in codes:
+            for target in codes:
+                if source != target:
+                    pairs.setdefault((source, target), served)
     return pairs
 
 
@@ -165,7 +177,7 @@ async def translate(request: Request) -> dict[str, Any]:
             served = pairs[pair]
             beams = max(served.loaded.generation.num_beams, n)
             try:
-                docs = served.documents([texts[i] for i in idx], beams, None, n, None, fmt == "html")
+                docs = served.documents([texts[i] for i in idx], beams, None, n, None, fmt == "html", *pair)
             except InvalidInput as exc:
                 raise bad_request(str(exc), exc.code) from exc
             except ConstraintsUnmet as exc:

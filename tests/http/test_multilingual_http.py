@@ -13,7 +13,7 @@ import torch
 
 from model.checkpoint import load
 from tests.helpers import factories
-from tests.helpers.fixture_training import assert_varied
+from tests.helpers.fixture_training import assert_varied, lexicon_sentences
 from tests.helpers.server import ServerProcess
 
 transformers = pytest.importorskip("transformers")
@@ -139,3 +139,39 @@ def test_a_one_pair_model_takes_its_own_languages_in_any_spelling(server, checkp
                                                    "target_lang": target})["data"][0]["translation"]
         assert answer == plain
     assert mt.languages == ("en", "de")
+
+
+def telling_apart(server, reference) -> tuple[str, str]:
+    """An English text the pair model ("mt") and NLLB translate differently, and the pair model's answer."""
+    for text in [*EN, *lexicon_sentences(8, seed=5, min_words=2, max_words=6)]:
+        marian = post(server, "/v1/translations", {"model": "mt", "input": text})["data"][0]["translation"]
+        if marian != reference(text, "eng_Latn", "deu_Latn"):
+            return text, marian
+    raise AssertionError("the two models translate every candidate alike")
+
+
+def test_libretranslate_routes_pairs_to_the_pair_model_first_and_the_rest_to_nllb(server, reference):
+    """en→de has a one-pair model (opus-mt layout) and goes there; de→en and en→fr only NLLB serves."""
+    languages = {entry["code"]: entry["targets"] for entry in httpx.get(server.url + "/languages").json()}
+    assert languages == {"en": ["de", "fr"], "de": ["en", "fr"], "fr": ["de", "en"]}
+
+    def translate(q, source, target) -> str:
+        return post(server, "/translate", {"q": q, "source": source, "target": target})["translatedText"]
+
+    text, marian = telling_apart(server, reference)
+    assert translate(text, "en", "de") == marian
+    assert translate(DE[:2], "de", "en") == [reference(t, "deu_Latn", "eng_Latn") for t in DE[:2]]
+    assert translate("the quick brown fox", "en", "fr") == reference("the quick brown fox", "eng_Latn", "fra_Latn")
+    error = post(server, "/translate", {"q": "x", "source": "en", "target": "ja"}, 400)["error"]
+    assert "en→ja is not served" in error
+
+
+def test_prefer_multilingual_sends_a_shared_pair_to_nllb(checkpoints, reference, tmp_path):
+    srv = ServerProcess([*factories.model_flags(checkpoints), "--prefer-multilingual"], tmp_path / "server.log")
+    try:
+        srv.wait_ready()
+        text, _ = telling_apart(srv, reference)
+        got = post(srv, "/translate", {"q": text, "source": "en", "target": "de"})["translatedText"]
+        assert got == reference(text, "eng_Latn", "deu_Latn")
+    finally:
+        srv.stop()
