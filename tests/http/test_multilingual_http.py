@@ -162,6 +162,9 @@ def test_libretranslate_routes_pairs_to_the_pair_model_first_and_the_rest_to_nll
     assert translate(text, "en", "de") == marian
     assert translate(DE[:2], "de", "en") == [reference(t, "deu_Latn", "eng_Latn") for t in DE[:2]]
     assert translate("the quick brown fox", "en", "fr") == reference("the quick brown fox", "eng_Latn", "fra_Latn")
+    auto = post(server, "/translate", {"q": "Guten Morgen, wo ist der Bahnhof?", "source": "auto", "target": "en"})
+    assert auto["detectedLanguage"]["language"] == "de"
+    assert auto["translatedText"] == reference("Guten Morgen, wo ist der Bahnhof?", "deu_Latn", "eng_Latn")
     error = post(server, "/translate", {"q": "x", "source": "en", "target": "ja"}, 400)["error"]
     assert "en→ja is not served" in error
 
