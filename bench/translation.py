@@ -4,6 +4,8 @@ CTranslate2 (float32 and int8, converted with its own converter) and tserve over
 
     python bench/translation.py                # opus-mt-en-de shape (d512, 6+6 layers, 8 heads), random weights
     python bench/translation.py --tiny         # tiny shapes, every column, seconds (the tests run this)
+    python bench/translation.py --model nllb   # NLLB-200-distilled-600M shape (d1024, 12+12, vocabulary 256,206),
+                                               # English -> German with the target language forced
 
 Each system translates the same sentences (18-30 words) to at most --max-tokens target tokens: HF and
 CTranslate2 in batches of --batch; tserve as batches of --batch inputs per `/v1/translations` request, and as
@@ -30,8 +32,10 @@ sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come fro
 
 SHAPES = {
     "opus-mt": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=15_900, max_pos=512),
+    "nllb": dict(d_model=1024, layers=12, heads=16, ffn=4096, vocab=256_206, max_pos=1024),
     "tiny": dict(d_model=32, layers=2, heads=4, ffn=64, vocab=400, max_pos=256),
 }
+SOURCE, TARGET = "eng_Latn", "deu_Latn"  # NLLB: every system encodes the source in English and forces German
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
          "they you were her she there been one all we their its has would more when if no out so said what up "
          "house tree water morning friend train book city river small old new good long").split()
@@ -78,6 +82,28 @@ def make_marian(shape: dict, d: Path) -> Path:
     return d
 
 
+def make_nllb(shape: dict, d: Path) -> Path:
+    """An NLLB-200 (M2M100) checkpoint of `shape` with random weights and the test factory's NLLB tokenizer
+    (three language codes); the vocabulary is the shape's, so the output layer costs what the real one does."""
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    from tests.helpers import multilingual
+
+    if (d / "model.safetensors").exists() or (d / "model.safetensors.index.json").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    multilingual.build(d, train=False)  # tokenizer files (and a tiny model we overwrite)
+    torch.manual_seed(0)
+    cfg = M2M100Config(vocab_size=shape["vocab"], d_model=shape["d_model"], encoder_layers=shape["layers"],
+                       decoder_layers=shape["layers"], encoder_attention_heads=shape["heads"],
+                       decoder_attention_heads=shape["heads"], encoder_ffn_dim=shape["ffn"],
+                       decoder_ffn_dim=shape["ffn"], max_position_embeddings=shape["max_pos"], scale_embedding=True,
+                       pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.0)
+    M2M100ForConditionalGeneration(cfg).eval().save_pretrained(d)
+    return d
+
+
 def sentences(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(18, 30))).capitalize() + "." for _ in range(n)]
@@ -92,17 +118,21 @@ def batches(items: list, size: int) -> list[list]:
 # --------------------------------------------------------------------------------------------------
 def hf_rows(d: Path, texts: list[str], args: argparse.Namespace) -> list[Row]:
     import torch
-    from transformers import MarianMTModel, MarianTokenizer
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    tok, model = MarianTokenizer.from_pretrained(d), MarianMTModel.from_pretrained(d).eval()
+    nllb = args.model == "nllb"
+    tok = AutoTokenizer.from_pretrained(d, **({"src_lang": SOURCE} if nllb else {}))
+    model = AutoModelForSeq2SeqLM.from_pretrained(d).eval()
+    forced = {"forced_bos_token_id": tok.convert_tokens_to_ids(TARGET)} if nllb else {}
     rows = []
     for beams in args.beams:
         tokens, start = 0, time.perf_counter()
         with torch.inference_mode():
             for chunk in batches(texts, args.batch):
                 enc = tok(chunk, return_tensors="pt", padding=True)
-                out = model.generate(**enc, num_beams=beams, max_new_tokens=args.max_tokens, do_sample=False)
+                out = model.generate(**enc, num_beams=beams, max_new_tokens=args.max_tokens, do_sample=False,
+                                     **forced)
                 tokens += int((out[:, 1:] != tok.pad_token_id).sum())  # the start token is not generated
         rows.append(Row("HF generate", beams, tokens, time.perf_counter() - start))
     return rows
@@ -110,10 +140,12 @@ def hf_rows(d: Path, texts: list[str], args: argparse.Namespace) -> list[Row]:
 
 def ct2_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) -> list[Row]:
     import ctranslate2
-    from transformers import MarianTokenizer
+    from transformers import AutoTokenizer
 
-    tok = MarianTokenizer.from_pretrained(d)
+    nllb = args.model == "nllb"
+    tok = AutoTokenizer.from_pretrained(d, **({"src_lang": SOURCE} if nllb else {}))
     pieces = [tok.convert_ids_to_tokens(tok(t).input_ids) for t in texts]
+    prefix = {"target_prefix": [[TARGET]] * len(texts)} if nllb else {}
     rows = []
     for precision in ("float32", "int8"):
         out = work / f"ct2-{precision}"
@@ -125,7 +157,7 @@ def ct2_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) ->
         for beams in args.beams:
             start = time.perf_counter()
             results = translator.translate_batch(pieces, beam_size=beams, max_decoding_length=args.max_tokens,
-                                                 max_batch_size=args.batch)
+                                                 max_batch_size=args.batch, **prefix)
             tokens = sum(len(r.hypotheses[0]) for r in results)  # eos is not part of a hypothesis
             rows.append(Row(f"CTranslate2 {precision}", beams, tokens, time.perf_counter() - start))
     return rows
@@ -134,13 +166,17 @@ def ct2_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) ->
 # --------------------------------------------------------------------------------------------------
 # tserve over HTTP
 # --------------------------------------------------------------------------------------------------
+def languages(args: argparse.Namespace) -> dict[str, str]:
+    return {"source_lang": SOURCE, "target_lang": TARGET} if args.model == "nllb" else {}
+
+
 async def tserve_batches(url: str, texts: list[str], beams: int, args: argparse.Namespace, label: str) -> Row:
     tokens = 0
     async with httpx.AsyncClient(timeout=3600) as client:
         start = time.perf_counter()
         for chunk in batches(texts, args.batch):
             resp = await client.post(f"{url}/v1/translations", json={
-                "input": chunk, "num_beams": beams, "max_tokens": args.max_tokens})
+                "input": chunk, "num_beams": beams, "max_tokens": args.max_tokens, **languages(args)})
             resp.raise_for_status()
             tokens += resp.json()["usage"]["completion_tokens"]
         return Row(f"tserve {label} HTTP, batches of {args.batch}", beams, tokens, time.perf_counter() - start)
@@ -153,7 +189,7 @@ async def tserve_clients(url: str, texts: list[str], beams: int, args: argparse.
         nonlocal tokens
         while queue:
             resp = await client.post(f"{url}/v1/translations", json={
-                "input": queue.pop(), "num_beams": beams, "max_tokens": args.max_tokens})
+                "input": queue.pop(), "num_beams": beams, "max_tokens": args.max_tokens, **languages(args)})
             resp.raise_for_status()
             tokens += resp.json()["usage"]["completion_tokens"]
 
@@ -211,12 +247,16 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--threads", type=int, default=2, help="threads of every system")
     ap.add_argument("--skip", nargs="*", default=[], choices=["hf", "ct2", "tserve"])
+    ap.add_argument("--model", choices=["opus-mt", "nllb"], default="opus-mt", help="the family and its shape")
     args = ap.parse_args(argv)
     if args.tiny:
         args.sentences, args.batch, args.clients, args.max_tokens = 8, 4, 4, 8
-    shape = SHAPES["tiny" if args.tiny else "opus-mt"]
+    shape = SHAPES["tiny" if args.tiny else args.model]
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-mt-"))
-    d = make_marian(shape, work / "marian")
+    if args.model == "nllb":  # 2.4 GB of random weights: kept under runs/ for the next run
+        d = make_nllb(shape, work / "nllb" if args.tiny else ROOT / "runs" / "bench-nllb-600m")
+    else:
+        d = make_marian(shape, work / "marian")
     texts = sentences(args.sentences)
     rows: list[Row] = []
     if "hf" not in args.skip:
@@ -225,7 +265,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         rows += ct2_rows(d, texts, args, work)
     if "tserve" not in args.skip:
         rows += tserve_rows(d, texts, args, work)
-    print(f"\nMarian {shape}, random weights; {args.sentences} sentences of 18-30 words, at most {args.max_tokens} "
+    family = "NLLB-200 (English -> German)" if args.model == "nllb" else "Marian"
+    print(f"\n{family} {shape}, random weights; {args.sentences} sentences of 18-30 words, at most {args.max_tokens} "
           f"new tokens, {args.threads} threads per system; target tokens/s\n")
     print_table(rows, args.beams)
     return rows

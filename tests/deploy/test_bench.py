@@ -59,6 +59,15 @@ def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
 
 
 @pytest.mark.slow
+def test_translation_benchmark_runs_nllb_with_the_target_language_forced(capsys):
+    pytest.importorskip("ctranslate2")
+    rows = bench_script("translation").main(["--tiny", "--model", "nllb", "--beams", "1"])
+    assert {r.system for r in rows} >= {"HF generate", "CTranslate2 float32", "CTranslate2 int8",
+                                       "tserve float32 HTTP, batches of 4", "tserve int8 HTTP, 4 clients"}
+    assert all(r.tokens > 0 and r.seconds > 0 for r in rows)
+    assert "NLLB-200 (English -> German)" in capsys.readouterr().out
+
+
 def test_vit_benchmark_runs_every_column_on_tiny_shapes(capsys):
     rows = bench_script("vit").main(["--tiny"])
     assert [r.system for r in rows] == ["HF, batch 1", "HF, batch 4", "tserve HTTP, 1 client", "tserve HTTP, 4 clients"]
