@@ -205,8 +205,11 @@ def tserve_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path)
     rows_needed = max(args.batch, args.clients) * max(args.beams)
     rows = []
     for precision in ("float32", "int8"):
+        # The cache is allocated per row up front: NLLB's 1024 positions for 128 rows would take 26 GB.
+        cap = ["--max-model-len", "128"] if args.model == "nllb" else []
         server = ServerProcess(["--model", f"mt={d}", "--max-running-requests", str(rows_needed), "--max-prompts",
-                                str(max(args.batch, 32)), "--quantize", "none" if precision == "float32" else "int8"],
+                                str(max(args.batch, 32)), "--quantize", "none" if precision == "float32" else "int8",
+                                *cap],
                                work / f"server-{precision}.log",
                                env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
         try:

@@ -45,26 +45,40 @@ class DocumentJob:
 class Translator:
     """Validation of translation requests against the checkpoint's limits and generation defaults."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, max_source_len: int | None = None, max_target_len: int | None = None) -> None:
+        """The limits: the runner's (--max-model-len), at most the model's."""
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         self.cfg, self.gen = loaded.config, loaded.generation
+        self.max_source_len = max_source_len or self.cfg.max_source_len
+        self.max_target_len = max_target_len or self.cfg.max_target_len
 
-    def _encode(self, text: str, languages: Languages | None) -> list[int]:
+    def encode_source(self, text: str, languages: Languages | None) -> list[int]:
         """A source's ids; a multilingual model's in the source language (its code first)."""
         return self.tokenizer.encode(text) if languages is None else \
             self.tokenizer.encode_with_language(text, languages[0])
 
-    def _forced(self, languages: Languages | None) -> int | None:
+    def _default_max_tokens(self) -> int:
+        return min(self.gen.max_new_tokens, self.max_target_len)
+
+    def forced_first(self, languages: Languages | None) -> int | None:
+        """A multilingual model's first target token: the target language's code."""
         return None if languages is None else self.tokenizer.language_codes[languages[1]]
+
+    def encode_target(self, text: str, languages: Languages | None) -> list[int]:
+        """A target's ids as the decoder reads them, eos left out (a multilingual model's language code first)."""
+        if languages is None:
+            return [t for t in self.tokenizer.encode_target(text) if t != self.cfg.eos_token_id]
+        return [self.forced_first(languages), *self.tokenizer.encode(text, add_special_tokens=False)]
 
     def job(self, text: str, num_beams: int | None, max_tokens: int | None,
             languages: Languages | None = None) -> TranslationJob:
-        ids = self._encode(text, languages)
-        if len(ids) > self.cfg.max_source_len:
-            raise InvalidInput(f"input has {len(ids)} tokens; this model takes at most {self.cfg.max_source_len}")
-        if max_tokens is not None and max_tokens > self.cfg.max_target_len:
-            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
-        return translation_job(self.loaded, ids, num_beams, max_tokens, self._forced(languages))
+        ids = self.encode_source(text, languages)
+        if len(ids) > self.max_source_len:
+            raise InvalidInput(f"input has {len(ids)} tokens; this model takes at most {self.max_source_len}")
+        if max_tokens is not None and max_tokens > self.max_target_len:
+            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.max_target_len}")
+        return translation_job(self.loaded, ids, num_beams, max_tokens or self._default_max_tokens(),
+                               self.forced_first(languages))
 
     def document(self, text: str, num_beams: int | None, max_tokens: int | None,
                  glossary: dict[str, str] | None = None, languages: Languages | None = None) -> DocumentJob:
@@ -72,13 +86,13 @@ class Translator:
         job per segment. A segment in which glossary source terms occur (whole words, any case) must place
         their target terms: hard constraints of a beam search with at least 4 beams. `languages`: a
         multilingual model's (source, target) codes."""
-        if max_tokens is not None and max_tokens > self.cfg.max_target_len:
-            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.cfg.max_target_len}")
+        if max_tokens is not None and max_tokens > self.max_target_len:
+            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.max_target_len}")
         ids: dict[str, list[int]] = {}
 
         def fits(segment: str) -> bool:
-            ids[segment] = self._encode(segment, languages)
-            return len(ids[segment]) <= self.cfg.max_source_len
+            ids[segment] = self.encode_source(segment, languages)
+            return len(ids[segment]) <= self.max_source_len
 
         return self._jobs(split_document(text, fits), ids, num_beams, max_tokens, glossary, languages)
 
@@ -98,8 +112,8 @@ class Translator:
               glossary: dict[str, str] | None, languages: Languages | None) -> DocumentJob:
         jobs = []
         for seg in doc.segments:
-            job = translation_job(self.loaded, ids.get(seg) or self._encode(seg, languages), num_beams, max_tokens,
-                                  self._forced(languages))
+            job = translation_job(self.loaded, ids.get(seg) or self.encode_source(seg, languages), num_beams,
+                                  max_tokens or self._default_max_tokens(), self.forced_first(languages))
             terms = [target for source, target in (glossary or {}).items() if _occurs(source, seg)]
             if terms:
                 self._constrain(job, list(dict.fromkeys(terms)))

@@ -126,6 +126,9 @@ class LogitLensRequest(_Request):
     layers: list[int] | None = Field(None, description="0 is the embedding output, i the stream after block i; "
                                                        "default: all")
     top_k: int = Field(5, ge=1, le=20)
+    source_lang: str | None = Field(None, max_length=35, description="a multilingual translator's source language "
+                                    "(as /v1/translations takes it)")
+    target_lang: str | None = Field(None, max_length=35, description="a multilingual translator's target language")
 
 
 class LensToken(BaseModel):
@@ -169,6 +172,9 @@ class AttentionRequest(_Request):
     heads: list[int] | None = Field(None, description="default: all")
     format: Literal["json", "png", "bertviz"] = "json"
     rollout: bool = Field(False, description="png of a ViT: attention rollout across the selected layers")
+    source_lang: str | None = Field(None, max_length=35, description="a multilingual translator's source language "
+                                    "(as /v1/translations takes it)")
+    target_lang: str | None = Field(None, max_length=35, description="a multilingual translator's target language")
 
 
 # --------------------------------------------------------------------------------------------------

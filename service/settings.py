@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     # Generation engine (one per language model).
     max_running_requests: int = Field(16, ge=1, description="KV-cache rows per generative model (a beam request takes num_beams)")
     max_queue: int = Field(256, ge=0, description="waiting requests per model before 429; 0: no waiting room, a request is taken only when free rows take it at once")
-    max_model_len: int | None = Field(None, ge=2, description="cap on prompt + completion tokens (default: the model's context, at most 4096; the KV cache holds this many positions per running request)")
+    max_model_len: int | None = Field(None, ge=2, description="cap on prompt + completion tokens (default: the model's context, at most 4096; the KV cache holds this many positions per running request); a translator's source tokens and target tokens, each (default: the model's)")
     keep_alive_s: int = Field(75, ge=1, description="idle seconds before a keep-alive connection is closed")
     request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
     max_tokens_limit: int = Field(2048, ge=1, description="largest max_tokens a request may ask for")

@@ -93,23 +93,29 @@ class TranslationSequence:
 
 
 class Seq2SeqRunner:
-    def __init__(self, loaded: LoadedModel, *, num_rows: int, cuda_graphs: bool = True) -> None:
+    def __init__(self, loaded: LoadedModel, *, num_rows: int, cuda_graphs: bool = True,
+                 max_len: int | None = None) -> None:
+        """`max_len`: the most source tokens, and target positions, a row's cache holds (default: the model's
+        own limits, which for a 1024-position model with many rows is gigabytes)."""
         self.model, self.cfg, self.gen = loaded.model, loaded.config, loaded.generation
+        self.max_source_len = min(self.cfg.max_source_len, max_len or self.cfg.max_source_len)
+        self.max_target_len = min(self.cfg.max_target_len, max_len or self.cfg.max_target_len)
         self.device = loaded.device
         self.eos = self.cfg.eos_token_id
         self.pipeline = LogitsPipeline(self.eos, self.gen.banned_token_ids, self.gen.force_eos_at_max)
         self.rows = SlotAllocator(num_rows)
         self.cross_slots = SlotAllocator(num_rows)
         # Hypothesis buffers as wide as the longest possible output, so that any beam requests can be stacked.
-        self.width = self.cfg.max_target_len + 1
+        self.width = self.max_target_len + 1
+        lengths = dict(max_target_len=self.max_target_len, max_source_len=self.max_source_len)
         self.graphed: BucketedDecode | None = None
         if cuda_graphs and self.device.type == "cuda" and not self.cfg.n_experts:  # MoE routing: dynamic shapes
-            self.cache = self.model.new_cache(num_rows + 1, num_rows + 1)
+            self.cache = self.model.new_cache(num_rows + 1, num_rows + 1, **lengths)
             self.graphed = static_decode(self.model, self.cache, scratch=num_rows, max_batch=num_rows,
                                          use_graphs=True)
             self.graphed.capture()
         else:
-            self.cache = self.model.new_cache(num_rows, num_rows)
+            self.cache = self.model.new_cache(num_rows, num_rows, **lengths)
 
     def beam_settings(self, job: TranslationJob) -> BeamSettings:
         g = self.gen

@@ -27,11 +27,11 @@ class TranslationRequest(EngineRequest, TranslationSequence):
 
 class TranslationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
-                 metrics: Metrics, cuda_graphs: bool = True) -> None:
+                 metrics: Metrics, cuda_graphs: bool = True, max_len: int | None = None) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
-        self.translator = Translator(loaded)
         self.loaded, self.tokenizer, self.cfg, self.device = loaded, loaded.tokenizer, loaded.config, loaded.device
-        self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs)
+        self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs, max_len=max_len)
+        self.translator = Translator(loaded, self.runner.max_source_len, self.runner.max_target_len)
         self.rows, self.cross_slots = self.runner.rows, self.runner.cross_slots
 
     def submit(self, job: TranslationJob, group: object | None = None, turn: int = 0) -> TranslationRequest:

@@ -184,7 +184,7 @@ class ServedTranslator(ServedModel):
         s = self.settings
         self.engine = TranslationEngine(self.name, self.loaded, max_rows=s.max_running_requests,
                                         max_queue=s.max_queue, timeout_s=s.request_timeout_s, metrics=self.metrics,
-                                        cuda_graphs=s.cuda_graphs)
+                                        cuda_graphs=s.cuda_graphs, max_len=s.max_model_len)
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         return self.engine
 
@@ -333,18 +333,35 @@ class ServedTranslator(ServedModel):
         if body.target is not None or not body.input or not body.input.strip():
             return None
         try:
-            self.text_ids(body.input)
-            job = self.engine.translator.job(body.input, None, None)
+            languages = self.resolve_languages(body.source_lang, body.target_lang)
+            self.source_ids(body.input, languages)
+            job = self.engine.translator.job(body.input, None, None, languages)
         except ValueError as exc:
             raise bad_request(str(exc), "invalid_attention_request") from exc
         doc = DocumentJob(Document([body.input], ["", ""]), [job])
         return (await self.translate(request, [doc]))[0].token_ids
 
+    def source_ids(self, text: str | None, languages: Languages | None) -> list[int]:
+        """A source's ids within the model's length (in its language, for a multilingual model)."""
+        if languages is None or not text or not text.strip():
+            return self.text_ids(text)
+        ids = self.engine.translator.encode_source(text, languages)
+        if len(ids) > self.loaded.config.max_source_len:
+            raise InvalidInput(f"the input has {len(ids)} tokens; this model takes at most "
+                               f"{self.loaded.config.max_source_len}")
+        return ids
+
+    def pair_ids(self, body: Any, own_translation: list[int] | None) -> tuple[list[int], list[int]]:
+        """The source's ids and the target's (the model's own translation, or `body.target`), eos left out."""
+        languages = self.resolve_languages(body.source_lang, body.target_lang)
+        src = self.source_ids(body.input, languages)
+        if own_translation is not None:
+            return src, [t for t in own_translation if t != self.loaded.config.eos_token_id]
+        return src, self.engine.translator.encode_target(body.target or "", languages)
+
     def attention_maps(self, body: AttentionRequest, own_translation: list[int] | None) -> AttentionResult:
-        tok, eos = self.loaded.tokenizer, self.loaded.config.eos_token_id
-        src = self.text_ids(body.input)
-        target_ids = own_translation if own_translation is not None else tok.encode_target(body.target or "")
-        target_ids = [t for t in target_ids if t != eos]
+        tok = self.loaded.tokenizer
+        src, target_ids = self.pair_ids(body, own_translation)
         self.bound_weights(body, len(src), len(target_ids))
         maps = am.translation_attention_ids(self.loaded, src, target_ids, body.layers, body.heads)
         target = body.target if own_translation is None else tok.decode(target_ids)
@@ -352,10 +369,8 @@ class ServedTranslator(ServedModel):
 
     def lens_inputs(self, body: Any, own_translation: list[int] | None) -> tuple[list[int], list[int] | None]:
         """The decoder's inputs: the start token, then the target (by default the model's own translation)."""
-        tok, cfg = self.loaded.tokenizer, self.loaded.config
-        src = self.text_ids(body.input)
-        target = own_translation if own_translation is not None else tok.encode_target(body.target or "")
-        target = [t for t in target if t != cfg.eos_token_id]
+        cfg = self.loaded.config
+        src, target = self.pair_ids(body, own_translation)
         if len(target) + 1 > cfg.max_target_len:
             raise InvalidInput(f"the target has {len(target)} tokens; this model takes at most "
                                f"{cfg.max_target_len - 1}", "invalid_lens_request")

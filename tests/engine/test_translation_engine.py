@@ -151,3 +151,23 @@ def test_marian_parity_through_the_engine(hf_marian):
         parity.check(result.token_ids, result.hypotheses[0].score, ref, text)
         assert result.text == ours.tokenizer.decode(result.token_ids)
     parity.assert_at_most_one_tie()
+
+
+def test_max_model_len_sizes_a_translators_cache_and_limits(tmp_path):
+    """--max-model-len caps a translator's source tokens and target positions, each: the cache holds that
+    many per row, a longer sentence is cut into segments that fit, and max_tokens above it is refused."""
+    nllb = checkpoint.load(factories.hf_nllb_dir(tmp_path / "nllb"))
+    assert nllb.config.max_source_len == nllb.config.max_target_len == 64
+    full = TranslationEngine("nllb", nllb, max_rows=2, max_queue=4, timeout_s=60.0, metrics=Metrics())
+    capped = TranslationEngine("nllb", nllb, max_rows=2, max_queue=4, timeout_s=60.0, metrics=Metrics(), max_len=8)
+    assert full.runner.cache.self_kv.max_len == 64 and capped.runner.cache.self_kv.max_len == 8
+    assert capped.runner.cache.cross_kv.max_len == 8
+    assert full.runner.cache.self_kv.nbytes() == 8 * capped.runner.cache.self_kv.nbytes()
+    languages = ("eng_Latn", "deu_Latn")
+    text = "the quick brown fox jumps over the lazy dog and the king"
+    assert len(capped.translator.encode_source(text, languages)) > 8
+    doc = capped.translator.document(text, None, None, None, languages)
+    assert len(doc.jobs) > 1 and all(len(j.source_ids) <= 8 and j.max_new_tokens <= 8 for j in doc.jobs)
+    assert len(full.translator.document(text, None, None, None, languages).jobs) == 1
+    with pytest.raises(ValueError, match="exceeds this model's limit of 8"):
+        capped.translator.document(text, None, 9, None, languages)

@@ -178,3 +178,29 @@ def test_prefer_multilingual_sends_a_shared_pair_to_nllb(checkpoints, reference,
         assert got == reference(text, "eng_Latn", "deu_Latn")
     finally:
         srv.stop()
+
+
+def test_attention_and_logit_lens_read_the_languages_asked_for(server, checkpoints):
+    """Without a target: the model's own translation in the language asked for (what /v1/translations answers),
+    its cross-attention as `transformers` computes it on that source and decoder input."""
+    text, languages = "der schnelle braune Fuchs", {"source_lang": "de", "target_lang": "en"}
+    body = {"model": "nllb", "input": text, "layers": [1], "heads": [0, 3]} | languages
+    answer = post(server, "/v1/attention", body)
+    translation = post(server, "/v1/translations", {"model": "nllb", "input": text} | languages)["data"][0]
+    assert answer["target"] == translation["translation"] == "the quick brown fox"
+    d = checkpoints["nllb"]
+    tok = transformers.AutoTokenizer.from_pretrained(d, src_lang="deu_Latn")
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(d, attn_implementation="eager").eval()
+    src = tok(text, return_tensors="pt").input_ids
+    target = [tok.convert_tokens_to_ids("eng_Latn"), *tok(translation["translation"], add_special_tokens=False).input_ids]
+    with torch.no_grad():
+        out = hf(input_ids=src, decoder_input_ids=torch.tensor([[2, *target]]), output_attentions=True)
+    cross = next(m for m in answer["maps"] if m["module"] == "decoder.cross")
+    assert cross["key_tokens"][0] == "deu_Latn"
+    torch.testing.assert_close(torch.tensor(cross["weights"]), out.cross_attentions[1][0, [0, 3]], atol=1e-5, rtol=0)
+
+    lens = post(server, "/v1/logit_lens", {"model": "nllb", "input": text, "top_k": 1} | languages)
+    last = [p["top"][0]["token"] for p in lens["layers"][-1]["positions"]]
+    assert last == load(d).tokenizer.tokens(out.logits[0].argmax(-1).tolist())
+    missing = post(server, "/v1/attention", {"model": "nllb", "input": text}, 400)["error"]
+    assert missing["code"] == "invalid_attention_request" and "source_lang" in missing["message"]
