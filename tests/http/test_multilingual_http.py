@@ -204,3 +204,34 @@ def test_attention_and_logit_lens_read_the_languages_asked_for(server, checkpoin
     assert last == load(d).tokenizer.tokens(out.logits[0].argmax(-1).tolist())
     missing = post(server, "/v1/attention", {"model": "nllb", "input": text}, 400)["error"]
     assert missing["code"] == "invalid_attention_request" and "source_lang" in missing["message"]
+
+
+def test_int8_weights_serve_what_they_compute_alone(checkpoints, tmp_path):
+    """`--quantize int8`: a mixed-direction batch answers what the int8 model translates alone, and mostly
+    what the float32 model translates."""
+    from model.decoding import translate
+
+    int8, fp32 = load(checkpoints["nllb"], quantize="int8"), load(checkpoints["nllb"])
+    tok = int8.tokenizer
+    jobs = [(t, "eng_Latn", "deu_Latn") for t in EN] + [(t, "deu_Latn", "eng_Latn") for t in DE]
+    srv = ServerProcess(["--model", f"nllb={checkpoints['nllb']}", "--quantize", "int8"], tmp_path / "server.log")
+    try:
+        srv.wait_ready()
+
+        async def together() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                return await asyncio.gather(*(client.post(srv.url + "/v1/translations", json={
+                    "model": "nllb", "input": t, "source_lang": s, "target_lang": g}) for t, s, g in jobs))
+
+        got = [r.json()["data"][0]["translation"] for r in asyncio.run(together())]
+    finally:
+        srv.stop()
+    alone, float32 = [], []
+    for text, source, target in jobs:
+        src, forced = tok.encode_with_language(text, source), tok.language_codes[target]
+        for loaded, out in ((int8, alone), (fp32, float32)):
+            (seq,) = translate(loaded, [src], forced_first_token=forced)
+            out.append(tok.decode(seq.output_ids))
+    assert got == alone
+    assert_varied(got)
+    assert sum(a == b for a, b in zip(alone, float32, strict=True)) >= 0.75 * len(jobs)
