@@ -243,10 +243,14 @@ class HFTokenizer(Tokenizer):
         return {c: i for c in codes if (i := self._tok.token_to_id(c)) is not None}
 
     def encode_with_language(self, text: str, code: str) -> list[int]:
-        """The source side of NLLB and M2M100 in `code`'s language: its code, the text's pieces, eos."""
+        """The source side of NLLB and M2M100 in `code`'s language: its code, the text's pieces, eos (NLLB's
+        `legacy_behaviour`: the pieces, eos, the code)."""
         if code not in self.language_codes:
             raise ValueError(f"{code!r} is not one of this tokenizer's languages")
-        return [self.language_codes[code], *self._tok.encode(text, add_special_tokens=False).ids, self._eos_id]
+        pieces = self._tok.encode(text, add_special_tokens=False).ids
+        if self._config.get("legacy_behaviour"):
+            return [*pieces, self._eos_id, self.language_codes[code]]
+        return [self.language_codes[code], *pieces, self._eos_id]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         ids = [int(i) for i in ids]

@@ -125,3 +125,20 @@ def test_the_forced_code_comes_first_where_the_model_would_choose_another(nllb):
                 ref = hf.generate(torch.tensor([src]), num_beams=num_beams, do_sample=False, max_new_tokens=10,
                                   forced_bos_token_id=french)[0, 1:].tolist()
             assert seq.output_ids[0] == french and seq.output_ids == [t for t in ref if t != ours.config.pad_token_id]
+
+
+def test_legacy_behaviour_puts_the_code_last(nllb, tmp_path):
+    """NLLB tokenizers saved with `legacy_behaviour` write a source as pieces, eos, code (as transformers does)."""
+    import json
+    import shutil
+
+    d = tmp_path / "legacy"
+    shutil.copytree(nllb, d)
+    config = json.loads((d / "tokenizer_config.json").read_text()) | {"legacy_behaviour": True}
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = load(d).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(d, src_lang="deu_Latn")
+    for text in ("der schnelle braune Fuchs", "Guten Morgen"):
+        ids = theirs(text).input_ids
+        assert ids[-1] == theirs.convert_tokens_to_ids("deu_Latn")
+        assert ours.encode_with_language(text, "deu_Latn") == ids
