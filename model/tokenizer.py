@@ -22,7 +22,7 @@ import sentencepiece
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-__all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "IncrementalDetokenizer", "load_tokenizer"]
+__all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "M2M100Tokenizer", "IncrementalDetokenizer", "load_tokenizer"]
 
 SPIECE_UNDERLINE = "▁"
 _LANGUAGE_TOKEN = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}|__[a-z]{2,3}(?:_[A-Za-z]+)?__")  # eng_Latn, __en__
@@ -408,17 +408,66 @@ class MarianTokenizer(Tokenizer):
         _write_json(d / "tokenizer_config.json", config)
 
 
+# M2M100's language codes in the order their tokens follow vocab.json (fairseq's; transformers' M2M100Tokenizer).
+M2M100_LANGUAGES = {
+    "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi "
+               "hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns "
+               "oc or pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh "
+               "zu").split(),
+    "wmt21": "en ha is ja cs ru zh de".split(),
+}
+
+
+class M2M100Tokenizer(MarianTokenizer):
+    """M2M100 (facebook/m2m100_418M layout: sentencepiece.bpe.model + vocab.json), reproducing
+    ``transformers.M2M100Tokenizer``: pieces map through vocab.json, the language tokens (``__de__``) follow it
+    in fairseq's order, and a source is its language's token, the pieces, ``</s>``."""
+
+    def __init__(self, spm: bytes, vocab: dict[str, int], config: dict[str, Any] | None = None) -> None:
+        config = dict(config or {})
+        codes = M2M100_LANGUAGES.get(config.get("language_codes") or "m2m100")
+        if codes is None:
+            raise ValueError(f"unknown M2M100 language_codes {config.get('language_codes')!r}")
+        size = len(vocab)
+        self._languages = {f"__{c}__": size + i for i, c in enumerate(codes)}
+        extra = [t for t in map(_token_str, config.get("additional_special_tokens") or []) if t]
+        config["additional_special_tokens"] = list(dict.fromkeys([*extra, *self._languages]))
+        super().__init__(spm, spm, {**vocab, **self._languages}, config=config)
+        self._default_source = self._languages.get(f"__{config.get('src_lang') or 'en'}__")
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> M2M100Tokenizer:
+        d = Path(directory)
+        config = {**_read_json(d / "special_tokens_map.json", {}), **_read_json(d / "tokenizer_config.json", {})}
+        return cls((d / "sentencepiece.bpe.model").read_bytes(), _read_json(d / "vocab.json"), config)
+
+    @property
+    def language_codes(self) -> dict[str, int]:
+        return dict(self._languages)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._encode(text, self._src, self._vocab, add_special_tokens)
+        return [self._default_source, *ids] if add_special_tokens and self._default_source is not None else ids
+
+    def encode_with_language(self, text: str, code: str) -> list[int]:
+        if code not in self._languages:
+            raise ValueError(f"{code!r} is not one of this tokenizer's languages")
+        return [self._languages[code], *self._encode(text, self._src, self._vocab, True)]
+
+
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """Detect the tokenizer layout in ``directory`` and load it.
 
-    tokenizer.json wins; otherwise source.spm + target.spm + vocab.json is Marian and
-    vocab.json + merges.txt is GPT-2 byte-level BPE.
+    tokenizer.json wins; otherwise source.spm + target.spm + vocab.json is Marian, sentencepiece.bpe.model +
+    vocab.json is M2M100 and vocab.json + merges.txt is GPT-2 byte-level BPE.
     """
     d = Path(directory)
     if (d / "tokenizer.json").is_file():
         return HFTokenizer.from_directory(d)
     if all((d / f).is_file() for f in ("source.spm", "target.spm", "vocab.json")):
         return MarianTokenizer.from_directory(d)
+    if all((d / f).is_file() for f in ("sentencepiece.bpe.model", "vocab.json")):
+        return M2M100Tokenizer.from_directory(d)
     if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
         return HFTokenizer.from_directory(d)
     raise ValueError(

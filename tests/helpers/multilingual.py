@@ -62,3 +62,36 @@ def build(d: Path, seed: int = 0, train: bool = True, steps: int = 1500, max_wor
                                                     cfg.decoder_start_token_id, seed, steps, max_words)
     model.eval().save_pretrained(d)
     return d
+
+
+def build_m2m100(d: Path, seed: int = 0) -> Path:
+    """A tiny M2M100 checkpoint in the facebook/m2m100_418M layout (sentencepiece.bpe.model + vocab.json, no
+    tokenizer.json; WMT21's eight language codes), random weights: transformers' M2M100Tokenizer writes it."""
+    import io
+
+    import sentencepiece as spm
+    import transformers
+
+    d.mkdir(parents=True, exist_ok=True)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter((EN + DE) * 3), model_writer=model, model_type="unigram", vocab_size=120,
+        hard_vocab_limit=False, character_coverage=1.0, unk_id=3, bos_id=0, eos_id=2, pad_id=1, num_threads=1,
+        minloglevel=2)
+    (d / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    tok = transformers.M2M100Tokenizer(str(d / "vocab.json"), str(d / "sentencepiece.bpe.model"),
+                                       language_codes="wmt21", src_lang="en")
+    tok.save_pretrained(d)
+    cfg = transformers.M2M100Config(
+        vocab_size=len(vocab) + 8 + tok.num_madeup_words, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=64, scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2, dropout=0.0)
+    torch.manual_seed(seed)
+    transformers.M2M100ForConditionalGeneration(cfg).eval().save_pretrained(d)
+    return d

@@ -142,3 +142,41 @@ def test_legacy_behaviour_puts_the_code_last(nllb, tmp_path):
         ids = theirs(text).input_ids
         assert ids[-1] == theirs.convert_tokens_to_ids("deu_Latn")
         assert ours.encode_with_language(text, "deu_Latn") == ids
+
+
+@pytest.fixture(scope="module")
+def m2m100(tmp_path_factory):
+    from tests.helpers.multilingual import build_m2m100
+
+    return build_m2m100(tmp_path_factory.mktemp("m2m100") / "m2m100")
+
+
+def test_m2m100_layout_tokenizer_and_logits(m2m100):
+    """facebook/m2m100's files (sentencepiece.bpe.model + vocab.json, no tokenizer.json): the language tokens
+    follow vocab.json; a source is its language's token, the pieces, eos; random weights give transformers'
+    logits."""
+    ours = load(m2m100)
+    theirs = transformers.AutoTokenizer.from_pretrained(m2m100)
+    tok = ours.tokenizer
+    assert list(tok.language_codes) == [f"__{c}__" for c in ("en", "ha", "is", "ja", "cs", "ru", "zh", "de")]
+    languages = set(tok.language_codes.values())
+    for source in ("en", "de"):
+        theirs.src_lang = source
+        for text in ("The quick brown fox.", "Der schnelle braune Fuchs über den faulen Hund."):
+            ids = theirs(text).input_ids
+            assert tok.encode_with_language(text, f"__{source}__") == ids
+            assert tok.decode(ids) == theirs.decode([i for i in ids if i not in languages], skip_special_tokens=True)
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(m2m100).eval()
+    theirs.src_lang = "de"
+    src = theirs("Der schnelle braune Fuchs.", return_tensors="pt").input_ids
+    tgt = torch.tensor([[2, tok.language_codes["__en__"], 20, 30, 40]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(src, torch.tensor([src.size(1)]), tgt),
+                                   hf(input_ids=src, decoder_input_ids=tgt).logits, atol=1e-4, rtol=1e-4)
+    forced = tok.language_codes["__en__"]
+    for num_beams in (1, 4):
+        (seq,) = translate(ours, [src[0].tolist()], num_beams, 12, forced_first_token=forced)
+        with torch.no_grad():
+            ref = hf.generate(src, num_beams=num_beams, do_sample=False, max_new_tokens=12,
+                              forced_bos_token_id=forced)[0, 1:].tolist()
+        assert seq.output_ids == [t for t in ref if t != ours.config.pad_token_id] and seq.output_ids[0] == forced
