@@ -126,7 +126,23 @@ def _alternatives(fields: dict[str, Any]) -> int:
     return value
 
 
-def _pair_list(pairs: dict[tuple[str, str], ServedTranslator]) -> str:
+Hop = tuple[ServedTranslator, tuple[str, str]]  # a translator and the pair it translates in that hop
+
+
+def routes_by_pair(reg: ModelRegistry) -> dict[tuple[str, str], tuple[Hop, ...]]:
+    """Every reachable pair's hops: the translator that serves it (`translators_by_pair`), else two through
+    --pivot-language (source→pivot, pivot→target) when two translators chain there."""
+    direct = translators_by_pair(reg)
+    routes = {pair: ((served, pair),) for pair, served in direct.items()}
+    pivot = reg.settings.pivot_language
+    for (source, middle), first in direct.items():
+        for (start, target), second in direct.items():
+            if middle == start == pivot and source != target and (source, target) not in routes:
+                routes[(source, target)] = ((first, (source, pivot)), (second, (pivot, target)))
+    return routes
+
+
+def _pair_list(pairs: dict[tuple[str, str], Any]) -> str:
     return ", ".join(f"{s}→{t}" for s, t in sorted(pairs)) or "none"
 
 
@@ -151,7 +167,7 @@ async def translate(request: Request) -> dict[str, Any]:
             raise bad_request(f"{fmt} format is not supported (text or html)", "invalid_format")
         n = _alternatives(fields) + 1
         check_count("texts", len(texts), settings(request).max_prompts)
-        pairs = translators_by_pair(ready_registry(request))
+        pairs = routes_by_pair(ready_registry(request))
         detected = None
         if source == "auto":
             if not any(t == target for _, t in pairs):
@@ -174,17 +190,23 @@ async def translate(request: Request) -> dict[str, Any]:
         log_inputs(request, texts)
 
         async def run(pair: tuple[str, str], idx: list[int]) -> None:
-            served = pairs[pair]
-            beams = max(served.loaded.generation.num_beams, n)
-            try:
-                docs = served.documents([texts[i] for i in idx], beams, None, n, None, fmt == "html", *pair)
-            except InvalidInput as exc:
-                raise bad_request(str(exc), exc.code) from exc
-            except ConstraintsUnmet as exc:
-                raise engine_failure(exc, "translation") from exc
-            for i, out in zip(idx, await served.translate(request, docs, n), strict=True):
-                outputs[i] = out
+            """Each hop translates what the one before wrote; alternatives are the last hop's."""
+            current, hops = [texts[i] for i in idx], pairs[pair]
+            for k, (served, hop) in enumerate(hops):
+                hop_n = n if k == len(hops) - 1 else 1
+                beams = max(served.loaded.generation.num_beams, hop_n)
+                try:
+                    docs = served.documents(current, beams, None, hop_n, None, fmt == "html", *hop)
+                except InvalidInput as exc:
+                    raise bad_request(str(exc), exc.code) from exc
+                except ConstraintsUnmet as exc:
+                    raise engine_failure(exc, "translation") from exc
+                outs = await served.translate(request, docs, hop_n)
+                current = [o.text for o in outs]
+            for i, out in zip(idx, outs, strict=True):
+                outputs[i], via[i] = out, [served.name for served, _ in hops]
 
+        via: list[list[str] | None] = [None] * len(texts)
         await asyncio.gather(*(run(pair, idx) for pair, idx in groups.items()))
     translated = [o.text for o in outputs]
     answer: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
@@ -193,14 +215,17 @@ async def translate(request: Request) -> dict[str, Any]:
         answer["alternatives"] = others if batch else others[0]
     if detected is not None:
         answer["detectedLanguage"] = detected if batch else detected[0]
+    if any(v is not None and len(v) > 1 for v in via):  # pivoted: the models each text went through, in order
+        answer["models"] = via if batch else via[0]
     return answer
 
 
 @router.get("/languages")
 @router.post("/languages", operation_id="languages_post")  # some clients POST it
 async def languages(request: Request) -> list[dict[str, Any]]:
-    """Every language a served translator reads or writes, with the targets it can be translated into."""
-    pairs = translators_by_pair(ready_registry(request))
+    """Every language a served translator reads or writes, with the targets it can be translated into (directly
+    or through --pivot-language)."""
+    pairs = routes_by_pair(ready_registry(request))
     codes = sorted({c for pair in pairs for c in pair})
     return [{"code": c, "name": language_name(c), "targets": sorted(t for s, t in pairs if s == c)} for c in codes]
 

@@ -1,0 +1,69 @@
+"""LibreTranslate's `/translate` through a pivot language: no served translator has German → French, one has
+German → English and another English → French, so the text goes through both, each hop in its model's running
+batch, and the answer names the models. (The "French" model is a translator whose checkpoint says en → fr; what
+it writes does not matter here, only that the second hop translates what the first wrote.)"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.helpers import factories
+from tests.helpers.fixture_training import assert_varied, lexicon_sentences
+from tests.helpers.server import ServerProcess
+
+TEXTS = ["der schnelle braune Fuchs", "Guten Morgen wo ist der Bahnhof", "drei Töchter", "der König ist heute schön"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pivot")
+    de_en = factories.tiny_mt_dir(root / "de-en", reverse=True, languages=("de", "en"))
+    en_fr = factories.hf_marian_dir(root / "en-fr")
+    config = json.loads((en_fr / "tokenizer_config.json").read_text()) | {"target_lang": "fr"}
+    (en_fr / "tokenizer_config.json").write_text(json.dumps(config))
+    return {"de-en": de_en, "en-fr": en_fr}
+
+
+def _server(checkpoints, log, *extra: str) -> ServerProcess:
+    return ServerProcess([*factories.model_flags(checkpoints), *extra], log).wait_ready()
+
+
+def post(server, path: str, body: dict, status: int = 200) -> dict:
+    resp = httpx.post(server.url + path, json=body, timeout=120)
+    assert resp.status_code == status, resp.text
+    return resp.json()
+
+
+def test_a_pair_no_model_has_goes_through_english(checkpoints, tmp_path):
+    server = _server(checkpoints, tmp_path / "server.log")
+    try:
+        languages = {e["code"]: e["targets"] for e in httpx.get(server.url + "/languages").json()}
+        assert languages == {"de": ["en", "fr"], "en": ["fr"], "fr": []}
+
+        def v1(model: str, texts: list[str]) -> list[str]:
+            return [d["translation"] for d in post(server, "/v1/translations", {"model": model, "input": texts})["data"]]
+
+        english = v1("de-en", TEXTS)
+        expected = v1("en-fr", english)
+        assert_varied(expected)
+        answer = post(server, "/translate", {"q": TEXTS, "source": "de", "target": "fr"})
+        assert answer["translatedText"] == expected
+        assert answer["models"] == [["de-en", "en-fr"]] * len(TEXTS)
+        direct = post(server, "/translate", {"q": TEXTS[0], "source": "de", "target": "en"})
+        assert direct["translatedText"] == english[0] and "models" not in direct
+        auto = post(server, "/translate", {"q": "Guten Morgen, wo ist der Bahnhof?", "source": "auto", "target": "fr"})
+        assert auto["detectedLanguage"]["language"] == "de" and auto["models"] == ["de-en", "en-fr"]
+    finally:
+        server.stop()
+
+
+def test_another_pivot_language_or_none(checkpoints, tmp_path):
+    server = _server(checkpoints, tmp_path / "server.log", "--pivot-language", "es")
+    try:
+        error = post(server, "/translate", {"q": lexicon_sentences(1)[0], "source": "de", "target": "fr"}, 400)
+        assert "de→fr is not served" in error["error"]
+    finally:
+        server.stop()
