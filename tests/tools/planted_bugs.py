@@ -81,7 +81,7 @@ BUGS = [
         "return scores.index_put((torch.tensor(i, device=dev) * 0, torch.tensor(t, device=dev)),",
         ("tests/engine/test_engine.py::test_logit_bias_forces_and_bans_beside_unbiased_requests",)),
     Bug("attention-scores-a-greedy-translation", "service/tasks/translation.py",
-        "self.engine.translator.job(body.input, None, None)", "self.engine.translator.job(body.input, 1, None)",
+        "self.engine.translator.job(body.input, None, None, languages)", "self.engine.translator.job(body.input, 1, None, languages)",
         ("tests/http/test_http_decoding.py::test_attention_scores_what_translations_return",)),
     Bug("non-streaming-translations-ignore-hang-ups", "service/tasks/translation.py",
         "results = await while_connected(request, asyncio.gather(",
