@@ -160,6 +160,8 @@ class EmbeddingRequest(_Request):
     image: str | None = Field(None, description="base64 image (ViT)")
     images: list[str] | None = None
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
+    source_lang: str | None = Field(None, max_length=35, description="a multilingual translator's input language "
+                                    "(as /v1/translations takes it; default: its tokenizer's)")
     user: str | None = None
 
 

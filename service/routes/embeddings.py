@@ -86,7 +86,7 @@ async def create_embeddings(request: Request) -> Any:
         items = []
         for i, text in enumerate(texts):
             try:
-                items.append(served.text_ids(text))
+                items.append(served.embedding_ids(text, body.source_lang))
             except ValueError as exc:
                 raise bad_request(f"input {i}: {exc}", "invalid_input") from exc
         tokens = sum(len(ids) for ids in items)

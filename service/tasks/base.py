@@ -121,6 +121,12 @@ class ServedModel:
             raise InvalidInput(f"this selection has {floats} attention weights; the limit is {limit}: ask for "
                                "fewer 'layers' or 'heads', or a shorter input", "too_many_weights")
 
+    def embedding_ids(self, text: str, source_lang: str | None = None) -> list[int]:
+        """What `/v1/embeddings` reads of a text (a multilingual translator: in `source_lang`)."""
+        if source_lang is not None:
+            raise InvalidInput(f"model {self.name!r} takes no source_lang")
+        return self.text_ids(text)
+
     def text_ids(self, text: str | None) -> list[int]:
         """A text input's token ids within the model's length; ValueError otherwise."""
         if not text or not text.strip():

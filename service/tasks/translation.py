@@ -341,6 +341,19 @@ class ServedTranslator(ServedModel):
         doc = DocumentJob(Document([body.input], ["", ""]), [job])
         return (await self.translate(request, [doc]))[0].token_ids
 
+    def embedding_ids(self, text: str, source_lang: str | None = None) -> list[int]:
+        if source_lang is None:
+            return self.text_ids(text)
+        codes = self.language_codes
+        if not codes:
+            self.resolve_languages(source_lang, None)  # a one-pair model: its own source language, or a 400
+            return self.text_ids(text)
+        code = model_code(source_lang, codes)
+        if code is None:
+            raise InvalidInput(f"source_lang {source_lang!r} is not a language of model {self.name!r}; its "
+                               f"languages: {', '.join(codes)}", "unsupported_language")
+        return self.source_ids(text, (code, code))
+
     def source_ids(self, text: str | None, languages: Languages | None) -> list[int]:
         """A source's ids within the model's length (in its language, for a multilingual model)."""
         if languages is None or not text or not text.strip():

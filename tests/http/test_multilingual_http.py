@@ -235,3 +235,28 @@ def test_int8_weights_serve_what_they_compute_alone(checkpoints, tmp_path):
     assert got == alone
     assert_varied(got)
     assert sum(a == b for a, b in zip(alone, float32, strict=True)) >= 0.75 * len(jobs)
+
+
+def test_embeddings_read_the_source_language(server, checkpoints):
+    """A multilingual encoder's embedding of a text in the language given (the mean of transformers' encoder
+    output over the source with that language's code); without one, the tokenizer's own default."""
+    text = "der schnelle braune Fuchs"
+    d = checkpoints["nllb"]
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(d).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+
+    def expected(code: str) -> torch.Tensor:
+        tok.src_lang = code
+        with torch.no_grad():
+            states = hf.model.encoder(input_ids=tok(text, return_tensors="pt").input_ids).last_hidden_state[0]
+        return torch.nn.functional.normalize(states.mean(0), dim=-1)
+
+    german = post(server, "/v1/embeddings", {"model": "nllb", "input": text, "source_lang": "de"})["data"][0]
+    default = post(server, "/v1/embeddings", {"model": "nllb", "input": text})["data"][0]
+    torch.testing.assert_close(torch.tensor(german["embedding"]), expected("deu_Latn"), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(default["embedding"]), expected("eng_Latn"), atol=1e-5, rtol=0)
+    assert german["embedding"] != default["embedding"]
+    error = post(server, "/v1/embeddings", {"model": "nllb", "input": text, "source_lang": "ja"}, 400)["error"]
+    assert "its languages: eng_Latn" in error["message"]
+    error = post(server, "/v1/embeddings", {"model": "mt", "input": text, "source_lang": "fr"}, 400)["error"]
+    assert "translates en to de" in error["message"]
