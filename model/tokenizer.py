@@ -200,6 +200,9 @@ class HFTokenizer(Tokenizer):
         self._added = {i: t.content for i, t in added.items()}
         self._special = {i for i, t in added.items() if t.special} | {i for i in ids if i is not None}
         self._byte_level = '"ByteLevel"' in json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
+        listed = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
+        codes = [t for t in map(_token_str, listed) if t and _LANGUAGE_TOKEN.fullmatch(t)]
+        self._languages = {c: i for c in codes if (i := tokenizer.token_to_id(c)) is not None}
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> HFTokenizer:
@@ -237,20 +240,18 @@ class HFTokenizer(Tokenizer):
     @property
     def language_codes(self) -> dict[str, int]:
         """A multilingual translator's language codes and their ids (NLLB's `eng_Latn`, M2M100's `__en__`):
-        the special tokens tokenizer_config.json lists that name languages."""
-        listed = self._config.get("extra_special_tokens") or self._config.get("additional_special_tokens") or []
-        codes = [t for t in map(_token_str, listed) if t and _LANGUAGE_TOKEN.fullmatch(t)]
-        return {c: i for c in codes if (i := self._tok.token_to_id(c)) is not None}
+        the special tokens tokenizer_config.json lists that name languages. Not to be changed by callers."""
+        return self._languages
 
     def encode_with_language(self, text: str, code: str) -> list[int]:
         """The source side of NLLB and M2M100 in `code`'s language: its code, the text's pieces, eos (NLLB's
         `legacy_behaviour`: the pieces, eos, the code)."""
-        if code not in self.language_codes:
+        if code not in self._languages:
             raise ValueError(f"{code!r} is not one of this tokenizer's languages")
         pieces = self._tok.encode(text, add_special_tokens=False).ids
         if self._config.get("legacy_behaviour"):
-            return [*pieces, self._eos_id, self.language_codes[code]]
-        return [self.language_codes[code], *pieces, self._eos_id]
+            return [*pieces, self._eos_id, self._languages[code]]
+        return [self._languages[code], *pieces, self._eos_id]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         ids = [int(i) for i in ids]
@@ -443,7 +444,7 @@ class M2M100Tokenizer(MarianTokenizer):
 
     @property
     def language_codes(self) -> dict[str, int]:
-        return dict(self._languages)
+        return self._languages
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self._encode(text, self._src, self._vocab, add_special_tokens)

@@ -12,10 +12,10 @@ from typing import Any
 from torch import Tensor
 
 from model.config import Seq2SeqConfig
-from model.importers.base import CheckpointError, GenerationDefaults, WeightSource
+from model.importers.base import GenerationDefaults, WeightSource
 from model.importers.common import activation, unsupported
 from model.importers.marian import generation as marian_generation
-from model.importers.marian import layer_weights
+from model.importers.marian import layer_weights, shared_embedding
 
 MODEL_TYPES = ("m2m_100",)
 
@@ -44,13 +44,7 @@ def generation(raw: dict[str, Any], path: Path) -> GenerationDefaults:
 
 
 def weights(cfg: Seq2SeqConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
-    hf.strip_prefix("model.")
-    shared = hf.get("shared.weight")
-    if shared is None:
-        shared = hf.get("encoder.embed_tokens.weight")
-    if shared is None:
-        raise CheckpointError(f"{hf.file}: no shared embedding found")
-    yield "tok_emb.weight", shared
+    yield "tok_emb.weight", shared_embedding(hf)
     yield from layer_weights(cfg, hf)
     for side, ours in (("encoder", "enc_norm"), ("decoder", "dec_norm")):
         yield f"{ours}.weight", hf[f"{side}.layer_norm.weight"]

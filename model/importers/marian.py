@@ -51,15 +51,20 @@ def generation(raw: dict[str, Any], path: Path) -> GenerationDefaults:
 
 
 def weights(cfg: Seq2SeqConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
+    yield "tok_emb.weight", shared_embedding(hf)
+    yield "final_logits_bias", hf["final_logits_bias"].reshape(-1)
+    yield from layer_weights(cfg, hf)
+
+
+def shared_embedding(hf: WeightSource) -> Tensor:
+    """The BART layout's one embedding (`model.` stripped): `shared`, or the encoder's where only it is stored."""
     hf.strip_prefix("model.")
     shared = hf.get("shared.weight")
     if shared is None:
         shared = hf.get("encoder.embed_tokens.weight")
     if shared is None:
         raise CheckpointError(f"{hf.file}: no shared embedding found")
-    yield "tok_emb.weight", shared
-    yield "final_logits_bias", hf["final_logits_bias"].reshape(-1)
-    yield from layer_weights(cfg, hf)
+    return shared
 
 
 def layer_weights(cfg: Seq2SeqConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:

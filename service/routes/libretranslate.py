@@ -12,6 +12,7 @@ itself is `/v1/translations`' path: documents, continuous batching, beams, HTML.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,6 +37,9 @@ MAX_ALTERNATIVES = 15  # n = alternatives + 1 <= 16, as on /v1/translations
 detector = LanguageDetector()
 
 
+# A ready registry's models never change, and a multilingual model's pairs are tens of thousands: worked out
+# once per registry, not per request.
+@functools.lru_cache(maxsize=8)
 def translators_by_pair(reg: ModelRegistry) -> dict[tuple[str, str], ServedTranslator]:
     """(source, target) -> the translator that serves it: a one-pair model (opus-mt) before a multilingual one
     (NLLB: every ordered pair of its languages, in LibreTranslate's codes) unless --prefer-multilingual; of
@@ -129,15 +133,19 @@ def _alternatives(fields: dict[str, Any]) -> int:
 Hop = tuple[ServedTranslator, tuple[str, str]]  # a translator and the pair it translates in that hop
 
 
+@functools.lru_cache(maxsize=8)
 def routes_by_pair(reg: ModelRegistry) -> dict[tuple[str, str], tuple[Hop, ...]]:
     """Every reachable pair's hops: the translator that serves it (`translators_by_pair`), else two through
     --pivot-language (source→pivot, pivot→target) when two translators chain there."""
     direct = translators_by_pair(reg)
     routes = {pair: ((served, pair),) for pair, served in direct.items()}
     pivot = reg.settings.pivot_language
-    for (source, middle), first in direct.items():
-        for (start, target), second in direct.items():
-            if middle == start == pivot and source != target and (source, target) not in routes:
+    # Indexed by the pivot's side: with a multilingual model the pairs are tens of thousands.
+    into = {source: served for (source, target), served in direct.items() if target == pivot}
+    out_of = {target: served for (source, target), served in direct.items() if source == pivot}
+    for source, first in into.items():
+        for target, second in out_of.items():
+            if source != target and (source, target) not in routes:
                 routes[(source, target)] = ((first, (source, pivot)), (second, (pivot, target)))
     return routes
 
