@@ -11,7 +11,10 @@ Backends are chosen by name and all compute softmax(q k^T / sqrt(d_head) + mask)
 Asking for weights always works: the call then runs on the `math` path whatever backend serves traffic.
 
 Masks are boolean, True = may attend, broadcastable to (B, n_heads, T_query, T_key). Models build one mask
-per forward (see `causal_mask`, `padding_mask`) and hand it to every layer.
+per forward (see `causal_mask`, `padding_mask`) and hand it to every layer. A float mask is added to the
+scores instead: T5's relative position bias, with -inf where a key may not be attended
+(`model.relative_positions`). `flash` runs such calls on `sdpa`: its Triton kernels take boolean masks only
+(T5's cross-attention, which has no bias, stays on them).
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ def math_attention(
         Tq, Tk = q.size(-2), k.size(-2)
         causal = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
         mask = causal if mask is None else mask & causal
-    if mask is not None:
+    if mask is not None and mask.is_floating_point():
+        scores = scores + mask
+    elif mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # Softmax in float32 so that bf16/fp16 rows still sum to one.
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -245,7 +250,7 @@ class Attention(nn.Module):
             if rotary is not None:
                 q, k = rotary.apply(q), rotary.apply(k)
             if cache is not None:
-                if self._cached_decode is not None and not need_weights and _direct_decode(q, cache):
+                if self._cached_decode is not None and not need_weights and _direct_decode(q, cache, mask):
                     # One token per sequence: attend over [0, position] of its own slot, no gather.
                     cache.store(k, v)
                     lengths = cache.positions[:, -1] + 1
@@ -253,6 +258,8 @@ class Attention(nn.Module):
                     return self.proj(out.transpose(1, 2).reshape(q.size(0), 1, -1)), None
                 k, v = cache.update(k, v)
         attend = math_attention if need_weights else self._attend
+        if self.backend == "flash" and mask is not None and mask.is_floating_point():
+            attend = sdpa_attention  # a position bias: the Triton kernels take boolean masks only
         dropout_p = self.dropout if self.training else 0.0
         out, probs = _grouped(attend, q, k, v, mask, is_causal, dropout_p)
         B, _, T, _ = out.shape
@@ -286,5 +293,7 @@ def _grouped(attend: AttentionFn, q: Tensor, k: Tensor, v: Tensor, mask: Tensor 
     return attend(q, k, v, mask, is_causal, dropout_p)
 
 
-def _direct_decode(q: Tensor, cache: KVWriter) -> bool:
-    return isinstance(cache, LayerKV) and q.size(2) == 1 and cache.kv_len is not None
+def _direct_decode(q: Tensor, cache: KVWriter, mask: Tensor | None) -> bool:
+    """Whether the flash decode kernel can serve this call: one query per sequence and no position bias."""
+    biased = mask is not None and mask.is_floating_point()
+    return isinstance(cache, LayerKV) and q.size(2) == 1 and cache.kv_len is not None and not biased

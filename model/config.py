@@ -14,14 +14,16 @@ from typing import Any, ClassVar, Literal
 
 Norm = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["pre", "post"]
-# `gelu_tanh` is GPT-2's "gelu_new"; `silu` is Marian's "swish"; `swiglu` is a gated MLP.
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu"]
-Positions = Literal["learned", "sinusoidal", "rope"]
+# `gelu_tanh` is GPT-2's "gelu_new"; `silu` is Marian's "swish"; `swiglu` is a gated MLP (Llama's) and
+# `gated_gelu_tanh` the same with GPT-2's GELU (T5 v1.1's "gated-gelu").
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "gated_gelu_tanh"]
+# `relative`: no position added to the inputs; T5's learned relative position bias on the attention scores.
+Positions = Literal["learned", "sinusoidal", "rope", "relative"]
 
 _NORMS = ("layernorm", "rmsnorm")
 _PLACEMENTS = ("pre", "post")
-_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu")
-_POSITIONS = ("learned", "sinusoidal", "rope")
+_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "gated_gelu_tanh")
+_POSITIONS = ("learned", "sinusoidal", "rope", "relative")
 
 
 @dataclass
@@ -149,10 +151,14 @@ class Seq2SeqConfig(BlockConfig):
     # (fairseq starts at padding index + 1).
     sinusoid: Literal["marian", "fairseq"] = "marian"
     position_offset: int = 0
+    # Relative positions (T5): buckets of the learned bias and the distance past which all share one.
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
     tie_embeddings: bool = True  # encoder, decoder and output projection share one matrix
     scale_embeddings: bool = True
     final_norm: bool = False  # a last norm on each stack's output (pre-norm models want it)
     final_logits_bias: bool = False
+    output_scale: float = 1.0  # the decoder's output is multiplied by this before the output layer (tied T5)
     decoder_start_token_id: int = 0
     eos_token_id: int = 1
     pad_token_id: int = 0

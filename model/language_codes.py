@@ -1,6 +1,6 @@
 """Languages as users write them (ISO 639-1 `de`, ISO 639-3 `deu`, BCP-47 `de-DE`, `zh-Hant`) mapped to a
-multilingual translator's own codes: NLLB-200's `deu_Latn` (ISO 639-3 and an ISO 15924 script) and
-M2M100's `__de__` (ISO 639-1)."""
+multilingual translator's own codes: NLLB-200's `deu_Latn` (ISO 639-3 and an ISO 15924 script), M2M100's
+`__de__` (ISO 639-1) and MADLAD-400's tags `<2de>`, `<2zh_Latn>` (ISO 639-1 or -3, an optional script)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ _ALIASES = {"zt": "zh-Hant"}  # LibreTranslate's code for Traditional Chinese
 _TAG = re.compile(r"(?P<language>[A-Za-z]{2,3})(?:[-_](?P<script>[A-Za-z]{4}))?(?:[-_][A-Za-z0-9]{2,8})*")
 
 
+def _bare(code: str) -> str:
+    """A model code without its wrapping: `__de__` and `<2de>` -> `de`; `deu_Latn` stays."""
+    if code.startswith("<2") and code.endswith(">"):
+        return code[2:-1]
+    return code.strip("_")
+
+
 def model_code(requested: str, codes: list[str] | dict[str, int]) -> str | None:
     """The model's code for `requested` (one of its own codes, or ISO 639-1 / 639-3 / BCP-47), or None when
     the model has no such language. Where a language has several scripts, a script subtag picks one
@@ -43,18 +50,19 @@ def model_code(requested: str, codes: list[str] | dict[str, int]) -> str | None:
     language, script = m["language"].lower(), (m["script"] or "").title()
     three = ISO_639_3.get(language, language)
     one = _ISO_639_1.get(three, language if len(language) == 2 else None)
-    candidates = [c for c in codes if c.split("_")[0] == three] or \
-                 [c for c in codes if one and c.strip("_").split("_")[0] == one]
+    candidates = [c for c in codes if _bare(c).split("_")[0] == language] or \
+                 [c for c in codes if _bare(c).split("_")[0] == three] or \
+                 [c for c in codes if one and _bare(c).split("_")[0] == one]
     if script:
-        candidates = [c for c in candidates if c.endswith(f"_{script}")] or \
-                     [c for c in candidates if "_" not in c.strip("_")]
+        candidates = [c for c in candidates if _bare(c).endswith(f"_{script}")] or \
+                     [c for c in candidates if "_" not in _bare(c)]
     return candidates[0] if candidates else None
 
 
 def short_code(code: str) -> str:
     """The code LibreTranslate's clients use for a model's language code: ISO 639-1 where the language has
     one (`deu_Latn` -> `de`, `__de__` -> `de`), else ISO 639-3; Traditional Chinese is LibreTranslate's `zt`."""
-    language, _, script = code.strip("_").partition("_")
+    language, _, script = _bare(code).partition("_")
     if language == "zho" and script == "Hant":
         return "zt"
     return _ISO_639_1.get(language, language)

@@ -29,13 +29,17 @@ _ACTIVATIONS = {
 }
 
 
+_GATED = {"swiglu": F.silu, "gated_gelu_tanh": _ACTIVATIONS["gelu_tanh"]}
+
+
 class MLP(nn.Module):
-    """fc1 -> activation -> fc2; `swiglu` gates fc1's output with a second projection (LLaMA style)."""
+    """fc1 -> activation -> fc2; the gated kinds (`swiglu`, `gated_gelu_tanh`) multiply fc1's output by the
+    activation of a second projection (LLaMA, T5 v1.1)."""
 
     def __init__(self, cfg: BlockConfig) -> None:
         super().__init__()
-        self.gated = cfg.activation == "swiglu"
-        self.act = F.silu if self.gated else _ACTIVATIONS[cfg.activation]
+        self.gated = cfg.activation in _GATED
+        self.act = _GATED[cfg.activation] if self.gated else _ACTIVATIONS[cfg.activation]
         bias = cfg.bias if cfg.mlp_bias is None else cfg.mlp_bias
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=bias)
         self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=bias) if self.gated else None

@@ -1,4 +1,4 @@
-"""Vaswani encoder-decoder (Marian / opus-mt layout), with cached inference.
+"""Vaswani encoder-decoder (Marian / opus-mt, M2M100 / NLLB and T5 layouts), with cached inference.
 
 Training: `forward(src, src_lengths, tgt)` -> logits (teacher forcing).
 Inference: `start(src, src_lengths, cache, cross_slots)` encodes right-padded sources and stores every
@@ -20,6 +20,7 @@ from model.config import Seq2SeqConfig
 from model.decoder import _init_weights
 from model.kv_cache import KVCache, SharedSources, consecutive_start
 from model.layers import Block, make_norm, sinusoidal_table
+from model.relative_positions import RelativePositionBias
 
 
 @dataclass
@@ -47,6 +48,10 @@ class Seq2Seq(nn.Module):
         elif cfg.positions == "sinusoidal":
             table = sinusoidal_table(max_len + cfg.position_offset, cfg.d_model, cfg.sinusoid)
             self.register_buffer("pos_table", table[cfg.position_offset:], persistent=False)
+        elif cfg.positions == "relative":
+            self.enc_rel_bias, self.dec_rel_bias = (
+                RelativePositionBias(cfg.relative_buckets, cfg.n_heads, cfg.relative_max_distance, bidirectional)
+                for bidirectional in (True, False))
         else:
             cos, sin = Rotary.tables(cfg.d_head, max_len, cfg.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -74,11 +79,21 @@ class Seq2Seq(nn.Module):
             x = x + (self.enc_pos_emb if side == "enc" else self.dec_pos_emb)(positions)
         elif self.cfg.positions == "sinusoidal":
             x = x + self.pos_table[positions].to(x.dtype)
-        else:
+        elif self.cfg.positions == "rope":
             rotary = Rotary.at(self.rope_cos, self.rope_sin, positions, x.dtype)
         return self.drop(x), rotary
 
+    def _self_mask(self, side: str, positions: Tensor, key_len: int, allowed: Tensor, dtype: torch.dtype) -> Tensor:
+        """A stack's self-attention mask: `allowed` (boolean), with relative positions the float mask that also
+        carries the position bias."""
+        if self.cfg.positions != "relative":
+            return allowed
+        bias = self.enc_rel_bias if side == "enc" else self.dec_rel_bias
+        return bias(positions, key_len, allowed, dtype)
+
     def _logits(self, hidden: Tensor) -> Tensor:
+        if self.cfg.output_scale != 1.0:
+            hidden = hidden * self.cfg.output_scale
         logits = self.lm_head(hidden)
         return logits if self.final_logits_bias is None else logits + self.final_logits_bias.to(logits.dtype)
 
@@ -88,7 +103,7 @@ class Seq2Seq(nn.Module):
         """Right-padded source (B, S) -> encoder output (B, S, C) and requested attention maps."""
         positions = torch.arange(src.size(1), device=src.device).expand_as(src)
         x, rotary = self._embed(src, positions, "enc")
-        mask = padding_mask(src_lengths, src.size(1))
+        mask = self._self_mask("enc", positions[:1], src.size(1), padding_mask(src_lengths, src.size(1)), x.dtype)
         maps: dict[int, Tensor] = {}
         for i, block in enumerate(self.encoder):
             want = attention_layers is not None and i in attention_layers
@@ -108,12 +123,17 @@ class Seq2Seq(nn.Module):
         positions = torch.arange(tgt.size(1), device=tgt.device).expand_as(tgt)
         x, rotary = self._embed(tgt, positions, "dec")
         context_mask = padding_mask(src_lengths, memory.size(1))
+        self_mask, is_causal = None, True
+        if self.cfg.positions == "relative":  # the causal rule goes into the bias mask
+            self_mask, is_causal = self._self_mask("dec", positions[:1], tgt.size(1),
+                                                   causal_mask(positions[:1], tgt.size(1)), x.dtype), False
         self_maps: dict[int, Tensor] = {}
         cross_maps: dict[int, Tensor] = {}
         for i, block in enumerate(self.decoder):
             want = attention_layers is not None and i in attention_layers
             x, self_probs, cross_probs = block(
-                x, is_causal=True, rotary=rotary, context=memory, context_mask=context_mask, need_weights=want
+                x, mask=self_mask, is_causal=is_causal, rotary=rotary, context=memory, context_mask=context_mask,
+                need_weights=want,
             )
             if want:
                 self_maps[i], cross_maps[i] = self_probs, cross_probs
@@ -183,7 +203,7 @@ class Seq2Seq(nn.Module):
         src_len = src_len or cache.cross_kv.max_len
         positions = positions[:, None]
         x, rotary = self._embed(tokens[:, None], positions, "dec")
-        mask = causal_mask(positions, kv_len)
+        mask = self._self_mask("dec", positions, kv_len, causal_mask(positions, kv_len), x.dtype)
         shared = SharedSources.of(cross_slots)
         if shared is not None:  # beams: each source read once, its rows attend as one query block
             cross_slots, first_cross = shared.slots, shared.first_slot

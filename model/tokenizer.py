@@ -26,6 +26,7 @@ __all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "M2M100Tokenizer", "In
 
 SPIECE_UNDERLINE = "▁"
 _LANGUAGE_TOKEN = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}|__[a-z]{2,3}(?:_[A-Za-z]+)?__")  # eng_Latn, __en__
+_LANGUAGE_TAG = re.compile(r"<2[a-z]{2,3}(?:_[A-Z][a-z]{3})?>")  # MADLAD-400's <2de>, <2zh_Latn>
 GPT2_SPECIAL = "<|endoftext|>"
 # Renders bytes that are not valid UTF-8 as "<0xF0>", the way SentencePiece names byte pieces.
 codecs.register_error(
@@ -84,6 +85,15 @@ class Tokenizer(ABC):
     _chat_template: str | None = None
 
     @property
+    def language_codes(self) -> dict[str, int]:
+        """A multilingual translator's language codes and their ids; empty for every other tokenizer."""
+        return {}
+
+    @property
+    def target_tagged(self) -> bool:
+        return False
+
+    @property
     @abstractmethod
     def vocab_size(self) -> int:
         """Number of ids the tokenizer can produce (what the embedding table must cover)."""
@@ -121,6 +131,23 @@ class Tokenizer(ABC):
     def encode_target(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Encode decoder-side text (labels of a seq2seq model); identical to ``encode`` for shared tokenizers."""
         return self.encode(text, add_special_tokens)
+
+    def source_in(self, text: str, languages: tuple[str | None, str] | None) -> list[int]:
+        """A translator's source: a multilingual model's in its language (NLLB, M2M100: the source code), or
+        behind the target's tag (MADLAD-400); `languages` (source, target) are the model's own codes."""
+        if languages is None:
+            return self.encode(text)
+        return self.encode_with_language(text, languages[1] if self.target_tagged else languages[0])
+
+    def target_prefix(self, languages: tuple[str | None, str] | None) -> list[int]:
+        """What a multilingual translator's target starts with: the target language's code, forced as the first
+        token (NLLB, M2M100); nothing for a one-pair or a tagged model."""
+        if languages is None or self.target_tagged:
+            return []
+        return [self.language_codes[languages[1]]]
+
+    def encode_with_language(self, text: str, code: str) -> list[int]:
+        raise ValueError("this tokenizer has no language codes")
 
     @abstractmethod
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -202,7 +229,8 @@ class HFTokenizer(Tokenizer):
         self._byte_level = '"ByteLevel"' in json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
         listed = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
         codes = [t for t in map(_token_str, listed) if t and _LANGUAGE_TOKEN.fullmatch(t)]
-        self._languages = {c: i for c in codes if (i := tokenizer.token_to_id(c)) is not None}
+        self._languages: dict[str, int] | None = {c: i for c in codes if (i := tokenizer.token_to_id(c)) is not None}
+        self._languages = self._languages or None  # none listed: looked for as tags in the vocabulary when asked
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> HFTokenizer:
@@ -240,13 +268,29 @@ class HFTokenizer(Tokenizer):
     @property
     def language_codes(self) -> dict[str, int]:
         """A multilingual translator's language codes and their ids (NLLB's `eng_Latn`, M2M100's `__en__`):
-        the special tokens tokenizer_config.json lists that name languages. Not to be changed by callers."""
+        the special tokens tokenizer_config.json lists that name languages; else the vocabulary's target tags
+        (MADLAD-400's `<2de>`, see `target_tagged`). Not to be changed by callers."""
+        if self._languages is None:
+            vocab = self._tok.get_vocab(with_added_tokens=True)
+            self._languages = {t: i for t, i in sorted(vocab.items(), key=lambda kv: kv[1])
+                               if _LANGUAGE_TAG.fullmatch(t)}
         return self._languages
+
+    @property
+    def target_tagged(self) -> bool:
+        """Whether the target language is a tag written in front of the source (`<2de> text`, MADLAD-400),
+        rather than the decoder's forced first token (NLLB, M2M100)."""
+        return any(code.startswith("<2") for code in self.language_codes)
 
     def encode_with_language(self, text: str, code: str) -> list[int]:
         """The source side of NLLB and M2M100 in `code`'s language: its code, the text's pieces, eos (NLLB's
-        `legacy_behaviour`: the pieces, eos, the code)."""
-        if code not in self._languages:
+        `legacy_behaviour`: the pieces, eos, the code). A tagged model (`target_tagged`): `code` is the target
+        language's tag, in front of the text as its users write it."""
+        if self.target_tagged:
+            if code not in self.language_codes:
+                raise ValueError(f"{code!r} is not one of this tokenizer's languages")
+            return self.encode(f"{code} {text}")
+        if code not in self.language_codes:
             raise ValueError(f"{code!r} is not one of this tokenizer's languages")
         pieces = self._tok.encode(text, add_special_tokens=False).ids
         if self._config.get("legacy_behaviour"):

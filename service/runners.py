@@ -1,5 +1,5 @@
-"""Translation request validation, image decoding and the classifier's batch function. Nothing here knows
-about HTTP."""
+"""Translation jobs (sources encoded and cut to fit the model), image decoding and the classifier's batch
+function. Nothing here knows about HTTP."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from model.decoding.constrained_beam import ConstraintsUnmet
 from model.html_markup import Markup, parse_html
 from model.segmentation import Document, split_document
 
-Languages = tuple[str, str]  # a multilingual model's (source, target) language codes
+# A multilingual model's (source, target) language codes; a tagged model (MADLAD-400) may leave the source out.
+Languages = tuple[str | None, str]
 
 
 class InvalidInput(ValueError):
@@ -43,7 +44,9 @@ class DocumentJob:
 
 
 class Translator:
-    """Validation of translation requests against the checkpoint's limits and generation defaults."""
+    """A translator's requests as the engine takes them: sources encoded in their languages, cut into sentences
+    that fit the model, one job each with the checkpoint's generation defaults (the request's rules are checked
+    before, in `service.translation_input`)."""
 
     def __init__(self, loaded: LoadedModel, max_source_len: int | None = None, max_target_len: int | None = None) -> None:
         """The limits: the runner's (--max-model-len), at most the model's."""
@@ -53,30 +56,29 @@ class Translator:
         self.max_target_len = max_target_len or self.cfg.max_target_len
 
     def encode_source(self, text: str, languages: Languages | None) -> list[int]:
-        """A source's ids; a multilingual model's in the source language (its code first)."""
-        return self.tokenizer.encode(text) if languages is None else \
-            self.tokenizer.encode_with_language(text, languages[0])
+        """A source's ids; a multilingual model's in the source language (`Tokenizer.source_in`)."""
+        return self.tokenizer.source_in(text, languages)
 
     def _default_max_tokens(self) -> int:
         return min(self.gen.max_new_tokens, self.max_target_len)
 
     def forced_first(self, languages: Languages | None) -> int | None:
-        """A multilingual model's first target token: the target language's code."""
-        return None if languages is None else self.tokenizer.language_codes[languages[1]]
+        """A multilingual model's first target token: the target language's code (none for a tagged model)."""
+        prefix = self.tokenizer.target_prefix(languages)
+        return prefix[0] if prefix else None
 
     def encode_target(self, text: str, languages: Languages | None) -> list[int]:
         """A target's ids as the decoder reads them, eos left out (a multilingual model's language code first)."""
-        if languages is None:
+        prefix = self.tokenizer.target_prefix(languages)
+        if not prefix:
             return [t for t in self.tokenizer.encode_target(text) if t != self.cfg.eos_token_id]
-        return [self.forced_first(languages), *self.tokenizer.encode(text, add_special_tokens=False)]
+        return [*prefix, *self.tokenizer.encode(text, add_special_tokens=False)]
 
     def job(self, text: str, num_beams: int | None, max_tokens: int | None,
             languages: Languages | None = None) -> TranslationJob:
         ids = self.encode_source(text, languages)
         if len(ids) > self.max_source_len:
             raise InvalidInput(f"input has {len(ids)} tokens; this model takes at most {self.max_source_len}")
-        if max_tokens is not None and max_tokens > self.max_target_len:
-            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.max_target_len}")
         return translation_job(self.loaded, ids, num_beams, max_tokens or self._default_max_tokens(),
                                self.forced_first(languages))
 
@@ -85,9 +87,8 @@ class Translator:
         """`text` as sentences (`model.segmentation`), each cut further until the model takes it whole; one
         job per segment. A segment in which glossary source terms occur (whole words, any case) must place
         their target terms: hard constraints of a beam search with at least 4 beams. `languages`: a
-        multilingual model's (source, target) codes."""
-        if max_tokens is not None and max_tokens > self.max_target_len:
-            raise InvalidInput(f"max_tokens {max_tokens} exceeds this model's limit of {self.max_target_len}")
+        multilingual model's (source, target) codes. The request's numbers were checked before
+        (`service.translation_input`)."""
         ids: dict[str, list[int]] = {}
 
         def fits(segment: str) -> bool:

@@ -85,20 +85,24 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TranslationRequest(_Request):
-    model: str | None = None
+    model: str | None = Field(None, description="the translator; without it, the only one served, or the one "
+                              "(or two, through --pivot-language) that source_lang → target_lang picks")
     input: str | list[str]
-    num_beams: int | None = Field(None, ge=1, le=16)
-    max_tokens: int | None = Field(None, ge=1, description="new tokens per sentence")
-    n: int = Field(1, ge=1, le=16, description="alternatives per input, best first (at most num_beams)")
+    # The numbers' limits are checked with every other translation rule in service/translation_input.py.
+    num_beams: int | None = Field(None, description="1 to 16 (default: the model's)")
+    max_tokens: int | None = Field(None, description="new tokens per sentence: at least 1, at most the server's "
+                                   "--max-tokens-limit and the model's target length")
+    n: int = Field(1, description="alternatives per input, best first: 1 to 16, at most num_beams")
     glossary: dict[str, str] | None = Field(None, description="source term -> target term: where a source term "
-                                            "occurs (whole words, any case), the target term appears verbatim")
+                                            "occurs (whole words, any case), the target term appears verbatim; "
+                                            "such a sentence is searched with at least 4 beams")
     format: Literal["text", "html"] = Field("text", description="html: translate the page's text, keep its markup "
                                             "(inline tags placed by the model's alignment)")
     return_alignment: bool = Field(False, description="each input's segments with their word alignment (and, "
                                    "for html, where each inline tag went)")
-    source_lang: str | None = Field(None, max_length=35, description="the inputs' language: ISO 639-1 / 639-3, "
+    source_lang: str | None = Field(None, description="the inputs' language: ISO 639-1 / 639-3, "
                                     "BCP-47 or the model's own code (required by a multilingual model)")
-    target_lang: str | None = Field(None, max_length=35, description="the language to translate into (required by "
+    target_lang: str | None = Field(None, description="the language to translate into (required by "
                                     "a multilingual model)")
     stream: bool = False
     return_attention: AttentionSelection | None = None
@@ -126,9 +130,9 @@ class LogitLensRequest(_Request):
     layers: list[int] | None = Field(None, description="0 is the embedding output, i the stream after block i; "
                                                        "default: all")
     top_k: int = Field(5, ge=1, le=20)
-    source_lang: str | None = Field(None, max_length=35, description="a multilingual translator's source language "
+    source_lang: str | None = Field(None, description="a multilingual translator's source language "
                                     "(as /v1/translations takes it)")
-    target_lang: str | None = Field(None, max_length=35, description="a multilingual translator's target language")
+    target_lang: str | None = Field(None, description="a multilingual translator's target language")
 
 
 class LensToken(BaseModel):
@@ -160,7 +164,7 @@ class EmbeddingRequest(_Request):
     image: str | None = Field(None, description="base64 image (ViT)")
     images: list[str] | None = None
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
-    source_lang: str | None = Field(None, max_length=35, description="a multilingual translator's input language "
+    source_lang: str | None = Field(None, description="a multilingual translator's input language "
                                     "(as /v1/translations takes it; default: its tokenizer's)")
     user: str | None = None
 
@@ -174,9 +178,9 @@ class AttentionRequest(_Request):
     heads: list[int] | None = Field(None, description="default: all")
     format: Literal["json", "png", "bertviz"] = "json"
     rollout: bool = Field(False, description="png of a ViT: attention rollout across the selected layers")
-    source_lang: str | None = Field(None, max_length=35, description="a multilingual translator's source language "
+    source_lang: str | None = Field(None, description="a multilingual translator's source language "
                                     "(as /v1/translations takes it)")
-    target_lang: str | None = Field(None, max_length=35, description="a multilingual translator's target language")
+    target_lang: str | None = Field(None, description="a multilingual translator's target language")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,6 +310,8 @@ class BertVizResponse(BaseModel):
 class TranslationResponse(BaseModel):
     object: Literal["translation"] = "translation"
     model: str
+    models: list[str] | None = Field(None, description="without 'model': the models the pair went through, in "
+                                     "order (two when it was pivoted)")
     data: list[TranslationItem]
     usage: Usage
 

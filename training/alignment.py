@@ -7,6 +7,10 @@ the source word's tokens. Heads are chosen on the validation split and the accur
 split, for the chosen heads and for the default (every head of the last decoder layer).
 
     python -m training align models/tserve-en-de            # writes alignment_heads into generation.json
+    python -m training align /data/nllb-200-distilled-600M  # an imported translator: generation_config.json
+
+A one-pair translator reads the pairs in its own direction (German → English for tserve-de-en); a multilingual
+one in --source-lang → --target-lang (default English → German), its languages' codes where the model wants them.
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ from pathlib import Path
 from model.alignment import KnownAlignment, alignment_accuracy, choose_alignment_heads, token_spans
 from model.checkpoint import LoadedModel, load
 from model.html_markup import words
+from model.language_codes import model_code
 
 log = logging.getLogger("tserve.training.alignment")
 
 
-def copy_alignments(loaded: LoadedModel, pairs: list[tuple[str, str]], limit: int) -> list[KnownAlignment]:
-    """Up to `limit` pairs with at least one word kept as it is (see the module's notes), as known alignments."""
+def copy_alignments(loaded: LoadedModel, pairs: list[tuple[str, str]], limit: int,
+                    languages: tuple[str | None, str] | None = None) -> list[KnownAlignment]:
+    """Up to `limit` pairs with at least one word kept as it is (see the module's notes), as known alignments;
+    `languages`: a multilingual model's (source, target) codes."""
     tok, eos = loaded.tokenizer, loaded.config.eos_token_id
+    prefix = tok.target_prefix(languages)
     out = []
     for en, de in pairs:
         src_words, tgt_words = words(en), words(de)
@@ -36,8 +44,9 @@ def copy_alignments(loaded: LoadedModel, pairs: list[tuple[str, str]], limit: in
                 and (w[0].isupper() or any(ch.isdigit() for ch in w))]
         if not kept:
             continue
-        src_ids = tok.encode(en)
-        tgt_ids = [t for t in tok.encode_target(de) if t != eos]
+        src_ids = tok.source_in(en, languages)
+        tgt_ids = [*prefix, *tok.encode(de, add_special_tokens=False)] if prefix else \
+            [t for t in tok.encode_target(de) if t != eos]
         if len(src_ids) > loaded.config.max_source_len or len(tgt_ids) + 1 > loaded.config.max_target_len:
             continue
         src_spans, tgt_spans = token_spans(tok, src_ids, en), token_spans(tok, tgt_ids, de)
@@ -56,15 +65,34 @@ def copy_alignments(loaded: LoadedModel, pairs: list[tuple[str, str]], limit: in
     return out
 
 
-def choose(checkpoint: str | Path, limit: int = 400, write: bool = True, data_root: str | None = None) -> dict:
-    """Choose on the validation split, report on the test split, and (with `write`) store the choice in the
-    checkpoint's generation.json."""
-    from training.data.translation import load_translation_pairs  # noqa: PLC0415 - fetches data
+def reading(loaded: LoadedModel, source: str, target: str) -> tuple[tuple[str, str], tuple[str, str] | None]:
+    """The sides of the English-German pairs a translator reads (its own pair, else `source`, `target`), and a
+    multilingual model's codes for them."""
+    codes = loaded.tokenizer.language_codes
+    sides = loaded.languages or (source, target)
+    if not codes:
+        return sides, None
+    mapped = tuple(model_code(side, codes) for side in sides)
+    if None in mapped:
+        raise ValueError(f"the model has no code for {sides}; its languages: {', '.join(codes)}")
+    return sides, mapped
 
+
+def choose(checkpoint: str | Path, limit: int = 400, write: bool = True, data_root: str | None = None,
+           source: str = "en", target: str = "de", splits: dict | None = None) -> dict:
+    """Choose on the validation split, report on the test split, and (with `write`) store the choice in the
+    checkpoint's generation.json (ours) or generation_config.json (a Hugging Face checkpoint's). `splits`:
+    other English-German pairs than the packaged data's (`training.data.pairs.TranslationPair`)."""
     loaded = load(checkpoint)
-    splits = load_translation_pairs(data_root)
-    valid = copy_alignments(loaded, [(p.en, p.de) for p in splits["valid"]], limit)
-    test = copy_alignments(loaded, [(p.en, p.de) for p in splits["test"]], limit)
+    if splits is None:
+        from training.data.translation import load_translation_pairs  # noqa: PLC0415 - fetches data
+
+        splits = load_translation_pairs(data_root)
+    (src, tgt), languages = reading(loaded, source, target)
+    valid = copy_alignments(loaded, [(p.side(src), p.side(tgt)) for p in splits["valid"]], limit, languages)
+    test = copy_alignments(loaded, [(p.side(src), p.side(tgt)) for p in splits["test"]], limit, languages)
+    if not valid:
+        raise ValueError("no pair with a word kept as it is on both sides: nothing to choose heads on")
     choice = choose_alignment_heads(loaded, valid)
     cfg = loaded.config
     default = [(cfg.n_decoder_layers - 1, h) for h in range(cfg.n_heads)]
@@ -77,7 +105,8 @@ def choose(checkpoint: str | Path, limit: int = 400, write: bool = True, data_ro
         "test_gold_tokens": sum(len(e.gold) for e in test),
     }
     if write:
-        path = Path(checkpoint) / "generation.json"
+        ours = "architecture" in json.loads((Path(checkpoint) / "config.json").read_text())
+        path = Path(checkpoint) / ("generation.json" if ours else "generation_config.json")
         gen = json.loads(path.read_text()) if path.is_file() else {}
         gen |= {"alignment_heads": report["heads"], "alignment_offset": choice.offset}
         path.write_text(json.dumps(gen, indent=2) + "\n")
@@ -91,5 +120,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--limit", type=int, default=400, help="known-alignment pairs per split")
     a.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     a.add_argument("--no-write", action="store_true", help="print the choice without writing it")
+    a.add_argument("--source-lang", default="en", choices=("en", "de"),
+                   help="a multilingual translator: the side of the English-German pairs it reads")
+    a.add_argument("--target-lang", default="de", choices=("en", "de"), help="... and the side it writes")
     a.set_defaults(func=lambda args: print(json.dumps(
-        choose(args.checkpoint, args.limit, not args.no_write, args.data_dir), indent=2)) or 0)
+        choose(args.checkpoint, args.limit, not args.no_write, args.data_dir, args.source_lang, args.target_lang),
+        indent=2)) or 0)

@@ -14,7 +14,7 @@ METRICS_FILE = "metrics.json"
 CARD_FILE = "MODEL_CARD.md"
 
 TASK_TITLES = {
-    "translation": "English → German translation (encoder-decoder transformer)",
+    "translation": "{source} → {target} translation (encoder-decoder transformer)",
     "lm": "English language model (decoder-only transformer)",
     "vit": "Image classifier (Vision Transformer)",
 }
@@ -55,7 +55,10 @@ def render_card(directory: str | Path) -> str:
     metrics = read_json(d / METRICS_FILE)
     config = read_json(d / "config.json")
     task = info.get("task", "?")
-    lines = [f"# {d.name}", "", TASK_TITLES.get(task, task), ""]
+    names = {"en": "English", "de": "German"}
+    source, target = (names.get(config.get(k), config.get(k)) for k in ("source_lang", "target_lang"))
+    title = TASK_TITLES.get(task, task).format(source=source or "English", target=target or "German")
+    lines = [f"# {d.name}", "", title, ""]
     if info.get("description"):
         lines += [info["description"], ""]
     lines += ["## Model", "", "| | |", "|---|---|"]

@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 TASKS = ("translation", "lm", "vit")
+DIRECTIONS = ("en-de", "de-en")
 DEFAULT_OUT = {
-    "translation": "models/tserve-en-de",
+    ("translation", "en-de"): "models/tserve-en-de",
+    ("translation", "de-en"): "models/tserve-de-en",
     "lm": "models/tserve-lm",
     ("vit", "fashion-mnist"): "models/tserve-vit-fashion",
     ("vit", "mnist-digits"): "models/tserve-vit-digits",
@@ -28,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("task", choices=TASKS)
     t.add_argument("--dataset", default=None, help="vit: fashion-mnist (default), mnist-digits (all of MNIST) or mnist-5k "
                                                          "(a 5,000-digit sample, for quick runs)")
+    t.add_argument("--direction", default=None, choices=DIRECTIONS,
+                   help="translation: en-de (default) or de-en, the same pairs read the other way")
     t.add_argument("--out", default=None, help="checkpoint directory (default models/<name>)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     t.add_argument("--preset", default="cpu", choices=("cpu", "gpu"), help="model/schedule size")
@@ -61,9 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_align(subparsers)
 
 
-def default_out(task: str, dataset: str | None) -> str:
+def default_out(task: str, dataset: str | None, direction: str | None = None) -> str:
     if task == "vit":
         return DEFAULT_OUT[("vit", dataset or "fashion-mnist")]
+    if task == "translation":
+        return DEFAULT_OUT[("translation", direction or "en-de")]
     return DEFAULT_OUT[task]
 
 
@@ -76,13 +82,16 @@ def run_train(args: argparse.Namespace) -> int:
     if args.task != "vit" and args.dataset is not None:
         print(f"--dataset applies to vit only; {args.task} has one data set", file=sys.stderr)
         return 2
-    out = Path(args.out or default_out(args.task, args.dataset))
+    if args.task != "translation" and args.direction is not None:
+        print(f"--direction applies to translation only, not {args.task}", file=sys.stderr)
+        return 2
+    out = Path(args.out or default_out(args.task, args.dataset, args.direction))
     out.mkdir(parents=True, exist_ok=True)
     setup_logging(out / "train_log.jsonl")
     opts = RunOptions(
         out=out, device=args.device, preset=args.preset, steps=args.steps, epochs=args.epochs, seed=args.seed,
         max_minutes=args.max_minutes, dataset=args.dataset, data_root=args.data_dir, init_from=args.init_from,
-        lr=args.lr,
+        lr=args.lr, direction=args.direction,
         command=" ".join(shlex.quote(a) for a in _command_line()),
     )
     try:

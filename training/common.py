@@ -134,6 +134,7 @@ class RunOptions:
     progress: bool = True
     init_from: str | None = None  # continue from this checkpoint's weights (and tokenizer): fresh optimiser
     lr: float | None = None  # peak learning rate (overrides the preset; lower it to fine-tune with --init-from)
+    direction: str | None = None  # translation: "en-de" or "de-en"; None: --init-from's, else en-de
 
 
 def load_init(opts: RunOptions, architecture: str):

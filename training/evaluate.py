@@ -31,8 +31,10 @@ from training import data as data_mod
 from training.card import METRICS_FILE, TRAINING_FILE, read_json, write_card, write_json
 from training.common import configure_threads, log_event, resolve_device
 
-PROBES = ["Good morning.", "Where is the station?", "I don't know.", "Thank you very much.",
-          "The weather is nice today.", "Open the file.", "Save the document."]
+PROBES = {"en": ["Good morning.", "Where is the station?", "I don't know.", "Thank you very much.",
+                 "The weather is nice today.", "Open the file.", "Save the document."],
+          "de": ["Guten Morgen.", "Wo ist der Bahnhof?", "Ich weiß es nicht.", "Vielen Dank.",
+                 "Das Wetter ist heute schön.", "Öffnen Sie die Datei.", "Speichern Sie das Dokument."]}
 # metrics.json's key for the int8 figures of each kind of activations: 8-bit ones (what a CPU with VNNI or AMX
 # runs) keep the key they always had.
 QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit"}
@@ -67,11 +69,17 @@ def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float]:
             "chrf": round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2), "n": len(hypotheses)}
 
 
+def languages_of(loaded: LoadedModel) -> tuple[str, str]:
+    """The (source, target) sides of the English-German pairs a bundled translator reads."""
+    return loaded.languages or ("en", "de")
+
+
 def evaluate_translation(loaded: LoadedModel, pairs: Sequence[data_mod.TranslationPair],
                          num_beams: int | None = None) -> dict[str, Any]:
     start = time.perf_counter()
-    hyps = translate(loaded, [p.en for p in pairs], num_beams)
-    refs = [p.de for p in pairs]
+    source, target = languages_of(loaded)
+    hyps = translate(loaded, [p.side(source) for p in pairs], num_beams)
+    refs = [p.side(target) for p in pairs]
     metrics: dict[str, Any] = {"num_beams": num_beams or loaded.generation.num_beams, **bleu_chrf(hyps, refs)}
     by_source: dict[str, Any] = {}
     for src in data_mod.TRANSLATION_SOURCES:
@@ -81,9 +89,9 @@ def evaluate_translation(loaded: LoadedModel, pairs: Sequence[data_mod.Translati
     metrics["by_source"] = by_source
     idx = [i for i, p in enumerate(pairs) if p.source == "ding" and data_mod.looks_like_sentence(p.en)]
     metrics["ding_sentences"] = bleu_chrf([hyps[i] for i in idx], [refs[i] for i in idx])
-    probes = translate(loaded, PROBES, num_beams)
-    metrics["samples"] = [[en, de] for en, de in zip(PROBES, probes, strict=True)] + \
-        [[pairs[i].en, hyps[i], f"(reference: {refs[i]})"] for i in idx[:5]]
+    probes = translate(loaded, PROBES[source], num_beams)
+    metrics["samples"] = [[text, out] for text, out in zip(PROBES[source], probes, strict=True)] + \
+        [[pairs[i].side(source), hyps[i], f"(reference: {refs[i]})"] for i in idx[:5]]
     metrics["seconds"] = round(time.perf_counter() - start, 1)
     return metrics
 
@@ -228,7 +236,8 @@ def evaluate_loaded(loaded: LoadedModel, path: Path, *, limit: int | None = None
         pairs = data_mod.load_translation_pairs(data_root)["test"]
         pairs = pairs[:limit] if limit else pairs
         if not full:
-            return bleu_chrf(translate(loaded, [p.en for p in pairs]), [p.de for p in pairs])
+            source, target = languages_of(loaded)
+            return bleu_chrf(translate(loaded, [p.side(source) for p in pairs]), [p.side(target) for p in pairs])
         return evaluate_translation(loaded, pairs)
     if task == "lm":
         corpus = data_mod.load_lm_corpus(data_root)

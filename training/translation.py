@@ -1,4 +1,5 @@
-"""Train the bundled English → German translator (Vaswani encoder-decoder, shared BPE vocabulary).
+"""Train the bundled English → German and German → English translators (Vaswani encoder-decoder, shared
+BPE vocabulary); both read the same pairs, one each way.
 
 Data: Ding dictionary examples and LibreOffice help/UI strings (see `training.data`). Batches are
 built from length buckets up to a token budget, so little compute is spent on padding, which matters
@@ -40,6 +41,15 @@ from training.common import (
 from training.loop import LoopConfig, train_loop
 
 SOURCES = ["ding", "lo-help-en", "lo-help-de", "lo-ui"]
+LANGUAGE_NAMES = {"en": "English", "de": "German"}
+
+
+def direction_languages(direction: str) -> tuple[str, str]:
+    """"en-de" -> ("en", "de"): the (source, target) codes a trainer reads the pairs in."""
+    source, _, target = direction.partition("-")
+    if {source, target} != {"en", "de"}:
+        raise ValueError(f"unknown direction {direction!r}; expected en-de or de-en")
+    return source, target
 
 
 @dataclass
@@ -72,12 +82,13 @@ def preset(name: str) -> MTPreset:
     raise ValueError(f"unknown preset {name!r}; expected cpu or gpu")
 
 
-def encode_pairs(tokenizer: HFTokenizer, pairs: Sequence[data_mod.TranslationPair], max_len: int | None = None
-                 ) -> list[tuple[list[int], list[int]]]:
-    """(source ids + eos, target ids + eos); pairs with a side over `max_len` tokens are dropped."""
+def encode_pairs(tokenizer: HFTokenizer, pairs: Sequence[data_mod.TranslationPair], max_len: int | None = None,
+                 languages: tuple[str, str] = ("en", "de")) -> list[tuple[list[int], list[int]]]:
+    """(source ids + eos, target ids + eos), sides as `languages` says; pairs with a side over `max_len`
+    tokens are dropped."""
     eos = tokenizer.eos_id
-    src = encode_batch(tokenizer, [p.en for p in pairs])
-    tgt = encode_batch(tokenizer, [p.de for p in pairs])
+    src = encode_batch(tokenizer, [p.side(languages[0]) for p in pairs])
+    tgt = encode_batch(tokenizer, [p.side(languages[1]) for p in pairs])
     out = []
     for s, t in zip(src, tgt, strict=True):
         s, t = s + [eos], t + [eos]
@@ -173,6 +184,9 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     splits = pairs if pairs is not None else data_mod.load_translation_pairs(opts.data_root)
     train_pairs = splits["train"]
     init = load_init(opts, "seq2seq")
+    inherited = "-".join(init.languages) if init is not None and init.languages else None
+    direction = opts.direction or inherited or "en-de"
+    languages = direction_languages(direction)
     if init is not None:
         tokenizer = init.tokenizer
     else:
@@ -180,8 +194,9 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
                                                 vocab_size=p.vocab_size)
     pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     assert pad is not None and bos is not None and eos is not None
-    examples = encode_pairs(tokenizer, train_pairs, p.max_len)
-    val_examples = encode_pairs(tokenizer, (splits.get("valid") or train_pairs)[: p.val_pairs], p.max_len)
+    examples = encode_pairs(tokenizer, train_pairs, p.max_len, languages)
+    val_examples = encode_pairs(tokenizer, (splits.get("valid") or train_pairs)[: p.val_pairs], p.max_len,
+                                languages)
     n_tokens = sum(len(s) + len(t) for s, t in examples)
     log_event("data_ready", train_pairs=len(examples), dropped=len(train_pairs) - len(examples),
               train_tokens=n_tokens, vocab=tokenizer.vocab_size, seconds=round(time.perf_counter() - t0, 1))
@@ -203,8 +218,9 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
                  "valid_pairs": len(splits.get("valid", [])), "test_pairs": len(splits.get("test", []))},
         "hyperparameters": {"vocab_size": tokenizer.vocab_size, "max_len": p.max_len, "batch_tokens": p.batch_tokens,
                             "label_smoothing": p.label_smoothing, "loop": asdict(loop)},
-        "description": "English → German transformer translator trained from scratch; decode with beam search "
-                       "(4 beams, generation.json).",
+        "direction": direction,
+        "description": f"{LANGUAGE_NAMES[languages[0]]} → {LANGUAGE_NAMES[languages[1]]} transformer translator "
+                       "trained from scratch; decode with beam search (4 beams, generation.json).",
     }
     record_init(info, opts)
 
@@ -212,7 +228,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
         return {"val_loss": mean_nll(m, val_examples, pad, bos)}
 
     def save(m: Seq2Seq, step: int) -> None:
-        save_checkpoint(out, m, tokenizer=tokenizer, generation=generation, languages=("en", "de"))
+        save_checkpoint(out, m, tokenizer=tokenizer, generation=generation, languages=languages)
 
     result = train_loop(model, batch_iterator(examples, p.batch_tokens, pad, bos, g),
                         lambda m, b: mt_loss(m, b, device, p.label_smoothing), loop, device=device, unit="tok",

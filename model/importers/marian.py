@@ -47,6 +47,9 @@ def generation(raw: dict[str, Any], path: Path) -> GenerationDefaults:
         early_stopping=gen.get("early_stopping", False),
         banned_token_ids=banned,
         force_eos_at_max=gen.get("forced_eos_token_id") is not None,
+        # What `python -m training align` chose for this checkpoint (kept where Whisper's checkpoints keep theirs)
+        alignment_heads=[[int(layer), int(head)] for layer, head in gen.get("alignment_heads") or []],
+        alignment_offset=int(gen.get("alignment_offset") or 0),
     )
 
 

@@ -12,7 +12,6 @@ itself is `/v1/translations`' path: documents, continuous batching, beams, HTML.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,43 +19,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
-from model.decoding.constrained_beam import ConstraintsUnmet
-from model.language_codes import short_code
-from service.errors import LIBRETRANSLATE_PATHS, APIError, bad_request, engine_failure, overloaded
+from service.errors import LIBRETRANSLATE_PATHS, APIError, bad_request, overloaded
 from service.languages import LanguageDetector, language_name
-from service.registry import ModelRegistry
-from service.routes.deps import check_count, log_inputs, ready_registry, settings
+from service.routes.deps import log_inputs, ready_registry, settings
 from service.runners import InvalidInput
 from service.security import bearer_token
-from service.tasks import ServedTranslator
 from service.tasks.translation import TranslationOutput
+from service.translation_input import TranslationAsk, check_count
+from service.translation_routing import pair_list, routes_by_pair, translate_route, translators_by_pair
 
 router = APIRouter(tags=["libretranslate"])
 KEY_CHECKED_PATHS = LIBRETRANSLATE_PATHS  # the middleware lets these through: the key is in the body
 MAX_ALTERNATIVES = 15  # n = alternatives + 1 <= 16, as on /v1/translations
 detector = LanguageDetector()
-
-
-# A ready registry's models never change, and a multilingual model's pairs are tens of thousands: worked out
-# once per registry, not per request.
-@functools.lru_cache(maxsize=8)
-def translators_by_pair(reg: ModelRegistry) -> dict[tuple[str, str], ServedTranslator]:
-    """(source, target) -> the translator that serves it: a one-pair model (opus-mt) before a multilingual one
-    (NLLB: every ordered pair of its languages, in LibreTranslate's codes) unless --prefer-multilingual; of
-    two of a kind, the first named."""
-    pairs: dict[tuple[str, str], ServedTranslator] = {}
-    one_pair = [m for m in reg.models.values() if isinstance(m, ServedTranslator) and m.loaded.languages is not None]
-    multilingual = [m for m in reg.models.values() if isinstance(m, ServedTranslator) and m.language_codes]
-    for served in (multilingual + one_pair) if reg.settings.prefer_multilingual else (one_pair + multilingual):
-        if served.loaded.languages is not None:
-            pairs.setdefault(served.loaded.languages, served)
-            continue
-        codes = list(dict.fromkeys(short_code(c) for c in served.language_codes))
-        for source in codes:
-            for target in codes:
-                if source != target:
-                    pairs.setdefault((source, target), served)
-    return pairs
 
 
 async def _fields(request: Request) -> dict[str, Any]:
@@ -130,30 +105,6 @@ def _alternatives(fields: dict[str, Any]) -> int:
     return value
 
 
-Hop = tuple[ServedTranslator, tuple[str, str]]  # a translator and the pair it translates in that hop
-
-
-@functools.lru_cache(maxsize=8)
-def routes_by_pair(reg: ModelRegistry) -> dict[tuple[str, str], tuple[Hop, ...]]:
-    """Every reachable pair's hops: the translator that serves it (`translators_by_pair`), else two through
-    --pivot-language (source→pivot, pivot→target) when two translators chain there."""
-    direct = translators_by_pair(reg)
-    routes = {pair: ((served, pair),) for pair, served in direct.items()}
-    pivot = reg.settings.pivot_language
-    # Indexed by the pivot's side: with a multilingual model the pairs are tens of thousands.
-    into = {source: served for (source, target), served in direct.items() if target == pivot}
-    out_of = {target: served for (source, target), served in direct.items() if source == pivot}
-    for source, first in into.items():
-        for target, second in out_of.items():
-            if source != target and (source, target) not in routes:
-                routes[(source, target)] = ((first, (source, pivot)), (second, (pivot, target)))
-    return routes
-
-
-def _pair_list(pairs: dict[tuple[str, str], Any]) -> str:
-    return ", ".join(f"{s}→{t}" for s, t in sorted(pairs)) or "none"
-
-
 async def _detect(texts: list[str], candidates: list[str]) -> list[dict[str, Any]]:
     # Off the event loop: the first call loads the detector's model (about half a second).
     ranked = await asyncio.to_thread(lambda: [detector.rank(t, candidates) for t in texts])
@@ -174,12 +125,15 @@ async def translate(request: Request) -> dict[str, Any]:
         if fmt not in ("text", "html"):
             raise bad_request(f"{fmt} format is not supported (text or html)", "invalid_format")
         n = _alternatives(fields) + 1
-        check_count("texts", len(texts), settings(request).max_prompts)
+        try:
+            check_count(len(texts), settings(request))
+        except InvalidInput as exc:
+            raise bad_request(str(exc), exc.code) from exc
         pairs = routes_by_pair(ready_registry(request))
         detected = None
         if source == "auto":
             if not any(t == target for _, t in pairs):
-                raise bad_request(f"no served translator translates into {target} (served: {_pair_list(pairs)})",
+                raise bad_request(f"no served translator translates into {target} (served: {pair_list(pairs)})",
                                   "unsupported_pair")
             # Over what the translators read, and the target: a text already in it is answered as it is.
             detected = await _detect(texts, sorted({s for s, _ in pairs} | {target}))
@@ -192,26 +146,18 @@ async def translate(request: Request) -> dict[str, Any]:
             if detected is not None and src == target:
                 outputs[i] = TranslationOutput(texts[i], [], 0.0, "stop", [(texts[i], 0.0)])
             elif (src, target) not in pairs:
-                raise bad_request(f"{src}→{target} is not served (served: {_pair_list(pairs)})", "unsupported_pair")
+                raise bad_request(f"{src}→{target} is not served (served: {pair_list(pairs)})", "unsupported_pair")
             else:
                 groups.setdefault((src, target), []).append(i)
         log_inputs(request, texts)
 
         async def run(pair: tuple[str, str], idx: list[int]) -> None:
-            """Each hop translates what the one before wrote; alternatives are the last hop's."""
-            current, hops = [texts[i] for i in idx], pairs[pair]
-            for k, (served, hop) in enumerate(hops):
-                hop_n = n if k == len(hops) - 1 else 1
-                beams = max(served.loaded.generation.num_beams, hop_n)
-                try:
-                    docs = served.documents(current, beams, None, hop_n, None, fmt == "html", *hop)
-                except InvalidInput as exc:
-                    raise bad_request(str(exc), exc.code) from exc
-                except ConstraintsUnmet as exc:
-                    raise engine_failure(exc, "translation") from exc
-                outs = await served.translate(request, docs, hop_n)
-                current = [o.text for o in outs]
-            for i, out in zip(idx, outs, strict=True):
+            """Alternatives are the last hop's."""
+            hops = pairs[pair]
+            last = hops[-1][0]
+            ask = TranslationAsk([texts[i] for i in idx], max(last.loaded.generation.num_beams, n), None, n, None,
+                                 fmt == "html")
+            for i, out in zip(idx, (await translate_route(request, hops, ask)).outputs, strict=True):
                 outputs[i], via[i] = out, [served.name for served, _ in hops]
 
         via: list[list[str] | None] = [None] * len(texts)

@@ -12,7 +12,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from model.attention_maps import translation_attention_ids
-from model.decoding.constrained_beam import ConstraintsUnmet
 from service.connection import run_job
 from service.engine import TranslationEngine
 from service.engine import TranslationRequest as EngineRequest
@@ -21,17 +20,18 @@ from service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
     attention_selection,
-    check_count,
-    check_max_tokens,
     log_inputs,
+    ready_registry,
     served_model,
     settings,
     sse,
 )
-from service.runners import DocumentJob, InvalidInput
+from service.runners import DocumentJob
 from service.schemas import TranslationRequest, TranslationResponse
 from service.tasks import ServedTranslator
 from service.tasks.translation import TranslationOutput, assemble, collect_translation
+from service.translation_input import TranslationAsk
+from service.translation_routing import route_for, translate_route
 
 router = APIRouter(tags=["translation"])
 
@@ -53,20 +53,18 @@ def _item(index: int, out: TranslationOutput, n: int) -> dict[str, Any]:
                         429: {"description": "queue full (Retry-After)"}})
 async def create_translation(body: TranslationRequest, request: Request) -> Any:
     cfg = settings(request)
-    served = served_model(request, body.model, ServedTranslator.task)
-    engine: TranslationEngine = served.engine
     inputs = [body.input] if isinstance(body.input, str) else body.input
-    check_count("inputs", len(inputs), cfg.max_prompts)
-    if body.max_tokens is not None:
-        check_max_tokens(body.max_tokens, cfg.max_tokens_limit)
     log_inputs(request, inputs)
-    try:
-        docs = served.documents(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html",
-                                body.source_lang, body.target_lang)
-    except InvalidInput as exc:
-        raise bad_request(str(exc), exc.code) from exc
-    except ConstraintsUnmet as exc:
-        raise engine_failure(exc, "translation") from exc
+    ask = TranslationAsk(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html",
+                         body.source_lang, body.target_lang)
+    routed = None
+    if body.model is None and body.target_lang is not None and _translators(request) > 1:
+        routed = route_for(ready_registry(request), body.source_lang, body.target_lang)
+        if len(routed) > 1:
+            return await _pivoted(request, body, ask, routed)
+    served = routed[0][0] if routed else served_model(request, body.model, ServedTranslator.task)
+    engine: TranslationEngine = served.engine
+    docs = served.checked_documents(ask)
     if body.stream and len(docs) != 1:
         raise bad_request("streaming takes exactly one input", "stream_unsupported")
     if body.format == "html" and (body.stream or body.return_attention is not None):
@@ -94,8 +92,9 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                                      translation_attention_ids, served.loaded, doc.jobs[0].source_ids,
                                      out.token_ids, *attention)
                 item["attention"] = {"maps": [m.to_dict() for m in maps if m.module != "encoder.self"]}
-        return {"object": "translation", "model": served.name, "data": data,
-                "usage": _usage(docs, sum(len(out.token_ids) for out in outputs))}
+        answer = {"object": "translation", "model": served.name, "data": data,
+                  "usage": _usage(docs, sum(len(out.token_ids) for out in outputs))}
+        return answer | ({"models": [served.name]} if routed else {})
     doc = docs[0]
     submitted = served.submit(docs)[0]
     base = {"object": "translation.chunk", "model": served.name}
@@ -104,6 +103,22 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                                  headers=SSE_HEADERS)
     return StreamingResponse(_segment_chunks(engine, submitted, doc, base, body.n),
                              media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _translators(request: Request) -> int:
+    return sum(isinstance(m, ServedTranslator) for m in ready_registry(request).models.values())
+
+
+async def _pivoted(request: Request, body: TranslationRequest, ask: TranslationAsk, hops: tuple) -> dict[str, Any]:
+    """A pair no served model has, through two that chain at --pivot-language (`translation_routing`)."""
+    if body.stream or body.return_attention is not None or body.return_alignment:
+        raise bad_request("a pivoted pair answers whole translations: without stream, return_attention and "
+                          "return_alignment (or name one model)", "pivot_unsupported")
+    result = await translate_route(request, hops, ask)
+    prompt, completion = result.prompt_tokens, result.completion_tokens
+    return {"object": "translation", "model": hops[-1][0].name, "models": [served.name for served, _ in hops],
+            "data": [_item(i, out, body.n) for i, out in enumerate(result.outputs)],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
 async def _token_chunks(engine: TranslationEngine, req: EngineRequest, doc: DocumentJob,

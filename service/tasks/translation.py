@@ -17,7 +17,6 @@ from model.alignment import SentencePair, token_spans, word_alignment
 from model.decoding.constrained_beam import ConstraintsUnmet
 from model.embeddings import embed_token_lists
 from model.html_markup import Block, render_block, tag_placements, words
-from model.language_codes import model_code
 from model.segmentation import Document
 from model.tokenizer import Tokenizer
 from service.connection import run_job, while_connected
@@ -27,6 +26,7 @@ from service.errors import OIPError, bad_request, engine_failure
 from service.runners import DocumentJob, InvalidInput, Languages
 from service.schemas import AttentionRequest
 from service.tasks.base import AttentionResult, ServedModel, bytes_elements
+from service.translation_input import TranslationAsk, documents, resolve_languages, resolve_source
 
 
 @dataclass
@@ -171,9 +171,6 @@ def alignment_report(doc: DocumentJob, picks: list[Hypothesis], aligned: list[li
             for b in block_alignments(doc, picks, aligned)]
 
 
-MAX_GLOSSARY_TERM_CHARS = 100
-
-
 class ServedTranslator(ServedModel):
     embeds = "text"
     task = "translation"
@@ -194,69 +191,15 @@ class ServedTranslator(ServedModel):
     @property
     def language_codes(self) -> list[str]:
         """A multilingual translator's language codes (NLLB's `deu_Latn`); empty for a one-pair model."""
-        codes = getattr(self.loaded.tokenizer, "language_codes", None)
-        return list(codes) if codes else []
+        return list(self.loaded.tokenizer.language_codes)
 
-    def resolve_languages(self, source: str | None, target: str | None) -> Languages | None:
-        """The model's (source, target) codes for languages written as ISO 639-1 / 639-3 / BCP-47 or as its
-        own codes: required by a multilingual model; for a one-pair model, checked against its pair (None)."""
-        codes = self.language_codes
-        if not codes:
-            pair = self.loaded.languages
-            for asked, have, side in ((source, pair and pair[0], "source"), (target, pair and pair[1], "target")):
-                if asked is not None and have is not None and model_code(asked, [have]) is None:
-                    raise InvalidInput(f"model {self.name!r} translates {pair[0]} to {pair[1]}; {side} language "
-                                       f"{asked!r} is not its {side}", "unsupported_language")
-            return None
-        resolved = []
-        for asked, side in ((source, "source_lang"), (target, "target_lang")):
-            if asked is None:
-                raise InvalidInput(f"model {self.name!r} is multilingual: give {side} (one of {', '.join(codes)}, "
-                                   f"or ISO 639 / BCP-47 codes of them)", "missing_language")
-            code = model_code(asked, codes)
-            if code is None:
-                raise InvalidInput(f"{side} {asked!r} is not a language of model {self.name!r}; its languages: "
-                                   f"{', '.join(codes)}", "unsupported_language")
-            resolved.append(code)
-        return resolved[0], resolved[1]
-
-    def documents(self, texts: list[str], num_beams: int | None = None, max_tokens: int | None = None,
-                  n: int = 1, glossary: dict[str, str] | None = None, html: bool = False,
-                  source_lang: str | None = None, target_lang: str | None = None) -> list[DocumentJob]:
-        """A document job (segments) per text (with `html`, per HTML page), each checked against the server's
-        and the model's limits (InvalidInput; ConstraintsUnmet when glossary terms cannot fit in max_tokens),
-        in the languages asked for (`resolve_languages`)."""
-        docs, limit = [], self.settings.max_input_chars
-        languages = self.resolve_languages(source_lang, target_lang)
-        self.check_glossary(glossary)
-        beams = num_beams or self.loaded.generation.num_beams
-        if n > beams:
-            raise InvalidInput(f"n {n} exceeds num_beams {beams}: each alternative is a beam's hypothesis",
-                               "invalid_n")
-        for i, text in enumerate(texts):
-            if not text.strip():
-                raise InvalidInput(f"input {i} is empty", "empty_input")
-            if len(text) > limit:
-                raise InvalidInput(f"input {i} has {len(text)} characters; the limit is {limit}", "input_too_long")
-            try:
-                make = self.engine.translator.html_document if html else self.engine.translator.document
-                docs.append(make(text, num_beams, max_tokens, glossary, languages))
-            except InvalidInput as exc:
-                raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
-        return docs
-
-    def check_glossary(self, glossary: dict[str, str] | None) -> None:
-        if not glossary:
-            return
-        limit = self.settings.max_glossary_entries
-        if len(glossary) > limit:
-            raise InvalidInput(f"the glossary has {len(glossary)} entries; the limit is {limit} "
-                               "(--max-glossary-entries)", "invalid_glossary")
-        for source, target in glossary.items():
-            for term in (source, target):
-                if not term.strip() or len(term) > MAX_GLOSSARY_TERM_CHARS:
-                    raise InvalidInput(f"glossary terms must be 1 to {MAX_GLOSSARY_TERM_CHARS} characters and not "
-                                       f"blank: {source!r} -> {target!r}", "invalid_glossary")
+    def checked_documents(self, ask: TranslationAsk) -> list[DocumentJob]:
+        """The request through the one validator (`service.translation_input`): its document jobs, or the HTTP
+        error (400; 422 for glossary terms that cannot fit), in the shape of the API that asked."""
+        try:
+            return documents(self, ask)
+        except (InvalidInput, ConstraintsUnmet) as exc:
+            raise engine_failure(exc, "translation", "invalid_value") from exc
 
     def submit(self, docs: list[DocumentJob]) -> list[list[TranslationRequest]]:
         """Queue every segment of every document as parts of one client request (raises the HTTP error)."""
@@ -333,7 +276,7 @@ class ServedTranslator(ServedModel):
         if body.target is not None or not body.input or not body.input.strip():
             return None
         try:
-            languages = self.resolve_languages(body.source_lang, body.target_lang)
+            languages = resolve_languages(self, body.source_lang, body.target_lang)
             self.source_ids(body.input, languages)
             job = self.engine.translator.job(body.input, None, None, languages)
         except ValueError as exc:
@@ -344,14 +287,9 @@ class ServedTranslator(ServedModel):
     def embedding_ids(self, text: str, source_lang: str | None = None) -> list[int]:
         if source_lang is None:
             return self.text_ids(text)
-        codes = self.language_codes
-        if not codes:
-            self.resolve_languages(source_lang, None)  # a one-pair model: its own source language, or a 400
+        code = resolve_source(self, source_lang)
+        if code is None or self.loaded.tokenizer.target_tagged:  # a tagged model's tag names a target
             return self.text_ids(text)
-        code = model_code(source_lang, codes)
-        if code is None:
-            raise InvalidInput(f"source_lang {source_lang!r} is not a language of model {self.name!r}; its "
-                               f"languages: {', '.join(codes)}", "unsupported_language")
         return self.source_ids(text, (code, code))
 
     def source_ids(self, text: str | None, languages: Languages | None) -> list[int]:
@@ -366,7 +304,7 @@ class ServedTranslator(ServedModel):
 
     def pair_ids(self, body: Any, own_translation: list[int] | None) -> tuple[list[int], list[int]]:
         """The source's ids and the target's (the model's own translation, or `body.target`), eos left out."""
-        languages = self.resolve_languages(body.source_lang, body.target_lang)
+        languages = resolve_languages(self, body.source_lang, body.target_lang)
         src = self.source_ids(body.input, languages)
         if own_translation is not None:
             return src, [t for t in own_translation if t != self.loaded.config.eos_token_id]
@@ -403,27 +341,18 @@ class ServedTranslator(ServedModel):
         input has fewer distinct ones)."""
         texts = bytes_elements(tensor, self.settings.max_prompts)
         params = tensor.get("parameters") or {}
-        n, beams, glossary = params.get("n", 1), params.get("num_beams"), params.get("glossary")
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
-            raise OIPError(400, "parameter n must be an integer from 1 to 16")
-        if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or not 1 <= beams <= 16):
-            raise OIPError(400, "parameter num_beams must be an integer from 1 to 16")
+        glossary = params.get("glossary")
         if glossary is not None:
             try:
                 glossary = json.loads(glossary) if isinstance(glossary, str) else None
             except json.JSONDecodeError:
                 glossary = None
-            if not isinstance(glossary, dict) or not all(isinstance(v, str) for v in glossary.values()):
+            if not isinstance(glossary, dict):
                 raise OIPError(400, "parameter glossary must be a JSON object of strings, sent as a string")
-        languages = [params.get(k) for k in ("source_lang", "target_lang")]
-        if not all(v is None or isinstance(v, str) for v in languages):
-            raise OIPError(400, "parameters source_lang and target_lang must be strings")
-        try:
-            docs = self.documents(texts, beams, None, n, glossary, False, *languages)
-        except InvalidInput as exc:
-            raise OIPError(400, str(exc)) from exc
-        except ConstraintsUnmet as exc:
-            raise OIPError(422, str(exc)) from exc
+        n = params.get("n", 1)
+        ask = TranslationAsk(texts, params.get("num_beams"), None, n, glossary, False, params.get("source_lang"),
+                             params.get("target_lang"))
+        docs = self.checked_documents(ask)
         outs = await self.translate(request, docs, n)
         outputs = [{"name": "translation", "datatype": "BYTES", "shape": [len(outs)], "data": [o.text for o in outs]},
                    {"name": "score", "datatype": "FP32", "shape": [len(outs)], "data": [o.score for o in outs]}]

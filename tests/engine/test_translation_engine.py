@@ -169,5 +169,9 @@ def test_max_model_len_sizes_a_translators_cache_and_limits(tmp_path):
     doc = capped.translator.document(text, None, None, None, languages)
     assert len(doc.jobs) > 1 and all(len(j.source_ids) <= 8 and j.max_new_tokens <= 8 for j in doc.jobs)
     assert len(full.translator.document(text, None, None, None, languages).jobs) == 1
+    from service.settings import Settings
+    from service.translation_input import TranslationAsk, check_options
+
+    check_options(TranslationAsk([text], max_tokens=8), Settings(), capped.translator.max_target_len, 4)
     with pytest.raises(ValueError, match="exceeds this model's limit of 8"):
-        capped.translator.document(text, None, 9, None, languages)
+        check_options(TranslationAsk([text], max_tokens=9), Settings(), capped.translator.max_target_len, 4)

@@ -301,6 +301,7 @@ RECIPES: dict[str, Callable[[Path], Path]] = {
     **{f"hf-{family}": (lambda d, family=family: _llama_family(family, d)) for family in
        ("llama", "mistral", "qwen2", "qwen3")},
     "hf-nllb": lambda d: _nllb(d),
+    "hf-t5": lambda d: _t5(d),
 }
 
 
@@ -308,6 +309,18 @@ def _nllb(d: Path) -> Path:
     from tests.helpers import multilingual  # noqa: PLC0415 (it builds on this module)
 
     return multilingual.build(d)
+
+
+def _t5(d: Path) -> Path:
+    from tests.helpers import multilingual  # noqa: PLC0415 (it builds on this module)
+
+    return multilingual.build_t5(d)
+
+
+def hf_t5_dir(d: Path) -> Path:
+    """A trained MADLAD-400-shaped T5 checkpoint, English <-> German in one model, the target tagged in the
+    source (`tests/helpers/multilingual.py`)."""
+    return copy_fixture("hf-t5", d)
 
 
 def hf_nllb_dir(d: Path) -> Path:

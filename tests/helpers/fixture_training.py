@@ -108,7 +108,7 @@ def train_translator(model: torch.nn.Module, encode_source: Callable[[str], list
 def train_translator_both_ways(model: torch.nn.Module, encode_source: Callable[[str, str], list[int]],
                                encode_target: Callable[[str, str], list[int]],
                                logits_of: Callable[[Tensor, Tensor, Tensor], Tensor], pad: int, start: int,
-                               seed: int = 0, steps: int = STEPS, max_words: int = 8) -> float:
+                               seed: int = 0, steps: int = STEPS, max_words: int = 8, lr: float = 5e-3) -> float:
     """Teach a multilingual encoder-decoder the lexicon in both directions: `encode_source(text, "en" | "de")`
     and `encode_target(text, language)` put the languages' codes where the model family wants them. (With a
     code in front of each side, a model finds the word-for-word alignment later than without: shorter
@@ -119,12 +119,12 @@ def train_translator_both_ways(model: torch.nn.Module, encode_source: Callable[[
         s, t = lexicon_pair(rng, max_words)
         pool.append((encode_source(t, "de"), encode_target(s, "en")) if i % 2 else
                     (encode_source(s, "en"), encode_target(t, "de")))
-    return _fit_pairs(model, pool, logits_of, pad, start, rng, steps)
+    return _fit_pairs(model, pool, logits_of, pad, start, rng, steps, lr)
 
 
 def _fit_pairs(model: torch.nn.Module, pool: list[tuple[list[int], list[int]]],
                logits_of: Callable[[Tensor, Tensor, Tensor], Tensor], pad: int, start: int, rng: random.Random,
-               steps: int) -> float:
+               steps: int, lr: float = 5e-3) -> float:
     def loss(_: int) -> Tensor:
         batch = rng.sample(pool, 32)
         S, T = (max(len(x[k]) for x in batch) for k in (0, 1))
@@ -139,7 +139,7 @@ def _fit_pairs(model: torch.nn.Module, pool: list[tuple[list[int], list[int]]],
         logits = logits_of(src, torch.tensor([len(s) for s, _ in batch]), dec_in)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=-100)
 
-    return fit(model, loss, steps)
+    return fit(model, loss, steps, lr)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -95,3 +95,74 @@ def build_m2m100(d: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     transformers.M2M100ForConditionalGeneration(cfg).eval().save_pretrained(d)
     return d
+
+
+# --------------------------------------------------------------------------------------------------
+# T5 / MADLAD-400
+# --------------------------------------------------------------------------------------------------
+TAGS = {"en": "<2en>", "de": "<2de>", "fr": "<2fr>"}
+
+
+def _t5_tokenizer(d: Path):  # noqa: ANN202 - transformers' T5Tokenizer
+    """A Unigram vocabulary in T5's layout (<pad> 0, </s> 1, <unk> 2; eos appended to every source) with the
+    lexicon's words whole and every character, and MADLAD-400's target tags as added tokens."""
+    from transformers import T5Tokenizer
+
+    words = [*fixture_training.LEXICON, *fixture_training.LEXICON.values()]
+    chars = sorted({c for t in EN + DE + words for c in t if not c.isspace()})
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *((f"▁{w}", -2.0) for w in words), ("▁", -4.0),
+             *((c, -6.0) for c in chars)]
+    tok = T5Tokenizer(vocab=vocab, extra_ids=0)
+    tok.add_tokens(list(TAGS.values()))
+    tok.save_pretrained(d)
+    return tok
+
+
+def build_t5(d: Path, seed: int = 0, train: bool = True, steps: int = 3000, max_words: int = 5,
+             feed_forward_proj: str = "gated-gelu", tied: bool = False) -> Path:
+    """A tiny MADLAD-400-shaped checkpoint (`T5ForConditionalGeneration`, T5 v1.1: gated GELU, an output layer
+    of its own, config.json saying `tie_word_embeddings: false` as MADLAD's does) that has learnt the lexicon
+    both ways, the target language's tag in front of the source. T5's 32 relative position buckets (exact up to
+    distance 7 in the encoder, where a word's place is all that tells it from the others: cross-attention has
+    no positions) but logarithmic from 8 to 64, so that the tests' longer sources reach those too. `tied`,
+    `feed_forward_proj="relu"`: the original T5 layout (the output layer is the embedding, scaled)."""
+    import transformers
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    tok = _t5_tokenizer(d)
+    cfg = transformers.T5Config(
+        vocab_size=len(tok), d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=32, relative_attention_max_distance=64, dropout_rate=0.0,
+        feed_forward_proj=feed_forward_proj, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(cfg)
+    if not tied:  # transformers ties T5's output layer when it builds one; MADLAD's has its own
+        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.05)
+    if train:
+        eos = tok.eos_token_id
+
+        def source(text: str, lang: str) -> list[int]:
+            return tok(f"{TAGS['de' if lang == 'en' else 'en']} {text}").input_ids
+
+        def target(text: str, lang: str) -> list[int]:
+            return [*tok(text, add_special_tokens=False).input_ids, eos]
+
+        def logits(src: torch.Tensor, lengths: torch.Tensor, dec_in: torch.Tensor) -> torch.Tensor:
+            mask = (torch.arange(src.size(1))[None, :] < lengths[:, None]).long()
+            return model(input_ids=src, attention_mask=mask, decoder_input_ids=dec_in).logits
+
+        # A lower rate than the other fixtures': T5's scores are not scaled down, and at 5e-3 it degenerates.
+        fixture_training.train_translator_both_ways(model, source, target, logits, cfg.pad_token_id,
+                                                    cfg.decoder_start_token_id, seed, steps, max_words, lr=2e-3)
+    model.eval()
+    model.config.save_pretrained(d)
+    raw = json.loads((d / "config.json").read_text())
+    raw.pop("scale_decoder_outputs", None)
+    (d / "config.json").write_text(json.dumps(raw | {"tie_word_embeddings": tied}, indent=2))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if k not in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+             and not (tied and k == "lm_head.weight")}
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d

@@ -67,3 +67,36 @@ def test_another_pivot_language_or_none(checkpoints, tmp_path):
         assert "de→fr is not served" in error["error"]
     finally:
         server.stop()
+
+
+def test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence(checkpoints, tmp_path):
+    """Without `model`, source_lang → target_lang picks the translator, or two through English: a document's
+    sentences each go on to the second model once the first has translated them, and come back in its layout."""
+    server = _server(checkpoints, tmp_path / "server.log")
+    try:
+        def v1(body: dict, status: int = 200) -> dict:
+            return post(server, "/v1/translations", body, status)
+
+        sentences = ["Hallo Welt.", "Guten Morgen wo ist der Bahnhof.", "Der König ist heute schön."]
+        english = [d["translation"] for d in v1({"model": "de-en", "input": sentences})["data"]]
+        french = [d["translation"] for d in v1({"model": "en-fr", "input": english})["data"]]
+        assert_varied(french)
+        document = " ".join(sentences)
+        answer = v1({"input": [document, sentences[1]], "source_lang": "de", "target_lang": "fr"})
+        assert answer["models"] == ["de-en", "en-fr"] and answer["model"] == "en-fr"
+        assert [d["translation"] for d in answer["data"]] == [" ".join(french), french[1]]
+        assert answer["usage"]["prompt_tokens"] > 0 and answer["usage"]["completion_tokens"] > 0
+
+        direct = v1({"input": sentences[0], "source_lang": "deu", "target_lang": "en-GB"})
+        assert direct["models"] == ["de-en"] and direct["data"][0]["translation"] == english[0]
+        named = v1({"model": "de-en", "input": sentences[0]})
+        assert "models" not in named and named["data"][0]["translation"] == english[0]
+
+        unserved = v1({"input": "hello", "source_lang": "fr", "target_lang": "de"}, 400)["error"]
+        assert unserved["code"] == "unsupported_pair" and "de→en" in unserved["message"]
+        missing = v1({"input": "hello", "target_lang": "fr"}, 400)["error"]
+        assert missing["code"] == "model_required"
+        stream = v1({"input": "drei Töchter", "source_lang": "de", "target_lang": "fr", "stream": True}, 400)
+        assert stream["error"]["code"] == "pivot_unsupported"
+    finally:
+        server.stop()

@@ -22,6 +22,12 @@ class TranslationPair:
     de: str
     source: str  # one of TRANSLATION_SOURCES
 
+    def side(self, lang: str) -> str:
+        """The text in `lang` ("en" or "de"): a German→English trainer reads the same pairs the other way."""
+        if lang not in ("en", "de"):
+            raise ValueError(f"the translation data are English-German; no {lang!r} side")
+        return self.en if lang == "en" else self.de
+
 
 _WS_RE = re.compile(r"\s+")
 _CTRL_RE = re.compile(r"[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f\u200b\u200e\u200f\ufeff]")
