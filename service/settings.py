@@ -58,9 +58,9 @@ class Settings(BaseSettings):
     max_attention_floats: int = Field(2_000_000, ge=1, description="most attention weights one request may return")
     max_input_chars: int = Field(100_000, ge=1, description="longest prompt / translation input")
     max_glossary_entries: int = Field(64, ge=1, description="largest translation glossary (source term -> target term)")
-    pivot_language: str = Field("en", description="LibreTranslate's /translate: a pair no served translator has "
+    pivot_language: str = Field("en", description="/translate and /v1/translations without a model: a pair no served translator has "
                                 "goes through this language in two hops when two translators chain through it")
-    prefer_multilingual: bool = Field(False, description="LibreTranslate's /translate: a pair that a one-pair model "
+    prefer_multilingual: bool = Field(False, description="/translate and /v1/translations without a model: a pair that a one-pair model "
                                       "(opus-mt) and a multilingual one (NLLB) both serve goes to the multilingual one")
     max_lens_entries: int = Field(200_000, ge=1, description="largest /v1/logit_lens answer: layers x positions x top_k")
 

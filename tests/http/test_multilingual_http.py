@@ -260,3 +260,9 @@ def test_embeddings_read_the_source_language(server, checkpoints):
     assert "its languages: eng_Latn" in error["message"]
     error = post(server, "/v1/embeddings", {"model": "mt", "input": text, "source_lang": "fr"}, 400)["error"]
     assert "translates en to de" in error["message"]
+
+
+def test_html_tags_follow_their_words(server):
+    answer = post(server, "/v1/translations", {"model": "nllb", "input": "<p>the quick <b>brown</b> fox</p>",
+                                               "format": "html", "source_lang": "en", "target_lang": "de"})
+    assert answer["data"][0]["translation"] == "<p>der schnelle <b>braune</b> Fuchs</p>"

@@ -135,3 +135,11 @@ def test_int8_weights_translate_mostly_as_float32(checkpoint):
     want = [tok.decode(s.output_ids) for s in translate(fp32, sources, 4, 20)]
     assert_varied(got)
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 0.75 * len(sources)
+
+
+def test_html_tags_follow_their_words(server):
+    answer = post(server, "/v1/translations", {"model": "madlad", "input": "<p>the quick <b>brown</b> fox</p>",
+                                               "format": "html", "target_lang": "de", "return_alignment": True})
+    item = answer["data"][0]
+    assert item["translation"] == "<p>der schnelle <b>braune</b> Fuchs</p>"
+    assert item["segments"][0]["tags"][0]["target_words"] == [2]

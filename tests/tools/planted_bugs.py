@@ -231,6 +231,19 @@ BUGS = [
         "        if languages is None or self.target_tagged:\n            return []",
         "        if languages is None:\n            return []",
         ("tests/http/test_t5_http.py::test_t5_translates_through_every_api_as_generate_does",)),
+    Bug("hf-alignment-heads-ignored", "model/importers/marian.py",
+        'alignment_heads=[[int(layer), int(head)] for layer, head in gen.get("alignment_heads") or []],',
+        "alignment_heads=[],",
+        ("tests/training/test_align_imported.py",)),
+    Bug("multilingual-alignment-without-languages", "training/alignment.py",
+        "src_ids = tok.source_in(en, languages)", "src_ids = tok.encode(en)",
+        ("tests/training/test_align_imported.py",)),
+    Bug("validator-lets-max-tokens-past-the-model", "service/translation_input.py",
+        "        if ask.max_tokens > max_target_len:", "        if False:",
+        ("tests/engine/test_translation_engine.py::test_max_model_len_sizes_a_translators_cache_and_limits",)),
+    Bug("route-ignores-the-pair", "service/translation_routing.py",
+        "    if pair not in routes:", "    if pair not in routes:\n        pair = next(iter(routes))\n    if False:",
+        ("tests/http/test_pivot_http.py::test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence",)),
 ]
 
 
