@@ -18,6 +18,7 @@ from fastapi import Request
 from model.language_codes import model_code, short_code
 from service.connection import while_connected
 from service.errors import bad_request, engine_failure
+from service.languages import LanguageDetector
 from service.registry import ModelRegistry
 from service.tasks.translation import (
     SegmentResult,
@@ -75,13 +76,39 @@ def pair_list(pairs: dict[Pair, object]) -> str:
     return ", ".join(f"{s}→{t}" for s, t in sorted(pairs)) or "none"
 
 
-def route_for(reg: ModelRegistry, source: str | None, target: str | None) -> tuple[Hop, ...]:
+detector = LanguageDetector()  # one for every route that detects (its model loads on first use)
+
+
+async def detect_languages(texts: list[str], candidates: list[str]) -> list[tuple[str, float]]:
+    """Each text's most likely language among `candidates` and its confidence (0-100). Off the event loop: the
+    first call loads the detector's model (about half a second)."""
+    ranked = await asyncio.to_thread(lambda: [detector.rank(t, candidates) for t in texts])
+    return [r[0] for r in ranked]
+
+
+async def pick_route(reg: ModelRegistry, texts: list[str], source: str | None, target: str | None
+                     ) -> tuple[Hop, ...]:
+    """The route of a request that names no model: its pair, the source detected from the texts when not given,
+    the target the only one the source translates into directly when not given (the bundled English → German
+    and German → English answer either language that way)."""
+    routes = routes_by_pair(reg)
+    if source is None:
+        (source, _), = await detect_languages([" ".join(texts)[:2000]], sorted({s for s, _ in routes}))
+    if target is None:
+        codes = sorted({c for pair in routes for c in pair})
+        code = model_code(source, codes) or source
+        targets = sorted({t for (s, t), hops in routes.items() if s == code and len(hops) == 1})
+        if len(targets) != 1:
+            raise bad_request(f"several translators are served: give 'model', or target_lang (the source, {code}, "
+                              f"translates into {', '.join(targets) or 'nothing served'})", "model_required")
+        target = targets[0]
+    return route_for(reg, source, target)
+
+
+def route_for(reg: ModelRegistry, source: str, target: str) -> tuple[Hop, ...]:
     """The hops of a pair written as users write languages (`de`, `deu`, `de-DE`); a 400 naming the served
     pairs when none reaches it."""
     routes = routes_by_pair(reg)
-    if source is None or target is None:
-        raise bad_request("without 'model', give source_lang and target_lang: the pair picks the model "
-                          f"(served: {pair_list(routes)})", "model_required")
     codes = sorted({c for pair in routes for c in pair})
     pair = (model_code(source, codes) or source, model_code(target, codes) or target)
     if pair not in routes:

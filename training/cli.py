@@ -60,6 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "full and split figures are stored apart")
     e.set_defaults(func=run_eval)
 
+    h = subparsers.add_parser("half", help="store a checkpoint's float32 weights in float16",
+                              description="Rewrite model.safetensors with its float32 tensors in float16 (half the "
+                                          "size; served in --dtype as before) and re-render the model card.")
+    h.add_argument("checkpoint", help="checkpoint directory")
+    h.set_defaults(func=run_half)
+
     from training.alignment import register as register_align  # noqa: PLC0415
 
     register_align(subparsers)
@@ -125,6 +131,24 @@ def run_eval(args: argparse.Namespace) -> int:
     import json  # noqa: PLC0415
 
     print(json.dumps({k: v for k, v in metrics.items() if k != "samples"}, indent=2, ensure_ascii=False))
+    return 0
+
+
+def run_half(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    from training.card import write_card  # noqa: PLC0415
+
+    path = Path(args.checkpoint) / "model.safetensors"
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    halved = {k: v.half() if v.dtype == torch.float32 else v for k, v in tensors.items()}
+    save_file(halved, str(path), metadata=metadata)
+    write_card(args.checkpoint)
+    print(f"{path}: {sum(v.dtype == torch.float32 for v in tensors.values())} tensors now float16")
     return 0
 
 

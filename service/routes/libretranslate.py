@@ -20,18 +20,24 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
 from service.errors import LIBRETRANSLATE_PATHS, APIError, bad_request, overloaded
-from service.languages import LanguageDetector, language_name
+from service.languages import language_name
 from service.routes.deps import log_inputs, ready_registry, settings
 from service.runners import InvalidInput
 from service.security import bearer_token
 from service.tasks.translation import TranslationOutput
 from service.translation_input import TranslationAsk, check_count
-from service.translation_routing import pair_list, routes_by_pair, translate_route, translators_by_pair
+from service.translation_routing import (
+    detect_languages,
+    detector,
+    pair_list,
+    routes_by_pair,
+    translate_route,
+    translators_by_pair,
+)
 
 router = APIRouter(tags=["libretranslate"])
 KEY_CHECKED_PATHS = LIBRETRANSLATE_PATHS  # the middleware lets these through: the key is in the body
 MAX_ALTERNATIVES = 15  # n = alternatives + 1 <= 16, as on /v1/translations
-detector = LanguageDetector()
 
 
 async def _fields(request: Request) -> dict[str, Any]:
@@ -106,9 +112,7 @@ def _alternatives(fields: dict[str, Any]) -> int:
 
 
 async def _detect(texts: list[str], candidates: list[str]) -> list[dict[str, Any]]:
-    # Off the event loop: the first call loads the detector's model (about half a second).
-    ranked = await asyncio.to_thread(lambda: [detector.rank(t, candidates) for t in texts])
-    return [{"language": r[0][0], "confidence": r[0][1]} for r in ranked]
+    return [{"language": code, "confidence": confidence} for code, confidence in await detect_languages(texts, candidates)]
 
 
 @router.post("/translate", responses={400: {"description": "invalid request or unsupported pair"},

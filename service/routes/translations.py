@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -31,7 +32,7 @@ from service.schemas import TranslationRequest, TranslationResponse
 from service.tasks import ServedTranslator
 from service.tasks.translation import TranslationOutput, assemble, collect_translation
 from service.translation_input import TranslationAsk
-from service.translation_routing import route_for, translate_route
+from service.translation_routing import pick_route, translate_route
 
 router = APIRouter(tags=["translation"])
 
@@ -58,10 +59,12 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     ask = TranslationAsk(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html",
                          body.source_lang, body.target_lang)
     routed = None
-    if body.model is None and body.target_lang is not None and _translators(request) > 1:
-        routed = route_for(ready_registry(request), body.source_lang, body.target_lang)
+    if body.model is None and _translators(request) > 1:
+        routed = await pick_route(ready_registry(request), inputs, body.source_lang, body.target_lang)
         if len(routed) > 1:
             return await _pivoted(request, body, ask, routed)
+        source, target = routed[0][1]
+        ask = replace(ask, source_lang=body.source_lang or source, target_lang=body.target_lang or target)
     served = routed[0][0] if routed else served_model(request, body.model, ServedTranslator.task)
     engine: TranslationEngine = served.engine
     docs = served.checked_documents(ask)

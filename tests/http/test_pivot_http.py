@@ -71,7 +71,8 @@ def test_another_pivot_language_or_none(checkpoints, tmp_path):
 
 def test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence(checkpoints, tmp_path):
     """Without `model`, source_lang → target_lang picks the translator, or two through English: a document's
-    sentences each go on to the second model once the first has translated them, and come back in its layout."""
+    sentences each go on to the second model once the first has translated them, and come back in its layout.
+    Without languages, the source is detected and the target is the one it translates into directly."""
     server = _server(checkpoints, tmp_path / "server.log")
     try:
         def v1(body: dict, status: int = 200) -> dict:
@@ -94,8 +95,12 @@ def test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence(checkpoint
 
         unserved = v1({"input": "hello", "source_lang": "fr", "target_lang": "de"}, 400)["error"]
         assert unserved["code"] == "unsupported_pair" and "de→en" in unserved["message"]
-        missing = v1({"input": "hello", "target_lang": "fr"}, 400)["error"]
-        assert missing["code"] == "model_required"
+        # Neither model nor languages: the source detected, the target the one it translates into directly.
+        detected = v1({"input": "Guten Morgen, wo ist der Bahnhof?"})
+        assert detected["models"] == ["de-en"]
+        assert v1({"input": "the quick brown fox jumps over the lazy dog"})["models"] == ["en-fr"]
+        missing = v1({"input": "bonjour", "source_lang": "fr"}, 400)["error"]
+        assert missing["code"] == "model_required" and "translates into nothing served" in missing["message"]
         stream = v1({"input": "drei Töchter", "source_lang": "de", "target_lang": "fr", "stream": True}, 400)
         assert stream["error"]["code"] == "pivot_unsupported"
     finally:
