@@ -162,13 +162,20 @@ def test_keys_in_the_body_or_the_header_and_429_at_the_per_key_limit(server):
     assert len(answers) - len(refused) >= 2
 
 
-def test_models_name_their_languages_and_translations_need_a_model(server):
-    cards = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"]
+def test_models_name_their_languages_and_translations_without_a_model_go_by_language(server):
+    """Two translators: /v1/translations without `model` detects the source and goes to the one that reads it;
+    a target none of them writes is a 400 that lists the pairs."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    cards = httpx.get(server.url + "/v1/models", headers=headers).json()["data"]
     assert {c["id"]: c.get("languages") for c in cards} == {
         "en-de": {"source": "en", "target": "de"}, "de-en": {"source": "de", "target": "en"}, "lm": None}
-    resp = httpx.post(server.url + "/v1/translations", json={"input": "Hello"},
-                      headers={"Authorization": f"Bearer {KEY}"})
-    assert resp.status_code == 400 and "en-de" in resp.text and "de-en" in resp.text
+    for text, model in (("Where is the station? Save the document.", "en-de"),
+                        ("Wo ist der Bahnhof? Speichern Sie das Dokument.", "de-en")):
+        routed = httpx.post(server.url + "/v1/translations", json={"input": text}, headers=headers).json()
+        named = httpx.post(server.url + "/v1/translations", json={"input": text, "model": model}, headers=headers)
+        assert routed["models"] == [model] and routed["data"] == named.json()["data"]
+    resp = httpx.post(server.url + "/v1/translations", json={"input": "Hello", "target_lang": "fr"}, headers=headers)
+    assert resp.status_code == 400 and "en→de" in resp.text and "de→en" in resp.text
 
 
 def test_a_server_without_keys_or_models_yet():
