@@ -142,3 +142,18 @@ def test_vit_on_gpu_matches_cpu(tmp_path, backend):
         out = gpu.model(x.to(CUDA, torch.bfloat16)).float().cpu()
     assert float((out - ref).norm() / ref.norm()) <= 2e-2
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
+
+
+def test_t5_on_flash_equals_math(tmp_path):
+    """T5's self-attention carries a position bias the Triton kernels do not take: those layers run on SDPA,
+    cross-attention on the kernels, and the translations are `math`'s (float32)."""
+    from model.decoding import translate  # noqa: PLC0415
+
+    d = factories.hf_t5_dir(tmp_path / "t5")
+    flash = checkpoint.load(d, device=CUDA, dtype="float32", backend="flash")
+    math = checkpoint.load(d, device=CUDA, dtype="float32", backend="math")
+    tok = flash.tokenizer
+    sources = [tok.encode_with_language(t, "<2de>") for t in ("the quick brown fox", "good morning where is the station")]
+    for beams in (1, 4):
+        assert [s.output_ids for s in translate(flash, sources, beams, 16)] == \
+            [s.output_ids for s in translate(math, sources, beams, 16)]
