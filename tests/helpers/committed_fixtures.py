@@ -10,7 +10,8 @@ each): every machine tests the same numbers, and no test process trains a fixtur
     python -m tests.helpers.committed_fixtures tiny-lm    # one of them
 
 `tests/training/test_fixture_recipes.py` runs the recipes again and checks that what they yield still
-behaves as the tests need; `tests/model/test_fixture_margins.py` checks the committed files themselves."""
+behaves as the tests need; the tests that compare exact words check the committed files' margins
+(`fixture_training.assert_greedy_margins`)."""
 
 from __future__ import annotations
 
