@@ -245,6 +245,13 @@ BUGS = [
     Bug("route-ignores-the-pair", "service/translation_routing.py",
         "    if pair not in routes:", "    if pair not in routes:\n        pair = next(iter(routes))\n    if False:",
         ("tests/http/test_pivot_http.py::test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence",)),
+    Bug("key-slot-kept-on-exceptions", "service/security.py",
+        "        try:\n            await self.app(scope, receive, send)\n        finally:\n            self.gate.leave(key)",
+        "        await self.app(scope, receive, send)\n        self.gate.leave(key)",
+        ("tests/http/test_key_slots.py::test_an_exception_in_a_route_gives_the_slot_back",)),
+    Bug("libretranslate-key-slot-kept-on-errors", "service/routes/libretranslate.py",
+        "    try:\n        yield\n    finally:\n        gate.leave(key)", "    yield\n    gate.leave(key)",
+        ("tests/http/test_key_slots.py::test_every_ending_gives_the_slot_back",)),
 ]
 
 
