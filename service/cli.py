@@ -107,7 +107,13 @@ def serve(args: argparse.Namespace) -> int:
     # uvicorn raises a signal it handled again once it has shut down, with the handler found at start-up
     # restored. A no-op handler makes that a clean exit 0 instead of death by signal.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    DrainingServer(config, app.state.registry, settings.request_timeout_s).run()
+    registry = app.state.registry
+    server = DrainingServer(config, registry, settings.request_timeout_s)
+    registry.on_load_failure = lambda: server.handle_exit(signal.SIGTERM, None)
+    server.run()
+    if registry.error is not None:
+        print(f"tserve: models failed to load: {registry.error}", file=sys.stderr)
+        return 1
     return 0
 
 

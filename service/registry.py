@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,6 +30,9 @@ class ModelRegistry:
         self.ready = False
         self.draining = False
         self.error: str | None = None
+        # Called (from the loader thread) when the models given at start fail to load: `tserve serve` then stops
+        # the server and exits 1, so that a supervisor sees the failure instead of a process answering 503.
+        self.on_load_failure: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
 
     # ----------------------------------------------------------------------------------------------
@@ -62,6 +66,8 @@ class ModelRegistry:
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("model loading failed")
+            if self.on_load_failure is not None:
+                self.on_load_failure()
 
     def _load_one(self, name: str, spec: Path, device: torch.device, backend: str) -> ServedModel:
         """`spec`: a checkpoint directory or, where no such directory exists, a Hugging Face repo id, downloaded
