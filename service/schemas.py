@@ -13,6 +13,11 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+class _Prioritised(_Request):
+    priority: int | None = Field(None, ge=-1000, le=1000, description="admission priority, lower first (as vLLM's); "
+                                 "default: the API key's (TSERVE_API_KEYS `KEY:N`), else 0")
+
+
 class AttentionSelection(_Request):
     """Extension: return the attention maps of the generated tokens (non-streaming requests)."""
 
@@ -24,7 +29,7 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
+class SamplingFields(_Prioritised):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -84,7 +89,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=5)
 
 
-class TranslationRequest(_Request):
+class TranslationRequest(_Prioritised):
     model: str | None = Field(None, description="the translator; without it, the only one served, or the one "
                               "(or two, through --pivot-language) that source_lang → target_lang picks")
     input: str | list[str]
@@ -115,7 +120,7 @@ class TranslationRequest(_Request):
         return v
 
 
-class ClassificationRequest(_Request):
+class ClassificationRequest(_Prioritised):
     model: str | None = None
     image: str | None = Field(None, description="base64-encoded image (PNG, JPEG, ... anything Pillow reads)")
     images: list[str] | None = None
@@ -156,7 +161,7 @@ class LogitLensResponse(BaseModel):
     layers: list[LensLayerOut]
 
 
-class EmbeddingRequest(_Request):
+class EmbeddingRequest(_Prioritised):
     """OpenAI's embeddings request; `image` / `images` (base64) are the extension for image models."""
 
     model: str | None = None

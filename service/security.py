@@ -1,5 +1,6 @@
-"""API keys (`Authorization: Bearer ...`, compared in constant time) and a per-key limit on requests in
-flight. Plain ASGI middleware, so streaming responses pass through untouched."""
+"""API keys (`Authorization: Bearer ...`, compared in constant time), a per-key limit on requests in flight,
+and whose each request is (its key, else its address) with its default priority, for the engines' fair
+admission (`service.engine.admission`). Plain ASGI middleware, so streaming responses pass through untouched."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import Counter
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.engine import Admission, admission
 from service.errors import error_response
 
 
@@ -46,12 +48,23 @@ def bearer_token(scope: Scope) -> str:
     return ""
 
 
+def key_priority(entry: str) -> tuple[str, int]:
+    """`KEY:N` in TSERVE_API_KEYS: the key and its requests' default priority N (lower is admitted first); a key
+    without an integer after its last colon is the whole entry, priority 0."""
+    key, sep, number = entry.rpartition(":")
+    if sep and key and number.lstrip("-").isdigit():
+        return key, int(number)
+    return entry, 0
+
+
 class KeyGate:
-    """The API keys and how many requests each has in flight: shared by the middleware (Bearer keys) and the
-    routes whose clients send the key in the body (LibreTranslate's `api_key`)."""
+    """The API keys, each one's default priority, and how many requests each has in flight: shared by the
+    middleware (Bearer keys) and the routes whose clients send the key in the body (LibreTranslate's `api_key`)."""
 
     def __init__(self, keys: list[str], max_in_flight_per_key: int) -> None:
-        self.checker, self.limit = KeyChecker(keys), max_in_flight_per_key
+        entries = [key_priority(k) for k in keys if k]
+        self.checker, self.limit = KeyChecker([k for k, _ in entries]), max_in_flight_per_key
+        self.priorities = [p for _, p in entries]
         self.in_flight: Counter[int] = Counter()
         self._lock = threading.Lock()
 
@@ -74,6 +87,10 @@ class KeyGate:
         with self._lock:
             self.in_flight[key] -= 1
 
+    def admit_as(self, key: int) -> None:
+        """The current request is this key's, at its default priority (for the engines' admission order)."""
+        admission.set(Admission(("key", key), self.priorities[key]))
+
     def busy_message(self) -> str:
         return f"this API key has {self.limit} requests in flight; retry later"
 
@@ -88,6 +105,8 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
+        if scope["type"] == "http":  # until a key says whose it is: the client's address
+            admission.set(Admission(("address", (scope.get("client") or ("",))[0]), 0))
         if (scope["type"] != "http" or not self.gate.enabled or path in self.public
                 or path in self.self_checked):
             await self.app(scope, receive, send)
@@ -103,6 +122,7 @@ class APIKeyMiddleware:
                                       {"Retry-After": "1"})
             await response(scope, receive, send)
             return
+        self.gate.admit_as(key)
         try:
             await self.app(scope, receive, send)
         finally:

@@ -4,6 +4,7 @@ runner per model kind beneath it and an output stage (text, stop strings, logpro
 from service.engine.batcher import BatchItem, DynamicBatcher
 from service.engine.generation import GenerationEngine, GenerationRequest
 from service.engine.request import (
+    Admission,
     CallRequest,
     EngineRequest,
     Event,
@@ -11,11 +12,12 @@ from service.engine.request import (
     QueueFull,
     RequestTimeout,
     TokenLogprob,
+    admission,
     request_error,
 )
 from service.engine.scheduler import Scheduler
 from service.engine.translation import TranslationEngine, TranslationRequest
 
-__all__ = ["BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
+__all__ = ["Admission", "BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
            "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Scheduler", "TokenLogprob",
-           "TranslationEngine", "TranslationRequest", "request_error"]
+           "TranslationEngine", "TranslationRequest", "admission", "request_error"]

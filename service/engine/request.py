@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,20 @@ def request_error(exc: BaseException) -> Exception:
     if isinstance(exc, ConstraintsUnmet):  # the client's to know: which glossary terms did not fit
         return exc
     return RuntimeError(f"generation failed: {type(exc).__name__}")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whose a request is and how urgent, for the scheduler's admission order: `client` (an API key, else the
+    client's address; None: anonymous) and `priority` (lower is admitted first, as vLLM's `priority`)."""
+
+    client: object = None
+    priority: int = 0
+
+
+# Set per client request before its engine requests are made (the API layer does, from the key and the body);
+# every engine request made in that context carries it.
+admission: ContextVar[Admission] = ContextVar("admission", default=Admission())  # noqa: B039 - frozen
 
 
 @dataclass
@@ -70,6 +85,8 @@ class EngineRequest:
         # other request's earlier parts, so that a short request is not held back by a long document.
         self.group: object = self
         self.turn = 0
+        who = admission.get()
+        self.client, self.priority = who.client, who.priority
         self.finished_step = -1  # the engine step at which it finished (-1: not yet)
 
     def cancel(self) -> None:

@@ -3,7 +3,8 @@
 
 A worker thread runs the step loop so that the event loop stays free:
     1. retire cancelled and timed-out requests (their rows are free for this very step),
-    2. admit waiting requests in arrival order while their rows fit; call jobs among them run there and then,
+    2. admit waiting requests while their rows fit, in admission order (`_admission_order`: priority, then the
+       clients in turn); call jobs among them run there and then,
     3. start the admitted requests as one batch (`_prefill`),
     4. advance every running request by one batched step (`_decode`), which emits events and retires the
        finished ones.
@@ -28,6 +29,7 @@ from service.engine.request import CallRequest, EngineRequest, Event, QueueFull,
 from service.metrics import Metrics
 
 log = logging.getLogger("tserve.engine")
+MAX_CLIENTS_REMEMBERED = 4096  # clients whose last admission is kept for the round-robin
 
 
 class Scheduler:
@@ -46,6 +48,8 @@ class Scheduler:
         self._draining = False
         self._thread: threading.Thread | None = None
         self.restarts = 0
+        self._admissions = 0
+        self._last_admitted: dict[object, int] = {}  # client -> when it was last admitted (`_admissions`)
         self.steps = 0  # steps taken so far (each request records the one it finished at)
         # Tests only: called with each request as it is processed after a step; raising fails that request.
         self.fault_hook: Callable[[EngineRequest], None] | None = None
@@ -255,14 +259,31 @@ class Scheduler:
                 r.finished = r.finished or r.cancelled
             self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
 
+    def _admission_order(self) -> collections.deque[EngineRequest]:
+        """The waiting requests in the order they are admitted: lower priority values first; within a priority
+        the clients in turn, the one admitted longest ago (or never) first, so that one client's flood does not
+        hold another's request back by more than a turn; each client's own requests by turn (a document's
+        k-th sentence behind every earlier part of its other requests), then in arrival order."""
+        queues: dict[tuple[int, object], list[EngineRequest]] = {}
+        for req in sorted(self.waiting, key=lambda r: r.turn):  # stable: arrival order within a turn
+            queues.setdefault((req.priority, req.client), []).append(req)
+        order: list[EngineRequest] = []
+        for priority in sorted({p for p, _ in queues}):
+            clients = sorted((q for q in queues if q[0] == priority), key=lambda q: self._last_admitted.get(q[1], -1))
+            lanes = [collections.deque(queues[c]) for c in clients]
+            while lanes:
+                order += [lane.popleft() for lane in lanes]
+                lanes = [lane for lane in lanes if lane]
+        return collections.deque(order)
+
     def _admit(self, now: float) -> list[EngineRequest]:
-        """Waiting requests by turn, then in arrival order, while their rows fit (no overtaking: a large
+        """Waiting requests in admission order (`_admission_order`) while their rows fit (no overtaking: a large
         request at the head is not starved by small ones behind it)."""
         admitted = []
         with self._lock:
             self._purge_cancelled()
-            if any(r.turn for r in self.waiting):  # a stable sort: arrival order within a turn
-                self.waiting = collections.deque(sorted(self.waiting, key=lambda r: r.turn))
+            if len({(r.priority, r.client) for r in self.waiting}) > 1 or any(r.turn for r in self.waiting):
+                self.waiting = self._admission_order()
             while self.waiting:
                 req = self.waiting[0]
                 if req.cancelled:
@@ -271,6 +292,11 @@ class Scheduler:
                     self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
                 elif isinstance(req, CallRequest) or self._reserve(req):
                     admitted.append(req)
+                    self._admissions += 1
+                    self._last_admitted[req.client] = self._admissions
+                    if len(self._last_admitted) > MAX_CLIENTS_REMEMBERED:  # forget the clients not waiting
+                        waiting = {r.client for r in self.waiting}
+                        self._last_admitted = {c: t for c, t in self._last_admitted.items() if c in waiting}
                 else:
                     break
                 self.waiting.popleft()

@@ -46,7 +46,7 @@ async def _parse(request: Request, max_images: int) -> tuple[ClassificationReque
 async def create_classification(request: Request) -> Any:
     cfg = settings(request)
     body, blobs = await _parse(request, cfg.max_prompts)
-    served = served_model(request, body.model, ServedClassifier.task)
+    served = served_model(request, body.model, ServedClassifier.task, body.priority)
     pixels = []
     for i, blob in enumerate(blobs):
         try:

@@ -227,7 +227,7 @@ def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
              response_model_exclude_unset=True)
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     cfg = settings(request)
-    served = served_model(request, body.model, ServedLanguageModel.task)
+    served = served_model(request, body.model, ServedLanguageModel.task, body.priority)
     engine = served.engine
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     check_count("prompts", len(prompts), cfg.max_prompts)
@@ -305,7 +305,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
              response_model_exclude_unset=True)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     cfg = settings(request)
-    served = served_model(request, body.model, ServedLanguageModel.task)
+    served = served_model(request, body.model, ServedLanguageModel.task, body.priority)
     engine = served.engine
     if engine.tokenizer.chat_template is None:
         raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "no_chat_template")

@@ -6,6 +6,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from model.attention_maps import check_selection
+from service.engine import admission
 from service.errors import APIError, bad_request, overloaded
 from service.registry import ModelRegistry
 from service.runners import InvalidInput
@@ -45,9 +47,17 @@ def ready_registry(request: Request) -> ModelRegistry:
     return reg
 
 
-def served_model(request: Request, name: str | None, task: str | None) -> ServedModel:
-    """The model for this request (`task` None: any task, by name); 503 until the models serve."""
+def served_model(request: Request, name: str | None, task: str | None, priority: int | None = None) -> ServedModel:
+    """The model for this request (`task` None: any task, by name); 503 until the models serve. `priority`:
+    the body's (`prioritise`)."""
+    prioritise(priority)
     return ready_registry(request).get(name, task)
+
+
+def prioritise(priority: int | None) -> None:
+    """The body's priority, which this request's engine work is admitted at instead of its key's default."""
+    if priority is not None:
+        admission.set(replace(admission.get(), priority=priority))
 
 
 log = logging.getLogger("tserve.requests")

@@ -11,7 +11,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from service.errors import bad_request
-from service.routes.deps import base64_images, check_count, image_body, ready_registry, settings
+from service.routes.deps import base64_images, check_count, image_body, prioritise, ready_registry, settings
 from service.runners import InvalidInput
 from service.schemas import EmbeddingRequest, EmbeddingResponse
 from service.tasks import ServedModel
@@ -65,6 +65,7 @@ def _encode(vector: list[float] | Any, encoding: str) -> list[float] | str:
 async def create_embeddings(request: Request) -> Any:
     cfg = settings(request)
     body, blobs = await _parse(request, cfg.max_prompts)
+    prioritise(body.priority)
     if blobs:
         served = _model(request, body.model, "image")
         items = []

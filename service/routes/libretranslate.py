@@ -77,6 +77,7 @@ async def _key_held(request: Request, fields: dict[str, Any]) -> AsyncIterator[N
         raise APIError(403, "invalid API key", "invalid_request_error", "invalid_api_key")
     if not gate.enter(key):
         raise overloaded(gate.busy_message())
+    gate.admit_as(key)
     try:
         yield
     finally:

@@ -22,6 +22,7 @@ from service.routes.deps import (
     SSE_HEADERS,
     attention_selection,
     log_inputs,
+    prioritise,
     ready_registry,
     served_model,
     settings,
@@ -54,6 +55,7 @@ def _item(index: int, out: TranslationOutput, n: int) -> dict[str, Any]:
                         429: {"description": "queue full (Retry-After)"}})
 async def create_translation(body: TranslationRequest, request: Request) -> Any:
     cfg = settings(request)
+    prioritise(body.priority)
     inputs = [body.input] if isinstance(body.input, str) else body.input
     log_inputs(request, inputs)
     ask = TranslationAsk(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html",

@@ -144,3 +144,33 @@ def test_prompts_are_logged_only_when_asked(caplog):
         assert not caplog.records
         log_inputs(request(True), ["secret text"])
     assert caplog.records[0].inputs == ["secret text"] and caplog.records[0].request_id == "r1"
+
+
+def test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority():
+    """The middleware says whose each request is for the engines' fair admission: the key (`KEY:N` gives its
+    default priority N), else the client's address; a body's `priority` replaces the key's."""
+    from service.engine import admission
+    from service.routes.deps import prioritise
+
+    def who_app(**settings):
+        app = build_app(Settings(**settings), load_models=False)
+
+        @app.get("/who")
+        async def who(priority: int | None = None) -> dict:
+            prioritise(priority)
+            return {"client": list(admission.get().client), "priority": admission.get().priority}
+
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.7", 5000)),
+                                 base_url="http://test")
+
+    async def go() -> list[dict]:
+        async with who_app(api_keys=["ka:3", "kb", "k:c:-2"]) as c:
+            keyed = [(await c.get("/who", headers={"Authorization": f"Bearer {k}"})).json() for k in ("ka", "kb", "k:c")]
+            keyed.append((await c.get("/who", params={"priority": -5}, headers={"Authorization": "Bearer ka"})).json())
+        async with who_app() as c:
+            keyed.append((await c.get("/who")).json())
+        return keyed
+
+    assert run(go()) == [{"client": ["key", 0], "priority": 3}, {"client": ["key", 1], "priority": 0},
+                         {"client": ["key", 2], "priority": -2}, {"client": ["key", 0], "priority": -5},
+                         {"client": ["address", "10.0.0.7"], "priority": 0}]

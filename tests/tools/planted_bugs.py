@@ -252,6 +252,14 @@ BUGS = [
     Bug("libretranslate-key-slot-kept-on-errors", "service/routes/libretranslate.py",
         "    try:\n        yield\n    finally:\n        gate.leave(key)", "    yield\n    gate.leave(key)",
         ("tests/http/test_key_slots.py::test_every_ending_gives_the_slot_back",)),
+    Bug("admission-ignores-clients", "service/engine/scheduler.py",
+        "queues.setdefault((req.priority, req.client), []).append(req)",
+        "queues.setdefault((req.priority, None), []).append(req)",
+        ("tests/engine/test_fair_admission.py::test_a_flood_holds_another_client_back_by_a_turn_only",)),
+    Bug("admission-ignores-priority", "service/engine/scheduler.py",
+        "for priority in sorted({p for p, _ in queues}):",
+        "for priority in dict.fromkeys(p for p, _ in queues):",
+        ("tests/engine/test_fair_admission.py::test_a_lower_priority_value_goes_first",)),
 ]
 
 
