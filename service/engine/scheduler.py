@@ -48,6 +48,9 @@ class Scheduler:
         self._draining = False
         self._thread: threading.Thread | None = None
         self.restarts = 0
+        # Rows a client that already has requests running may not take: kept for another client's first request,
+        # which then starts at once instead of waiting for a row to free (--reserved-rows).
+        self.reserved_rows = 0
         self._admissions = 0
         self._last_admitted: dict[object, int] = {}  # client -> when it was last admitted (`_admissions`)
         self.steps = 0  # steps taken so far (each request records the one it finished at)
@@ -290,6 +293,8 @@ class Scheduler:
                     req.finished = True
                 elif now > req.deadline:
                     self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
+                elif not isinstance(req, CallRequest) and self._keeps_reserved_rows(req, admitted):
+                    break
                 elif isinstance(req, CallRequest) or self._reserve(req):
                     admitted.append(req)
                     self._admissions += 1
@@ -302,6 +307,14 @@ class Scheduler:
                 self.waiting.popleft()
         self.running.extend(admitted)
         return admitted
+
+    def _keeps_reserved_rows(self, req: EngineRequest, admitted: list[EngineRequest]) -> bool:
+        """Whether admitting `req` would take rows reserved for other clients (its own are running, or admitted
+        in this step)."""
+        if not self.reserved_rows or not any(r.client == req.client for r in (*self.running, *admitted)
+                                             if not isinstance(r, CallRequest)):
+            return False
+        return self.capacity - self.rows_in_use - self._rows_needed(req) < self.reserved_rows
 
     def _publish(self, req: EngineRequest, event: Event, now: float) -> None:
         """Send a non-final event and record first-token / inter-token latency."""

@@ -183,6 +183,7 @@ class ServedTranslator(ServedModel):
                                         max_queue=s.max_queue, timeout_s=s.request_timeout_s, metrics=self.metrics,
                                         cuda_graphs=s.cuda_graphs, max_len=s.max_model_len)
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
+        self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
         return self.engine
 
     def warm_up(self) -> None:

@@ -62,3 +62,35 @@ def test_a_lower_priority_value_goes_first(lm):
     flood, urgent, later = _run(lm, [(Admission("a", 0), 12), (Admission("c", -1), 3), (Admission("d", 5), 1)])
     assert max(urgent) <= min(flood)  # all queued before the first step: the urgent ones run first
     assert later[0] >= max(flood)  # priority 5 waits for every priority-0 request
+
+
+def test_a_reserved_row_starts_another_clients_request_at_once(lm):
+    """--reserved-rows 1: the flood runs on all rows but one, and the other client's request, queued behind
+    the whole flood, starts on the kept row at the first step."""
+    engine = GenerationEngine("lm", lm, metrics=Metrics(), max_slots=3, max_queue=256, max_model_len=None,
+                              timeout_s=60.0)
+    engine.reserved_rows = 1
+    prompt = lm.tokenizer.encode("Good morning")
+
+    async def go() -> tuple[list[int], int]:
+        token = admission.set(Admission("a"))
+        flood = [engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+                 for _ in range(8)]
+        admission.reset(token)
+        engine.start()
+        while len(engine.running) < 2:
+            await asyncio.sleep(0.001)
+        assert len(engine.running) == 2  # the third row is kept
+        token = admission.set(Admission("b"))
+        other = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        admission.reset(token)
+        for r in [*flood, other]:
+            async for _ in engine.stream(r):
+                pass
+        return [r.finished_step for r in flood], other.finished_step
+
+    try:
+        flood, other = asyncio.run(go())
+    finally:
+        engine.stop()
+    assert other <= sorted(flood)[2]  # finished with the first two, not behind the flood

@@ -260,6 +260,9 @@ BUGS = [
         "for priority in sorted({p for p, _ in queues}):",
         "for priority in dict.fromkeys(p for p, _ in queues):",
         ("tests/engine/test_fair_admission.py::test_a_lower_priority_value_goes_first",)),
+    Bug("reserved-rows-ignored", "service/engine/scheduler.py",
+        "        if not self.reserved_rows or not any(", "        if True or not any(",
+        ("tests/engine/test_fair_admission.py::test_a_reserved_row_starts_another_clients_request_at_once",)),
 ]
 
 
