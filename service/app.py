@@ -24,6 +24,7 @@ from service.routes import (
     libretranslate,
     logit_lens,
     oip,
+    repository,
     translations,
     viewer,
 )
@@ -127,13 +128,14 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.state.key_gate = gate = KeyGate(settings.api_keys, settings.max_requests_per_key)
     app.add_middleware(APIKeyMiddleware, gate=gate, public_paths=settings.public_paths,
-                       self_checked_paths=libretranslate.KEY_CHECKED_PATHS)
+                       self_checked_paths=libretranslate.KEY_CHECKED_PATHS,
+                       self_checked_prefixes=(repository.PREFIX,))  # the admin keys, checked there
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"])
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     for router in (health.router, completions.router, translations.router, classifications.router,
                    embeddings.router, attention.router, logit_lens.router, oip.router, viewer.router,
-                   libretranslate.router):
+                   libretranslate.router, repository.router):
         app.include_router(router)
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import types
@@ -93,7 +94,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tserve: {exc}", file=sys.stderr)
         return 2
-    if not specs:
+    if not specs and settings.model_repository is None:
         print("tserve: no models to serve: the bundled models are not in models/ (train them with "
               "`tserve train ...`) and no --model NAME=PATH was given", file=sys.stderr)
         return 2
@@ -117,12 +118,52 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def models_command(args: argparse.Namespace) -> int:
+    import httpx  # noqa: PLC0415
+
+    if args.action != "list" and not args.name:
+        print(f"tserve models {args.action}: give the model's name", file=sys.stderr)
+        return 2
+    headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
+    base = args.url.rstrip("/") + "/v2/repository"
+    if args.action == "list":
+        url, body = f"{base}/index", {}
+    else:
+        url, body = f"{base}/models/{args.name}/{args.action}", {"parameters": {"path": args.path}} if args.path else {}
+    try:
+        resp = httpx.post(url, json=body, headers=headers, timeout=None)
+    except httpx.HTTPError as exc:
+        print(f"tserve models: {args.url} did not answer ({exc})", file=sys.stderr)
+        return 1
+    if resp.status_code != 200:
+        print(f"tserve models {args.action}: {resp.status_code} {resp.json().get('error', resp.text)}",
+              file=sys.stderr)
+        return 1
+    if args.action == "list":
+        for m in resp.json():
+            print(f"{m['name']}\t{m['state']}\t{m['reason']}".rstrip())
+    else:
+        print(f"{args.name}\t{resp.json()['state']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tserve", description="Transformer inference server.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = sub.add_parser("serve", help="start the HTTP server")
     add_settings_flags(serve_parser)
     serve_parser.set_defaults(func=serve)
+    models = sub.add_parser("models", help="list, load or unload a running server's models (its repository API)",
+                            description="The model repository API of a running `tserve serve` (/v2/repository).")
+    models.add_argument("action", choices=("list", "load", "unload"))
+    models.add_argument("name", nargs="?", help="the model (load, unload)")
+    models.add_argument("--path", default=None, help="load: a checkpoint directory (the server needs "
+                                                     "--allow-load-paths); default: NAME in its --model-repository")
+    models.add_argument("--url", default=os.environ.get("TSERVE_URL", "http://127.0.0.1:8000"),
+                        help="the server (default $TSERVE_URL or http://127.0.0.1:8000)")
+    models.add_argument("--key", default=os.environ.get("TSERVE_ADMIN_KEY"),
+                        help="an admin key (default $TSERVE_ADMIN_KEY)")
+    models.set_defaults(func=models_command)
     from training.cli import register  # noqa: PLC0415 - keeps `serve` start-up light
 
     register(sub)

@@ -1,13 +1,17 @@
-"""The served models: loading (with progress), warm-up, each as its task's `ServedModel`, and lookup by
-name/task."""
+"""The served models: loading (with progress), warm-up, each as its task's `ServedModel`, lookup by name/task,
+and changes at run time (the model repository API: load, replace and unload beside serving)."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -15,7 +19,7 @@ from tqdm import tqdm
 from model import checkpoint, hub
 from model.attention import resolve_backend
 from service import tasks
-from service.errors import bad_request, not_found
+from service.errors import bad_request, not_found, overloaded
 from service.metrics import Metrics
 from service.settings import Settings
 from service.tasks import ServedModel
@@ -23,10 +27,33 @@ from service.tasks import ServedModel
 log = logging.getLogger("tserve.registry")
 
 
+@dataclass
+class ModelState:
+    """A model's state as the Open Inference Protocol's repository index shows it."""
+
+    state: str  # READY | LOADING | UNLOADING | UNAVAILABLE
+    reason: str = ""
+
+
+def _give_memory_back() -> None:
+    """Free what the models dropped (reference cycles included) and return the freed pages to the system."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:  # glibc keeps freed heap pages otherwise
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class ModelRegistry:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings, self.metrics = settings, metrics
         self.models: dict[str, ServedModel] = {}
+        self.states: dict[str, ModelState] = {}
+        self.version = 0  # changes whenever the set of served models does (`derived` values are worked out again)
+        self._derived: dict[str, Any] = {}
+        self._changes = threading.Lock()  # one load / unload at a time
         self.ready = False
         self.draining = False
         self.error: str | None = None
@@ -48,13 +75,14 @@ class ModelRegistry:
     def _load_all(self) -> None:
         try:
             specs = self.settings.model_specs()
-            if not specs:
+            if not specs and self.settings.model_repository is None:
                 raise RuntimeError("no models to serve: pass --model NAME=PATH (the bundled models are missing)")
             tasks.import_task_modules(self.settings.task_modules)
             device = checkpoint.resolve_device(self.settings.device)
             backend = resolve_backend(self.settings.attention_backend, device)
             for name, spec in tqdm(specs.items(), desc="loading models", unit="model"):
                 self.models[name] = self._load_one(name, spec, device, backend)
+                self.states[name] = ModelState("READY")
             if self.settings.warmup:
                 for served in self.models.values():
                     self._warmup(served)
@@ -62,6 +90,7 @@ class ModelRegistry:
                 for worker in served.workers:
                     worker.start()
             self.ready = True
+            self._changed()
             log.info("ready", extra={"models": sorted(self.models)})
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
@@ -106,6 +135,70 @@ class ModelRegistry:
                 worker.stop()
 
     # ----------------------------------------------------------------------------------------------
+    # Changes at run time (service/routes/repository.py)
+    # ----------------------------------------------------------------------------------------------
+    def derived(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A value worked out from the served models (e.g. the translators' language pairs), kept until the set
+        of models changes."""
+        version, cached = self._derived.get(key, (None, None))
+        if version != self.version:
+            cached = compute()
+            self._derived[key] = (self.version, cached)
+        return cached
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._derived = {}
+
+    def load_model(self, name: str, path: Path) -> None:
+        """Load `path` as model `name` beside the models being served (blocking: run it off the event loop); a
+        model already served under that name goes on answering until the new one replaces it, at once, and then
+        drains. A failed load leaves the name UNAVAILABLE with the error (the old model, if any, serving)."""
+        with self._changes:
+            old = self.models.get(name)
+            self.states[name] = ModelState("LOADING", "replacing the served model" if old else "")
+            try:
+                device = checkpoint.resolve_device(self.settings.device)
+                served = self._load_one(name, path, device, resolve_backend(self.settings.attention_backend, device))
+                if self.settings.warmup:
+                    self._warmup(served)
+                for worker in served.workers:
+                    worker.start()
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                log.exception("model loading failed", extra={"model": name})
+                self.states[name] = ModelState("READY", f"a replacement failed to load: {reason}") if old \
+                    else ModelState("UNAVAILABLE", reason)
+                raise bad_request(f"model {name!r} failed to load: {reason}", "load_failed") from exc
+            self.models[name] = served  # requests see the old model or the new one, never neither
+            self.states[name] = ModelState("READY")
+            self._changed()
+        if old is not None:
+            self._drain(old)
+            del old
+            _give_memory_back()
+
+    def unload_model(self, name: str) -> None:
+        """Stop serving `name`: new requests get 503 at once, the ones it holds finish (up to the request
+        timeout), then its memory is given back. Blocking: run it off the event loop."""
+        with self._changes:
+            served = self.models.get(name)
+            if served is None:
+                raise not_found(f"model {name!r} is not loaded; loaded: {sorted(self.models)}")
+            self.states[name] = ModelState("UNLOADING")
+            del self.models[name]
+            self._changed()
+        self._drain(served)
+        del served
+        _give_memory_back()
+        self.states[name] = ModelState("UNAVAILABLE", "unloaded")
+
+    def _drain(self, served: ServedModel) -> None:
+        """Let a model no longer served finish what it holds (up to the request timeout), then stop its workers."""
+        for worker in served.workers:
+            worker.stop(self.settings.request_timeout_s)
+
+    # ----------------------------------------------------------------------------------------------
     def get(self, name: str | None, task: str | None) -> ServedModel:
         """The model `name` (must do `task`, unless None), or the only model with that task when `name` is
         omitted."""
@@ -118,6 +211,8 @@ class ModelRegistry:
             raise bad_request(f"several {task} models are served ({', '.join(m.name for m in candidates)}); "
                               "say which with 'model'", "model_required")
         served = self.models.get(name)
+        if served is None and name in self.states and self.states[name].state in ("LOADING", "UNLOADING"):
+            raise overloaded(f"model {name!r} is {self.states[name].state.lower()}", status=503)
         if served is None:
             raise not_found(f"model {name!r} does not exist; served models: {sorted(self.models)}")
         if task is not None and served.task != task:

@@ -98,17 +98,18 @@ class KeyGate:
 class APIKeyMiddleware:
     """Bearer keys on every path but the public ones and those whose routes check the key themselves."""
 
-    def __init__(self, app: ASGIApp, gate: KeyGate, public_paths: list[str], self_checked_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, gate: KeyGate, public_paths: list[str], self_checked_paths: frozenset[str],
+                 self_checked_prefixes: tuple[str, ...] = ()) -> None:
         self.app, self.gate = app, gate
         self.public = set(public_paths)
-        self.self_checked = self_checked_paths
+        self.self_checked, self.self_checked_prefixes = self_checked_paths, self_checked_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] == "http":  # until a key says whose it is: the client's address
             admission.set(Admission(("address", (scope.get("client") or ("",))[0]), 0))
         if (scope["type"] != "http" or not self.gate.enabled or path in self.public
-                or path in self.self_checked):
+                or path in self.self_checked or path.startswith(self.self_checked_prefixes)):
             await self.app(scope, receive, send)
             return
         key = self.gate.match(bearer_token(scope))

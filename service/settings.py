@@ -74,6 +74,14 @@ class Settings(BaseSettings):
     max_requests_per_key: int = Field(0, ge=0, description="requests in flight per API key (0: no limit)")
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed by CORS (comma-separated); empty: CORS closed")
+    admin_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="keys of the model repository API (/v2/repository, comma-separated); "
+        "with API keys but no admin keys it is closed")
+
+    # The model repository API (load, replace and unload models at run time).
+    model_repository: Path | None = Field(None, description="directory of checkpoint directories that "
+                                          "/v2/repository/models/NAME/load loads by name")
+    allow_load_paths: bool = Field(False, description="let a load request name a checkpoint path of its own")
 
     task_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="more task modules to import (comma-separated dotted paths), each "
@@ -82,7 +90,8 @@ class Settings(BaseSettings):
     log_prompts: bool = Field(False, description="log prompt / input text (off: user text never reaches the logs)")
     warmup: bool = Field(True, description="run one request through each model before turning ready")
 
-    @field_validator("models", "api_keys", "public_paths", "cors_origins", "task_modules", mode="before")
+    @field_validator("models", "api_keys", "admin_keys", "public_paths", "cors_origins", "task_modules",
+                     mode="before")
     @classmethod
     def _split_models(cls, value: object) -> object:
         # From the environment: "lm=/path,mt=/other" (or a JSON list, which pydantic-settings parses).

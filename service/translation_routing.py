@@ -10,7 +10,6 @@ Pairs are written in LibreTranslate's codes (ISO 639-1 where a language has one;
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass, replace
 
 from fastapi import Request
@@ -34,12 +33,15 @@ Pair = tuple[str, str]
 Hop = tuple[ServedTranslator, Pair]  # a translator and the pair it translates in that hop
 
 
-# A ready registry's models never change, and a multilingual model's pairs are tens of thousands: worked out
-# once per registry, not per request.
-@functools.lru_cache(maxsize=8)
+# A multilingual model's pairs are tens of thousands: worked out once per set of served models
+# (`ModelRegistry.derived`), not per request.
 def translators_by_pair(reg: ModelRegistry) -> dict[Pair, ServedTranslator]:
     """(source, target) -> the translator that serves it: a one-pair model (opus-mt) before a multilingual one
     (NLLB: every ordered pair of its languages) unless --prefer-multilingual; of two of a kind, the first named."""
+    return reg.derived("translators_by_pair", lambda: _translators_by_pair(reg))
+
+
+def _translators_by_pair(reg: ModelRegistry) -> dict[Pair, ServedTranslator]:
     pairs: dict[Pair, ServedTranslator] = {}
     one_pair = [m for m in reg.models.values() if isinstance(m, ServedTranslator) and m.loaded.languages is not None]
     multilingual = [m for m in reg.models.values() if isinstance(m, ServedTranslator) and m.language_codes]
@@ -55,10 +57,13 @@ def translators_by_pair(reg: ModelRegistry) -> dict[Pair, ServedTranslator]:
     return pairs
 
 
-@functools.lru_cache(maxsize=8)
 def routes_by_pair(reg: ModelRegistry) -> dict[Pair, tuple[Hop, ...]]:
     """Every reachable pair's hops: the translator that serves it (`translators_by_pair`), else two through
     --pivot-language (source→pivot, pivot→target) when two translators chain there."""
+    return reg.derived("routes_by_pair", lambda: _routes_by_pair(reg))
+
+
+def _routes_by_pair(reg: ModelRegistry) -> dict[Pair, tuple[Hop, ...]]:
     direct = translators_by_pair(reg)
     routes = {pair: ((served, pair),) for pair, served in direct.items()}
     pivot = reg.settings.pivot_language

@@ -205,8 +205,8 @@ def _tiny_lm(d: Path, seed: int, train: bool, **overrides) -> Path:
     vocab = write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
-    cfg = DecoderConfig(vocab_size=vocab, d_model=64, n_heads=4, d_ff=128, n_layers=2, max_seq_len=128,
-                        bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **overrides)
+    cfg = DecoderConfig(**dict(vocab_size=vocab, d_model=64, n_heads=4, d_ff=128, n_layers=2, max_seq_len=128,
+                               bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id) | overrides)
     model = Decoder(cfg)
     if train:
         cycle = tok.encode(fixture_training.CYCLE_TEXT, add_special_tokens=False)

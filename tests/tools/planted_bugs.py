@@ -263,6 +263,19 @@ BUGS = [
     Bug("reserved-rows-ignored", "service/engine/scheduler.py",
         "        if not self.reserved_rows or not any(", "        if True or not any(",
         ("tests/engine/test_fair_admission.py::test_a_reserved_row_starts_another_clients_request_at_once",)),
+    Bug("replacement-not-atomic", "service/registry.py",
+        "            old = self.models.get(name)\n            self.states[name] = ModelState(\"LOADING\"",
+        "            old = self.models.pop(name, None)\n            self.states[name] = ModelState(\"LOADING\"",
+        ("tests/http/test_repository.py::test_replacing_a_model_while_requests_run",)),
+    Bug("unload-cuts-running-requests", "service/registry.py",
+        "            worker.stop(self.settings.request_timeout_s)", "            worker.stop(0)",
+        ("tests/http/test_repository.py::test_unloading_drains_refuses_and_gives_the_memory_back",)),
+    Bug("unloaded-model-kept-in-memory", "service/registry.py",
+        "            del self.models[name]", "            self._unloaded = self.models.pop(name)",
+        ("tests/http/test_repository.py::test_unloading_drains_refuses_and_gives_the_memory_back",)),
+    Bug("repository-admin-key-unchecked", "service/routes/repository.py",
+        "        if KeyChecker(s.admin_keys).match(bearer_token(request.scope)) is None:", "        if False:",
+        ("tests/http/test_repository.py::test_index_admin_keys_and_loading_by_name",)),
 ]
 
 

@@ -1,0 +1,111 @@
+"""The Open Inference Protocol's model repository extension: which models there are and in which state
+(`POST /v2/repository/index`), and loading, replacing and unloading them at run time
+(`POST /v2/repository/models/{name}/load` and `.../unload`). A model loads by name from --model-repository, or
+from a path the body gives when --allow-load-paths is on; it loads beside the models being served, and one served
+under the same name is replaced at once when the new one is ready. With keys on, these routes take the admin
+keys (TSERVE_ADMIN_KEYS) only. Errors are `{"error": "..."}`, as under the rest of /v2."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from service.errors import APIError, OIPError
+from service.registry import ModelRegistry
+from service.routes.deps import registry, settings
+from service.security import KeyChecker, bearer_token
+
+PREFIX = "/v2/repository"
+router = APIRouter(prefix=PREFIX, tags=["model repository"])
+
+
+def _admin(request: Request) -> ModelRegistry:
+    """The registry, for a request with an admin key (when keys are on at all)."""
+    s = settings(request)
+    if s.admin_keys:
+        if KeyChecker(s.admin_keys).match(bearer_token(request.scope)) is None:
+            raise APIError(401, "the model repository API needs an admin key (TSERVE_ADMIN_KEYS)",
+                           "invalid_request_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+    elif s.api_keys:
+        raise APIError(403, "the model repository API is closed: API keys are on and no admin key is set "
+                            "(TSERVE_ADMIN_KEYS)", "invalid_request_error", "admin_keys_unset")
+    return registry(request)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise OIPError(400, f"the body is not valid JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise OIPError(400, "the body must be a JSON object")
+    return body
+
+
+def _repository_models(request: Request) -> dict[str, Path]:
+    root = settings(request).model_repository
+    if root is None or not root.is_dir():
+        return {}
+    return {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()}
+
+
+@router.post("/index")
+async def index(request: Request) -> list[dict[str, str]]:
+    """Every model served, loading, unloaded or in the repository, with its state (`{"ready": true}`: the
+    served ones only)."""
+    reg = _admin(request)
+    ready_only = bool((await _body(request)).get("ready"))
+    names = sorted(set(reg.models) | set(reg.states) | set(_repository_models(request)))
+    out = []
+    for name in names:
+        state = reg.states.get(name)
+        entry = {"name": name, "version": "1", "state": state.state if state else "UNAVAILABLE",
+                 "reason": state.reason if state else "not loaded (in the model repository)"}
+        if name in reg.models and entry["state"] == "LOADING":  # a replacement loading: the old one serves
+            entry["state"] = "READY"
+        if not ready_only or entry["state"] == "READY":
+            out.append(entry)
+    return out
+
+
+@router.post("/models/{name}/load")
+async def load(name: str, request: Request) -> dict[str, str]:
+    """Load (or replace) `name`: from the body's `parameters.path` when --allow-load-paths is on, else from
+    --model-repository."""
+    reg = _admin(request)
+    path = ((await _body(request)).get("parameters") or {}).get("path")
+    if path is not None:
+        if not settings(request).allow_load_paths:
+            raise OIPError(403, "loading from a path of the request's is off (--allow-load-paths)")
+        if not isinstance(path, str) or not (Path(path) / "config.json").is_file():
+            raise OIPError(400, f"parameters.path {path!r} is not a checkpoint directory")
+        source = Path(path)
+    else:
+        found = _repository_models(request)
+        if name not in found:
+            raise OIPError(404, f"model {name!r} is not in the model repository (--model-repository); it has: "
+                                f"{sorted(found)}")
+        source = found[name]
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise OIPError(400, "a model name is letters, digits, '-', '_' and '.'")
+    if reg.states.get(name) is not None and reg.states[name].state in ("LOADING", "UNLOADING"):
+        raise OIPError(409, f"model {name!r} is {reg.states[name].state.lower()}")
+    await asyncio.to_thread(reg.load_model, name, source)
+    return {"name": name, "state": "READY"}
+
+
+@router.post("/models/{name}/unload")
+async def unload(name: str, request: Request) -> dict[str, str]:
+    """Stop serving `name`: new requests get 503 at once, the ones it holds finish, then its memory is given
+    back; answers when that is done."""
+    reg = _admin(request)
+    if reg.states.get(name) is not None and reg.states[name].state in ("LOADING", "UNLOADING"):
+        raise OIPError(409, f"model {name!r} is {reg.states[name].state.lower()}")
+    await asyncio.to_thread(reg.unload_model, name)
+    return {"name": name, "state": "UNAVAILABLE"}
