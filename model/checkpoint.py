@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -40,7 +41,7 @@ from model.vit import ViT
 log = logging.getLogger(__name__)
 
 __all__ = ["CheckpointError", "GenerationDefaults", "LoadedModel", "build_model", "load", "save_checkpoint",
-           "resolve_device", "resolve_dtype", "select_device", "translation_languages"]
+           "resolve_device", "resolve_dtype", "select_device", "translation_languages", "weight_bytes"]
 
 TASKS = {"decoder": "text-generation", "seq2seq": "translation", "vit": "image-classification"}
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"decoder": Decoder, "seq2seq": Seq2Seq, "vit": ViT}
@@ -77,6 +78,31 @@ class LoadedModel:
 
     def num_parameters(self) -> int:
         return self.parameter_count or sum(p.numel() for p in self.model.parameters())
+
+
+_ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                  "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def weight_bytes(path: str | Path, dtype: torch.dtype) -> int:
+    """What a checkpoint's weights take in memory with its floating tensors in `dtype`, from the safetensors
+    headers alone (no tensor is read): what a loader can check against a memory budget first."""
+    path = Path(path)
+    files = [path / "model.safetensors"]
+    if not files[0].is_file():
+        index = read_json(path / "model.safetensors.index.json")
+        files = [path / f for f in sorted(set(index.get("weight_map", {}).values()))]
+    total = 0
+    for file in files:
+        with open(file, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            kind = info["dtype"]
+            size = dtype.itemsize if kind.startswith(("F", "BF")) and not kind.startswith("F8") else _ELEMENT_BYTES[kind]
+            total += math.prod(info["shape"]) * size
+    return total
 
 
 def build_model(config: BlockConfig, backend: str = "auto") -> nn.Module:

@@ -103,6 +103,7 @@ class ModelRegistry:
         here (in the loader thread, so that the server answers /healthz meanwhile)."""
         s = self.settings
         path = hub.checkpoint_dir(spec)
+        self._check_memory(name, path, device)
         loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                  int8_activations=s.int8_activations, pack_weights=True)
         served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics)
@@ -111,6 +112,21 @@ class ModelRegistry:
                                          "quantization": loaded.quantization,
                                          "attention_backend": backend, "parameters": loaded.num_parameters()})
         return served
+
+    def _check_memory(self, name: str, path: Path, device: torch.device) -> None:
+        """--max-model-memory: the weights of `path` and of every model served (one being replaced included,
+        as both are in memory until the swap) together, from the checkpoint's headers before any weight is read."""
+        limit = self.settings.max_model_memory_bytes
+        if limit is None or not path.is_dir():
+            return
+        dtype = checkpoint.resolve_dtype(self.settings.dtype, device)
+        needed = checkpoint.weight_bytes(path, dtype)
+        held = sum(sum(t.numel() * t.element_size() for t in (*m.loaded.model.parameters(), *m.loaded.model.buffers()))
+                   for m in self.models.values())
+        if held + needed > limit:
+            raise ValueError(f"loading {name!r} needs {needed / 1e6:,.1f} MB for its weights; with the "
+                             f"{held / 1e6:,.1f} MB served that passes --max-model-memory "
+                             f"({self.settings.max_model_memory})")
 
     def _warmup(self, served: ServedModel) -> None:
         start = time.perf_counter()

@@ -4,6 +4,7 @@ flag. This is the only module that reads the environment."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -82,6 +83,8 @@ class Settings(BaseSettings):
     model_repository: Path | None = Field(None, description="directory of checkpoint directories that "
                                           "/v2/repository/models/NAME/load loads by name")
     allow_load_paths: bool = Field(False, description="let a load request name a checkpoint path of its own")
+    max_model_memory: str | None = Field(None, description="the weights of every model served, together, at most "
+                                         "(e.g. 8GB, 512MiB); a load past it is refused before its weights are read")
 
     task_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="more task modules to import (comma-separated dotted paths), each "
@@ -101,6 +104,17 @@ class Settings(BaseSettings):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
 
+    @property
+    def max_model_memory_bytes(self) -> int | None:
+        return None if self.max_model_memory is None else parse_bytes(self.max_model_memory)
+
+    @field_validator("max_model_memory")
+    @classmethod
+    def _memory_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_bytes(value)
+        return value
+
     def model_specs(self) -> dict[str, Path]:
         """NAME -> checkpoint directory, or Hugging Face repo id (`ORG/REPO[@REVISION]`, resolved when the model
         is loaded: `model.hub`). Without --model: every checkpoint under models/."""
@@ -117,3 +131,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"model name {name!r} given twice")
             specs[name] = Path(path).expanduser()
         return specs
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_bytes(value: str) -> int:
+    """'8GB', '512MiB', '1.5g', '1000000' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+    if m is None or m[2].lower() not in _UNITS:
+        raise ValueError(f"{value!r} is not a size such as 8GB, 512MiB or 1000000")
+    return int(float(m[1]) * _UNITS[m[2].lower()])

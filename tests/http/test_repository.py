@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from tests.helpers import factories
 from tests.helpers.server import ServerProcess
@@ -162,3 +163,30 @@ def test_the_models_command(setup):
     denied = subprocess.run([sys.executable, "-m", "service", "models", "unload", "lm", "--key", "wrong"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert denied.returncode == 1 and "401" in denied.stderr
+
+
+def test_a_load_past_max_model_memory_is_refused_before_its_weights_are_read(tmp_path, monkeypatch):
+    from model import checkpoint
+    from service.errors import APIError
+    from service.metrics import Metrics
+    from service.registry import ModelRegistry
+    from service.settings import Settings
+
+    d = factories.tiny_lm_dir(tmp_path / "lm", trained=False, d_model=128, n_heads=4, d_ff=256, n_layers=2)
+    loaded = checkpoint.load(d)
+    distinct = {t.data_ptr(): t for t in loaded.model.state_dict().values()}  # a tied head is the embedding
+    stored = sum(t.numel() * t.element_size() for t in distinct.values() if t.is_floating_point())
+    assert checkpoint.weight_bytes(d, torch.float32) == stored
+    assert checkpoint.weight_bytes(d, torch.bfloat16) == stored // 2
+
+    reg = ModelRegistry(Settings(max_model_memory=f"{stored - 1}B", warmup=False), Metrics())
+    monkeypatch.setattr(checkpoint, "load", lambda *a, **k: pytest.fail("the weights were read"))
+    with pytest.raises(APIError, match="passes --max-model-memory"):
+        reg.load_model("lm", d)
+    assert reg.states["lm"].state == "UNAVAILABLE" and "max-model-memory" in reg.states["lm"].reason
+    monkeypatch.undo()
+    roomy = ModelRegistry(Settings(max_model_memory=f"{stored * 2 - 1}B", warmup=False), Metrics())
+    roomy.load_model("lm", d)
+    with pytest.raises(APIError, match="passes --max-model-memory"):  # two of it do not fit
+        roomy.load_model("lm2", d)
+    roomy.unload_model("lm")

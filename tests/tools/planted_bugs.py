@@ -276,6 +276,9 @@ BUGS = [
     Bug("repository-admin-key-unchecked", "service/routes/repository.py",
         "        if KeyChecker(s.admin_keys).match(bearer_token(request.scope)) is None:", "        if False:",
         ("tests/http/test_repository.py::test_index_admin_keys_and_loading_by_name",)),
+    Bug("max-model-memory-ignores-served-models", "service/registry.py",
+        "        if held + needed > limit:", "        if needed > limit:",
+        ("tests/http/test_repository.py::test_a_load_past_max_model_memory_is_refused_before_its_weights_are_read",)),
 ]
 
 
