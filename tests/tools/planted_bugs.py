@@ -116,7 +116,7 @@ BUGS = [
         "elif len(groups := self.waiting) >= self.max_queue:",
         ("tests/engine/test_documents.py::test_a_document_counts_once_toward_max_queue",)),
     Bug("document-parts-take-no-turns", "service/engine/scheduler.py",
-        "if any(r.turn for r in self.waiting):", "if False:",
+        "for req in sorted(self.waiting, key=lambda r: r.turn):", "for req in sorted(self.waiting, key=lambda r: 0):",
         ("tests/engine/test_documents.py::test_a_short_request_is_not_held_back_by_a_long_document",
          "tests/http/test_documents.py::test_a_short_request_sent_while_a_long_document_runs_finishes_first")),
     Bug("document-layout-becomes-spaces", "model/segmentation.py",
