@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service import tracing
 from service.errors import APIError, error_response, install_error_handlers
 from service.metrics import Metrics
 from service.registry import ModelRegistry
@@ -95,7 +96,12 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            with tracing.request_trace(scope) as traced:
+                try:
+                    await self.app(scope, receive, send_with_id)
+                finally:
+                    if traced is not None:
+                        traced.finish(status, time.time_ns())
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             elapsed = time.perf_counter() - start
@@ -112,9 +118,11 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        tracing.configure(settings.otlp_endpoint)
         if load_models:
             registry.start_loading()
         yield
+        tracing.shutdown()
         registry.ready = False  # /readyz answers 503 while in-flight work drains
         registry.wait_loaded(timeout=60)
         registry.stop()

@@ -90,6 +90,8 @@ class Settings(BaseSettings):
         default_factory=list, description="more task modules to import (comma-separated dotted paths), each "
         "registering a ServedModel for a checkpoint task")
 
+    otlp_endpoint: str | None = Field(None, description="OpenTelemetry collector (OTLP/HTTP) to send request traces "
+                                      "to (default: OTEL_EXPORTER_OTLP_ENDPOINT; neither: no tracing)")
     log_prompts: bool = Field(False, description="log prompt / input text (off: user text never reaches the logs)")
     warmup: bool = Field(True, description="run one request through each model before turning ready")
 

@@ -71,6 +71,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_align(subparsers)
 
 
+def inherited_direction(init_from: str | None) -> str | None:
+    """The direction of the translator `--init-from` names ("de-en" for tserve-de-en), from its config.json."""
+    config = Path(init_from or "") / "config.json"
+    if not init_from or not config.is_file():
+        return None
+    import json  # noqa: PLC0415
+
+    raw = json.loads(config.read_text())
+    if raw.get("source_lang") and raw.get("target_lang"):
+        return f"{raw['source_lang']}-{raw['target_lang']}"
+    return None
+
+
 def default_out(task: str, dataset: str | None, direction: str | None = None) -> str:
     if task == "vit":
         return DEFAULT_OUT[("vit", dataset or "fashion-mnist")]
@@ -91,13 +104,18 @@ def run_train(args: argparse.Namespace) -> int:
     if args.task != "translation" and args.direction is not None:
         print(f"--direction applies to translation only, not {args.task}", file=sys.stderr)
         return 2
-    out = Path(args.out or default_out(args.task, args.dataset, args.direction))
+    direction = args.direction or (inherited_direction(args.init_from) if args.task == "translation" else None)
+    if direction is not None and direction not in DIRECTIONS:
+        print(f"--init-from {args.init_from} translates {direction}; the bundled data are {' or '.join(DIRECTIONS)}",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out or default_out(args.task, args.dataset, direction))
     out.mkdir(parents=True, exist_ok=True)
     setup_logging(out / "train_log.jsonl")
     opts = RunOptions(
         out=out, device=args.device, preset=args.preset, steps=args.steps, epochs=args.epochs, seed=args.seed,
         max_minutes=args.max_minutes, dataset=args.dataset, data_root=args.data_dir, init_from=args.init_from,
-        lr=args.lr, direction=args.direction,
+        lr=args.lr, direction=direction,
         command=" ".join(shlex.quote(a) for a in _command_line()),
     )
     try:

@@ -14,10 +14,11 @@ from service.engine.request import (
     TokenLogprob,
     admission,
     request_error,
+    request_observer,
 )
 from service.engine.scheduler import Scheduler
 from service.engine.translation import TranslationEngine, TranslationRequest
 
 __all__ = ["Admission", "BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
            "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Scheduler", "TokenLogprob",
-           "TranslationEngine", "TranslationRequest", "admission", "request_error"]
+           "TranslationEngine", "TranslationRequest", "admission", "request_error", "request_observer"]

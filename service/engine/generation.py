@@ -29,6 +29,7 @@ class GenerationRequest(EngineRequest, TextSequence):
         EngineRequest.__init__(self, deadline)
         TextSequence.__init__(self, prompt_ids, params, device)
         self.detok = detokenizer
+        self.input_tokens = len(prompt_ids)
         self.stops = StopStrings(params.stop)
 
 

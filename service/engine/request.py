@@ -48,6 +48,9 @@ class Admission:
 # Set per client request before its engine requests are made (the API layer does, from the key and the body);
 # every engine request made in that context carries it.
 admission: ContextVar[Admission] = ContextVar("admission", default=Admission())  # noqa: B039 - frozen
+# Called with each engine request once its stream has ended (on the event loop), when set in the context the
+# request was made in: how tracing (service/tracing.py) sees the request's timeline. None: nothing to do.
+request_observer: ContextVar[Callable[[EngineRequest], None] | None] = ContextVar("request_observer", default=None)
 
 
 @dataclass
@@ -87,6 +90,13 @@ class EngineRequest:
         self.turn = 0
         who = admission.get()
         self.client, self.priority = who.client, who.priority
+        # The timeline, in wall-clock nanoseconds (0: not yet), and what it did, for whoever observes it.
+        self.observer = request_observer.get()
+        self.model = ""  # the engine's name, set when queued
+        self.queued_ns, self.admitted_ns, self.first_token_ns, self.finished_ns = time.time_ns(), 0, 0, 0
+        self.admitted_step = -1
+        self.input_tokens = self.output_tokens = 0
+        self.finish_reason: str | None = None
         self.finished_step = -1  # the engine step at which it finished (-1: not yet)
 
     def cancel(self) -> None:
@@ -94,6 +104,9 @@ class EngineRequest:
         self.cancelled = True
 
     def emit(self, event: Event) -> None:
+        self.output_tokens += len(event.token_ids)
+        if event.finish_reason is not None:
+            self.finish_reason = event.finish_reason
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the loop that submitted it has closed: nobody is listening any more

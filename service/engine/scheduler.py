@@ -93,6 +93,7 @@ class Scheduler:
         called on the event loop."""
         if group is not None:
             req.group, req.turn = group, turn
+        req.model = self.name
         with self._lock:
             if self._draining:
                 raise QueueFull(f"model {self.name!r} is shutting down")
@@ -156,6 +157,8 @@ class Scheduler:
             if not req.finished:
                 req.cancel()
                 self._wake.set()
+            if req.observer is not None:
+                req.observer(req)
 
     @property
     def queue_depth(self) -> int:
@@ -297,6 +300,7 @@ class Scheduler:
                     break
                 elif isinstance(req, CallRequest) or self._reserve(req):
                     admitted.append(req)
+                    req.admitted_ns, req.admitted_step = time.time_ns(), self.steps
                     self._admissions += 1
                     self._last_admitted[req.client] = self._admissions
                     if len(self._last_admitted) > MAX_CLIENTS_REMEMBERED:  # forget the clients not waiting
@@ -320,6 +324,7 @@ class Scheduler:
         """Send a non-final event and record first-token / inter-token latency."""
         if req.last_emit == 0.0:
             self.m.ttft.observe(now - req.arrival)
+            req.first_token_ns = time.time_ns()
         else:
             self.m.itl.observe(now - req.last_emit)
         req.last_emit = now
@@ -330,7 +335,7 @@ class Scheduler:
 
     def _finish(self, req: EngineRequest, event: Event | None) -> None:
         """Retire a request: free its rows and send its last event (None: it was cancelled)."""
-        req.finished, req.finished_step = True, self.steps
+        req.finished, req.finished_step, req.finished_ns = True, self.steps, time.time_ns()
         if req in self.running:
             self.running.remove(req)
         if not isinstance(req, CallRequest):

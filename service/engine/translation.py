@@ -23,6 +23,7 @@ class TranslationRequest(EngineRequest, TranslationSequence):
         EngineRequest.__init__(self, deadline)
         TranslationSequence.__init__(self, job)
         self.detok = detokenizer
+        self.input_tokens = len(job.source_ids)
 
 
 class TranslationEngine(Scheduler):

@@ -279,6 +279,14 @@ BUGS = [
     Bug("max-model-memory-ignores-served-models", "service/registry.py",
         "        if held + needed > limit:", "        if needed > limit:",
         ("tests/http/test_repository.py::test_a_load_past_max_model_memory_is_refused_before_its_weights_are_read",)),
+    Bug("trace-ignores-traceparent", "service/tracing.py",
+        "    context = TraceContextTextMapPropagator().extract(carrier)", "    context = None",
+        ("tests/http/test_tracing.py::test_a_completion_is_one_trace_under_the_clients_span",)),
+    Bug("engine-spans-not-parented", "service/tracing.py",
+        "        self.engine_requests.append(req)\n        parent = trace.set_span_in_context(self.span)",
+        "        self.engine_requests.append(req)\n        parent = None",
+        ("tests/http/test_tracing.py::test_a_completion_is_one_trace_under_the_clients_span",
+         "tests/http/test_tracing.py::test_a_document_has_spans_per_sentence")),
 ]
 
 

@@ -31,6 +31,8 @@ from training.common import RunOptions, count_parameters, planned_steps
 from training.data import TranslationPair
 from training.loop import LoopConfig, learning_rate, train_loop
 
+ROOT = Path(__file__).resolve().parents[2]
+
 PAIRS = [TranslationPair(en, de, "ding") for en, de in zip(EN, DE, strict=True)]
 LM_TEXTS = [" ".join(EN * 4), " ".join(reversed(EN)) * 3, "To be, or not to be: that is the question."] * 4
 
@@ -369,6 +371,10 @@ def test_cli_registers_train_and_eval():
     assert args.func is cli.run_train and args.task == "vit" and args.steps == 5 and args.max_minutes == 1.5
     assert cli.default_out(args.task, args.dataset) == "models/tserve-vit-digits"
     assert cli.default_out("translation", None) == "models/tserve-en-de"
+    # Continuing German → English: its own directory, not the English → German one.
+    assert cli.inherited_direction(str(ROOT / "models" / "tserve-de-en")) == "de-en"
+    assert cli.default_out("translation", None, cli.inherited_direction(str(ROOT / "models" / "tserve-de-en"))) == \
+        "models/tserve-de-en"
     args = parser.parse_args(["eval", "models/x", "--limit", "10"])
     assert args.func is cli.run_eval and args.limit == 10
     with pytest.raises(SystemExit):
