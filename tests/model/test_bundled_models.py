@@ -19,11 +19,11 @@ from training import data as data_mod
 from training.evaluate import SLICE_KEYS, evaluate_loaded, task_of
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLED = ["tserve-vit-fashion", "tserve-vit-digits", "tserve-lm", "tserve-en-de"]
+BUNDLED = ["tserve-vit-fashion", "tserve-vit-digits", "tserve-lm", "tserve-en-de", "tserve-de-en"]
 TOLERANCE = {"accuracy": 1e-6, "bleu": 0.05, "chrf": 0.05, "perplexity": 0.01}
 # Sanity floors on the recorded full-test metrics (a bundled model that falls below was mis-trained).
 MINIMUM = {"tserve-vit-fashion": ("accuracy", 0.85), "tserve-vit-digits": ("accuracy", 0.9),
-           "tserve-en-de": ("bleu", 10.0)}
+           "tserve-en-de": ("bleu", 10.0), "tserve-de-en": ("bleu", 10.0)}
 
 
 @pytest.mark.parametrize("name", BUNDLED)
