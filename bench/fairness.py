@@ -1,8 +1,8 @@
 """Fair admission under a flood: one client's latency for a request while another client floods the server,
 against its latency on an idle server and while the flood comes from its own key (first come, first served).
 
-    python bench/fairness.py                       # tserve-lm, 4 running requests, a flood of 48
-    python bench/fairness.py --flood 96 --max-tokens 64 --rows 8
+    python bench/fairness.py                       # tserve-lm, 4 running requests, a flood of 256
+    python bench/fairness.py --flood 512 --max-tokens 32 --rows 8
 
 The flood's requests are all queued before the measured request is sent; every request generates
 `--max-tokens` tokens (greedy, ignore_eos). Reported: the measured request's latency (median of `--repeats`),
@@ -41,7 +41,7 @@ async def measured(url: str, key: str, flood_key: str | None, flood: int, max_to
         floods = [asyncio.ensure_future(one(client, url, flood_key, max_tokens, i)) for i in range(flood)] \
             if flood_key else []
         if floods:
-            await asyncio.sleep(1.0)  # the flood is queued
+            await asyncio.sleep(0.3)  # the flood is queued (and far from done)
         latency = await one(client, url, key, max_tokens, 999)
         await asyncio.gather(*floods)
         return latency
@@ -56,8 +56,8 @@ def cpu() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--flood", type=int, default=48)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--flood", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rows", type=int, default=4, help="--max-running-requests")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

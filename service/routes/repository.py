@@ -8,6 +8,8 @@ keys (TSERVE_ADMIN_KEYS) only. Errors are `{"error": "..."}`, as under the rest 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from service.routes.deps import registry, settings
 from service.security import KeyChecker, bearer_token
 
 PREFIX = "/v2/repository"
+LOADER_NICENESS = 10
 router = APIRouter(prefix=PREFIX, tags=["model repository"])
 
 
@@ -96,8 +99,30 @@ async def load(name: str, request: Request) -> dict[str, str]:
         raise OIPError(400, "a model name is letters, digits, '-', '_' and '.'")
     if reg.states.get(name) is not None and reg.states[name].state in ("LOADING", "UNLOADING"):
         raise OIPError(409, f"model {name!r} is {reg.states[name].state.lower()}")
-    await asyncio.to_thread(reg.load_model, name, source)
+    await _beside_serving(reg.load_model, name, source)
     return {"name": name, "state": "READY"}
+
+
+async def _beside_serving(fn, *args) -> None:  # noqa: ANN001
+    """`fn(*args)` in a thread of its own at a lower CPU priority (nice 10, inherited by the thread pools it
+    starts), so that the workers serving other models keep their steps while a model loads."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICENESS)
+        except (OSError, AttributeError):  # not Linux, or not allowed: at the usual priority
+            pass
+        try:
+            result: tuple[bool, object] = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting route
+            result = (False, exc)
+        loop.call_soon_threadsafe(lambda: done.done() or (
+            done.set_result(result[1]) if result[0] else done.set_exception(result[1])))
+
+    threading.Thread(target=run, name="model-loader", daemon=True).start()
+    await done
 
 
 @router.post("/models/{name}/unload")
