@@ -258,7 +258,7 @@ class Attention(nn.Module):
                     return self.proj(out.transpose(1, 2).reshape(q.size(0), 1, -1)), None
                 k, v = cache.update(k, v)
         attend = math_attention if need_weights else self._attend
-        if self.backend == "flash" and mask is not None and mask.is_floating_point():
+        if not need_weights and self.backend == "flash" and mask is not None and mask.is_floating_point():
             attend = sdpa_attention  # a position bias: the Triton kernels take boolean masks only
         dropout_p = self.dropout if self.training else 0.0
         out, probs = _grouped(attend, q, k, v, mask, is_causal, dropout_p)

@@ -122,10 +122,10 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
         if load_models:
             registry.start_loading()
         yield
-        tracing.shutdown()
         registry.ready = False  # /readyz answers 503 while in-flight work drains
         registry.wait_loaded(timeout=60)
         registry.stop()
+        tracing.shutdown()  # after the drain: the last requests' spans go out too
 
     app = FastAPI(title="tserve", version="0.1.0", lifespan=lifespan,
                   description="Transformer inference: text generation, translation, image classification.")
@@ -137,7 +137,7 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     app.state.key_gate = gate = KeyGate(settings.api_keys, settings.max_requests_per_key)
     app.add_middleware(APIKeyMiddleware, gate=gate, public_paths=settings.public_paths,
                        self_checked_paths=libretranslate.KEY_CHECKED_PATHS,
-                       self_checked_prefixes=(repository.PREFIX,))  # the admin keys, checked there
+                       self_checked_prefixes=(repository.PREFIX + "/",))  # the admin keys, checked there
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"])

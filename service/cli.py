@@ -129,15 +129,21 @@ def models_command(args: argparse.Namespace) -> int:
     if args.action == "list":
         url, body = f"{base}/index", {}
     else:
-        url, body = f"{base}/models/{args.name}/{args.action}", {"parameters": {"path": args.path}} if args.path else {}
+        from urllib.parse import quote  # noqa: PLC0415
+
+        url = f"{base}/models/{quote(args.name, safe='')}/{args.action}"
+        body = {"parameters": {"path": args.path}} if args.path else {}
     try:
         resp = httpx.post(url, json=body, headers=headers, timeout=None)
     except httpx.HTTPError as exc:
         print(f"tserve models: {args.url} did not answer ({exc})", file=sys.stderr)
         return 1
     if resp.status_code != 200:
-        print(f"tserve models {args.action}: {resp.status_code} {resp.json().get('error', resp.text)}",
-              file=sys.stderr)
+        try:
+            message = resp.json().get("error", resp.text)
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            message = resp.text
+        print(f"tserve models {args.action}: {resp.status_code} {message}", file=sys.stderr)
         return 1
     if args.action == "list":
         for m in resp.json():

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from model import checkpoint, hub
 from model.attention import resolve_backend
 from service import tasks
-from service.errors import bad_request, not_found, overloaded
+from service.errors import APIError, bad_request, not_found, overloaded
 from service.metrics import Metrics
 from service.settings import Settings
 from service.tasks import ServedModel
@@ -53,7 +53,9 @@ class ModelRegistry:
         self.states: dict[str, ModelState] = {}
         self.version = 0  # changes whenever the set of served models does (`derived` values are worked out again)
         self._derived: dict[str, Any] = {}
-        self._changes = threading.Lock()  # one load / unload at a time
+        self._changes = threading.Lock()  # guards models, states and the retiring list against the loaders
+        self._retiring: list[ServedModel] = []  # no longer served, still draining (their memory is still held)
+        self._retired_ids: set[int] = set()  # those a `retire` call is draining
         self.ready = False
         self.draining = False
         self.error: str | None = None
@@ -121,8 +123,10 @@ class ModelRegistry:
             return
         dtype = checkpoint.resolve_dtype(self.settings.dtype, device)
         needed = checkpoint.weight_bytes(path, dtype)
+        with self._changes:
+            holding = [*self.models.values(), *self._retiring]
         held = sum(sum(t.numel() * t.element_size() for t in (*m.loaded.model.parameters(), *m.loaded.model.buffers()))
-                   for m in self.models.values())
+                   for m in holding)
         if held + needed > limit:
             raise ValueError(f"loading {name!r} needs {needed / 1e6:,.1f} MB for its weights; with the "
                              f"{held / 1e6:,.1f} MB served that passes --max-model-memory "
@@ -155,64 +159,103 @@ class ModelRegistry:
     # ----------------------------------------------------------------------------------------------
     def derived(self, key: str, compute: Callable[[], Any]) -> Any:
         """A value worked out from the served models (e.g. the translators' language pairs), kept until the set
-        of models changes."""
-        version, cached = self._derived.get(key, (None, None))
-        if version != self.version:
+        of models changes (a value computed while it changed is stored under the version it was computed from)."""
+        version = self.version
+        stored, cached = self._derived.get(key, (None, None))
+        if stored != version:
             cached = compute()
-            self._derived[key] = (self.version, cached)
+            self._derived[key] = (version, cached)
         return cached
 
     def _changed(self) -> None:
         self.version += 1
         self._derived = {}
 
-    def load_model(self, name: str, path: Path) -> None:
-        """Load `path` as model `name` beside the models being served (blocking: run it off the event loop); a
-        model already served under that name goes on answering until the new one replaces it, at once, and then
-        drains. A failed load leaves the name UNAVAILABLE with the error (the old model, if any, serving)."""
+    def claim(self, name: str, state: str) -> ServedModel | None:
+        """Start loading (`LOADING`) or unloading (`UNLOADING`) `name`: 409 while another change of it runs, 404
+        when unloading what is not loaded. Returns the model served under that name, if any."""
+        with self._changes:
+            current = self.states.get(name)
+            if current is not None and current.state in ("LOADING", "UNLOADING"):
+                raise APIError(409, f"model {name!r} is {current.state.lower()}", "invalid_request_error", "busy")
+            served = self.models.get(name)
+            if state == "UNLOADING" and served is None:
+                raise not_found(f"model {name!r} is not loaded; loaded: {sorted(self.models)}")
+            reason = "replacing the served model" if state == "LOADING" and served is not None else ""
+            self.states[name] = ModelState(state, reason)
+            return served
+
+    def prepare(self, name: str, path: Path) -> ServedModel:
+        """Load and warm up `path` as model `name`, not yet serving (blocking: run it beside serving, in a thread
+        of its own). A failure leaves the name UNAVAILABLE with the error, or the model it would replace READY."""
+        try:
+            device = checkpoint.resolve_device(self.settings.device)
+            served = self._load_one(name, path, device, resolve_backend(self.settings.attention_backend, device))
+            if self.settings.warmup:
+                self._warmup(served)
+            return served
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            log.exception("model loading failed", extra={"model": name})
+            self.states[name] = ModelState("READY", f"a replacement failed to load: {reason}") if name in self.models \
+                else ModelState("UNAVAILABLE", reason)
+            exc.__traceback__ = None  # its frames hold what was loaded so far
+        _give_memory_back()
+        raise bad_request(f"model {name!r} failed to load: {reason}", "load_failed")
+
+    def install(self, name: str, served: ServedModel) -> bool:
+        """Start `served`'s workers (from the caller's thread: they keep its CPU priority) and serve it as `name`,
+        at once: requests see the old model or the new one, never neither. True when it replaced one, which
+        `retire` then drains."""
+        for worker in served.workers:
+            worker.start()
         with self._changes:
             old = self.models.get(name)
-            self.states[name] = ModelState("LOADING", "replacing the served model" if old else "")
-            try:
-                device = checkpoint.resolve_device(self.settings.device)
-                served = self._load_one(name, path, device, resolve_backend(self.settings.attention_backend, device))
-                if self.settings.warmup:
-                    self._warmup(served)
-                for worker in served.workers:
-                    worker.start()
-            except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                log.exception("model loading failed", extra={"model": name})
-                self.states[name] = ModelState("READY", f"a replacement failed to load: {reason}") if old \
-                    else ModelState("UNAVAILABLE", reason)
-                raise bad_request(f"model {name!r} failed to load: {reason}", "load_failed") from exc
-            self.models[name] = served  # requests see the old model or the new one, never neither
+            self.models[name] = served
             self.states[name] = ModelState("READY")
+            if old is not None:
+                self._retiring.append(old)
             self._changed()
-        if old is not None:
-            self._drain(old)
-            del old
-            _give_memory_back()
+        return old is not None
+
+    def remove(self, name: str) -> None:
+        """Stop routing to `name` (its new requests get 503 while it is UNLOADING); `retire` then drains it."""
+        with self._changes:
+            self._retiring.append(self.models.pop(name))
+            self._changed()
+
+    def retire(self, unloaded: str | None = None) -> None:
+        """Let the models no longer served finish what they hold (up to the request timeout), stop their workers
+        and give their memory back (blocking). The registry holds the only references to them, so that they are
+        freed here; with `unloaded`, that name is then UNAVAILABLE ("unloaded")."""
+        with self._changes:
+            mine = [m for m in self._retiring if id(m) not in self._retired_ids]
+            self._retired_ids |= {id(m) for m in mine}
+        self._stop_workers(mine)
+        with self._changes:  # until here they count toward --max-model-memory
+            self._retiring = [m for m in self._retiring if not any(m is x for x in mine)]
+            self._retired_ids -= {id(m) for m in mine}
+        del mine  # the last reference: what is freed now is given back below
+        _give_memory_back()
+        if unloaded is not None:
+            self.states[unloaded] = ModelState("UNAVAILABLE", "unloaded")
+
+    def _stop_workers(self, models: list[ServedModel]) -> None:
+        for served in models:
+            for worker in served.workers:
+                worker.stop(self.settings.request_timeout_s)
+
+    def load_model(self, name: str, path: Path) -> None:
+        """claim, prepare, install and retire in one blocking call (what the repository route does in steps)."""
+        self.claim(name, "LOADING")
+        if self.install(name, self.prepare(name, path)):
+            self.retire()
 
     def unload_model(self, name: str) -> None:
-        """Stop serving `name`: new requests get 503 at once, the ones it holds finish (up to the request
-        timeout), then its memory is given back. Blocking: run it off the event loop."""
-        with self._changes:
-            served = self.models.get(name)
-            if served is None:
-                raise not_found(f"model {name!r} is not loaded; loaded: {sorted(self.models)}")
-            self.states[name] = ModelState("UNLOADING")
-            del self.models[name]
-            self._changed()
-        self._drain(served)
-        del served
-        _give_memory_back()
-        self.states[name] = ModelState("UNAVAILABLE", "unloaded")
-
-    def _drain(self, served: ServedModel) -> None:
-        """Let a model no longer served finish what it holds (up to the request timeout), then stop its workers."""
-        for worker in served.workers:
-            worker.stop(self.settings.request_timeout_s)
+        """claim, remove and retire in one blocking call."""
+        self.claim(name, "UNLOADING")
+        self.remove(name)
+        self.retire(name)
 
     # ----------------------------------------------------------------------------------------------
     def get(self, name: str | None, task: str | None) -> ServedModel:

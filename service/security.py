@@ -48,13 +48,14 @@ def bearer_token(scope: Scope) -> str:
     return ""
 
 
-def key_priority(entry: str) -> tuple[str, int]:
-    """`KEY:N` in TSERVE_API_KEYS: the key and its requests' default priority N (lower is admitted first); a key
-    without an integer after its last colon is the whole entry, priority 0."""
+def key_priority(entry: str) -> tuple[str, int | None]:
+    """`KEY:N` in TSERVE_API_KEYS: the key and its requests' priority N (lower is admitted first; a request's
+    body may ask for a later one, not an earlier one); a key without an integer after its last colon is the
+    whole entry, with no priority of its own (None: 0, and the body's as asked)."""
     key, sep, number = entry.rpartition(":")
     if sep and key and number.lstrip("-").isdigit():
         return key, int(number)
-    return entry, 0
+    return entry, None
 
 
 class KeyGate:
@@ -88,8 +89,9 @@ class KeyGate:
             self.in_flight[key] -= 1
 
     def admit_as(self, key: int) -> None:
-        """The current request is this key's, at its default priority (for the engines' admission order)."""
-        admission.set(Admission(("key", key), self.priorities[key]))
+        """The current request is this key's, at its priority (for the engines' admission order)."""
+        priority = self.priorities[key]
+        admission.set(Admission(("key", key), priority or 0, priority))
 
     def busy_message(self) -> str:
         return f"this API key has {self.limit} requests in flight; retry later"

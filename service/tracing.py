@@ -50,9 +50,11 @@ def configure(endpoint: str | None) -> bool:
 
 
 def shutdown() -> None:
-    """Export what is pending (at server stop)."""
+    """Export what is pending and stop tracing (at server stop)."""
+    global _tracer, _provider
     if _provider is not None:
         _provider.shutdown()
+    _tracer = _provider = None
 
 
 class _RequestTrace:

@@ -19,6 +19,7 @@ from service.connection import while_connected
 from service.errors import bad_request, engine_failure
 from service.languages import LanguageDetector
 from service.registry import ModelRegistry
+from service.runners import InvalidInput
 from service.tasks.translation import (
     SegmentResult,
     ServedTranslator,
@@ -27,7 +28,7 @@ from service.tasks.translation import (
     collect_translation,
     weighted_score,
 )
-from service.translation_input import TranslationAsk
+from service.translation_input import TranslationAsk, check_options, resolve_languages
 
 Pair = tuple[str, str]
 Hop = tuple[ServedTranslator, Pair]  # a translator and the pair it translates in that hop
@@ -152,19 +153,27 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
             texts = [o.text for o in outs]
         return RouteResult(outs, prompt, completion)
     (first, _), (second, _) = hops  # a route is one hop or two
+    last_ask = hop_ask(ask, hops[1], ask.texts, True)
+    try:  # the request's options against the last model before any work: not a 400 after the first hop
+        check_options(last_ask, second.settings, second.engine.translator.max_target_len,
+                      second.loaded.generation.num_beams)
+        resolve_languages(second, last_ask.source_lang, last_ask.target_lang)
+    except InvalidInput as exc:
+        raise engine_failure(exc, "translation", "invalid_value") from exc
     docs = first.checked_documents(hop_ask(ask, hops[0], ask.texts, False))
     parts = first.submit(docs)
     pending: list[asyncio.Future] = []
     first_tokens: list[int] = []
+    second_hop = object()  # every second-hop sentence is part of one client request there too
 
-    async def onwards(req) -> TranslationOutput:  # noqa: ANN001 - the first hop's TranslationRequest
+    async def onwards(req, turn: int) -> TranslationOutput:  # noqa: ANN001 - the first hop's TranslationRequest
         """One sentence's second hop, submitted once the first has translated it."""
         seg = await collect_translation(first.engine, req)
         first_tokens.append(len(seg.token_ids))
         if not seg.text.strip():  # nothing came out of the first hop: nothing goes on
             return TranslationOutput("", [], seg.hypotheses[0].score, seg.finish_reason, [("", 0.0)])
         (doc,) = second.checked_documents(hop_ask(ask, hops[1], [seg.text], True))
-        (reqs,) = second.submit([doc])
+        (reqs,) = second.submit([doc], group=second_hop, first_turn=turn)
         try:
             results = await asyncio.gather(*(collect_translation(second.engine, r) for r in reqs))
         finally:
@@ -173,8 +182,8 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
         return assemble(doc, list(results), ask.n)
 
     for part in parts:
-        for req in part:
-            pending.append(asyncio.ensure_future(onwards(req)))
+        for turn, req in enumerate(part):
+            pending.append(asyncio.ensure_future(onwards(req, turn)))
     try:
         sentences = await while_connected(request, asyncio.gather(*pending))
     except Exception as exc:

@@ -39,10 +39,12 @@ def request_error(exc: BaseException) -> Exception:
 @dataclass(frozen=True)
 class Admission:
     """Whose a request is and how urgent, for the scheduler's admission order: `client` (an API key, else the
-    client's address; None: anonymous) and `priority` (lower is admitted first, as vLLM's `priority`)."""
+    client's address; None: anonymous) and `priority` (lower is admitted first, as vLLM's `priority`); `floor`:
+    the most urgent priority a request's body may ask for (its key's, when the operator set one)."""
 
     client: object = None
     priority: int = 0
+    floor: int | None = None
 
 
 # Set per client request before its engine requests are made (the API layer does, from the key and the body);

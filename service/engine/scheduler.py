@@ -109,14 +109,16 @@ class Scheduler:
             self.m.queue_depth.set(self._groups_waiting())
         self._wake.set()
 
-    def submit_all(self, jobs: list[Any], *, one_request: bool = False) -> list[EngineRequest]:
+    def submit_all(self, jobs: list[Any], *, one_request: bool = False, group: object | None = None,
+                   first_turn: int = 0) -> list[EngineRequest]:
         """Queue every job or none: when one is refused (QueueFull, ValueError), those already queued are
         cancelled and the error is raised. `one_request`: the jobs are parts of one client request (a
-        document's sentences): they count once toward --max-queue and are admitted in turns with others."""
+        document's sentences): they count once toward --max-queue and are admitted in turns with others;
+        `group` / `first_turn`: parts of a client request submitted in several calls (a pivot's second hop)."""
         submitted: list[EngineRequest] = []
-        group = object()
+        group = group if group is not None else object()
         try:
-            for turn, job in enumerate(jobs):
+            for turn, job in enumerate(jobs, start=first_turn):
                 if one_request:
                     submitted.append(self.submit_job(job, group=group, turn=turn))
                 else:
@@ -290,25 +292,28 @@ class Scheduler:
             self._purge_cancelled()
             if len({(r.priority, r.client) for r in self.waiting}) > 1 or any(r.turn for r in self.waiting):
                 self.waiting = self._admission_order()
+            kept: collections.deque[EngineRequest] = collections.deque()  # still waiting, in order
             while self.waiting:
-                req = self.waiting[0]
+                req = self.waiting.popleft()
                 if req.cancelled:
                     req.finished = True
                 elif now > req.deadline:
                     self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
                 elif not isinstance(req, CallRequest) and self._keeps_reserved_rows(req, admitted):
-                    break
+                    kept.append(req)  # passed over: the rows left are for other clients, whose requests may follow
                 elif isinstance(req, CallRequest) or self._reserve(req):
                     admitted.append(req)
                     req.admitted_ns, req.admitted_step = time.time_ns(), self.steps
                     self._admissions += 1
                     self._last_admitted[req.client] = self._admissions
-                    if len(self._last_admitted) > MAX_CLIENTS_REMEMBERED:  # forget the clients not waiting
-                        waiting = {r.client for r in self.waiting}
-                        self._last_admitted = {c: t for c, t in self._last_admitted.items() if c in waiting}
                 else:
-                    break
-                self.waiting.popleft()
+                    kept.append(req)
+                    kept.extend(self.waiting)  # no overtaking: nothing behind a request that does not fit
+                    self.waiting.clear()
+            self.waiting = kept
+            if len(self._last_admitted) > MAX_CLIENTS_REMEMBERED:  # forget the clients not waiting
+                waiting = {r.client for r in self.waiting}
+                self._last_admitted = {c: t for c, t in self._last_admitted.items() if c in waiting}
         self.running.extend(admitted)
         return admitted
 

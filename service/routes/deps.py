@@ -55,9 +55,12 @@ def served_model(request: Request, name: str | None, task: str | None, priority:
 
 
 def prioritise(priority: int | None) -> None:
-    """The body's priority, which this request's engine work is admitted at instead of its key's default."""
+    """The body's priority, which this request's engine work is admitted at: no earlier than its key's, when the
+    operator gave the key one (`KEY:N`)."""
     if priority is not None:
-        admission.set(replace(admission.get(), priority=priority))
+        current = admission.get()
+        floor = current.floor if current.floor is not None else priority
+        admission.set(replace(current, priority=max(priority, floor)))
 
 
 log = logging.getLogger("tserve.requests")

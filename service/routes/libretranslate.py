@@ -166,7 +166,12 @@ async def translate(request: Request) -> dict[str, Any]:
                 outputs[i], via[i] = out, [served.name for served, _ in hops]
 
         via: list[list[str] | None] = [None] * len(texts)
-        await asyncio.gather(*(run(pair, idx) for pair, idx in groups.items()))
+        runs = [asyncio.ensure_future(run(pair, idx)) for pair, idx in groups.items()]
+        try:
+            await asyncio.gather(*runs)
+        finally:  # one pair's failure ends the request: the others' work stops too
+            for r in runs:
+                r.cancel()
     translated = [o.text for o in outputs]
     answer: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
     if n > 1:

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 
 from service.errors import APIError, OIPError
 from service.registry import ModelRegistry
-from service.routes.deps import registry, settings
+from service.routes.deps import ready_registry, settings
 from service.security import KeyChecker, bearer_token
 
 PREFIX = "/v2/repository"
@@ -26,7 +26,8 @@ router = APIRouter(prefix=PREFIX, tags=["model repository"])
 
 
 def _admin(request: Request) -> ModelRegistry:
-    """The registry, for a request with an admin key (when keys are on at all)."""
+    """The registry, once the start-up models serve (503 before), for a request with an admin key (when keys
+    are on at all)."""
     s = settings(request)
     if s.admin_keys:
         if KeyChecker(s.admin_keys).match(bearer_token(request.scope)) is None:
@@ -35,7 +36,7 @@ def _admin(request: Request) -> ModelRegistry:
     elif s.api_keys:
         raise APIError(403, "the model repository API is closed: API keys are on and no admin key is set "
                             "(TSERVE_ADMIN_KEYS)", "invalid_request_error", "admin_keys_unset")
-    return registry(request)
+    return ready_registry(request)
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -82,7 +83,10 @@ async def load(name: str, request: Request) -> dict[str, str]:
     """Load (or replace) `name`: from the body's `parameters.path` when --allow-load-paths is on, else from
     --model-repository."""
     reg = _admin(request)
-    path = ((await _body(request)).get("parameters") or {}).get("path")
+    parameters = (await _body(request)).get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise OIPError(400, "parameters must be a JSON object")
+    path = parameters.get("path")
     if path is not None:
         if not settings(request).allow_load_paths:
             raise OIPError(403, "loading from a path of the request's is off (--allow-load-paths)")
@@ -97,15 +101,25 @@ async def load(name: str, request: Request) -> dict[str, str]:
         source = found[name]
     if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise OIPError(400, "a model name is letters, digits, '-', '_' and '.'")
-    if reg.states.get(name) is not None and reg.states[name].state in ("LOADING", "UNLOADING"):
-        raise OIPError(409, f"model {name!r} is {reg.states[name].state.lower()}")
-    await _beside_serving(reg.load_model, name, source)
+    reg.claim(name, "LOADING")  # on the event loop: a second change of this name is a 409 from now on
+
+    async def change() -> None:
+        # installed on the event loop, so that its workers run at the server's priority
+        if reg.install(name, await _beside_serving(reg.prepare, name, source)):
+            await asyncio.to_thread(reg.retire)
+
+    await _to_the_end(change())
     return {"name": name, "state": "READY"}
 
 
-async def _beside_serving(fn, *args) -> None:  # noqa: ANN001
+async def _to_the_end(change) -> None:  # noqa: ANN001 - a coroutine
+    """A change of the served models runs to its end even when the client that asked leaves."""
+    await asyncio.shield(asyncio.ensure_future(change))
+
+
+async def _beside_serving(fn, *args):  # noqa: ANN001, ANN202
     """`fn(*args)` in a thread of its own at a lower CPU priority (nice 10, inherited by the thread pools it
-    starts), so that the workers serving other models keep their steps while a model loads."""
+    starts), so that the workers serving other models keep their steps while a model loads. What it returns."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
@@ -122,7 +136,7 @@ async def _beside_serving(fn, *args) -> None:  # noqa: ANN001
             done.set_result(result[1]) if result[0] else done.set_exception(result[1])))
 
     threading.Thread(target=run, name="model-loader", daemon=True).start()
-    await done
+    return await done
 
 
 @router.post("/models/{name}/unload")
@@ -130,7 +144,7 @@ async def unload(name: str, request: Request) -> dict[str, str]:
     """Stop serving `name`: new requests get 503 at once, the ones it holds finish, then its memory is given
     back; answers when that is done."""
     reg = _admin(request)
-    if reg.states.get(name) is not None and reg.states[name].state in ("LOADING", "UNLOADING"):
-        raise OIPError(409, f"model {name!r} is {reg.states[name].state.lower()}")
-    await asyncio.to_thread(reg.unload_model, name)
+    reg.claim(name, "UNLOADING")
+    reg.remove(name)
+    await _to_the_end(asyncio.to_thread(reg.retire, name))
     return {"name": name, "state": "UNAVAILABLE"}

@@ -202,10 +202,13 @@ class ServedTranslator(ServedModel):
         except (InvalidInput, ConstraintsUnmet) as exc:
             raise engine_failure(exc, "translation", "invalid_value") from exc
 
-    def submit(self, docs: list[DocumentJob]) -> list[list[TranslationRequest]]:
-        """Queue every segment of every document as parts of one client request (raises the HTTP error)."""
+    def submit(self, docs: list[DocumentJob], group: object | None = None,
+               first_turn: int = 0) -> list[list[TranslationRequest]]:
+        """Queue every segment of every document as parts of one client request (raises the HTTP error); with
+        `group`, of the client request that group already stands for (from turn `first_turn`)."""
         try:
-            reqs = self.engine.submit_all([job for d in docs for job in d.jobs], one_request=True)
+            reqs = self.engine.submit_all([job for d in docs for job in d.jobs], one_request=True, group=group,
+                                          first_turn=first_turn)
         except (QueueFull, ValueError) as exc:
             raise engine_failure(exc, "translation") from exc
         out, start = [], 0

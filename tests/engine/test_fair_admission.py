@@ -94,3 +94,39 @@ def test_a_reserved_row_starts_another_clients_request_at_once(lm):
     finally:
         engine.stop()
     assert other <= sorted(flood)[2]  # finished with the first two, not behind the flood
+
+
+def test_the_reserved_row_takes_the_other_clients_next_request_too(lm):
+    """A client whose requests are passed over (its own run, the rows left are reserved) does not stop the
+    scan: another client's second request, queued behind the flood, still starts on the kept row."""
+    engine = GenerationEngine("lm", lm, metrics=Metrics(), max_slots=3, max_queue=256, max_model_len=None,
+                              timeout_s=60.0)
+    engine.reserved_rows = 1
+    prompt = lm.tokenizer.encode("Good morning")
+
+    def submit(who: str, tokens: int):
+        token = admission.set(Admission(who))
+        try:
+            return engine.submit(prompt, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+        finally:
+            admission.reset(token)
+
+    async def go() -> tuple[list[int], list[int]]:
+        flood = [submit("a", 24) for _ in range(8)]
+        engine.start()
+        mine = []
+        for _ in range(2):  # one after the other: the second waits behind the flood's queued requests
+            req = submit("b", 4)
+            async for _ in engine.stream(req):
+                pass
+            mine.append(req.finished_step)
+        for r in flood:
+            async for _ in engine.stream(r):
+                pass
+        return [r.finished_step for r in flood], mine
+
+    try:
+        flood, mine = asyncio.run(go())
+    finally:
+        engine.stop()
+    assert max(mine) < min(flood)  # both done before the flood's first requests

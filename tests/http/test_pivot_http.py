@@ -101,6 +101,8 @@ def test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence(checkpoint
         assert v1({"input": "the quick brown fox jumps over the lazy dog"})["models"] == ["en-fr"]
         missing = v1({"input": "bonjour", "source_lang": "fr"}, 400)["error"]
         assert missing["code"] == "model_required" and "translates into nothing served" in missing["message"]
+        early = v1({"input": "drei Töchter", "source_lang": "de", "target_lang": "fr", "n": 5, "num_beams": 2}, 400)
+        assert early["error"]["code"] == "invalid_n"  # the last model's rules, before the first hop runs
         stream = v1({"input": "drei Töchter", "source_lang": "de", "target_lang": "fr", "stream": True}, 400)
         assert stream["error"]["code"] == "pivot_unsupported"
     finally:

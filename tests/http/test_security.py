@@ -148,7 +148,8 @@ def test_prompts_are_logged_only_when_asked(caplog):
 
 def test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority():
     """The middleware says whose each request is for the engines' fair admission: the key (`KEY:N` gives its
-    default priority N), else the client's address; a body's `priority` replaces the key's."""
+    priority N), else the client's address; a body's `priority` may ask for a later turn than its key's, not an
+    earlier one, and is taken as asked for a key without a priority."""
     from service.engine import admission
     from service.routes.deps import prioritise
 
@@ -166,11 +167,14 @@ def test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority():
     async def go() -> list[dict]:
         async with who_app(api_keys=["ka:3", "kb", "k:c:-2"]) as c:
             keyed = [(await c.get("/who", headers={"Authorization": f"Bearer {k}"})).json() for k in ("ka", "kb", "k:c")]
-            keyed.append((await c.get("/who", params={"priority": -5}, headers={"Authorization": "Bearer ka"})).json())
+            for key, asked in (("ka", -5), ("ka", 7), ("kb", -5)):
+                keyed.append((await c.get("/who", params={"priority": asked},
+                                          headers={"Authorization": f"Bearer {key}"})).json())
         async with who_app() as c:
             keyed.append((await c.get("/who")).json())
         return keyed
 
     assert run(go()) == [{"client": ["key", 0], "priority": 3}, {"client": ["key", 1], "priority": 0},
-                         {"client": ["key", 2], "priority": -2}, {"client": ["key", 0], "priority": -5},
+                         {"client": ["key", 2], "priority": -2}, {"client": ["key", 0], "priority": 3},
+                         {"client": ["key", 0], "priority": 7}, {"client": ["key", 1], "priority": -5},
                          {"client": ["address", "10.0.0.7"], "priority": 0}]

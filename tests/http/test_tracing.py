@@ -93,7 +93,7 @@ def test_a_completion_is_one_trace_under_the_clients_span(traced):
         assert spans[name].parent_span_id == root.span_id, name
         assert root.start_time_unix_nano <= spans[name].start_time_unix_nano <= spans[name].end_time_unix_nano
     order = [spans[n] for n in ("validate", "queue", "prefill", "decode", "output")]
-    assert all(a.end_time_unix_nano <= b.start_time_unix_nano + 1 for a, b in zip(order, order[1:]))
+    assert all(a.end_time_unix_nano <= b.start_time_unix_nano + 1 for a, b in zip(order, order[1:], strict=False))
     expected = {"gen_ai.request.model": "lm", "http.response.status_code": 200,
                 "gen_ai.usage.input_tokens": usage["prompt_tokens"],
                 "gen_ai.usage.output_tokens": usage["completion_tokens"], "gen_ai.response.finish_reasons": ["length"]}

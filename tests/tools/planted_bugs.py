@@ -264,15 +264,17 @@ BUGS = [
         "        if not self.reserved_rows or not any(", "        if True or not any(",
         ("tests/engine/test_fair_admission.py::test_a_reserved_row_starts_another_clients_request_at_once",)),
     Bug("replacement-not-atomic", "service/registry.py",
-        "            old = self.models.get(name)\n            self.states[name] = ModelState(\"LOADING\"",
-        "            old = self.models.pop(name, None)\n            self.states[name] = ModelState(\"LOADING\"",
+        "            served = self.models.get(name)\n            if state == \"UNLOADING\" and served is None:",
+        "            served = self.models.pop(name, None) if state == \"LOADING\" else self.models.get(name)\n"
+        "            if state == \"UNLOADING\" and served is None:",
         ("tests/http/test_repository.py::test_replacing_a_model_while_requests_run",)),
     Bug("unload-cuts-running-requests", "service/registry.py",
         "            worker.stop(self.settings.request_timeout_s)", "            worker.stop(0)",
         ("tests/http/test_repository.py::test_unloading_drains_refuses_and_gives_the_memory_back",)),
     Bug("unloaded-model-kept-in-memory", "service/registry.py",
-        "            del self.models[name]", "            self._unloaded = self.models.pop(name)",
-        ("tests/http/test_repository.py::test_unloading_drains_refuses_and_gives_the_memory_back",)),
+        "            self._retiring.append(self.models.pop(name))",
+        "            self._unloaded = self.models.pop(name)\n            self._retiring.append(self._unloaded)",
+        ("tests/http/test_repository.py::test_a_load_past_max_model_memory_is_refused_before_its_weights_are_read",)),
     Bug("repository-admin-key-unchecked", "service/routes/repository.py",
         "        if KeyChecker(s.admin_keys).match(bearer_token(request.scope)) is None:", "        if False:",
         ("tests/http/test_repository.py::test_index_admin_keys_and_loading_by_name",)),
@@ -287,6 +289,10 @@ BUGS = [
         "        self.engine_requests.append(req)\n        parent = None",
         ("tests/http/test_tracing.py::test_a_completion_is_one_trace_under_the_clients_span",
          "tests/http/test_tracing.py::test_a_document_has_spans_per_sentence")),
+    Bug("reserved-rows-stop-the-scan", "service/engine/scheduler.py",
+        "                    kept.append(req)  # passed over:",
+        "                    kept.extend(self.waiting)\n                    self.waiting.clear()\n                    kept.appendleft(req)  # passed over:",
+        ("tests/engine/test_fair_admission.py::test_the_reserved_row_takes_the_other_clients_next_request_too",)),
 ]
 
 
