@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.server import ServerProcess  # noqa: E402
+from training.common import cpu_name  # noqa: E402
 
 
 async def one(client: httpx.AsyncClient, url: str, key: str, max_tokens: int, i: int) -> float:
@@ -45,13 +45,6 @@ async def measured(url: str, key: str, flood_key: str | None, flood: int, max_to
         latency = await one(client, url, key, max_tokens, 999)
         await asyncio.gather(*floods)
         return latency
-
-
-def cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def main() -> int:
@@ -83,7 +76,7 @@ def main() -> int:
         finally:
             srv.stop()
     idle = rows[0][1]
-    print(f"CPU: {cpu()}, {args.threads} threads; tserve-lm, {args.rows} running requests, flood of {args.flood}, "
+    print(f"CPU: {cpu_name()}, {args.threads} threads; tserve-lm, {args.rows} running requests, flood of {args.flood}, "
           f"{args.max_tokens} tokens each, median of {args.repeats}")
     print(f"| {'measured request':<70} | latency (s) | × idle |")
     print(f"|{'-' * 72}|-------------|--------|")

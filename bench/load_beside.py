@@ -23,8 +23,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fairness import cpu  # noqa: E402
 from tests.helpers.server import ServerProcess  # noqa: E402
+from training.common import cpu_name  # noqa: E402
 
 
 def big_checkpoint(d: Path, layers: int) -> int:
@@ -97,7 +97,7 @@ def main() -> int:
         before, during, load_s = asyncio.run(run(srv.url, args.baseline))
     finally:
         srv.stop()
-    print(f"CPU: {cpu()}, {args.threads} threads; tserve-lm streaming while a {size / 1e6:.0f} MB checkpoint "
+    print(f"CPU: {cpu_name()}, {args.threads} threads; tserve-lm streaming while a {size / 1e6:.0f} MB checkpoint "
           f"loads ({load_s:.1f} s)")
     print("| phase | tokens | median gap (ms) | p99 (ms) | largest (ms) |")
     print("|---|---|---|---|---|")

@@ -87,13 +87,8 @@ _ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "
 def weight_bytes(path: str | Path, dtype: torch.dtype) -> int:
     """What a checkpoint's weights take in memory with its floating tensors in `dtype`, from the safetensors
     headers alone (no tensor is read): what a loader can check against a memory budget first."""
-    path = Path(path)
-    files = [path / "model.safetensors"]
-    if not files[0].is_file():
-        index = read_json(path / "model.safetensors.index.json")
-        files = [path / f for f in sorted(set(index.get("weight_map", {}).values()))]
     total = 0
-    for file in files:
+    for file in WeightSource.files(Path(path)):
         with open(file, "rb") as f:
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
         for name, info in header.items():

@@ -121,9 +121,7 @@ class Settings(BaseSettings):
         """NAME -> checkpoint directory, or Hugging Face repo id (`ORG/REPO[@REVISION]`, resolved when the model
         is loaded: `model.hub`). Without --model: every checkpoint under models/."""
         if not self.models:
-            if not self.models_dir.is_dir():
-                return {}
-            return {p.name: p for p in sorted(self.models_dir.iterdir()) if (p / "config.json").is_file()}
+            return checkpoint_dirs(self.models_dir)
         specs: dict[str, Path] = {}
         for entry in self.models:
             name, sep, path = entry.partition("=")
@@ -145,3 +143,10 @@ def parse_bytes(value: str) -> int:
     if m is None or m[2].lower() not in _UNITS:
         raise ValueError(f"{value!r} is not a size such as 8GB, 512MiB or 1000000")
     return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def checkpoint_dirs(root: Path | None) -> dict[str, Path]:
+    """NAME -> directory for each checkpoint directory (one with a config.json) in `root`."""
+    if root is None or not root.is_dir():
+        return {}
+    return {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from training.data import SOURCES
+from training.data.pairs import LANGUAGE_NAMES
 
 TRAINING_FILE = "training.json"
 METRICS_FILE = "metrics.json"
@@ -55,8 +56,7 @@ def render_card(directory: str | Path) -> str:
     metrics = read_json(d / METRICS_FILE)
     config = read_json(d / "config.json")
     task = info.get("task", "?")
-    names = {"en": "English", "de": "German"}
-    source, target = (names.get(config.get(k), config.get(k)) for k in ("source_lang", "target_lang"))
+    source, target = (LANGUAGE_NAMES.get(config.get(k), config.get(k)) for k in ("source_lang", "target_lang"))
     title = TASK_TITLES.get(task, task).format(source=source or "English", target=target or "German")
     lines = [f"# {d.name}", "", title, ""]
     if info.get("description"):

@@ -55,15 +55,18 @@ def hardware_description(device: torch.device) -> str:
     """One line for the model card: GPU name, or CPU model and the number of threads torch used."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
+    return f"CPU {cpu_name()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"CPU {cpu}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
+    return platform.processor() or platform.machine()
 
 
 def count_parameters(model: torch.nn.Module) -> int:

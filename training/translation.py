@@ -38,10 +38,10 @@ from training.common import (
     resolve_device,
     seed_everything,
 )
+from training.data.pairs import LANGUAGE_NAMES
 from training.loop import LoopConfig, train_loop
 
 SOURCES = ["ding", "lo-help-en", "lo-help-de", "lo-ui"]
-LANGUAGE_NAMES = {"en": "English", "de": "German"}
 
 
 def direction_languages(direction: str) -> tuple[str, str]:

@@ -68,17 +68,8 @@ class WeightSource:
     (`*.bin`, `*.pt`) are never read."""
 
     def __init__(self, directory: Path) -> None:
-        single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
-        if single.is_file():
-            files = [single]
-        elif index.is_file():
-            files = self._shards(directory, index)
-        else:
-            pickled = sorted(p.name for p in [*directory.glob("*.bin"), *directory.glob("*.pt")])
-            hint = f" ({', '.join(pickled)} found: pickled weights are not loaded; convert them to safetensors)" \
-                if pickled else ""
-            raise CheckpointError(f"{single}: missing{hint}")
-        self.file = files[0] if len(files) == 1 else index
+        files = self.files(directory)
+        self.file = files[0] if len(files) == 1 else directory / "model.safetensors.index.json"
         self._handles: dict[Path, Any] = {}
         self._where: dict[str, tuple[Path, str]] = {}
         for file in files:
@@ -88,6 +79,19 @@ class WeightSource:
                 raise CheckpointError(f"{file}: corrupt or unreadable safetensors file ({exc})") from exc
             for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
                 self._where[name] = (file, name)
+
+    @classmethod
+    def files(cls, directory: Path) -> list[Path]:
+        """The checkpoint's safetensors files: `model.safetensors`, or the shards its index names (checked)."""
+        single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+        if single.is_file():
+            return [single]
+        if index.is_file():
+            return cls._shards(directory, index)
+        pickled = sorted(p.name for p in [*directory.glob("*.bin"), *directory.glob("*.pt")])
+        hint = f" ({', '.join(pickled)} found: pickled weights are not loaded; convert them to safetensors)" \
+            if pickled else ""
+        raise CheckpointError(f"{single}: missing{hint}")
 
     @staticmethod
     def _shards(directory: Path, index: Path) -> list[Path]:

@@ -19,6 +19,7 @@ from service.errors import APIError, OIPError
 from service.registry import ModelRegistry
 from service.routes.deps import ready_registry, settings
 from service.security import KeyChecker, bearer_token
+from service.settings import checkpoint_dirs
 
 PREFIX = "/v2/repository"
 LOADER_NICENESS = 10
@@ -53,10 +54,7 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 def _repository_models(request: Request) -> dict[str, Path]:
-    root = settings(request).model_repository
-    if root is None or not root.is_dir():
-        return {}
-    return {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()}
+    return checkpoint_dirs(settings(request).model_repository)
 
 
 @router.post("/index")

@@ -87,3 +87,24 @@ class ServerProcess:
             code = self.proc.wait()
         self._log.close()
         return code
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (VmRSS), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def concurrently(server: ServerProcess, path: str, bodies: list[dict]) -> list[dict]:
+    """POST every body to `path` at once (one connection each); their JSON answers, all required to be 200."""
+    import asyncio  # noqa: PLC0415
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=180) as client:
+            return await asyncio.gather(*(client.post(server.url + path, json=b) for b in bodies))
+
+    answers = asyncio.run(run())
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
+    return [r.json() for r in answers]

@@ -5,7 +5,6 @@ and int8 weights, and the Open Inference Protocol (/v2)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -18,7 +17,7 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.llama_family import FAMILIES
 from tests.helpers.one_request import lm_tokens
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, concurrently
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.parametrize("family", FAMILIES)
@@ -73,16 +72,6 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
         out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                           do_sample=False, max_new_tokens=n, pad_token_id=0)
     return out[0, len(ids):].tolist()
-
-
-def concurrently(server, path: str, bodies: list[dict]) -> list[dict]:
-    async def run() -> list[dict]:
-        async with httpx.AsyncClient(timeout=180) as client:
-            return await asyncio.gather(*(client.post(server.url + path, json=b) for b in bodies))
-
-    answers = asyncio.run(run())
-    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
-    return [r.json() for r in answers]
 
 
 def test_twenty_concurrent_greedy_completions_equal_transformers(server, models, references, family):

@@ -5,8 +5,6 @@ Open Inference Protocol, and the 400s of languages a model does not have."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 import torch
@@ -14,7 +12,7 @@ import torch
 from model.checkpoint import load
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, concurrently
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,13 +73,7 @@ def test_both_directions_in_one_batch_equal_generate(server, reference):
                            "source_lang": spellings[source][(i + j) % 4], "target_lang": spellings[target][j % 4]})
             expected.append(reference(text, source, target, beams))
 
-    async def together() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=120) as client:
-            return await asyncio.gather(*(client.post(server.url + "/v1/translations", json=b) for b in bodies))
-
-    answers = asyncio.run(together())
-    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
-    got = [r.json()["data"][0]["translation"] for r in answers]
+    got = [a["data"][0]["translation"] for a in concurrently(server, "/v1/translations", bodies)]
     assert got == expected
     assert_varied(got, min_distinct=0.9)
     assert "Fuchs" in got[0] and "fox" in got[4]
@@ -218,12 +210,8 @@ def test_int8_weights_serve_what_they_compute_alone(checkpoints, tmp_path):
     try:
         srv.wait_ready()
 
-        async def together() -> list[httpx.Response]:
-            async with httpx.AsyncClient(timeout=120) as client:
-                return await asyncio.gather(*(client.post(srv.url + "/v1/translations", json={
-                    "model": "nllb", "input": t, "source_lang": s, "target_lang": g}) for t, s, g in jobs))
-
-        got = [r.json()["data"][0]["translation"] for r in asyncio.run(together())]
+        bodies = [{"model": "nllb", "input": t, "source_lang": s, "target_lang": g} for t, s, g in jobs]
+        got = [a["data"][0]["translation"] for a in concurrently(srv, "/v1/translations", bodies)]
     finally:
         srv.stop()
     alone, float32 = [], []

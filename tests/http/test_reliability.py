@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, rss_kib
 
 PROMPTS = ["Hello world", "Good morning", "The quick brown fox", "Where is the station", "Once upon a time",
            "I don't know", "The weather is nice", "Three daughters"]
@@ -30,13 +30,6 @@ def checkpoints(tmp_path_factory):
 def start(checkpoints: dict[str, Path], log: Path, *extra: str) -> ServerProcess:
     args = factories.model_flags(checkpoints)
     return ServerProcess([*args, "--max-running-requests", "8", "--max-queue", "24", *extra], log).wait_ready()
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 class Tally:

@@ -13,14 +13,13 @@ import sys
 import threading
 import time
 import weakref
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from tests.helpers import factories
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, rss_kib
 
 ADMIN, USER = "adm-0123456789", "usr-0123456789"
 A = {"Authorization": f"Bearer {ADMIN}"}
@@ -28,10 +27,7 @@ U = {"Authorization": f"Bearer {USER}"}
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return rss_kib(pid) / 1024
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ glossaries, LibreTranslate, the Open Inference Protocol, attention maps, embeddi
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 import torch
@@ -15,7 +13,7 @@ from model.checkpoint import load
 from model.decoding import translate
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, concurrently
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,13 +67,7 @@ def test_t5_translates_through_every_api_as_generate_does(server, reference):
             bodies.append({"model": "madlad", "input": text, "num_beams": beams} | languages)
             expected.append(reference(text, target, beams))
 
-    async def together() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=120) as client:
-            return await asyncio.gather(*(client.post(server.url + "/v1/translations", json=b) for b in bodies))
-
-    answers = asyncio.run(together())
-    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
-    got = [r.json()["data"][0]["translation"] for r in answers]
+    got = [a["data"][0]["translation"] for a in concurrently(server, "/v1/translations", bodies)]
     assert got == expected
     assert_varied(got, min_distinct=0.9)
     assert "Fuchs" in got[0] and "fox" in got[4]

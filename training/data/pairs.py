@@ -14,6 +14,9 @@ from training.data.sources import MAX_PAIR_CHARS
 # --------------------------------------------------------------------------------------
 
 
+LANGUAGE_NAMES = {"en": "English", "de": "German"}  # the two sides of the pairs
+
+
 @dataclass(frozen=True)
 class TranslationPair:
     """One English sentence or phrase with its German translation and where it comes from."""
