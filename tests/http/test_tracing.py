@@ -127,3 +127,27 @@ def test_no_traces_when_off(tmp_path):
     finally:
         srv.stop()
         receiver.server.shutdown()
+
+
+def test_off_means_no_tracer_and_no_observer(monkeypatch):
+    """Without an endpoint nothing is set up: no tracer, and engine requests carry no observer (no cost)."""
+    import asyncio
+
+    from service import tracing
+    from service.app import build_app
+    from service.engine import request_observer
+    from service.settings import Settings
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    app = build_app(Settings(), load_models=False)
+
+    @app.get("/observed")
+    async def observed() -> dict:
+        return {"observer": request_observer.get() is not None, "tracer": tracing._tracer is not None}
+
+    async def go() -> dict:
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+                return (await c.get("/observed")).json()
+
+    assert asyncio.run(go()) == {"observer": False, "tracer": False}
