@@ -177,7 +177,7 @@ async def http_run(url: str, model: str | None, prompts: list[str], concurrency:
 # transformers side
 # --------------------------------------------------------------------------------------------------
 def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, threads: int,
-            device: str, dtype: str) -> list[Run]:
+            device: str, dtype: str, sequential: bool = True) -> list[Run]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -194,16 +194,18 @@ def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, t
           "pad_token_id": tok.eos_token_id}
     with torch.inference_mode():
         model.generate(**encode(["warm up"]), **kw)
-        seq = Run("hf generate, sequential", concurrency)
-        start = time.perf_counter()
-        for p in prompts:
-            t0 = time.perf_counter()
-            model.generate(**encode([p]), **kw)
-            sync()
-            seq.latency.append(time.perf_counter() - t0)
-            seq.tokens += max_tokens
-        seq.seconds = time.perf_counter() - start
-        runs = [seq]
+        runs = []
+        if sequential or concurrency == 1:
+            seq = Run("hf generate, sequential", concurrency)
+            start = time.perf_counter()
+            for p in prompts:
+                t0 = time.perf_counter()
+                model.generate(**encode([p]), **kw)
+                sync()
+                seq.latency.append(time.perf_counter() - t0)
+                seq.tokens += max_tokens
+            seq.seconds = time.perf_counter() - start
+            runs.append(seq)
         if concurrency > 1:
             batch = Run(f"hf generate, batch of {concurrency}", concurrency)
             start = time.perf_counter()
@@ -270,6 +272,10 @@ def main(argv: list[str] | None = None) -> list[Run]:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--hf-dtype", choices=["float32", "bfloat16", "float16"],
                     help="transformers' dtype (default --dtype): int8 tserve is compared with float32 transformers")
+    ap.add_argument("--hf-sequential", choices=["all", "one-client"], default="all",
+                    help="where to run transformers one request at a time: at every concurrency, or at 1 client "
+                         "only (a GPU's static batch always beats it above 1 client, and it is the slow part)")
+    ap.add_argument("--out", type=Path, help="write the runs as JSON here")
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-"))
@@ -291,7 +297,7 @@ def main(argv: list[str] | None = None) -> list[Run]:
         for c in args.concurrency:
             prompts = make_prompts(max(args.requests, c), args.prompt_words, seed=c)
             runs.extend(hf_runs(path, prompts, c, args.max_tokens, args.threads, args.device,
-                                args.hf_dtype or args.dtype))
+                                args.hf_dtype or args.dtype, sequential=args.hf_sequential == "all"))
             print(f"hf, {c}: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
     runs.sort(key=lambda r: (r.concurrency, r.name))
     print(f"\nmodel: {path} ({args.size}), {args.max_tokens} new tokens per request, "
@@ -299,6 +305,10 @@ def main(argv: list[str] | None = None) -> list[Run]:
           f"server --quantize {args.quantize}, transformers {args.hf_dtype or args.dtype}\n")
     print_table(runs)
     print_ratios(runs)
+    if args.out:
+        args.out.write_text(json.dumps([{"system": r.name, "clients": r.concurrency, "tokens_per_s": r.tokens_per_s,
+                                         "ttft_p50": pct(r.ttft, 50), "itl_p50": pct(r.itl, 50),
+                                         "latency_p50": pct(r.latency, 50)} for r in runs], indent=2))
     return runs
 
 

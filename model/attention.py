@@ -288,7 +288,7 @@ def _grouped(attend: AttentionFn, q: Tensor, k: Tensor, v: Tensor, mask: Tensor 
     B, H, Tq, D = q.shape
     if Tq == 1 and attend is not math_attention:  # one query: causal allows every key
         out, _ = attend(q.view(B, k.size(1), group, D), k, v, mask, False, dropout_p)
-        return out.view(B, H, 1, D), None
+        return out.reshape(B, H, 1, D), None  # SDPA on CUDA may hand back another memory layout
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     return attend(q, k, v, mask, is_causal, dropout_p)
 

@@ -196,7 +196,7 @@ def select_device(device: torch.device) -> None:
     """Make `device` the calling thread's current CUDA device (CUDA keeps one per thread), so that what runs
     without naming a device (Triton launches, CUDA-graph capture, new streams) runs on the model's GPU.
     Called by the loader and at the start of every worker thread; nothing to do on a CPU."""
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # bare "cuda" is the thread's current device already
         torch.cuda.set_device(device)
 
 

@@ -142,8 +142,9 @@ def _pair(make):
 
 
 def _twins(path):
-    """The checkpoint at `path` on the `math` backend and a copy on `flash`."""
-    ref = load(path, device=DEVICE, backend="math")
+    """The checkpoint at `path` on the `math` backend and a copy on `flash`, both float32 (on CUDA the loader's
+    `auto` dtype is bfloat16, whose rounding would decide near-ties differently on the two backends)."""
+    ref = load(path, device=DEVICE, dtype="float32", backend="math")
     fl = type(ref.model)(ref.config, backend="flash").to(DEVICE).eval()
     fl.load_state_dict(ref.model.state_dict())
     assert get_backend("flash") is flash.flash_attention
