@@ -149,34 +149,52 @@ def engine_inter_token(engine, ids: list[int], params) -> float:
 # --------------------------------------------------------------------------------------------------
 # Language model
 # --------------------------------------------------------------------------------------------------
+def lm_checkpoint(name: str, shape: dict, workdir: Path) -> tuple[Path, int, int]:
+    """(directory, vocabulary size, eos id) of a random-weight LM: GPT-2 at the run's shape, or a published
+    Llama-family shape (bench/load.py's FAMILY_SIZES)."""
+    from tests.helpers import factories
+
+    d = workdir / name
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        factories.write_bpe_tokenizer(d)  # ids beyond its vocabulary detokenize to nothing; fine for timing
+        g = shape["gpt2"]
+        torch.manual_seed(0)
+        GPT2LMHeadModel(GPT2Config(**g, bos_token_id=g["vocab_size"] - 1,
+                                   eos_token_id=g["vocab_size"] - 1)).save_pretrained(d)
+        return d, g["vocab_size"], g["vocab_size"] - 1
+    from bench.load import make_family
+
+    make_family(name, d)
+    config = json.loads((d / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    return d, config["vocab_size"], eos[0] if isinstance(eos, list) else eos
+
+
 def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Path, table: Table,
-             backend: str) -> None:
-    from transformers import GPT2Config, GPT2LMHeadModel
+             backend: str, name: str = "gpt2") -> None:
+    from transformers import AutoModelForCausalLM
 
     from model import checkpoint
     from model.decoding import SamplingParams
     from service.engine import GenerationEngine
     from service.metrics import Metrics
-    from tests.helpers import factories
 
-    d = workdir / "gpt2"
-    factories.write_bpe_tokenizer(d)  # ids beyond its vocabulary detokenize to nothing; fine for timing
-    g = shape["gpt2"]
-    torch.manual_seed(0)
-    cfg = GPT2Config(**g, bos_token_id=g["vocab_size"] - 1, eos_token_id=g["vocab_size"] - 1)
-    GPT2LMHeadModel(cfg).save_pretrained(d)
-    hf = GPT2LMHeadModel.from_pretrained(d, dtype=dtype).to(device).eval()
+    d, vocab, eos = lm_checkpoint(name, shape, workdir)
+    section = "lm" if name == "gpt2" else f"lm {name}"
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()
     loaded = checkpoint.load(d, device=device, dtype=dtype, backend=backend)
     n_new, plen = shape["lm_tokens"], shape["prompt"]
     gen = torch.Generator().manual_seed(1)
 
     def prompts(n: int) -> torch.Tensor:
-        return torch.randint(0, g["vocab_size"] - 1, (n, plen), generator=gen).to(device)
+        return torch.randint(0, vocab - 1, (n, plen), generator=gen).to(device)
 
     def hf_generate(ids: torch.Tensor, new: int) -> None:
         with torch.inference_mode():
             hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                        do_sample=False, pad_token_id=cfg.eos_token_id)
+                        do_sample=False, pad_token_id=eos)
 
     max_c = max(shape["lm_concurrency"])
     engine = GenerationEngine("lm", loaded, max_slots=max_c, max_queue=4 * max_c, max_model_len=None,
@@ -186,10 +204,10 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
         one = prompts(1)
         ids = one[0].tolist()
         params = SamplingParams(max_tokens=n_new + 1, temperature=0.0, ignore_eos=True)
-        hf_step = statistics.median(hf_inter_token(hf, one, n_new + 1, cfg.eos_token_id) for _ in range(3))
+        hf_step = statistics.median(hf_inter_token(hf, one, n_new + 1, eos) for _ in range(3))
         engine_inter_token(engine, ids, params)  # warm-up
         ours_step = statistics.median(engine_inter_token(engine, ids, params) for _ in range(3))
-        table.add("lm", "decode step, batch 1", hf_step * 1e3, ours_step * 1e3, "ms/step", False)
+        table.add(section, "decode step, batch 1", hf_step * 1e3, ours_step * 1e3, "ms/step", False)
         for c in shape["lm_concurrency"]:
             batch = prompts(c)
             hf_s = timed(lambda batch=batch: hf_generate(batch, n_new), device, 2, 1)
@@ -198,7 +216,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
             run_requests(engine, lambda i, rows=rows, params=params: engine.submit(rows[i], params), c)
             secs, tokens = run_requests(engine, lambda i, rows=rows, params=params: engine.submit(rows[i], params), c)
             assert tokens == c * n_new, (tokens, c * n_new)
-            table.add("lm", f"{c} requests at once", c * n_new / hf_s, tokens / secs, "tokens/s", True,
+            table.add(section, f"{c} requests at once", c * n_new / hf_s, tokens / secs, "tokens/s", True,
                       "HF static batch" if c > 1 else "HF transformers")
     finally:
         engine.stop()
@@ -329,8 +347,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--tiny", action="store_true", help="small shapes (a quick end-to-end check, e.g. on CPU)")
     ap.add_argument("--sections", nargs="+", default=["lm", "translation", "vit", "kernels"],
                     choices=["lm", "translation", "vit", "kernels"])
-    ap.add_argument("--attention-backend", default="sdpa", choices=["sdpa", "flash", "math"],
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "flash", "flash-decode", "math"],
                     help="our models' attention backend")
+    ap.add_argument("--lm-shapes", nargs="+", default=["gpt2"],
+                    choices=["gpt2", "qwen2.5-0.5b", "smollm2-135m", "tiny-llama"],
+                    help="the lm section's models: GPT-2 at the run's shape, or published Llama-family shapes")
     ap.add_argument("--out", default=None, help="write the result rows as JSON here")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -341,14 +362,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bf16, fp16 = (torch.bfloat16, torch.float16) if half else (torch.float32, torch.float32)
     import transformers
 
+    from model.attention import resolve_backend
+
     print(f"device: {torch.cuda.get_device_name(device) if half else 'cpu'}; torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; attention backend {args.attention_backend}")
+          f"transformers {transformers.__version__}; attention backend {args.attention_backend} "
+          f"({resolve_backend(args.attention_backend, device)})")
     print("| section | what | baseline | tserve | unit | speed-up |\n|---|---|---|---|---|---|")
     table = Table()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "lm" in args.sections:
-            bench_lm(shape, device, bf16, work, table, args.attention_backend)
+            for name in args.lm_shapes:
+                bench_lm(shape, device, bf16, work, table, args.attention_backend, name)
         if "translation" in args.sections:
             bench_translation(shape, device, fp16, work, table, args.attention_backend)
         if "vit" in args.sections:

@@ -38,15 +38,16 @@ step_flash() {  # the kernel tests alone (a quick re-check after a kernel change
 
 step_bench() {
   for section in ${SECTIONS:-lm translation vit kernels}; do
-    timeout "$STEP_S" python3 bench/gpu.py --sections "$section" --attention-backend "${BACKEND:-sdpa}" \
-      --out "$OUT/gpu-$section-${BACKEND:-sdpa}.json"
+    timeout "$STEP_S" python3 bench/gpu.py --sections "$section" --attention-backend "${BACKEND:-auto}" \
+      --lm-shapes ${LM_SHAPES:-gpt2 qwen2.5-0.5b} --out "$OUT/gpu-$section-${BACKEND:-auto}.json"
   done
 }
 
 step_load() {
   for size in ${LOAD_SIZES:-small qwen2.5-0.5b}; do
     timeout "$STEP_S" python3 bench/load.py --device cuda --dtype bfloat16 --size "$size" \
-      --concurrency 1 8 64 --requests 32 --max-tokens 128 --threads 4 --hf-sequential one-client --out "$OUT/load-$size.json"
+      --concurrency 1 8 64 --requests 32 --max-tokens 128 --threads 4 --hf-sequential one-client ${LOAD_ARGS:-} \
+      --out "$OUT/load-$size.json"
   done
 }
 

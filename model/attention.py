@@ -32,7 +32,12 @@ from model import rope
 from model.kv_cache import LayerKV, SharedSources
 from model.norms import RMSNorm
 
-BACKENDS = ("math", "sdpa", "flash")
+# flash-decode: PyTorch SDPA (FlashAttention) for prefill and encoders, our Triton flash-decoding kernel for
+# one-token steps straight from the cache (no gather of the rows, no padding mask). What `auto` picks on CUDA:
+# on an H100, SDPA's prefill was 1.6x our Triton prefill kernel, and our decode kernel 2.6x SDPA over a padded
+# cache (docs/BENCHMARKS.md, GPU).
+BACKENDS = ("math", "sdpa", "flash", "flash-decode")
+TRITON_BACKENDS = ("flash", "flash-decode")
 
 
 class KVWriter(Protocol):
@@ -98,7 +103,7 @@ def get_backend(name: str) -> AttentionFn:
     """Resolve a backend name to its function; `flash` is imported only when asked for."""
     if name == "math":
         return math_attention
-    if name in ("sdpa", "auto"):
+    if name in ("sdpa", "auto", "flash-decode"):
         return sdpa_attention
     if name == "flash":
         return _flash_module().flash_attention
@@ -107,16 +112,25 @@ def get_backend(name: str) -> AttentionFn:
 
 def get_cached_decode(name: str) -> CachedDecodeFn | None:
     """A backend's kernel for one-token decode straight from the KV cache, if it has one."""
-    return _flash_module().flash_decode if name == "flash" else None
+    return _flash_module().flash_decode if name in TRITON_BACKENDS else None
 
 
 def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
-    """Turn `auto` into a concrete backend and check the choice is usable on `device`."""
+    """Turn `auto` into a concrete backend and check the choice is usable on `device`. `auto`: `flash-decode` on
+    CUDA where Triton is installed, else `sdpa`."""
+    on_cuda = torch.device(device).type == "cuda"
     if name == "auto":
-        return "sdpa"
-    if name == "flash" and torch.device(device).type != "cuda":
-        raise ValueError("attention backend 'flash' runs on CUDA only; use 'sdpa' or 'math' on CPU")
+        if not on_cuda:
+            return "sdpa"
+        try:
+            _flash_module()
+        except ValueError:
+            return "sdpa"
+        return "flash-decode"
+    if name in TRITON_BACKENDS and not on_cuda:
+        raise ValueError(f"attention backend {name!r} runs on CUDA only; use 'sdpa' or 'math' on CPU")
     get_backend(name)
+    get_cached_decode(name)  # the Triton kernels import, or a clear error
     return name
 
 

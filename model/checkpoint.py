@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from model.attention import resolve_backend
 from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig
 from model.decoder import Decoder
 from model.importers import CheckpointError, GenerationDefaults, WeightSource, importer_for
@@ -227,8 +228,8 @@ def load(
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
     start = time.perf_counter()
-    loaded = _assemble(path, raw, backend)
     dev = resolve_device(device)
+    loaded = _assemble(path, raw, resolve_backend(backend, dev))
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     loaded.parameter_count = parameters = loaded.num_parameters()

@@ -298,8 +298,8 @@ class HFTokenizer(Tokenizer):
         return [self._languages[code], *pieces, self._eos_id]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        ids = [int(i) for i in ids]
-        if skip_special_tokens:  # also drops config-declared specials that tokenizer.json did not flag
+        ids = list(map(int, ids))
+        if skip_special_tokens and not self._special.isdisjoint(ids):  # config-declared specials too
             ids = [i for i in ids if i not in self._special]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -31,8 +31,8 @@ class Settings(BaseSettings):
         "auto", description="with --quantize int8: activations as one 8-bit GEMM (full: needs VNNI or AMX), as "
         "two 7-bit halves (split: any CPU, twice the GEMM rows) or 7-bit (7bit: any CPU, fastest there, least "
         "accurate); auto: full where the CPU's int8 kernel allows it, split elsewhere")
-    attention_backend: Literal["auto", "math", "sdpa", "flash"] = Field(
-        "auto", description="attention kernels (auto: sdpa)")
+    attention_backend: Literal["auto", "math", "sdpa", "flash", "flash-decode"] = Field(
+        "auto", description="attention kernels (auto: flash-decode on CUDA, sdpa elsewhere)")
     cuda_graphs: bool = Field(
         True, description="on CUDA, replay LM decode steps from CUDA graphs captured per batch-size bucket")
     compile: bool = Field(False, description="compile the LM decode step with torch.compile (slower start-up)")

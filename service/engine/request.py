@@ -4,8 +4,10 @@ events they receive, and the errors a request can end with. No HTTP in here."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,10 +111,41 @@ class EngineRequest:
         self.output_tokens += len(event.token_ids)
         if event.finish_reason is not None:
             self.finish_reason = event.finish_reason
+        pending = getattr(_outbox, "pending", None)
+        if pending is not None:  # inside a worker step: delivered with the step's other events
+            pending.setdefault(self.loop, []).append((self, event))
+            return
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the loop that submitted it has closed: nobody is listening any more
             self.cancelled = True
+
+
+# The events a worker thread's step emits, by event loop (see `step_outbox`).
+_outbox = threading.local()
+
+
+def _deliver(items: list[tuple[EngineRequest, Event]]) -> None:
+    for req, event in items:
+        req.events.put_nowait(event)
+
+
+@contextmanager
+def step_outbox() -> Iterator[None]:
+    """Collect the events emitted in this thread and hand them to each event loop in one call at the end: one
+    wake-up of the loop per step instead of one per running request (with 64 requests, the per-event hand-off
+    was a seventh of the worker's time and as much again on the loop). Events keep their order."""
+    _outbox.pending = pending = {}
+    try:
+        yield
+    finally:
+        _outbox.pending = None
+        for loop, items in pending.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that loop has closed: nobody is listening any more
+                for req, _ in items:
+                    req.cancelled = True
 
 
 class CallRequest(EngineRequest):

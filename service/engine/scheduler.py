@@ -25,7 +25,15 @@ from typing import Any
 import torch
 
 from model.checkpoint import select_device
-from service.engine.request import CallRequest, EngineRequest, Event, QueueFull, RequestTimeout, request_error
+from service.engine.request import (
+    CallRequest,
+    EngineRequest,
+    Event,
+    QueueFull,
+    RequestTimeout,
+    request_error,
+    step_outbox,
+)
 from service.metrics import Metrics
 
 log = logging.getLogger("tserve.engine")
@@ -197,7 +205,7 @@ class Scheduler:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
-            with torch.inference_mode():
+            with torch.inference_mode(), step_outbox():
                 self.step()
 
     def _fail(self, req: EngineRequest, exc: BaseException) -> None:

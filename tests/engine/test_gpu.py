@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import checkpoint
-from model.attention import math_attention, sdpa_attention
+from model.attention import math_attention, resolve_backend, sdpa_attention
 from model.config import DecoderConfig
 from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoder import Decoder
@@ -44,6 +44,7 @@ def lm_dir(tmp_path_factory):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("T,D,causal", [(1, 64, False), (77, 64, True), (300, 128, True), (513, 80, False)])
 def test_backends_match_math(backend, dtype, T, D, causal):
+    assert resolve_backend("auto", CUDA) == "flash-decode"  # Triton is there wherever CUDA torch is
     from model.kernels.flash import flash_attention  # noqa: PLC0415
 
     fn = {"sdpa": sdpa_attention, "flash": flash_attention}[backend]
@@ -60,7 +61,7 @@ GROUPED = dict(n_heads=8, n_kv_heads=2, head_dim=32, qk_norm=True, positions="ro
 
 
 @pytest.mark.parametrize("shape", [{}, GROUPED], ids=["mha", "gqa"])
-@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+@pytest.mark.parametrize("backend", ["sdpa", "flash", "flash-decode"])
 def test_cuda_graph_decode_equals_eager_decode(backend, shape):
     torch.manual_seed(0)
     cfg = DecoderConfig(**{"vocab_size": 512, "d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3,

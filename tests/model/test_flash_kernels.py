@@ -121,8 +121,10 @@ def test_decode_split_layout_covers_the_cache_in_whole_key_blocks():
 
 
 def test_flash_is_refused_off_cuda(monkeypatch):
-    with pytest.raises(ValueError, match="CUDA"):
-        resolve_backend("flash", "cpu")
+    for name in ("flash", "flash-decode"):
+        with pytest.raises(ValueError, match="CUDA"):
+            resolve_backend(name, "cpu")
+    assert resolve_backend("auto", "cpu") == "sdpa"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v = (torch.zeros(1, 1, 2, 16) for _ in range(3))
     with pytest.raises(ValueError, match="CUDA"):
@@ -132,10 +134,10 @@ def test_flash_is_refused_off_cuda(monkeypatch):
 # --------------------------------------------------------------------------------------------------
 # Whole models on the flash backend equal the math backend
 # --------------------------------------------------------------------------------------------------
-def _pair(make):
+def _pair(make, backend="flash"):
     torch.manual_seed(0)
     ref = make("math").to(DEVICE).eval()
-    fl = make("flash").to(DEVICE).eval()
+    fl = make(backend).to(DEVICE).eval()
     fl.load_state_dict(ref.state_dict())
     assert get_backend("flash") is flash.flash_attention
     return ref, fl
@@ -177,11 +179,14 @@ def test_grouped_query_family_on_flash_equals_math(hf_family):
     assert_varied(got, min_distinct=1.0)
 
 
+@pytest.mark.parametrize("backend", ["flash", "flash-decode"])
 @pytest.mark.parametrize("grouping", [{}, {"n_kv_heads": 1}, {"n_kv_heads": 2, "head_dim": 24, "qk_norm": True}])
-def test_lm_decode_step_with_mixed_lengths_on_flash_equals_math(grouping):
+def test_lm_decode_step_with_mixed_lengths_on_flash_equals_math(grouping, backend):
+    """`flash-decode` (what `auto` is on CUDA) prefills with SDPA and decodes with the Triton kernel."""
     cfg = DecoderConfig(vocab_size=50, d_model=32, n_heads=4 if grouping else 2, d_ff=64, n_layers=2,
                         max_seq_len=80, positions="rope" if grouping else "learned", **grouping)
-    ref, fl = _pair(lambda b: Decoder(cfg, backend=b))
+    ref, fl = _pair(lambda b: Decoder(cfg, backend=b), backend)
+    assert fl.blocks[0].attn._cached_decode is flash.flash_decode
     prompts = [[1, 2, 3], list(range(5, 45)), [7]]
     lengths = torch.tensor([len(p) for p in prompts], device=DEVICE)
     tokens = torch.zeros(3, 40, dtype=torch.long, device=DEVICE)
