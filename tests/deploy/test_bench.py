@@ -26,10 +26,11 @@ def bench_script(name: str):  # noqa: ANN201 - the script as a module
 def test_gpu_benchmark_runs_on_tiny_shapes(tmp_path, capsys):
     bench = bench_script("gpu")
     out = tmp_path / "rows.json"
-    rows = bench.main(["--tiny", "--device", "cpu", "--out", str(out)])
+    rows = bench.main(["--tiny", "--device", "cpu", "--lm-shapes", "gpt2", "tiny-llama", "--out", str(out)])
     assert json.loads(out.read_text()) == rows
     what = {(r["section"], r["what"]) for r in rows}
     assert {("lm", "decode step, batch 1"), ("lm", "1 requests at once"), ("lm", "4 requests at once"),
+            ("lm tiny-llama", "decode step, batch 1"), ("lm tiny-llama", "4 requests at once"),
             ("translation", "4 sentences, 1 beam"), ("translation", "4 sentences, 4 beams"),
             ("vit", "batch 1"), ("vit", "batch 8")} <= what
     for r in rows:
@@ -43,6 +44,16 @@ def test_gpu_benchmark_runs_on_tiny_shapes(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_engine_overhead_benchmark_separates_the_model_from_the_engine(capsys):
+    rows = bench_script("engine_overhead").main(["--batches", "1", "4", "--steps", "12"])
+    assert [r["requests"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["engine_ms"] > 0 and r["model_ms"] > 0
+        assert r["own_ms"] == pytest.approx(max(r["engine_ms"] - r["model_ms"], 0.0))
+        assert r["per_request_us"] == pytest.approx(r["own_ms"] / r["requests"] * 1e3)
+    assert "| requests | engine ms/step |" in capsys.readouterr().out
+
+
 def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
     pytest.importorskip("ctranslate2")
     rows = bench_script("translation").main(["--tiny"])

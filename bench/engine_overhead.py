@@ -1,0 +1,120 @@
+"""The generation engine's own time per decode step, apart from the model: what limits a GPU at many requests.
+
+    python bench/engine_overhead.py                       # batches of 1, 8 and 64 requests, 200 steps each
+    python bench/engine_overhead.py --batches 1 64 --steps 400
+
+A GPT-2 of one layer of width 32 on the CPU makes the model's share small; its forward pass alone (the
+runner's decode at the same batch, no engine) is timed too, and the difference is the engine's: scheduling,
+the next-token rules, detokenization and stop strings, and handing each request its event. On a GPU with CUDA
+graphs the model's step costs little more than a replay, so a step takes about this host time plus the
+device's: at 64 requests the host time per row sets the throughput (docs/BENCHMARKS.md, GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
+
+
+def tiny_lm(directory: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.helpers import factories
+
+    factories.write_bpe_tokenizer(directory)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=1000, n_positions=1024,
+                               bos_token_id=999, eos_token_id=999)).save_pretrained(directory)
+    return directory
+
+
+def engine_ms_per_step(engine, batch: int, steps: int) -> float:
+    from model.decoding import SamplingParams
+
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+
+    async def one(ids: list[int]) -> None:
+        async for _ in engine.stream(engine.submit(ids, params)):
+            pass
+
+    async def run() -> None:
+        await asyncio.gather(*(one(list(range(1 + i, 17 + i))) for i in range(batch)))
+
+    start = time.perf_counter()
+    asyncio.run(run())
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def model_ms_per_step(engine, batch: int, steps: int) -> float:
+    """The runner's forward pass and next-token choice alone, on the engine's own cache rows."""
+    from model.decoding import SamplingParams, TextSequence
+
+    runner = engine.runner
+    seqs = [TextSequence(list(range(1 + i, 17 + i)), SamplingParams(max_tokens=steps, temperature=0.0,
+                                                                    ignore_eos=True)) for i in range(batch)]
+    for seq, slot in zip(seqs, runner.slots.allocate(batch), strict=True):
+        seq.slot = slot
+    try:
+        tokens, _ = runner.choose(seqs, runner.prefill(seqs))
+        for seq, token in zip(seqs, tokens, strict=True):
+            runner.append(seq, token)
+        times = []
+        for _ in range(steps - 1):
+            start = time.perf_counter()
+            tokens, _ = runner.choose(seqs, runner.decode(seqs))
+            times.append(time.perf_counter() - start)
+            for seq, token in zip(seqs, tokens, strict=True):
+                runner.append(seq, token)
+    finally:
+        runner.slots.free([s.slot for s in seqs])
+    return statistics.mean(times) * 1e3
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from model import checkpoint
+    from service.engine import GenerationEngine
+    from service.metrics import Metrics
+    from training.common import cpu_name
+
+    loaded = checkpoint.load(tiny_lm(Path(tempfile.mkdtemp(prefix="tserve-overhead-"))), device="cpu",
+                             dtype="float32")
+    rows = []
+    print(f"CPU: {cpu_name()}; {args.threads} threads; {args.steps} steps per batch\n")
+    print("| requests | engine ms/step | model ms/step | engine's own ms/step | per request, µs |")
+    print("|---|---|---|---|---|")
+    for batch in args.batches:
+        engine = GenerationEngine("lm", loaded, max_slots=batch, max_queue=4 * batch, max_model_len=args.steps + 32,
+                                  timeout_s=600.0, metrics=Metrics(), cuda_graphs=False)
+        model = model_ms_per_step(engine, batch, args.steps)  # before the worker starts: one thread on the runner
+        engine.start()
+        try:
+            engine_ms_per_step(engine, batch, min(args.steps, 20))  # warm-up
+            total = engine_ms_per_step(engine, batch, args.steps)
+        finally:
+            engine.stop()
+        own = max(total - model, 0.0)
+        rows.append(dict(requests=batch, engine_ms=total, model_ms=model, own_ms=own,
+                         per_request_us=own / batch * 1e3))
+        print(f"| {batch} | {total:.3f} | {model:.3f} | {own:.3f} | {own / batch * 1e3:.0f} |", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
