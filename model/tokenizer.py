@@ -84,6 +84,10 @@ class Tokenizer(ABC):
     _special_tokens: dict[str, str | None]  # "bos_token" -> "<s>", exposed to chat templates
     _chat_template: str | None = None
 
+    def backend_json(self) -> str | None:
+        """The tokenizer as a Hugging Face tokenizer.json (what grammar libraries read), if it has one."""
+        return None
+
     @property
     def language_codes(self) -> dict[str, int]:
         """A multilingual translator's language codes and their ids; empty for every other tokenizer."""
@@ -296,6 +300,9 @@ class HFTokenizer(Tokenizer):
         if self._config.get("legacy_behaviour"):
             return [*pieces, self._eos_id, self._languages[code]]
         return [self._languages[code], *pieces, self._eos_id]
+
+    def backend_json(self) -> str | None:
+        return self._tok.to_str()
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         ids = list(map(int, ids))

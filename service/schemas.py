@@ -29,6 +29,44 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON schema (default: any JSON value)")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's `response_format`: `text`, `json_object` (any JSON object) or `json_schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs json_schema: {name, schema}")
+        return self
+
+
+class StructuredOutputs(_Request):
+    """Extension (vLLM's names): exactly one of a JSON schema, a regex, a list of choices or a grammar (Lark, or
+    GBNF / EBNF with `::=` rules)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema (object or text)")
+    regex: str | None = Field(None, min_length=1)
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = Field(None, min_length=1)
+    json_object: bool | None = Field(None, description="true: any JSON object")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object")
+        return self
+
+
 class SamplingFields(_Prioritised):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -47,6 +85,8 @@ class SamplingFields(_Prioritised):
     top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filter")
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod

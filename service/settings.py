@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     keep_alive_s: int = Field(75, ge=1, description="idle seconds before a keep-alive connection is closed")
     request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
     max_tokens_limit: int = Field(2048, ge=1, description="largest max_tokens a request may ask for")
+    max_grammar_compile_ms: float = Field(
+        2000.0, gt=0, description="structured output: the longest a request's JSON schema, regex or grammar may "
+        "take to compile before the request is refused with 400 (compiled grammars are cached)")
     max_n: int = Field(8, ge=1, description="largest `n` (choices per prompt)")
     max_prompts: int = Field(32, ge=1, description="largest list of prompts / inputs / images in one request")
 

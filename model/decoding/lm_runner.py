@@ -8,6 +8,7 @@ evaluation, scripts) runs the very same steps for a list of prompts.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +19,7 @@ from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
 from model.decoding.sampler import sample, token_logprobs
+from model.decoding.structured import GrammarCompiler, GrammarState, masks_for
 from model.kv_cache import SlotAllocator
 
 StepLogprobs = tuple[list[float], list[list[float]], list[list[int]]]  # chosen, top values, top ids
@@ -36,6 +38,9 @@ class TextSequence:
         # On the model's device, so that sampling needs no copy of the probabilities to the host.
         self.generator = params.make_generator(device)
         self.counts: Tensor | None = None  # made on first use by the penalties, then kept up to date
+        # Structured output: this sequence's place in its grammar, and the step's mask of allowed tokens.
+        self.grammar: GrammarState | None = params.grammar.matcher() if params.grammar is not None else None
+        self.token_mask: Tensor | None = None
 
     @property
     def num_generated(self) -> int:
@@ -52,7 +57,7 @@ class TextSequence:
 
 class DecoderRunner:
     def __init__(self, loaded: LoadedModel, *, num_slots: int, max_len: int | None = None, cuda_graphs: bool = True,
-                 compile: bool = False) -> None:
+                 compile: bool = False, max_grammar_compile_ms: float = 2000.0) -> None:
         self.model, cfg, gen = loaded.model, loaded.config, loaded.generation
         self.device = loaded.device
         self.vocab_size = cfg.vocab_size
@@ -62,6 +67,11 @@ class DecoderRunner:
         eos = tok.eos_id if tok is not None and tok.eos_id is not None else cfg.eos_token_id
         self.eos_ids = set(gen.eos_token_ids or ([] if eos is None else [eos]))
         self.pipeline = LogitsPipeline(sorted(self.eos_ids), gen.banned_token_ids, gen.force_eos_at_max)
+        self.grammars = GrammarCompiler(tok.backend_json() if tok is not None else None, cfg.vocab_size,
+                                        sorted(self.eos_ids), max_grammar_compile_ms)
+        # The grammar masks of a step are computed here while the model runs (llguidance releases the GIL).
+        self._mask_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks")
+        self._masks: tuple[list[TextSequence], concurrent.futures.Future] | None = None
         self.slots = SlotAllocator(num_slots)
         # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
         graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
@@ -93,6 +103,7 @@ class DecoderRunner:
     # ----------------------------------------------------------------------------------------------
     def prefill(self, seqs: Sequence[TextSequence]) -> Tensor:
         """Logits (B, V) of each prompt's last position; writes the prompts into their slots."""
+        self._start_masks(seqs)
         lengths = [len(s.prompt_ids) for s in seqs]
         tokens = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -104,6 +115,7 @@ class DecoderRunner:
     def decode(self, seqs: Sequence[TextSequence]) -> Tensor:
         """Feeds each sequence's `next_token`; logits (B, V). Sequences in slot order let the model read
         the cache through a view instead of a gather."""
+        self._start_masks(seqs)
         positions = [len(s.prompt_ids) + len(s.generated) - 1 for s in seqs]
         if self.graphed is not None:  # static shapes: the whole cache, batch padded to a captured bucket
             return self.graphed([s.next_token for s in seqs], positions, [s.slot for s in seqs])
@@ -113,6 +125,30 @@ class DecoderRunner:
             torch.tensor([s.next_token for s in seqs], device=dev), torch.tensor(positions, device=dev),
             self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,
         )
+
+    def _start_masks(self, seqs: Sequence[TextSequence]) -> None:
+        """Begin the grammar masks of this step's constrained rows, beside the forward pass."""
+        guided = [s for s in seqs if s.grammar is not None]
+        self._masks = None
+        if guided:
+            self._masks = (guided, self._mask_pool.submit(masks_for, [s.grammar for s in guided], self.vocab_size))
+
+    def _attach_masks(self, seqs: Sequence[TextSequence]) -> None:
+        """Give each constrained row its mask for this step (computed beside the forward pass when the same
+        rows went through it, here otherwise)."""
+        guided = [s for s in seqs if s.grammar is not None]
+        for s in seqs:
+            s.token_mask = None
+        if not guided:
+            return
+        pending, self._masks = self._masks, None
+        if pending is not None and len(pending[0]) == len(guided) and all(
+                a is b for a, b in zip(pending[0], guided, strict=True)):
+            bitmask = pending[1].result()
+        else:
+            bitmask = masks_for([s.grammar for s in guided], self.vocab_size)
+        for s, row in zip(guided, bitmask, strict=True):
+            s.token_mask = row
 
     def _decode_step(self, *args, **kwargs) -> Tensor:  # noqa: ANN002, ANN003
         return (self._compiled or self.model.decode_step)(*args, **kwargs)
@@ -124,6 +160,7 @@ class DecoderRunner:
         """Every row's next token (one host sync), and the log-probabilities of the rows that asked for
         them (over the constrained scores, before temperature)."""
         params = [s.params for s in seqs]
+        self._attach_masks(seqs)
         constrained = self.pipeline.constrain(logits, seqs)
         tokens = sample(self.pipeline.shape(constrained, seqs), params,
                         [s.generator for s in seqs])
@@ -144,7 +181,11 @@ class DecoderRunner:
             seq.generated.append(token)
             if seq.counts is not None:
                 seq.counts[token] += 1
-            if len(seq.generated) >= seq.params.max_tokens or len(seq.prompt_ids) + len(seq.generated) >= self.max_len:
+            if seq.grammar is not None:
+                seq.grammar.advance(token)
+            if seq.grammar is not None and seq.grammar.finished:  # complete: nothing more may follow
+                seq.finish_reason = "stop"
+            elif len(seq.generated) >= seq.params.max_tokens or len(seq.prompt_ids) + len(seq.generated) >= self.max_len:
                 seq.finish_reason = "length"
         return seq.finish_reason
 

@@ -3,7 +3,7 @@
 
 Order (vLLM's and OpenAI's): the constraints first, then the sampling shape.
     constraints   presence/frequency penalties, logit_bias, eos ban (min_tokens / ignore_eos), the
-                  checkpoint's banned ids, forced eos at the length limit
+                  checkpoint's banned ids, forced eos at the length limit, a grammar's token mask
     shape         temperature, top-k, top-p (sampled rows only)
 Reported logprobs and beam search read the scores after the constraints. Every processor looks at its
 rows' parameters on the host first and costs nothing when no row uses it; none changes its input in place.
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from model.decoding.params import SamplingParams
+from model.decoding.structured import disallowed
 
 
 class DecodingRow(Protocol):
@@ -45,7 +46,7 @@ class LogitsPipeline:
         self.banned = list(banned_token_ids)
         self.force_eos_at_max = force_eos_at_max and bool(self.eos_ids)
         self.constraints = [self.penalties, self.logit_bias, self.ban_eos, self.ban_ids, self.force_eos,
-                            self.force_first]
+                            self.force_first, self.grammar]
         self.shaping = [self.temperature, self.top_k_top_p]
 
     def __call__(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
@@ -133,6 +134,22 @@ class LogitsPipeline:
         only = torch.full((len(forced), scores.size(-1)), float("-inf"), device=dev, dtype=scores.dtype)
         only[torch.arange(len(forced), device=dev), tokens] = 0.0
         return scores.index_copy(0, idx, only)
+
+    def grammar(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """Structured output: a row with a grammar may take only the tokens its bitmask allows (`token_mask`,
+        set by the runner for this step). Where nothing else is left (the grammar is complete but eos is
+        banned by min_tokens), eos is: the grammar wins."""
+        masked = [(i, m) for i, r in enumerate(rows) if (m := getattr(r, "token_mask", None)) is not None]
+        if not masked:
+            return scores
+        dev = scores.device
+        idx = torch.tensor([i for i, _ in masked], device=dev)
+        banned = disallowed(torch.stack([m for _, m in masked]).to(dev), scores.size(-1))
+        rows_scores = scores.index_select(0, idx).masked_fill(banned, float("-inf"))
+        if self.eos_ids:
+            dead = torch.isinf(rows_scores).all(-1, keepdim=True) & ~banned[:, self.eos_ids]
+            rows_scores[:, self.eos_ids] = torch.where(dead, 0.0, rows_scores[:, self.eos_ids])
+        return scores.index_copy(0, idx, rows_scores)
 
     # ----------------------------------------------------------------------------------------------
     # Shape (sampled rows only: a greedy row takes the argmax of its constrained scores)

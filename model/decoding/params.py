@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +28,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to report (0-5); None = no logprobs
+    # What the output must match (model.decoding.structured.CompiledGrammar), compiled once per request.
+    grammar: Any = None
 
     @property
     def greedy(self) -> bool:

@@ -36,13 +36,13 @@ class GenerationRequest(EngineRequest, TextSequence):
 class GenerationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
                  max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
-                 compile: bool = False) -> None:
+                 compile: bool = False, max_grammar_compile_ms: float = 2000.0) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         # The cache is allocated whole, per slot, up front: a 32k-token (or 128k) context would take it all.
         context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
         self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
-                                    compile=compile)
+                                    compile=compile, max_grammar_compile_ms=max_grammar_compile_ms)
         self.max_len, self.device = self.runner.max_len, loaded.device
         self.m.kv_bytes_per_token.set(self.runner.cache.bytes_per_token())
         self.m.kv_bytes.set(self.runner.cache.nbytes())

@@ -7,6 +7,7 @@ Streams of several choices are merged in arrival order, as OpenAI does (each chu
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from model.attention_maps import lm_attention_ids
 from model.decoding import SamplingParams, parse_logit_bias
+from model.decoding.structured import CompiledGrammar, Constraint, GrammarError
 from service.connection import run_job, while_connected
 from service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, TokenLogprob
 from service.errors import bad_request, engine_failure
@@ -42,6 +44,7 @@ from service.schemas import (
 from service.tasks import ServedLanguageModel
 
 router = APIRouter(tags=["text generation"])
+ANY_OBJECT = '{"type": "object"}'  # response_format json_object
 
 _ERRORS = {200: {"content": {"text/event-stream": {"description": "with stream true: SSE chunks, then [DONE]"}}},
            400: {"description": "invalid request"}, 404: {"description": "unknown model"},
@@ -93,15 +96,50 @@ def _logit_bias(body: SamplingFields, engine: GenerationEngine) -> dict[int, flo
         raise bad_request(str(exc), "invalid_logit_bias") from exc
 
 
+def _constraint(body: SamplingFields) -> Constraint | None:
+    """What `response_format` (OpenAI) or `structured_outputs` (vLLM's extension) asks the output to match."""
+    wanted, fmt = body.structured_outputs, body.response_format
+    if wanted is not None and fmt is not None and fmt.type != "text":
+        raise bad_request("give response_format or structured_outputs, not both", "invalid_response_format")
+    if wanted is not None:
+        if wanted.json_ is not None:
+            return Constraint("json", wanted.json_ if isinstance(wanted.json_, str) else json.dumps(wanted.json_))
+        if wanted.json_object:
+            return Constraint("json", ANY_OBJECT)
+        if wanted.regex is not None:
+            return Constraint("regex", wanted.regex)
+        if wanted.choice is not None:
+            return Constraint("choice", json.dumps(wanted.choice))
+        return Constraint("grammar", wanted.grammar)
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint("json", ANY_OBJECT)
+    schema = fmt.json_schema.schema_
+    return Constraint("json", json.dumps(schema if schema is not None else {}))
+
+
+async def _grammar(body: SamplingFields, engine: GenerationEngine) -> CompiledGrammar | None:
+    """The request's constraint, compiled (cached by the model's compiler); a bad one is a 400 with the
+    grammar library's message."""
+    constraint = _constraint(body)
+    if constraint is None:
+        return None
+    try:
+        return await asyncio.to_thread(engine.runner.grammars.compile, constraint)
+    except GrammarError as exc:
+        raise bad_request(str(exc), "invalid_response_format") from exc
+
+
 def _sampling(body: SamplingFields, max_tokens: int, seed_offset: int, logprobs: int | None,
-              logit_bias: dict[int, float]) -> SamplingParams:
+              logit_bias: dict[int, float], grammar: CompiledGrammar | None = None) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens), temperature=body.temperature,
         top_p=body.top_p, top_k=max(body.top_k, 0), presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, logit_bias=logit_bias,
         # Choice j of a seeded request uses seed + j: reproducible, yet the n choices differ.
         seed=None if body.seed is None else (body.seed + seed_offset) % 2**63,
-        stop=list(body.stop or []), ignore_eos=body.ignore_eos, logprobs=logprobs,
+        stop=list(body.stop or []), ignore_eos=body.ignore_eos, logprobs=logprobs, grammar=grammar,
     )
 
 
@@ -236,7 +274,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     log_inputs(request, prompts)
     encoded = [_encode(engine, p, cfg.max_input_chars) for p in prompts]
     bias = _logit_bias(body, engine)
-    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias)) for ids in encoded
+    grammar = await _grammar(body, engine)
+    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for ids in encoded
             for j in range(body.n)]
     for ids, params in jobs[:: body.n]:
         try:
@@ -322,7 +361,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
     top = (body.top_logprobs or 0) if body.logprobs else None
     bias = _logit_bias(body, engine)
-    jobs = [(ids, _sampling(body, max_tokens, j, top, bias)) for j in range(body.n)]
+    grammar = await _grammar(body, engine)
+    jobs = [(ids, _sampling(body, max_tokens, j, top, bias, grammar)) for j in range(body.n)]
     choices = [Choice(i, req) for i, req in enumerate(_submit(engine, jobs))]
     completion_id, created, model = new_id("chatcmpl"), now(), served.name
 

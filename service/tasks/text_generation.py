@@ -33,7 +33,8 @@ class ServedLanguageModel(ServedModel):
         self.engine = GenerationEngine(self.name, self.loaded, max_slots=s.max_running_requests,
                                        max_queue=s.max_queue, max_model_len=s.max_model_len,
                                        timeout_s=s.request_timeout_s, metrics=self.metrics,
-                                       cuda_graphs=s.cuda_graphs, compile=s.compile)
+                                       cuda_graphs=s.cuda_graphs, compile=s.compile,
+                                       max_grammar_compile_ms=s.max_grammar_compile_ms)
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
         return self.engine

@@ -54,6 +54,18 @@ def test_engine_overhead_benchmark_separates_the_model_from_the_engine(capsys):
     assert "| requests | engine ms/step |" in capsys.readouterr().out
 
 
+def test_structured_output_benchmark_times_masks_and_the_engine(capsys):
+    out = bench_script("structured").main(["--vocab-sizes", "3000", "--size", "tiny-llama", "--requests", "2",
+                                           "--max-tokens", "8"])
+    libraries = {r["library"] for r in out["masks"]}
+    assert "llguidance" in libraries
+    for r in out["masks"]:
+        assert r["vocab"] == 3000 and r["steps"] > 10 and r["mask_us_p50"] > 0
+    assert sorted(r["constrained"] for r in out["engine"]) == [False, False, True, True]
+    assert all(r["tokens"] == 16 for r in out["engine"] if not r["constrained"])
+    assert out["ratio"] > 0 and "constrained / free" in capsys.readouterr().out
+
+
 def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
     pytest.importorskip("ctranslate2")
     rows = bench_script("translation").main(["--tiny"])

@@ -1,0 +1,115 @@
+"""Structured output over HTTP, on a real `tserve serve` with a byte-level BPE (Qwen2) and a SentencePiece
+(Mistral) model: OpenAI's `response_format` (the official client's `parse` helper included), the
+`structured_outputs` extension (choice, regex, grammar), streaming, and the 400s of bad constraints."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from tests.helpers import factories
+from tests.helpers.server import ServerProcess, concurrently
+
+FAMILIES = ["qwen2", "mistral"]
+pytestmark = pytest.mark.parametrize("family", FAMILIES)
+
+
+class Station(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    city: str = Field(max_length=8)
+    platform: int = Field(ge=1, le=20)
+    open: bool
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("structured-http")
+    models = {f: factories.hf_family_dir(f, root / f) for f in FAMILIES}
+    srv = ServerProcess([*factories.model_flags(models), "--max-running-requests", "16"],
+                        root / "server.log").wait_ready()
+    yield srv
+    srv.stop()
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def chat(family: str, **extra) -> dict:
+    return {"model": family, "messages": [{"role": "user", "content": "Station?"}], "max_tokens": 50, **extra}
+
+
+def test_the_openai_clients_parse_helper_gets_a_validated_object(server, family):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    parsed = []
+    for seed in range(4):
+        reply = client.chat.completions.parse(model=family, messages=chat(family)["messages"], max_tokens=50,
+                                              temperature=1.0, seed=seed, response_format=Station)  # its schema, strict
+        choice = reply.choices[0]
+        assert choice.finish_reason in ("stop", "length")
+        if choice.finish_reason == "stop":
+            assert isinstance(choice.message.parsed, Station), choice.message.content
+            parsed.append(choice.message.parsed)
+    assert parsed
+
+
+def test_every_concurrent_answer_that_stops_validates_and_free_ones_do_not(server, family):
+    schema = {"type": "json_schema", "json_schema": {"name": "station", "schema": Station.model_json_schema(),
+                                                     "strict": True}}
+    bodies = [chat(family, temperature=1.0, seed=i, response_format=schema) for i in range(16)]
+    answers = [r["choices"][0] for r in concurrently(server, "/v1/chat/completions", bodies)]
+    stopped = [a["message"]["content"] for a in answers if a["finish_reason"] == "stop"]
+    assert len(stopped) >= 4, answers
+    for text in stopped:
+        Station.model_validate_json(text)
+    free = [post(server, "/v1/chat/completions", chat(family, temperature=1.0, seed=i)).json() for i in range(4)]
+    for reply in free:
+        with pytest.raises(ValueError):
+            Station.model_validate_json(reply["choices"][0]["message"]["content"])
+    obj = post(server, "/v1/chat/completions", chat(family, temperature=0, response_format={"type": "json_object"})).json()["choices"][0]
+    if obj["finish_reason"] == "stop":
+        assert isinstance(json.loads(obj["message"]["content"]), dict)
+
+
+def test_choice_regex_and_grammar_on_completions_streamed_too(server, family):
+    options = ["grün", "Straße", "東京"]
+    for i in range(4):
+        body = {"model": family, "prompt": "The answer:", "max_tokens": 12, "temperature": 1.0, "seed": i,
+                "structured_outputs": {"choice": options}}
+        choice = post(server, "/v1/completions", body).json()["choices"][0]
+        assert choice["text"] in options and choice["finish_reason"] == "stop"
+    date = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"
+    body = {"model": family, "prompt": "Today is", "max_tokens": 16, "temperature": 1.0, "seed": 5, "stream": True,
+            "structured_outputs": {"regex": date}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert re.fullmatch(date, text), text
+    grammar = 'root ::= "platform " [1-9] " is " ("open" | "closed")'
+    body = {"model": family, "prompt": "Status:", "max_tokens": 40, "temperature": 1.0, "seed": 2,
+            "structured_outputs": {"grammar": grammar}}
+    choice = post(server, "/v1/completions", body).json()["choices"][0]
+    assert re.fullmatch(r"platform [1-9] is (open|closed)", choice["text"]) and choice["finish_reason"] == "stop"
+
+
+def test_bad_constraints_are_400s_with_the_reason(server, family):
+    cases = [
+        ({"structured_outputs": {"regex": "(("}}, "unclosed group"),
+        ({"structured_outputs": {"grammar": "start: missing"}}, "missing"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+         "nonsense"),
+        ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "not both"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "exactly one"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+    ]
+    for extra, words in cases:
+        resp = post(server, "/v1/chat/completions", chat(family, **extra))
+        assert resp.status_code == 400, (extra, resp.text)
+        assert words in resp.text, (extra, resp.text)
+    assert post(server, "/v1/chat/completions", chat(family, max_tokens=2)).status_code == 200  # still serving
