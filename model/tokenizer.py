@@ -169,12 +169,14 @@ class Tokenizer(ABC):
     def save(self, directory: str | Path) -> None:
         """Write the files ``load_tokenizer`` needs into ``directory`` (created if missing)."""
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """Render chat messages into a prompt string with the tokenizer's Jinja template.
 
         ``add_generation_prompt`` defaults to True (unlike transformers) because the server renders
         chats in order to generate the assistant's reply. Special tokens are available to the template
-        as ``bos_token`` etc., like in transformers, so hub templates render the same.
+        as ``bos_token`` etc., like in transformers, so hub templates render the same; so are ``tools``
+        (OpenAI's function definitions), for the templates that describe them to the model.
         """
         if self._chat_template is None:
             raise ValueError(
@@ -198,9 +200,9 @@ class Tokenizer(ABC):
             x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
         try:
             return env.from_string(self._chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self._special_tokens
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **self._special_tokens
             )
-        except TemplateError as e:
+        except (TemplateError, TypeError) as e:  # TypeError: e.g. a template that adds to content that is null
             raise ValueError(f"chat template rendering failed: {e}") from e
 
 

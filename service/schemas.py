@@ -7,10 +7,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-class _Request(BaseModel):
-    # Unknown fields are ignored (clients send vendor extras); NaN and inf are refused.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+from service.request_schemas import (  # noqa: F401 - re-exported
+    ChatMessage,
+    FunctionCall,
+    NamedToolChoice,
+    ResponseFormat,
+    StructuredOutputs,
+    Tool,
+)
+from service.request_schemas import (
+    Request as _Request,
+)
 
 
 class _Prioritised(_Request):
@@ -27,44 +34,6 @@ class AttentionSelection(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
-
-
-class JsonSchemaFormat(_Request):
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON schema (default: any JSON value)")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Request):
-    """OpenAI's `response_format`: `text`, `json_object` (any JSON object) or `json_schema`."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_given(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs json_schema: {name, schema}")
-        return self
-
-
-class StructuredOutputs(_Request):
-    """Extension (vLLM's names): exactly one of a JSON schema, a regex, a list of choices or a grammar (Lark, or
-    GBNF / EBNF with `::=` rules)."""
-
-    json_: dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema (object or text)")
-    regex: str | None = Field(None, min_length=1)
-    choice: list[str] | None = Field(None, min_length=1)
-    grammar: str | None = Field(None, min_length=1)
-    json_object: bool | None = Field(None, description="true: any JSON object")
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> StructuredOutputs:
-        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object")
-        return self
 
 
 class SamplingFields(_Prioritised):
@@ -115,18 +84,15 @@ class CompletionRequest(SamplingFields):
         return v
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
-
-
 class ChatCompletionRequest(SamplingFields):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=5)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class TranslationRequest(_Prioritised):
@@ -273,16 +239,23 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: dict | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletionResponse(BaseModel):

@@ -39,9 +39,11 @@ from service.schemas import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    NamedToolChoice,
     SamplingFields,
 )
 from service.tasks import ServedLanguageModel
+from service.tool_calls import ToolMode, ToolStream, parse_output, tool_mode
 
 router = APIRouter(tags=["text generation"])
 ANY_OBJECT = '{"type": "object"}'  # response_format json_object
@@ -119,10 +121,16 @@ def _constraint(body: SamplingFields) -> Constraint | None:
     return Constraint("json", json.dumps(schema if schema is not None else {}))
 
 
-async def _grammar(body: SamplingFields, engine: GenerationEngine) -> CompiledGrammar | None:
-    """The request's constraint, compiled (cached by the model's compiler); a bad one is a 400 with the
-    grammar library's message."""
+async def _grammar(body: SamplingFields, engine: GenerationEngine,
+                   tools: ToolMode | None = None) -> CompiledGrammar | None:
+    """The request's constraint (its response format's, or its tool choice's), compiled (cached by the model's
+    compiler); a bad one is a 400 with the grammar library's message."""
     constraint = _constraint(body)
+    if tools is not None and tools.constrained:
+        if constraint is not None:
+            raise bad_request("tool_choice required or a named function cannot be combined with a response "
+                              "format", "invalid_response_format")
+        constraint = tools.constraint
     if constraint is None:
         return None
     try:
@@ -204,7 +212,7 @@ async def _collect(request: Request, engine: GenerationEngine, choices: list[Cho
 
 
 async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: dict[str, Any],
-                        render: Callable[[Choice, Event, list[int]], dict[str, Any]],
+                        render: Callable[[Choice, Event, list[int]], dict[str, Any] | list[dict[str, Any]]],
                         usage: Callable[[], dict[str, int]] | None) -> AsyncIterator[str]:
     """SSE chunks of the merged choices (rendered per API), an engine failure as an error event, the usage
     chunk when asked for, then [DONE]."""
@@ -213,7 +221,9 @@ async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: d
             offsets = c.add(event)
             if not (event.text or event.logprobs or event.finish_reason):
                 continue  # the detokenizer is holding back an unfinished character
-            yield sse(base | {"choices": [render(c, event, offsets)]})
+            rendered = render(c, event, offsets)
+            for choice in rendered if isinstance(rendered, list) else [rendered]:
+                yield sse(base | {"choices": [choice]})
     except Exception as exc:
         err = engine_failure(exc, "generation")
         yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
@@ -340,6 +350,20 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 # --------------------------------------------------------------------------------------------------
 # /v1/chat/completions
 # --------------------------------------------------------------------------------------------------
+def _chat_message(tools: ToolMode, choice: Choice) -> dict[str, Any]:
+    """The assistant's message: its text, or the tool calls it made (a constrained answer cut by max_tokens
+    stays text, with finish_reason length)."""
+    if tools.mode == "none" or (tools.constrained and choice.finish_reason != "stop"):
+        return {"role": "assistant", "content": choice.text}
+    try:
+        content, calls = parse_output(tools, choice.text)
+    except (ValueError, TypeError, KeyError):  # a stop string cut the call short: what came, as text
+        return {"role": "assistant", "content": choice.text}
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [call.openai() for call in calls]
+    return message
+
 @router.post("/v1/chat/completions", responses=_ERRORS, response_model=ChatCompletionResponse,
              response_model_exclude_unset=True)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
@@ -350,7 +374,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "no_chat_template")
     check_count("choices (n)", body.n, cfg.max_n)
     try:
-        prompt = engine.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+        tools = tool_mode([t.model_dump() for t in body.tools or []], body.tool_choice if not isinstance(
+            body.tool_choice, NamedToolChoice) else body.tool_choice.model_dump(), body.parallel_tool_calls)
+    except ValueError as exc:
+        raise bad_request(str(exc), "invalid_tool_choice") from exc
+    try:
+        prompt = engine.tokenizer.apply_chat_template(
+            [m.for_template() for m in body.messages],
+            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None)
     except ValueError as exc:
         raise bad_request(str(exc), "invalid_messages") from exc
     log_inputs(request, [prompt])
@@ -361,7 +392,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
     top = (body.top_logprobs or 0) if body.logprobs else None
     bias = _logit_bias(body, engine)
-    grammar = await _grammar(body, engine)
+    grammar = await _grammar(body, engine, tools)
     jobs = [(ids, _sampling(body, max_tokens, j, top, bias, grammar)) for j in range(body.n)]
     choices = [Choice(i, req) for i, req in enumerate(_submit(engine, jobs))]
     completion_id, created, model = new_id("chatcmpl"), now(), served.name
@@ -375,10 +406,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 yield sse(base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                "logprobs": None, "finish_reason": None}]})
 
-            def render(c: Choice, event: Event, _: list[int]) -> dict[str, Any]:
-                delta = {"content": event.text} if event.text or event.finish_reason is None else {}
+            streams = {c.index: ToolStream(tools) for c in choices}
+
+            def render(c: Choice, event: Event, _: list[int]) -> list[dict[str, Any]]:
                 lp = _chat_logprobs(event.logprobs) if body.logprobs else None
-                return {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": event.finish_reason}
+                if tools.mode == "none":
+                    delta = {"content": event.text} if event.text or event.finish_reason is None else {}
+                    return [{"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": event.finish_reason}]
+                deltas, finish = streams[c.index].deltas(event.text, event.finish_reason)
+                out = [{"index": c.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+                if finish is not None:
+                    out.append({"index": c.index, "delta": {}, "logprobs": None, "finish_reason": finish})
+                return out
 
             usage = (lambda: _usage(len(ids) * body.n, sum(c.tokens for c in choices))) if include_usage else None
             async for chunk in _event_stream(engine, choices, base, render, usage):
@@ -387,8 +426,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return _streaming(chunks(), choices)
 
     await _collect(request, engine, choices)
-    out = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+    out = [{"index": c.index, "message": _chat_message(tools, c),
             "logprobs": _chat_logprobs(c.logprobs) if body.logprobs else None, "finish_reason": c.finish_reason}
            for c in choices]
+    for o in out:
+        if o["message"].get("tool_calls"):
+            o["finish_reason"] = "tool_calls"
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": model, "choices": out,
             "usage": _usage(len(ids) * body.n, sum(c.tokens for c in choices))}

@@ -113,3 +113,81 @@ def test_bad_constraints_are_400s_with_the_reason(server, family):
         assert resp.status_code == 400, (extra, resp.text)
         assert words in resp.text, (extra, resp.text)
     assert post(server, "/v1/chat/completions", chat(family, max_tokens=2)).status_code == 200  # still serving
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                            "parameters": {"type": "object", "additionalProperties": False,
+                                                           "properties": {"city": {"type": "string", "maxLength": 4},
+                                                                          "days": {"type": "integer", "minimum": 1,
+                                                                                   "maximum": 7}},
+                                                           "required": ["city", "days"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {},
+                                                                             "additionalProperties": False}}}
+
+
+def _valid_call(call) -> None:
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert set(args) == {"city", "days"} and isinstance(args["city"], str) and 1 <= args["days"] <= 7
+    else:
+        assert call.function.name == "get_time" and args == {}
+
+
+def test_tool_choice_required_and_named_give_calls_that_validate(server, family):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Weather?"}]
+    made = 0
+    for seed in range(4):
+        # One call each (parallel_tool_calls false): these small models would go on calling.
+        reply = client.chat.completions.create(model=family, messages=messages, tools=[WEATHER, CLOCK][: 1 + seed % 2],
+                                               seed=seed,
+                                               tool_choice="required", parallel_tool_calls=False, temperature=1.0,
+                                               max_tokens=70)
+        choice = reply.choices[0]
+        if choice.finish_reason == "tool_calls":
+            made += 1
+            assert choice.message.tool_calls and choice.message.content is None
+            assert len(choice.message.tool_calls) == 1
+            _valid_call(choice.message.tool_calls[0])
+        else:
+            assert choice.finish_reason == "length"
+    assert made
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    kwargs = dict(model=family, messages=messages, tools=[WEATHER, CLOCK], tool_choice=named, temperature=1.0,
+                  seed=7, max_tokens=70)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls" and [c.function.name for c in whole.message.tool_calls] == ["get_weather"]
+    _valid_call(whole.message.tool_calls[0])
+    # Streamed: the call's head, then its arguments as deltas, adding up to the same call.
+    head, arguments, finish = None, "", None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for delta_call in chunk.choices[0].delta.tool_calls or []:
+            head = head or delta_call
+            arguments += delta_call.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert head.id and head.function.name == "get_weather" and finish == "tool_calls"
+    assert json.loads(arguments) == json.loads(whole.message.tool_calls[0].function.arguments)
+
+
+def test_auto_answers_text_and_tool_messages_go_back_through_the_template(server, family):
+    body = chat(family, tools=[WEATHER], temperature=0, max_tokens=8)
+    reply = post(server, "/v1/chat/completions", body).json()["choices"][0]
+    assert reply["finish_reason"] in ("stop", "length") and isinstance(reply["message"]["content"], str)
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "" if family == "qwen2" else None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Ulm", "days": 1}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'}]
+    resp = post(server, "/v1/chat/completions", chat(family, messages=history, tools=[WEATHER], max_tokens=4))
+    if family == "qwen2":  # ChatML renders every role
+        assert resp.status_code == 200, resp.text
+    else:  # this Mistral template allows user/assistant turns only: its own error, as a 400
+        assert resp.status_code == 400 and "chat template" in resp.text
+    for bad, words in (({"tool_choice": "required"}, "needs tools"),
+                       ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+                        "not among"),
+                       ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+                        "cannot be combined")):
+        resp = post(server, "/v1/chat/completions", chat(family, **bad))
+        assert resp.status_code == 400 and words in resp.text, resp.text

@@ -1,0 +1,80 @@
+"""What becomes `tool_calls` (service/tool_calls.py): the constrained formats, the chat templates' formats under
+`auto`, and the stream of deltas."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from service.tool_calls import ToolStream, parse_output, tool_mode
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def test_modes_and_their_constraints():
+    assert tool_mode(None, None, None).mode == "none"
+    assert tool_mode([WEATHER], None, None).mode == "auto"
+    assert not tool_mode([WEATHER], "auto", None).constrained
+    required = tool_mode([WEATHER, TIME], "required", False)
+    schema = json.loads(required.constraint.spec)
+    assert schema["maxItems"] == 1 and [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]] == \
+        ["get_weather", "get_time"]
+    assert [c["properties"]["arguments"] for c in schema["items"]["anyOf"]] == \
+        [WEATHER["function"]["parameters"], {"type": "object", "properties": {}}]
+    named = tool_mode([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}}, None)
+    assert named.mode == "named" and json.loads(named.constraint.spec) == WEATHER["function"]["parameters"]
+    for tools, choice, words in (([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among"),
+                                 (None, "required", "needs tools"), ([WEATHER, WEATHER], "auto", "distinct")):
+        with pytest.raises(ValueError, match=words):
+            tool_mode(tools, choice, None)
+
+
+def test_constrained_outputs_become_calls():
+    required = tool_mode([WEATHER, TIME], "required", None)
+    content, calls = parse_output(required, '[{"name":"get_weather","arguments":{"city":"Köln"}},'
+                                            '{"name":"get_time","arguments":{}}]')
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == \
+        [("get_weather", {"city": "Köln"}), ("get_time", {})]
+    assert calls[0].id != calls[1].id and calls[0].id.startswith("call_")
+    named = tool_mode([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None)
+    assert [(c.name, c.arguments) for c in parse_output(named, '{"city":"Bonn"}')[1]] == \
+        [("get_weather", '{"city": "Bonn"}')]
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', None,
+     [("get_weather", {"city": "Paris"})]),
+    ('Let me look.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Rom"}}</tool_call>\n'
+     '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "Let me look.",
+     [("get_weather", {"city": "Rom"}), ("get_time", {})]),
+    ('{"name": "get_weather", "parameters": {"city": "Oslo"}}', None, [("get_weather", {"city": "Oslo"})]),
+    ('<|python_tag|>{"name": "get_time", "parameters": {}}; {"name": "get_weather", "parameters": {"city": "X"}}',
+     None, [("get_time", {}), ("get_weather", {"city": "X"})]),
+    ('{"name": "unknown_tool", "parameters": {}}', '{"name": "unknown_tool", "parameters": {}}', []),
+    ("It is sunny in Paris.", "It is sunny in Paris.", []),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>', None, []),
+])
+def test_auto_parses_the_templates_formats(text, content, calls):
+    got_content, got = parse_output(tool_mode([WEATHER, TIME], "auto", None), text)
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+    if calls or content is not None:
+        assert got_content == content
+
+
+def test_streams_named_arguments_as_they_come_and_hold_auto_until_known():
+    named = ToolStream(tool_mode([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None))
+    first, _ = named.deltas('{"city":', None)
+    assert first[0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert first[1]["tool_calls"][0]["function"] == {"arguments": '{"city":'}
+    last, finish = named.deltas('"Ulm"}', "stop")
+    assert last == [{"tool_calls": [{"index": 0, "function": {"arguments": '"Ulm"}'}}]}] and finish == "tool_calls"
+    auto = ToolStream(tool_mode([WEATHER], "auto", None))
+    assert auto.deltas("<tool", None) == ([], None)
+    deltas, finish = auto.deltas('_call>{"name": "get_weather", "arguments": {"city": "Bern"}}</tool_call>', "stop")
+    assert finish == "tool_calls" and json.loads(deltas[1]["tool_calls"][0]["function"]["arguments"]) == {"city": "Bern"}
+    prose = ToolStream(tool_mode([WEATHER], "auto", None))
+    assert prose.deltas("Hel", None) == ([{"content": "Hel"}], None)
+    assert prose.deltas("lo", "stop") == ([{"content": "lo"}], "stop")
