@@ -15,7 +15,9 @@ from service.engine.request import Event, TokenLogprob
 def token_logprob(tokenizer: Tokenizer, k: int, token: int, row: int, logprobs: StepLogprobs) -> TokenLogprob:
     """Row `row` of a step's logprobs as the chosen token's entry with its `k` most likely alternatives."""
     chosen, top_v, top_i = logprobs
-    top = {tokenizer.tokens([t])[0]: v for t, v in zip(top_i[row][:k], top_v[row][:k], strict=True)}
+    # Tokens a constraint rules out (a grammar's mask) have no probability: they are not alternatives.
+    top = {tokenizer.tokens([t])[0]: v for t, v in zip(top_i[row][:k], top_v[row][:k], strict=True)
+           if v != float("-inf")}
     return TokenLogprob(tokenizer.tokens([token])[0], chosen[row], top)
 
 

@@ -191,3 +191,17 @@ def test_auto_answers_text_and_tool_messages_go_back_through_the_template(server
                         "cannot be combined")):
         resp = post(server, "/v1/chat/completions", chat(family, **bad))
         assert resp.status_code == 400 and words in resp.text, resp.text
+
+
+def test_n_seed_and_logprobs_keep_working_under_a_constraint(server, family):
+    """Each of n choices under its own grammar state; seeded choices reproduce; the top logprobs hold only the
+    tokens the grammar allows (never -inf)."""
+    body = {"model": family, "prompt": "Answer:", "max_tokens": 16, "temperature": 1.0, "seed": 11, "n": 3,
+            "logprobs": 5, "structured_outputs": {"choice": ["alpha", "beta", "gamma delta"]}}
+    first = post(server, "/v1/completions", body).json()["choices"]
+    assert post(server, "/v1/completions", body).json()["choices"] == first
+    assert len(first) == 3
+    for choice in first:
+        assert choice["text"] in ("alpha", "beta", "gamma delta") and choice["finish_reason"] == "stop"
+        for top in choice["logprobs"]["top_logprobs"]:
+            assert top and all(v > float("-inf") for v in top.values())
