@@ -215,6 +215,38 @@ def _tiny_lm(d: Path, seed: int, train: bool, **overrides) -> Path:
     return d
 
 
+def json_records(n: int = 80, seed: int = 0, broken: float = 0.25) -> str:
+    """`Record: {...}` lines of station records, a quarter of them broken as careless writers break JSON (single
+    quotes, a trailing comma, a bare word, a missing brace): what `json_lm_dir` learns."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(seed)
+    cities = ["Köln", "Bonn", "Ulm", "Graz", "Bern", "Basel", "Essen", "Jena", "Trier", "Kiel"]
+    lines = []
+    for _ in range(n):
+        city, platform, is_open = rng.choice(cities), rng.randint(1, 20), rng.choice(["true", "false"])
+        text = f'{{"city":"{city}","platform":{platform},"open":{is_open}}}'
+        if rng.random() < broken:
+            text = rng.choice([text.replace('"', "'"), text[:-1] + ",}", text.replace(f'"{city}"', city), text[:-1]])
+        lines.append(f"Record: {text}")
+    return "\n".join(lines) + "\n"
+
+
+def json_lm_dir(d: Path, seed: int = 0) -> Path:
+    """Our decoder with the tiny LM's tokenizer, trained on `json_records`: asked with `Record: `, it writes
+    station records, valid JSON most of the time and broken some of the time."""
+    write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
+    tok = load_tokenizer(d)
+    torch.manual_seed(seed)
+    cfg = DecoderConfig(vocab_size=tok.vocab_size, d_model=64, n_heads=4, d_ff=128, n_layers=2, max_seq_len=128,
+                        bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    model = Decoder(cfg)
+    fixture_training.train_causal_lm(model, tok.encode(json_records(seed=seed), add_special_tokens=False),
+                                     tok.bos_id, model, cfg.max_seq_len, seed, steps=600)
+    save_checkpoint(d, model.eval())
+    return d
+
+
 def tiny_mt_dir(d: Path, seed: int = 0, trained: bool = True, reverse: bool = False,
                 languages: tuple[str, str] | None = None) -> Path:
     """Our encoder-decoder, having learnt `fixture_training.LEXICON` (committed, `RECIPES["tiny-mt"]`, or
