@@ -66,6 +66,13 @@ def test_structured_output_benchmark_times_masks_and_the_engine(capsys):
     assert out["ratio"] > 0 and "constrained / free" in capsys.readouterr().out
 
 
+def test_linear_paths_benchmark_times_both_paths(capsys):
+    rows = bench_script("linear_paths").main(["--rows", "1", "8", "--shapes", "64x96", "--rounds", "3"])
+    assert [(r["rows"], r["n_in"], r["n_out"]) for r in rows] == [(1, 64, 96), (8, 64, 96)]
+    assert all(r["linear_us"] > 0 and r["packed_us"] > 0 for r in rows)
+    assert "| rows | in → out |" in capsys.readouterr().out
+
+
 def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
     pytest.importorskip("ctranslate2")
     rows = bench_script("translation").main(["--tiny"])
