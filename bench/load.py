@@ -300,7 +300,10 @@ def main(argv: list[str] | None = None) -> list[Run]:
                                 args.hf_dtype or args.dtype, sequential=args.hf_sequential == "all"))
             print(f"hf, {c}: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
     runs.sort(key=lambda r: (r.concurrency, r.name))
-    print(f"\nmodel: {path} ({args.size}), {args.max_tokens} new tokens per request, "
+    from training.common import cpu_description
+
+    print(f"\nCPU: {cpu_description()}")
+    print(f"model: {path} ({args.size}), {args.max_tokens} new tokens per request, "
           f"{args.prompt_words}-word prompts, greedy, {args.dtype}, {args.device}, {args.threads} threads, "
           f"server --quantize {args.quantize}, transformers {args.hf_dtype or args.dtype}\n")
     print_table(runs)

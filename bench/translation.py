@@ -269,7 +269,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if "tserve" not in args.skip:
         rows += tserve_rows(d, texts, args, work)
     family = "NLLB-200 (English -> German)" if args.model == "nllb" else "Marian"
-    print(f"\n{family} {shape}, random weights; {args.sentences} sentences of 18-30 words, at most {args.max_tokens} "
+    from training.common import cpu_description
+
+    print(f"\nCPU: {cpu_description()}")
+    print(f"{family} {shape}, random weights; {args.sentences} sentences of 18-30 words, at most {args.max_tokens} "
           f"new tokens, {args.threads} threads per system; target tokens/s\n")
     print_table(rows, args.beams)
     return rows

@@ -129,7 +129,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-vit-"))
     d = make_vit(shape, work / "vit")
     rows = hf_rows(d, shape, args) + tserve_rows(d, pngs(args.images, shape["image_size"]), args, work)
-    print(f"\nViT {shape}, random weights, {args.images} images, {args.threads} threads per system; images/s\n")
+    from training.common import cpu_description
+
+    print(f"\nCPU: {cpu_description()}")
+    print(f"ViT {shape}, random weights, {args.images} images, {args.threads} threads per system; images/s\n")
     print("| system | images/s |\n|---|---|")
     for r in rows:
         print(f"| {r.system} | {r.images_per_s:.1f} |")

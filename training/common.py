@@ -69,6 +69,26 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_isa() -> str:
+    """The CPU's vector extensions that pick kernels (AVX2, AVX-512 and its VNNI / BF16, AMX), and the ISA
+    PyTorch's own kernels run at, which says when a run is held to AVX2 (`ATEN_CPU_CAPABILITY`)."""
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith(("flags", "Features"))).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        flags = set()
+    names = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "VNNI", "avx512_bf16": "AVX512-BF16",
+             "amx_tile": "AMX", "asimd": "NEON", "sve": "SVE"}
+    present = [name for flag, name in names.items() if flag in flags] or ["no AVX2"]
+    running = torch.backends.cpu.get_cpu_capability()
+    return f"{', '.join(present)}; PyTorch kernels at {running}"
+
+
+def cpu_description() -> str:
+    """The CPU's name and ISA, as every benchmark table names its machine."""
+    return f"{cpu_name()} ({cpu_isa()})"
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Unique parameters (tied embeddings count once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -84,6 +85,7 @@ def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
                                                                           beams)} <= systems
     assert all(r.tokens > 0 and r.seconds > 0 for r in rows)
     table = capsys.readouterr().out
+    assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in table  # the table names its CPU
     assert "| decoding | HF generate | CTranslate2 float32 | CTranslate2 int8 |" in table
     assert "| greedy |" in table and "| 4 beams |" in table
 
@@ -102,7 +104,9 @@ def test_vit_benchmark_runs_every_column_on_tiny_shapes(capsys):
     rows = bench_script("vit").main(["--tiny"])
     assert [r.system for r in rows] == ["HF, batch 1", "HF, batch 4", "tserve HTTP, 1 client", "tserve HTTP, 4 clients"]
     assert all(r.images >= 8 and r.seconds > 0 for r in rows)
-    assert "tserve 1 client / HF batch 1:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tserve 1 client / HF batch 1:" in out
+    assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in out
 
 
 @pytest.mark.slow
@@ -143,4 +147,6 @@ def test_load_benchmark_runs_a_llama_family_shape_against_transformers(tmp_path,
         ("tserve (HTTP)", 1), ("tserve (HTTP)", 2), ("hf generate, sequential", 1), ("hf generate, sequential", 2),
         ("hf generate, batch of 2", 2)}
     assert all(r.tokens_per_s > 0 for r in runs)
-    assert "1 clients: tserve / hf generate" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 clients: tserve / hf generate" in out
+    assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in out
