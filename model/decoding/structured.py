@@ -111,7 +111,8 @@ class GrammarCompiler:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
-        future = self._pool.submit(self._compile, constraint)
+        tokenizer = self._lltokenizer()  # built once per model (~1 s at 150k tokens); not the request's compile
+        future = self._pool.submit(self._compile, constraint, tokenizer)
         try:
             matcher = future.result(timeout=self.max_compile_ms / 1000)
         except concurrent.futures.TimeoutError as exc:
@@ -124,8 +125,8 @@ class GrammarCompiler:
                 self._compiled.popitem(last=False)
         return compiled
 
-    def _compile(self, constraint: Constraint):  # noqa: ANN202 - llguidance.LLMatcher
-        matcher = llguidance.LLMatcher(self._lltokenizer(), constraint.grammar(), log_level=0)
+    def _compile(self, constraint: Constraint, tokenizer: Any):  # noqa: ANN202 - llguidance.LLMatcher
+        matcher = llguidance.LLMatcher(tokenizer, constraint.grammar(), log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {constraint.kind} constraint: {matcher.get_error()}")
         return matcher

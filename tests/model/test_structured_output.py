@@ -168,7 +168,7 @@ def test_a_grammar_slower_than_the_limit_is_refused(lms, monkeypatch):
     """A compile that outlasts --max-grammar-compile-ms is refused (and finishes alone in its thread)."""
     compiler = lms["gpt2"].runner.grammars
     compile_ = compiler._compile
-    monkeypatch.setattr(compiler, "_compile", lambda c: (time.sleep(0.3), compile_(c))[1])
+    monkeypatch.setattr(compiler, "_compile", lambda c, t: (time.sleep(0.3), compile_(c, t))[1])
     monkeypatch.setattr(compiler, "max_compile_ms", 50.0)
     with pytest.raises(GrammarError, match="max-grammar-compile-ms"):
         compiler.compile(Constraint("regex", "slow[0-9]+"))
