@@ -336,7 +336,7 @@ def bench_kernels(shape: dict, device: torch.device, table: Table) -> None:
 
     with torch.inference_mode():
         sdpa = timed(padded, device, 20, 3)
-        ours = timed(lambda: flash_decode(q, k_cache, v_cache, slots, lengths), device, 20, 3)
+        ours = timed(lambda: flash_decode(q, k_cache, v_cache, slots[:, None], lengths), device, 20, 3)
     table.add("kernels", f"decode, {n} seqs, lengths 1..{L}", sdpa * 1e3, ours * 1e3, "ms", False,
               "SDPA over padded cache")
 

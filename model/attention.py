@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model import rope
-from model.kv_cache import LayerKV, SharedSources
+from model.kv_cache import CachedDecodeKernel, LayerKV, PagedLayerKV, SharedSources
 from model.norms import RMSNorm
 
 # flash-decode: PyTorch SDPA (FlashAttention) for prefill and encoders, our Triton flash-decoding kernel for
@@ -84,9 +84,7 @@ def sdpa_attention(
 
 
 AttentionFn = Callable[..., tuple[Tensor, Tensor | None]]
-# (q (B, H, 1, D), k_cache, v_cache (slots, H, L, D), slots (B,), lengths (B,), max_len) -> (B, H, 1, D)
-CachedDecodeFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
-
+CachedDecodeFn = CachedDecodeKernel
 
 def _flash_module():  # noqa: ANN202
     try:
@@ -267,8 +265,7 @@ class Attention(nn.Module):
                 if self._cached_decode is not None and not need_weights and _direct_decode(q, cache, mask):
                     # One token per sequence: attend over [0, position] of its own slot, no gather.
                     cache.store(k, v)
-                    lengths = cache.positions[:, -1] + 1
-                    out = self._cached_decode(q, cache.k_cache, cache.v_cache, cache.slots, lengths, cache.kv_len)
+                    out = cache.decode(self._cached_decode, q)
                     return self.proj(out.transpose(1, 2).reshape(q.size(0), 1, -1)), None
                 k, v = cache.update(k, v)
         attend = math_attention if need_weights else self._attend
@@ -310,4 +307,4 @@ def _grouped(attend: AttentionFn, q: Tensor, k: Tensor, v: Tensor, mask: Tensor 
 def _direct_decode(q: Tensor, cache: KVWriter, mask: Tensor | None) -> bool:
     """Whether the flash decode kernel can serve this call: one query per sequence and no position bias."""
     biased = mask is not None and mask.is_floating_point()
-    return isinstance(cache, LayerKV) and q.size(2) == 1 and cache.kv_len is not None and not biased
+    return isinstance(cache, LayerKV | PagedLayerKV) and q.size(2) == 1 and cache.kv_len is not None and not biased

@@ -1,9 +1,10 @@
 """GPT-style causal language model (nanoGPT-like), with cached inference.
 
 Training: `forward(tokens)` -> logits for every position.
-Inference: `prefill(tokens, lengths, cache, slots)` runs right-padded prompts and fills their cache slots;
+Inference: `prefill(tokens, lengths, cache, slots)` runs right-padded prompts and fills their cache rows;
 `decode_step(tokens, positions, cache, slots)` advances each running sequence by one token. Both return
-the logits of the next token only.
+the logits of the next token only. The cache is paged (`model.kv_cache.PagedKVCache`): a row's positions
+live in the blocks its table names.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from model.attention import Rotary, causal_mask
 from model.config import DecoderConfig
-from model.kv_cache import KVCache, consecutive_start
+from model.kv_cache import PagedKVCache
 from model.layers import Block, make_norm, sinusoidal_table
 
 
@@ -60,7 +61,7 @@ class Decoder(nn.Module):
         *,
         mask: Tensor | None,
         is_causal: bool,
-        cache: KVCache | None = None,
+        cache: PagedKVCache | None = None,
         slots: Tensor | None = None,
         kv_len: int | None = None,
         attention_layers: set[int] | None = None,
@@ -69,9 +70,9 @@ class Decoder(nn.Module):
         asked for (each (B, H, T, Tk))."""
         x, rotary = self._embed(tokens, positions)
         maps: dict[int, Tensor] = {}
-        first_slot = consecutive_start(slots) if cache is not None and kv_len is not None else None
+        view = cache.view(slots, positions, kv_len) if cache is not None else None
         for i, block in enumerate(self.blocks):
-            layer_cache = cache.layer(i, slots, positions, kv_len, first_slot) if cache is not None else None
+            layer_cache = view.layer(i) if view is not None else None
             want = attention_layers is not None and i in attention_layers
             x, probs, _ = block(
                 x, mask=mask, is_causal=is_causal, rotary=rotary, cache=layer_cache, need_weights=want
@@ -103,35 +104,43 @@ class Decoder(nn.Module):
         return self.lm_head(hidden), maps
 
     def new_cache(
-        self, num_slots: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
-    ) -> KVCache:
+        self, num_slots: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
+        num_blocks: int | None = None, block_size: int = 16,
+    ) -> PagedKVCache:
+        """A paged cache for `num_slots` rows of up to `max_len` positions: `num_blocks` blocks shared by the rows
+        through their block tables, or (None) enough blocks for every row's whole length, each row's own for good."""
         p = self.tok_emb.weight  # not lm_head's: an int8 output layer has no float weight
-        return KVCache(
-            self.cfg.n_layers,
-            num_slots,
-            self.cfg.kv_heads,
-            max_len or self.cfg.max_seq_len,
-            self.cfg.d_head,
-            dtype=dtype or p.dtype,
-            device=p.device,
-        )
+        max_len = max_len or self.cfg.max_seq_len
+        static = num_blocks is None
+        if static:
+            num_blocks = 1 + num_slots * -(-max_len // block_size)
+        return PagedKVCache(self.cfg.n_layers, num_blocks, block_size, self.cfg.kv_heads, self.cfg.d_head,
+                            num_rows=num_slots, max_len=max_len, static_rows=static, dtype=dtype or p.dtype,
+                            device=p.device)
 
     @torch.inference_mode()
-    def prefill(self, tokens: Tensor, lengths: Tensor, cache: KVCache, slots: Tensor) -> Tensor:
-        """Right-padded prompts (B, T) with valid `lengths` (B,) into cache `slots` (B,).
+    def prefill(self, tokens: Tensor, lengths: Tensor, cache: PagedKVCache, slots: Tensor,
+                start: Tensor | None = None) -> Tensor:
+        """Right-padded prompts (B, T) with valid `lengths` (B,) into cache rows `slots` (B,), from positions
+        `start` (B,) on (default 0: the positions before are already in the cache, e.g. a cached prefix).
         Returns next-token logits (B, V) taken at each prompt's last real token."""
         positions = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
-        hidden, _ = self._run(tokens, positions, mask=None, is_causal=True, cache=cache, slots=slots)
-        cache.lengths[slots] = lengths
+        mask, kv_len = None, None
+        if start is not None and bool((start > 0).any()):  # attend over the cached positions too
+            positions = positions + start[:, None]
+            kv_len = int((start + lengths).max())
+            mask = causal_mask(positions, kv_len)
+        hidden, _ = self._run(tokens, positions, mask=mask, is_causal=mask is None, cache=cache, slots=slots,
+                              kv_len=kv_len)
         last = hidden[torch.arange(tokens.size(0), device=tokens.device), lengths - 1]
         return self.lm_head(last)
 
     @torch.inference_mode()
     def decode_step(
-        self, tokens: Tensor, positions: Tensor, cache: KVCache, slots: Tensor, kv_len: int | None = None
+        self, tokens: Tensor, positions: Tensor, cache: PagedKVCache, slots: Tensor, kv_len: int | None = None
     ) -> Tensor:
-        """One new token per running sequence: tokens (B,) at `positions` (B,) in `slots` (B,).
-        Attends over cache positions [0, kv_len) (default: the whole static cache; a smaller bound that
+        """One new token per running sequence: tokens (B,) at `positions` (B,) in rows `slots` (B,).
+        Attends over cache positions [0, kv_len) (default: the whole row length; a smaller bound that
         covers every position saves work on CPU). Returns logits (B, V)."""
         kv_len = kv_len or cache.max_len
         positions = positions[:, None]
@@ -139,7 +148,6 @@ class Decoder(nn.Module):
         hidden, _ = self._run(
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len
         )
-        cache.lengths[slots] = positions[:, 0] + 1
         return self.lm_head(hidden[:, 0])
 
 

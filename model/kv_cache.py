@@ -1,6 +1,11 @@
-"""Static, preallocated key/value cache.
+"""Key/value caches: the paged cache of language models, and the static cache of encoder-decoder models.
 
-Buffers have shape (n_layers, num_slots, n_heads, max_len, d_head) and are allocated once. A running
+`PagedKVCache` (decoder-only models): a pool of fixed-size blocks per layer; each row (a running sequence)
+reads and writes its positions through its block table (`model.block_pool` decides who holds which block).
+A forward builds one `PagedView` (where each new position is written, which positions each row reads) and
+every layer uses it.
+
+`KVCache` (static): buffers have shape (n_layers, num_slots, n_heads, max_len, d_head) and are allocated once. A running
 sequence owns a slot; new keys/values are written in place at (slot, position), so decode steps have
 static shapes (CUDA-graph friendly) and slots are freed and reused independently. Encoder-decoder models
 keep a second cache of the same kind for cross-attention keys/values, written once per request.
@@ -8,10 +13,155 @@ keep a second cache of the same kind for cross-attention keys/values, written on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+# (q (B, H, 1, D), k/v blocks (num_blocks, H, block_len, D), block tables (B, W), lengths (B,), bound) -> (B, H, 1, D)
+CachedDecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int | None], Tensor]
+
+
+class PagedKVCache(nn.Module):
+    """Keys/values of `num_blocks` blocks of `block_size` positions in every layer, stored flat as
+    (n_layers, num_blocks * block_size, kv heads, d_head): position p of block b is row b * block_size + p, so a
+    forward reads any set of positions with one `index_select` and writes them with one `index_copy_`.
+
+    `tables` (num_rows + 1, max_blocks) holds each row's block table on the model's device (padded with the
+    null block 0); the last row belongs to nobody (padding rows of CUDA-graph buckets). `static_rows`: give
+    row r the blocks 1 + r * max_blocks ... for good, which makes the cache a static one (tests, scripts).
+    """
+
+    def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_heads: int, d_head: int, *,
+                 num_rows: int, max_len: int, static_rows: bool = False, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.max_blocks = -(-max_len // block_size)
+        shape = (n_layers, num_blocks * block_size, n_heads, d_head)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        tables = torch.zeros(num_rows + 1, self.max_blocks, dtype=torch.long)
+        if static_rows:
+            if num_blocks < 1 + num_rows * self.max_blocks:
+                raise ValueError("too few blocks for static rows")
+            tables[:num_rows] = 1 + torch.arange(num_rows * self.max_blocks).view(num_rows, self.max_blocks)
+        self.register_buffer("tables", tables.to(device), persistent=False)
+        self._host_tables = tables  # the same, on the host: CPU views are planned from it without a sync
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.size(1) // self.block_size
+
+    @property
+    def num_rows(self) -> int:
+        return self.tables.size(0) - 1
+
+    @property
+    def max_len(self) -> int:
+        return self.max_blocks * self.block_size
+
+    def set_table(self, row: int, blocks: list[int]) -> None:
+        """Point `row` at `blocks` (the rest of its table at the null block)."""
+        if len(blocks) > self.max_blocks:
+            raise ValueError(f"a row holds at most {self.max_blocks} blocks, not {len(blocks)}")
+        table = torch.zeros(self.max_blocks, dtype=torch.long)
+        table[: len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        self._host_tables[row] = table
+        if self.tables.device.type != "cpu":
+            self.tables[row].copy_(table, non_blocking=False)
+
+    def view(self, rows: Tensor, positions: Tensor, kv_len: int | None) -> PagedView:
+        """The plan of one forward: `rows` (B,) write their new tokens at `positions` (B, T) and, unless `kv_len`
+        is None (a prefill from position 0: attend over the new keys only), read positions [0, kv_len)."""
+        bs = self.block_size
+        tables = self.tables[rows]  # (B, max_blocks)
+        write = tables.gather(1, (positions // bs).clamp_max(self.max_blocks - 1)) * bs + positions % bs
+        write = torch.where(positions < self.max_len, write, positions % bs)  # past the table: the null block
+        read_start = read = None
+        if kv_len is not None:
+            read_start = self._contiguous_start(rows, kv_len)
+            if read_start is None:
+                n = -(-kv_len // bs)
+                offsets = torch.arange(bs, device=tables.device)
+                read = (tables[:, :n, None] * bs + offsets).view(rows.numel(), n * bs)[:, :kv_len]
+        return PagedView(self, write.reshape(-1), read, read_start, kv_len, rows, positions)
+
+    def _contiguous_start(self, rows: Tensor, kv_len: int) -> int | None:
+        """On the CPU, for one row whose first `kv_len` positions lie in consecutive blocks: where they start, so
+        that they are read through a slice instead of a gather."""
+        if rows.device.type != "cpu" or rows.numel() != 1:
+            return None
+        n = -(-kv_len // self.block_size)
+        blocks = self._host_tables[int(rows[0]), :n]
+        first = int(blocks[0])
+        if first == 0 or not torch.equal(blocks, torch.arange(first, first + n)):
+            return None
+        return first * self.block_size
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def bytes_per_token(self) -> int:
+        """Keys and values of one position in every layer: 2 x layers x kv heads x head size x dtype size."""
+        layers, _, heads, d_head = self.k.shape
+        return 2 * layers * heads * d_head * self.k.element_size()
+
+
+@dataclass
+class PagedView:
+    """One forward's reads and writes of a `PagedKVCache` (shared by every layer)."""
+
+    cache: PagedKVCache
+    write: Tensor  # (B * T,) flat cache positions of the new tokens
+    read: Tensor | None  # (B, kv_len) flat cache positions each row attends over; None: a slice or the new keys
+    read_start: int | None  # one row whose positions are consecutive from here: read through a slice
+    kv_len: int | None
+    rows: Tensor  # (B,)
+    positions: Tensor  # (B, T)
+
+    def layer(self, index: int) -> PagedLayerKV:
+        return PagedLayerKV(self, self.cache.k[index], self.cache.v[index])
+
+
+@dataclass
+class PagedLayerKV:
+    view: PagedView
+    k_cache: Tensor  # (num_blocks * block_size, H, D)
+    v_cache: Tensor
+
+    @property
+    def kv_len(self) -> int | None:
+        return self.view.kv_len
+
+    def store(self, k: Tensor, v: Tensor) -> None:
+        """Write the new keys/values (B, H, T, D) at the view's positions."""
+        H, D = k.size(1), k.size(3)
+        self.k_cache.index_copy_(0, self.view.write, k.transpose(1, 2).reshape(-1, H, D).to(self.k_cache.dtype))
+        self.v_cache.index_copy_(0, self.view.write, v.transpose(1, 2).reshape(-1, H, D).to(self.v_cache.dtype))
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.store(k, v)
+        view = self.view
+        if view.kv_len is None:
+            return k, v
+        if view.read_start is not None:
+            span = slice(view.read_start, view.read_start + view.kv_len)
+            return self.k_cache[span][None].transpose(1, 2), self.v_cache[span][None].transpose(1, 2)
+        B, L = view.read.shape
+        index = view.read.reshape(-1)
+        k_read = self.k_cache.index_select(0, index).view(B, L, *self.k_cache.shape[1:])
+        v_read = self.v_cache.index_select(0, index).view(B, L, *self.v_cache.shape[1:])
+        return k_read.transpose(1, 2), v_read.transpose(1, 2)  # (B, H, L, D)
+
+    def decode(self, kernel: CachedDecodeKernel, q: Tensor) -> Tensor:
+        """One query per row over its own positions [0, position], read block by block by `kernel`."""
+        bs = self.view.cache.block_size
+        blocks = lambda t: t.view(-1, bs, *t.shape[1:]).transpose(1, 2)  # noqa: E731 (num_blocks, H, bs, D)
+        lengths = self.view.positions[:, -1] + 1
+        return kernel(q, blocks(self.k_cache), blocks(self.v_cache), self.view.cache.tables[self.view.rows],
+                      lengths, self.view.kv_len)
 
 
 class KVCache(nn.Module):
@@ -42,6 +192,11 @@ class KVCache(nn.Module):
     @property
     def max_len(self) -> int:
         return self.k.size(3)
+
+    def view(self, slots: Tensor, positions: Tensor, kv_len: int | None) -> StaticView:
+        """Every layer's view for one forward (the interface `PagedKVCache.view` shares)."""
+        first_slot = consecutive_start(slots) if kv_len is not None else None
+        return StaticView(self, slots, positions, kv_len, first_slot)
 
     def layer(self, index: int, slots: Tensor, positions: Tensor, kv_len: int | None,
               first_slot: int | None = None) -> LayerKV:
@@ -82,6 +237,18 @@ class KVCache(nn.Module):
 
 
 @dataclass
+class StaticView:
+    cache: KVCache
+    slots: Tensor
+    positions: Tensor
+    kv_len: int | None
+    first_slot: int | None
+
+    def layer(self, index: int) -> LayerKV:
+        return self.cache.layer(index, self.slots, self.positions, self.kv_len, self.first_slot)
+
+
+@dataclass
 class LayerKV:
     """One layer's view of the cache for one forward: writes new keys/values of `slots` at
     `positions` (B, T) and returns the keys/values the queries attend over."""
@@ -108,6 +275,10 @@ class LayerKV:
             rows = slice(self.first_slot, self.first_slot + self.slots.numel())
             return self.k_cache[rows, :, : self.kv_len], self.v_cache[rows, :, : self.kv_len]
         return self.k_cache[self.slots, :, : self.kv_len], self.v_cache[self.slots, :, : self.kv_len]
+
+    def decode(self, kernel: CachedDecodeKernel, q: Tensor) -> Tensor:
+        """One query per row over [0, position] of its own slot: a slot is one block of the whole cache length."""
+        return kernel(q, self.k_cache, self.v_cache, self.slots[:, None], self.positions[:, -1] + 1, self.kv_len)
 
 
 def consecutive_start(slots: Tensor) -> int | None:

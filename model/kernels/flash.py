@@ -147,8 +147,8 @@ def flash_attention(
 # --------------------------------------------------------------------------------------------------
 @triton.jit
 def _flash_decode_split_kernel(
-    Q, KC, VC, Slots, Lengths, PartO, PartM, PartL,
-    s_qb, s_qh, s_qd,
+    Q, KC, VC, Tables, Lengths, PartO, PartM, PartL,
+    s_qb, s_qh, s_qd, s_tb, block_len,
     s_ks, s_kh, s_kn, s_kd,
     s_vs, s_vh, s_vn, s_vd,
     H, D, split_len, num_splits, qk_scale, GROUP,
@@ -159,7 +159,6 @@ def _flash_decode_split_kernel(
     b = pid_bh // H
     h = pid_bh % H
     kv_h = h // GROUP  # grouped-query attention: GROUP query heads read one cached kv head
-    slot = tl.load(Slots + b).to(tl.int64)
     length = tl.load(Lengths + b)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -169,19 +168,23 @@ def _flash_decode_split_kernel(
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    k_base = KC + slot * s_ks + kv_h * s_kh
-    v_base = VC + slot * s_vs + kv_h * s_vh
+    k_base = KC + kv_h * s_kh
+    v_base = VC + kv_h * s_vh
     for start in range(lo, hi, BLOCK_N):  # empty when this split lies past the sequence's length
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
-        k = tl.load(k_base + cols[:, None] * s_kn + offs_d[None, :] * s_kd,
+        # Each position's block from the row's table (a static cache: one block per row, as long as the cache).
+        block = tl.load(Tables + b * s_tb + cols // block_len, mask=col_ok, other=0).to(tl.int64)
+        k_rows = block * s_ks + (cols % block_len) * s_kn
+        v_rows = block * s_vs + (cols % block_len) * s_vn
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :] * s_kd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # (N, D)
         s = tl.sum(k * q[None, :], 1) * qk_scale
         s = tl.where(col_ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
         p = tl.math.exp2(s - m_new)
         alpha = tl.math.exp2(m_i - m_new)
-        v = tl.load(v_base + cols[:, None] * s_vn + offs_d[None, :] * s_vd,
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :] * s_vd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         l_i = l_i * alpha + tl.sum(p, 0)
         acc = acc * alpha + tl.sum(p[:, None] * v, 0)
@@ -227,18 +230,20 @@ def decode_splits(max_len: int, block_n: int = 64, target_chunk: int = 256, max_
 
 
 def flash_decode(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_len: int | None = None
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor, max_len: int | None = None
 ) -> Tensor:
     """Attention of one query per sequence over its own cached keys.
 
-    q: (B, H, 1, D); k_cache/v_cache: (num_slots, KV, L, D) with H a multiple of KV (query head j reads kv head
-    j // (H / KV)); slots (B,) cache rows; lengths (B,) number of
-    valid positions of each row (the query attends over [0, length)). `max_len` bounds the lengths (default
-    the cache length); it fixes the split layout. Returns (B, H, 1, D).
+    q: (B, H, 1, D); k_cache/v_cache: (num_blocks, KV, block_len, D) (any strides) with H a multiple of KV
+    (query head j reads kv head j // (H / KV)); tables (B, W): the blocks that hold each row's positions
+    0, block_len, 2 * block_len, ... (a static cache: (B, 1), each row's slot, block_len the cache length);
+    lengths (B,) number of valid positions of each row (the query attends over [0, length)). `max_len` bounds
+    the lengths (default W * block_len); it fixes the split layout. Returns (B, H, 1, D).
     """
-    _check_device(q, k_cache, v_cache, slots, lengths)
+    _check_device(q, k_cache, v_cache, tables, lengths)
     B, H, _, D = q.shape
-    bound = min(max_len or k_cache.size(2), k_cache.size(2))
+    block_len = k_cache.size(2)
+    bound = min(max_len or tables.size(1) * block_len, tables.size(1) * block_len)
     block_n, block_d = 64, _head_block(D)
     num_splits, split_len = decode_splits(bound, block_n)
     part_o = torch.empty(B * H * num_splits, block_d, dtype=torch.float32, device=q.device)
@@ -247,8 +252,8 @@ def flash_decode(
     out = torch.empty_like(q)
     qs = q[:, :, 0]
     _flash_decode_split_kernel[(B * H, num_splits)](
-        qs, k_cache, v_cache, slots.contiguous(), lengths.to(torch.int32).contiguous(), part_o, part_m, part_l,
-        *qs.stride(), *k_cache.stride(), *v_cache.stride(),
+        qs, k_cache, v_cache, tables, lengths.to(torch.int32).contiguous(), part_o, part_m, part_l,
+        *qs.stride(), tables.stride(0), block_len, *k_cache.stride(), *v_cache.stride(),
         H, D, split_len, num_splits, LOG2E / math.sqrt(D), H // k_cache.size(1),
         BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
     )

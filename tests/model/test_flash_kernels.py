@@ -105,12 +105,34 @@ def test_flash_decode_attends_each_slot_over_its_own_length(D, dtype):
     slots = torch.tensor([5, 0, 3, 6], device=DEVICE)
     lengths = torch.tensor([600, 1, 257, 64], device=DEVICE)  # mixed: one full, one single key, ...
     q = torch.randn(4, H, 1, D, generator=g).to(DEVICE, dtype)
-    out = flash.flash_decode(q, k_cache, v_cache, slots, lengths)
+    out = flash.flash_decode(q, k_cache, v_cache, slots[:, None], lengths)  # a static cache: one block per slot
     assert out.shape == q.shape and out.dtype == dtype
     for i in range(4):
         s, n = int(slots[i]), int(lengths[i])
         ref, _ = math_attention(q[i : i + 1].float(), k_cache[s : s + 1, :, :n].float(),
                                 v_cache[s : s + 1, :, :n].float(), None, False)
+        check(out[i : i + 1], ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_flash_decode_reads_each_row_through_its_block_table(dtype):
+    """Paged: a row's positions live in the scattered blocks its table names, 16 positions each, in the flat
+    (positions, heads, D) layout of `PagedKVCache`; the kernel must follow the table block by block."""
+    num_blocks, bs, H, D = 90, 16, 2, 32
+    g = torch.Generator().manual_seed(5)
+    k_flat = torch.randn(num_blocks * bs, H, D, generator=g).to(DEVICE, dtype)
+    v_flat = torch.randn(num_blocks * bs, H, D, generator=g).to(DEVICE, dtype)
+    blocks = lambda t: t.view(num_blocks, bs, H, D).transpose(1, 2)  # noqa: E731
+    lengths = torch.tensor([300, 1, 17, 160], device=DEVICE)
+    order = torch.randperm(num_blocks - 1, generator=g) + 1  # every row's blocks scattered over the pool
+    tables = order[:80].view(4, 20).to(DEVICE)
+    q = torch.randn(4, H, 1, D, generator=g).to(DEVICE, dtype)
+    out = flash.flash_decode(q, blocks(k_flat), blocks(v_flat), tables, lengths, 320)
+    for i in range(4):
+        n = int(lengths[i])
+        index = (tables[i, :, None] * bs + torch.arange(bs, device=DEVICE)).flatten()[:n]
+        k, v = (t[index].transpose(0, 1)[None].float() for t in (k_flat, v_flat))
+        ref, _ = math_attention(q[i : i + 1].float(), k, v, None, False)
         check(out[i : i + 1], ref, dtype)
 
 

@@ -1,0 +1,185 @@
+"""Who owns which block of the paged KV cache (host-side bookkeeping; the tensors are `PagedKVCache`'s).
+
+The cache is a pool of `num_blocks` blocks of `block_size` positions. A sequence holds a `BlockTable`: the
+blocks that hold its positions 0, bs, 2*bs, ... in order. Block 0 is the null block: it belongs to no one,
+padding positions and padding rows write there, and nothing real reads it.
+
+Prefix caching. A full block is named by a hash of its tokens chained with the hash of the block before it
+(and a salt: whatever else changes the cache, e.g. the model and its dtype), so a name stands for the whole
+prefix up to the block's end. A new sequence maps its longest named prefix onto its table (each block's
+reference count goes up) and computes only the rest. A block whose count falls to zero is free but keeps
+its name: it is found again until its memory is taken for another block, least recently freed first (LRU).
+
+A block's life: free (in `_free`, maybe named) -> held by one or more tables (count > 0; a named block is
+never written again, a table's last, partial block is its own) -> free again when the last table lets go.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+NULL_BLOCK = 0
+
+
+@dataclass
+class BlockTable:
+    """One sequence's blocks, and the names of its full blocks so far (`hashes[i]` names `blocks[i]`)."""
+
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
+    num_cached_tokens: int = 0  # positions found in the prefix cache when the sequence was admitted
+
+
+@dataclass
+class PrefixCacheStats:
+    """Counters since start: sequences admitted with and without a cached prefix, and positions reused."""
+
+    hits: int = 0
+    misses: int = 0
+    cached_tokens: int = 0
+    queried_tokens: int = 0
+
+
+def block_hash(previous: bytes, tokens: Sequence[int]) -> bytes:
+    """The name of a full block: its tokens chained with the name of the block before it."""
+    return hashlib.blake2b(previous + array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True, salt: str = "") -> None:
+        if num_blocks < 2:
+            raise ValueError("the KV cache needs at least two blocks (one is the null block)")
+        self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
+        self.salt = hashlib.blake2b(salt.encode(), digest_size=16).digest()
+        self._refs = [0] * num_blocks
+        self._name: list[bytes | None] = [None] * num_blocks
+        self._tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # a named block's tokens (checked on a hit)
+        self._by_name: dict[bytes, int] = {}
+        # Free blocks, the next to be taken first: unnamed ones at the front, named ones in the order freed.
+        self._free: collections.OrderedDict[int, None] = collections.OrderedDict(
+            (b, None) for b in range(1, num_blocks))
+        self.stats = PrefixCacheStats()
+
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (named free blocks included: they are given up on demand)."""
+        return len(self._free)
+
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_in_use(self) -> int:
+        return self.num_usable - len(self._free)
+
+    @property
+    def num_cached_free(self) -> int:
+        """Free blocks that still hold a named prefix."""
+        return sum(1 for b in self._free if self._name[b] is not None)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ----------------------------------------------------------------------------------------------
+    def cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
+        """The longest run of named blocks that starts `token_ids`, leaving at least its last token to compute
+        (its logits are the point of a prefill). Takes nothing."""
+        if not self.prefix_caching:
+            return [], []
+        blocks: list[int] = []
+        names: list[bytes] = []
+        previous, bs = self.salt, self.block_size
+        for i in range((len(token_ids) - 1) // bs):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            name = block_hash(previous, tokens)
+            block = self._by_name.get(name)
+            if block is None or self._tokens[block] != tokens:
+                break
+            blocks.append(block)
+            names.append(name)
+            previous = name
+        return blocks, names
+
+    def can_admit(self, token_ids: Sequence[int], reserve: int = 0) -> bool:
+        """Whether a sequence of `token_ids` fits now with `reserve` blocks left over."""
+        hits, _ = self.cached_prefix(token_ids)
+        taken_from_free = sum(1 for b in hits if self._refs[b] == 0)
+        return self.blocks_for(len(token_ids)) - len(hits) + taken_from_free + reserve <= self.num_free
+
+    def admit(self, token_ids: Sequence[int]) -> BlockTable:
+        """A table for `token_ids`: its cached prefix shared, new blocks for the rest (call `can_admit` first)."""
+        hits, names = self.cached_prefix(token_ids)
+        for block in hits:
+            self._acquire(block)
+        table = BlockTable(list(hits), list(names), len(hits) * self.block_size)
+        if self.prefix_caching:
+            self.stats.hits += bool(hits)
+            self.stats.misses += not hits
+            self.stats.cached_tokens += table.num_cached_tokens
+            self.stats.queried_tokens += len(token_ids)
+        if not self.grow(table, len(token_ids)):
+            self.release(table)
+            raise RuntimeError(f"the KV cache has no room for {len(token_ids)} positions")
+        return table
+
+    def grow(self, table: BlockTable, num_tokens: int) -> bool:
+        """Add blocks until `table` holds `num_tokens` positions; False (and nothing added) when too few are free."""
+        need = self.blocks_for(num_tokens) - len(table.blocks)
+        if need > len(self._free):
+            return False
+        for _ in range(need):
+            table.blocks.append(self._take())
+        return True
+
+    def name_full_blocks(self, table: BlockTable, token_ids: Sequence[int]) -> None:
+        """Name the blocks of `table` that `token_ids` (positions already in the cache) fill, so that later
+        sequences find them. A block whose content another block already names stays unnamed."""
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(table.hashes), len(token_ids) // bs):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            name = block_hash(table.hashes[-1] if table.hashes else self.salt, tokens)
+            table.hashes.append(name)
+            block = table.blocks[i]
+            if name not in self._by_name and self._name[block] is None:
+                self._by_name[name], self._name[block], self._tokens[block] = block, name, tokens
+
+    def release(self, table: BlockTable) -> None:
+        """Let go of every block of `table` (last first, so that a prefix's tail is evicted before its head)."""
+        for block in reversed(table.blocks):
+            self._refs[block] -= 1
+            if self._refs[block] < 0:
+                raise RuntimeError(f"KV block {block} released more often than taken")
+            if self._refs[block] == 0:
+                self._free[block] = None
+                if self._name[block] is None:
+                    self._free.move_to_end(block, last=False)  # holds nothing worth keeping: taken first
+        table.blocks.clear()
+        table.hashes.clear()
+
+    # ----------------------------------------------------------------------------------------------
+    def _acquire(self, block: int) -> None:
+        if self._refs[block] == 0:
+            del self._free[block]
+        self._refs[block] += 1
+
+    def _take(self) -> int:
+        """A free block for new content: its old name (if any) is forgotten."""
+        block, _ = self._free.popitem(last=False)
+        name = self._name[block]
+        if name is not None:
+            if self._by_name.get(name) == block:
+                del self._by_name[name]
+            self._name[block] = self._tokens[block] = None
+        self._refs[block] = 1
+        return block
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
