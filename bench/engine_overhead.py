@@ -62,21 +62,24 @@ def model_ms_per_step(engine, batch: int, steps: int) -> float:
     runner = engine.runner
     seqs = [TextSequence(list(range(1 + i, 17 + i)), SamplingParams(max_tokens=steps, temperature=0.0,
                                                                     ignore_eos=True)) for i in range(batch)]
-    for seq, slot in zip(seqs, runner.slots.allocate(batch), strict=True):
-        seq.slot = slot
     try:
+        for seq in seqs:
+            assert runner.admit(seq), "the engine's cache has no room for the batch"
         tokens, _ = runner.choose(seqs, runner.prefill(seqs))
         for seq, token in zip(seqs, tokens, strict=True):
             runner.append(seq, token)
         times = []
         for _ in range(steps - 1):
             start = time.perf_counter()
+            for seq in seqs:
+                runner.grow(seq)
             tokens, _ = runner.choose(seqs, runner.decode(seqs))
             times.append(time.perf_counter() - start)
             for seq, token in zip(seqs, tokens, strict=True):
                 runner.append(seq, token)
     finally:
-        runner.slots.free([s.slot for s in seqs])
+        for seq in seqs:
+            runner.release(seq)
     return statistics.mean(times) * 1e3
 
 

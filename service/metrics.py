@@ -29,6 +29,19 @@ class Metrics:
                                         "keys and values; grouped-query models hold only their kv heads)", ["model"],
                                         registry=r)
         self.kv_bytes = Gauge("tserve_kv_cache_bytes", "KV-cache bytes allocated", ["model"], registry=r)
+        self.kv_blocks_total = Gauge("tserve_kv_cache_blocks_total", "KV-cache blocks of a language model's pool",
+                                     ["model"], registry=r)
+        self.kv_blocks_in_use = Gauge("tserve_kv_cache_blocks_in_use", "KV-cache blocks held by running requests",
+                                      ["model"], registry=r)
+        self.kv_block_size = Gauge("tserve_kv_cache_block_size", "Positions per KV-cache block", ["model"], registry=r)
+        self.prefix_hits = Counter("tserve_prefix_cache_hits_total", "Requests admitted with part of their prompt "
+                                   "in the prefix cache", ["model"], registry=r)
+        self.prefix_misses = Counter("tserve_prefix_cache_misses_total", "Requests admitted with none of their "
+                                     "prompt in the prefix cache", ["model"], registry=r)
+        self.prefix_cached_tokens = Counter("tserve_prefix_cache_cached_tokens_total", "Prompt tokens read from the "
+                                            "prefix cache instead of computed", ["model"], registry=r)
+        self.preemptions = Counter("tserve_preemptions_total", "Running requests preempted because the KV cache "
+                                   "was full (recomputed when admitted again)", ["model"], registry=r)
         self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)
         self.images = Counter("tserve_images_classified_total", "Images classified", ["model"], registry=r)
         self.embeddings = Counter("tserve_embeddings_total", "Inputs embedded (/v1/embeddings)", ["model"], registry=r)

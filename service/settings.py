@@ -44,6 +44,12 @@ class Settings(BaseSettings):
                                "may not take: kept for another client's first request (fair admission)")
     max_queue: int = Field(256, ge=0, description="waiting requests per model before 429; 0: no waiting room, a request is taken only when free rows take it at once")
     max_model_len: int | None = Field(None, ge=2, description="cap on prompt + completion tokens (default: the model's context, at most 4096; the KV cache holds this many positions per running request); a translator's source tokens and target tokens, each (default: the model's)")
+    kv_cache_memory: str | None = Field(
+        None, description="KV cache of each language model: bytes (2GB, 512MiB) or a fraction of the memory free on "
+        "its device (0.3); default: every running request's whole context, at most 0.4 of the free memory")
+    kv_block_size: int = Field(16, ge=1, le=1024, description="positions per KV-cache block")
+    prefix_cache: bool = Field(True, description="language models: requests share the KV blocks of a common "
+                               "prompt prefix, computed once (--no-prefix-cache: off)")
     keep_alive_s: int = Field(75, ge=1, description="idle seconds before a keep-alive connection is closed")
     request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
     max_tokens_limit: int = Field(2048, ge=1, description="largest max_tokens a request may ask for")
@@ -120,6 +126,17 @@ class Settings(BaseSettings):
             parse_bytes(value)
         return value
 
+    @property
+    def kv_cache_budget(self) -> tuple[int | None, float | None]:
+        """--kv-cache-memory as (bytes, None) or (None, fraction of the free memory); (None, None) when not given."""
+        return parse_memory_share(self.kv_cache_memory)
+
+    @field_validator("kv_cache_memory")
+    @classmethod
+    def _memory_share(cls, value: str | None) -> str | None:
+        parse_memory_share(value)
+        return value
+
     def model_specs(self) -> dict[str, Path]:
         """NAME -> checkpoint directory, or Hugging Face repo id (`ORG/REPO[@REVISION]`, resolved when the model
         is loaded: `model.hub`). Without --model: every checkpoint under models/."""
@@ -146,6 +163,18 @@ def parse_bytes(value: str) -> int:
     if m is None or m[2].lower() not in _UNITS:
         raise ValueError(f"{value!r} is not a size such as 8GB, 512MiB or 1000000")
     return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def parse_memory_share(value: str | None) -> tuple[int | None, float | None]:
+    """'2GB', '512MiB', '1000000' -> (bytes, None); '0.3' (a fraction in (0, 1]) -> (None, 0.3); None -> (None, None)."""
+    if value is None:
+        return None, None
+    if re.fullmatch(r"\s*[0-9]*\.[0-9]+\s*", value):
+        fraction = float(value)
+        if not 0 < fraction <= 1:
+            raise ValueError(f"{value!r}: a fraction of the free memory lies in (0, 1]")
+        return None, fraction
+    return parse_bytes(value), None
 
 
 def checkpoint_dirs(root: Path | None) -> dict[str, Path]:

@@ -1,6 +1,6 @@
 """Runs a decoder-only LM for many sequences at once, and `generate`, the one-call way to use it.
 
-The runner owns the KV cache and its slots, builds the input tensors of prefill and decode steps (padded to
+The runner owns the paged KV cache, its rows and who holds which block (`model.block_pool`), builds the input tensors of prefill and decode steps (padded to
 CUDA-graph buckets on a GPU), chooses every row's next token through the logits pipeline and the sampler,
 and applies the finish rules. The serving engine schedules requests onto it; `generate` (warm-up,
 evaluation, scripts) runs the very same steps for a list of prompts.
@@ -20,6 +20,7 @@ from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
 from model.decoding.sampler import sample, token_logprobs
 from model.decoding.structured import GrammarCompiler, GrammarState, masks_for
+from model.block_pool import BlockPool, BlockTable
 from model.kv_cache import SlotAllocator
 
 StepLogprobs = tuple[list[float], list[list[float]], list[list[int]]]  # chosen, top values, top ids
@@ -31,7 +32,10 @@ class TextSequence:
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, device: torch.device | str = "cpu") -> None:
         self.prompt_ids = list(prompt_ids)
         self.params = params
-        self.slot = -1
+        self.slot = -1  # the cache row whose block table it uses while running
+        self.table: BlockTable | None = None  # its blocks while admitted
+        self.num_computed = 0  # positions of `token_ids()` in the cache
+        self.cached_tokens = 0  # positions found in the prefix cache at its first admission
         self.generated: list[int] = []  # eos excluded
         self.next_token: int | None = None  # chosen, not yet fed to the model
         self.finish_reason: str | None = None  # "stop" | "length"
@@ -46,6 +50,11 @@ class TextSequence:
     def num_generated(self) -> int:
         return len(self.generated)
 
+    def token_ids(self) -> list[int]:
+        """The tokens fed or to be fed to the model: the prompt, then every generated token (the last one is
+        `next_token`, fed at the next step)."""
+        return self.prompt_ids + self.generated
+
     def token_counts(self, vocab_size: int, device: torch.device) -> Tensor:
         if self.counts is None:
             self.counts = torch.zeros(vocab_size, device=device)
@@ -57,7 +66,10 @@ class TextSequence:
 
 class DecoderRunner:
     def __init__(self, loaded: LoadedModel, *, num_slots: int, max_len: int | None = None, cuda_graphs: bool = True,
-                 compile: bool = False, max_grammar_compile_ms: float = 2000.0) -> None:
+                 compile: bool = False, max_grammar_compile_ms: float = 2000.0, num_blocks: int | None = None,
+                 block_size: int = 16, prefix_caching: bool = True) -> None:
+        """`num_blocks` KV blocks of `block_size` positions are shared by up to `num_slots` running rows (default:
+        enough for every row's whole context); `prefix_caching`: sequences share the blocks of a common prefix."""
         self.model, cfg, gen = loaded.model, loaded.config, loaded.generation
         self.device = loaded.device
         self.vocab_size = cfg.vocab_size
@@ -73,14 +85,17 @@ class DecoderRunner:
         self._mask_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks")
         self._masks: tuple[list[TextSequence], concurrent.futures.Future] | None = None
         self.slots = SlotAllocator(num_slots)
+        num_blocks = num_blocks or 1 + num_slots * -(-self.max_len // block_size)
+        self.cache = self.model.new_cache(num_slots, self.max_len, num_blocks=num_blocks, block_size=block_size)
+        # The pool is this model's in this dtype: nothing else changes what a block holds.
+        self.blocks = BlockPool(num_blocks, block_size, prefix_caching=prefix_caching,
+                                salt=f"{cfg.n_layers}/{cfg.kv_heads}/{cfg.d_head}/{self.cache.k.dtype}")
         # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
         graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
-        # With graphs, one extra cache slot, owned by no request, takes the rows that pad a batch to its bucket.
-        self.cache = self.model.new_cache(num_slots + 1 if graphs else num_slots, self.max_len)
         # Shapes vary only in the batch size (and, on CPU, the attended length): compiled dynamically.
         self._compiled = torch.compile(self.model.decode_step, dynamic=None) if compile else None
         self.graphed: BucketedDecode | None = None
-        if graphs:
+        if graphs:  # padding rows use the cache's spare row (num_slots), whose table is all null blocks
             self.graphed = BucketedDecode(
                 lambda tokens, positions, slots: self._decode_step(tokens, positions, self.cache, slots),
                 pad_values=(0, 0, num_slots), buckets=default_buckets(num_slots), device=self.device,
@@ -97,34 +112,91 @@ class DecoderRunner:
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds this model's context of "
                 f"{self.max_len} tokens; shorten the prompt or lower max_tokens"
             )
+        need, have = self.blocks.blocks_for(prompt_len + max_tokens), self.blocks.num_usable
+        if need > have:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) needs {need} KV-cache blocks of "
+                f"{self.blocks.block_size} positions; the cache has {have} (--kv-cache-memory); lower max_tokens"
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    # Rows and blocks
+    # ----------------------------------------------------------------------------------------------
+    def admit(self, seq: TextSequence) -> bool:
+        """Give `seq` a row and the blocks for every token it has (its cached prefix shared); False when either
+        is short now. A sequence admitted again after preemption recomputes everything it had."""
+        ids = seq.token_ids()
+        if not self.slots.num_free or not self.blocks.can_admit(ids):
+            return False
+        seq.table = self.blocks.admit(ids)
+        seq.slot = self.slots.allocate(1)[0]
+        seq.num_computed = seq.table.num_cached_tokens
+        if seq.next_token is None:  # first admission (not a preempted sequence coming back)
+            seq.cached_tokens = seq.table.num_cached_tokens
+        self.cache.set_table(seq.slot, seq.table.blocks)
+        return True
+
+    def grow(self, seq: TextSequence) -> bool:
+        """Make room for the position its next decode step writes; False when no block is free."""
+        before = len(seq.table.blocks)
+        if not self.blocks.grow(seq.table, seq.num_computed + 1):
+            return False
+        if len(seq.table.blocks) != before:
+            self.cache.set_table(seq.slot, seq.table.blocks)
+        return True
+
+    def release(self, seq: TextSequence) -> None:
+        """Give back its row and blocks (its named blocks stay findable until their memory is needed)."""
+        if seq.table is not None:
+            self.blocks.release(seq.table)
+            seq.table, seq.num_computed = None, 0
+        if seq.slot >= 0:
+            self.slots.free([seq.slot])
+            seq.slot = -1
+
+    def _computed(self, seqs: Sequence[TextSequence], count: list[int]) -> None:
+        """Record that each sequence's first `count` tokens are now in the cache; name its full blocks."""
+        bs = self.blocks.block_size
+        for s, n in zip(seqs, count, strict=True):
+            if n // bs > s.num_computed // bs:
+                self.blocks.name_full_blocks(s.table, s.token_ids()[:n])
+            s.num_computed = n
 
     # ----------------------------------------------------------------------------------------------
     # Forward passes
     # ----------------------------------------------------------------------------------------------
     def prefill(self, seqs: Sequence[TextSequence]) -> Tensor:
-        """Logits (B, V) of each prompt's last position; writes the prompts into their slots."""
+        """Logits (B, V) of each sequence's last token; writes every token not yet in the cache (the prompt
+        past its cached prefix; after a preemption, all it had) into its blocks."""
         self._start_masks(seqs)
-        lengths = [len(s.prompt_ids) for s in seqs]
+        ids = [s.token_ids() for s in seqs]
+        start = [s.num_computed for s in seqs]
+        lengths = [len(t) - b for t, b in zip(ids, start, strict=True)]
         tokens = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            tokens[i, : lengths[i]] = torch.tensor(s.prompt_ids)
+        for i, (t, b) in enumerate(zip(ids, start, strict=True)):
+            tokens[i, : lengths[i]] = torch.tensor(t[b:])
         dev = self.device
-        return self.model.prefill(tokens.to(dev), torch.tensor(lengths, device=dev), self.cache,
-                                  torch.tensor([s.slot for s in seqs], device=dev))
+        logits = self.model.prefill(tokens.to(dev), torch.tensor(lengths, device=dev), self.cache,
+                                    torch.tensor([s.slot for s in seqs], device=dev),
+                                    torch.tensor(start, device=dev) if any(start) else None)
+        self._computed(seqs, [len(t) for t in ids])
+        return logits
 
     def decode(self, seqs: Sequence[TextSequence]) -> Tensor:
-        """Feeds each sequence's `next_token`; logits (B, V). Sequences in slot order let the model read
-        the cache through a view instead of a gather."""
+        """Feeds each sequence's `next_token` (after `grow` made room for it); logits (B, V)."""
         self._start_masks(seqs)
-        positions = [len(s.prompt_ids) + len(s.generated) - 1 for s in seqs]
-        if self.graphed is not None:  # static shapes: the whole cache, batch padded to a captured bucket
-            return self.graphed([s.next_token for s in seqs], positions, [s.slot for s in seqs])
-        dev = self.device
-        # Eager (CPU): attend only over the positions in use, which is where a CPU spends its time.
-        return self._decode_step(
-            torch.tensor([s.next_token for s in seqs], device=dev), torch.tensor(positions, device=dev),
-            self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,
-        )
+        positions = [s.num_computed for s in seqs]
+        if self.graphed is not None:  # static shapes: every row's whole table, batch padded to a captured bucket
+            logits = self.graphed([s.next_token for s in seqs], positions, [s.slot for s in seqs])
+        else:
+            dev = self.device
+            # Eager (CPU): attend only over the positions in use, which is where a CPU spends its time.
+            logits = self._decode_step(
+                torch.tensor([s.next_token for s in seqs], device=dev), torch.tensor(positions, device=dev),
+                self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,
+            )
+        self._computed(seqs, [p + 1 for p in positions])
+        return logits
 
     def _start_masks(self, seqs: Sequence[TextSequence]) -> None:
         """Begin the grammar masks of this step's constrained rows, beside the forward pass."""
@@ -205,15 +277,20 @@ def generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], params: Samp
     width = runner.slots.num_free
     for start in range(0, len(seqs), width):
         batch = seqs[start : start + width]
-        for s in batch:
-            s.slot = runner.slots.allocate(1)[0]
         try:
+            for s in batch:
+                if not runner.admit(s):
+                    raise RuntimeError("the KV cache has too few free blocks for this batch; lower max_batch")
             running, logits = batch, runner.prefill(batch)
             while running:
                 tokens, _ = runner.choose(running, logits)
                 running = [s for s, t in zip(running, tokens, strict=True) if runner.append(s, t) is None]
+                for s in running:
+                    if not runner.grow(s):
+                        raise RuntimeError("the KV cache ran out of blocks; lower max_batch")
                 if running:
                     logits = runner.decode(running)
         finally:
-            runner.slots.free([s.slot for s in batch])
+            for s in batch:
+                runner.release(s)
     return seqs

@@ -1,10 +1,16 @@
-"""Continuous batching for a causal language model: one KV-cache slot per request, every running request
-advances by one token per step, each chosen with its own parameters and generator, so a request's output
+"""Continuous batching for a causal language model: a cache row and the KV blocks it fills per request (its
+cached prefix shared with others), every running request advances by one token per step, each chosen with its own parameters and generator, so a request's output
 does not depend on its neighbours. The `DecoderRunner` does the model work and the next-token rules; this
-engine schedules requests onto it and hands each token to the output stage (`output.py`)."""
+engine schedules requests onto it and hands each token to the output stage (`output.py`).
+
+Admission counts blocks: a request is admitted when a row and the blocks of its uncached tokens are free. When
+the pool runs dry mid-decode, the newest running requests are preempted: their blocks go back, they return
+to the head of the queue, and when admitted again they recompute what they had from their tokens and go on
+with the same generator, so they finish with the tokens they would have had."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -15,9 +21,11 @@ from model.decoding.lm_runner import StepLogprobs
 from model.tokenizer import IncrementalDetokenizer
 from service.engine.output import text_event, token_logprob
 from service.engine.request import EngineRequest, TokenLogprob
+from service.engine.kv_memory import kv_cache_blocks
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 
+log = logging.getLogger("tserve.engine")
 DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
 
 
@@ -36,16 +44,22 @@ class GenerationRequest(EngineRequest, TextSequence):
 class GenerationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
                  max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
-                 compile: bool = False, max_grammar_compile_ms: float = 2000.0) -> None:
+                 compile: bool = False, max_grammar_compile_ms: float = 2000.0, kv_cache_budget: tuple[int | None, float | None] = (None, None),
+                 kv_block_size: int = 16, prefix_caching: bool = True) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
-        # The cache is allocated whole, per slot, up front: a 32k-token (or 128k) context would take it all.
         context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
+        context = min(context, loaded.config.max_seq_len)
+        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_slots, context)
         self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
-                                    compile=compile, max_grammar_compile_ms=max_grammar_compile_ms)
+                                    compile=compile, max_grammar_compile_ms=max_grammar_compile_ms,
+                                    num_blocks=num_blocks, block_size=kv_block_size, prefix_caching=prefix_caching)
         self.max_len, self.device = self.runner.max_len, loaded.device
+        self.prefix_caching = prefix_caching
         self.m.kv_bytes_per_token.set(self.runner.cache.bytes_per_token())
         self.m.kv_bytes.set(self.runner.cache.nbytes())
+        self.m.kv_blocks_total.set(self.runner.blocks.num_usable)
+        self.m.kv_block_size.set(kv_block_size)
 
     # ----------------------------------------------------------------------------------------------
     # Event-loop side
@@ -95,22 +109,45 @@ class GenerationEngine(Scheduler):
         return self.runner.slots.num_used
 
     def _reserve(self, req: GenerationRequest) -> bool:
-        if not self.runner.slots.num_free:
+        if not self.runner.admit(req):
             return False
-        req.slot = self.runner.slots.allocate(1)[0]
+        if self.prefix_caching:
+            (self.m.prefix_hits if req.table.num_cached_tokens else self.m.prefix_misses).inc()
+            self.m.prefix_cached_tokens.inc(req.table.num_cached_tokens)
         return True
 
     def _release(self, req: GenerationRequest) -> None:
-        if req.slot >= 0:
-            self.runner.slots.free([req.slot])
-            req.slot = -1
+        self.runner.release(req)
+
+    def _make_room(self, reqs: list[GenerationRequest]) -> list[GenerationRequest]:
+        """A block for every running request's next position, oldest first; when none is free, the newest
+        request holding blocks is preempted (it may be the one asking). Returns those that keep running."""
+        order = [r for r in self.running if r in set(reqs)]  # admission order
+        for req in order:
+            while req.table is not None and not self.runner.grow(req):
+                victim = next(r for r in reversed(order) if r.table is not None)
+                self._preempt(victim)
+        return [r for r in order if r.table is not None]
+
+    def _preempt(self, req: GenerationRequest) -> None:
+        """Free its row and blocks and put it back at the head of the queue; it resumes from its tokens."""
+        self.runner.release(req)
+        self.running.remove(req)
+        with self._lock:
+            self.waiting.appendleft(req)
+        self.m.preemptions.inc()
+        log.info("request preempted: the KV cache is full", extra={"model": self.name,
+                                                                   "tokens": len(req.token_ids())})
+
+    def _update_gauges(self) -> None:
+        super()._update_gauges()
+        self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
         self._isolated(reqs, self._prefill_forward, self._choose_and_emit)
 
     def _decode(self) -> None:
-        # In slot order: consecutive slots let the model read the cache through a view instead of a gather.
-        reqs = sorted((r for r in self.running if r.next_token is not None), key=lambda r: r.slot)
+        reqs = self._make_room([r for r in self.running if r.next_token is not None])
         if reqs:
             self._isolated(reqs, self._decode_forward, self._choose_and_emit)
 

@@ -34,7 +34,9 @@ class ServedLanguageModel(ServedModel):
                                        max_queue=s.max_queue, max_model_len=s.max_model_len,
                                        timeout_s=s.request_timeout_s, metrics=self.metrics,
                                        cuda_graphs=s.cuda_graphs, compile=s.compile,
-                                       max_grammar_compile_ms=s.max_grammar_compile_ms)
+                                       max_grammar_compile_ms=s.max_grammar_compile_ms,
+                                       kv_cache_budget=s.kv_cache_budget, kv_block_size=s.kv_block_size,
+                                       prefix_caching=s.prefix_cache)
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
         return self.engine

@@ -554,8 +554,8 @@ def test_batcher_survives_a_waiter_cancelled_mid_batch_and_drops_abandoned_items
 
 
 def test_a_long_context_model_gets_a_cache_of_the_default_context(tmp_path):
-    """Without --max-model-len a 32k-context model serves 4096 positions (the cache is allocated per slot up
-    front), and says so; with it, what it asks for."""
+    """Without --max-model-len a 32k-context model serves 4096 positions, and says so; with it, what it asks for.
+    Without --kv-cache-memory the pool holds every row's whole context (and the null block)."""
     import json
 
     d = factories.hf_family_dir("qwen2", tmp_path / "qwen2")
@@ -572,4 +572,5 @@ def test_a_long_context_model_gets_a_cache_of_the_default_context(tmp_path):
         assert engine.runner.cache.bytes_per_token() == per_token
         values = dict(line.rsplit(" ", 1) for line in metrics.render().decode().splitlines() if line[0] != "#")
         assert float(values['tserve_kv_cache_bytes_per_token{model="qwen2"}']) == per_token
-        assert float(values['tserve_kv_cache_bytes{model="qwen2"}']) == per_token * 2 * served
+        assert float(values['tserve_kv_cache_bytes{model="qwen2"}']) == per_token * (2 * served + 16)
+        assert float(values['tserve_kv_cache_blocks_total{model="qwen2"}']) == 2 * served // 16

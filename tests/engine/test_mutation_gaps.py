@@ -164,10 +164,11 @@ def test_eos_min_tokens_and_ignore_eos_through_the_engine(lm_eos):
 
 
 def test_the_kv_cache_is_sized_by_the_engine_limits(lm):
-    """One cache slot per running request and --max-model-len positions (no spare slot on the CPU, where
-    no CUDA graph pads batches); a request that fills the context exactly runs to its end."""
+    """One cache row per running request, --max-model-len positions each, and (without --kv-cache-memory) blocks
+    for every row's whole context plus the null block; a request that fills the context exactly runs to its end."""
     engine = lm_engine(lm, max_slots=3, max_model_len=40)
-    assert (engine.runner.cache.num_slots, engine.runner.cache.max_len) == (3, 40)
+    cache = engine.runner.cache
+    assert (cache.num_rows, engine.runner.max_len, cache.max_blocks, cache.num_blocks) == (3, 40, 3, 1 + 3 * 3)
     prompt = lm.tokenizer.encode(cycle_prompts(1, seed=2)[0])
     [events] = run_all(engine, [(prompt, SamplingParams(max_tokens=40 - len(prompt), temperature=0.0, ignore_eos=True))])
     assert len(ids_of(events)) == 40 - len(prompt) and events[-1].finish_reason == "length"

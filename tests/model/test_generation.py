@@ -268,13 +268,14 @@ def test_a_rows_logits_barely_depend_on_its_batch(tiny_lm):
     def logits_of_first(batch: list[list[int]]) -> torch.Tensor:
         runner = DecoderRunner(lm, num_slots=8, cuda_graphs=False)
         seqs = [TextSequence(p, SamplingParams(max_tokens=16, temperature=0.0)) for p in batch]
-        for i, s in enumerate(seqs):
-            s.slot = i
+        for s in seqs:
+            assert runner.admit(s)
         steps = [runner.prefill(seqs)[0]]
         for token in forced:  # the same continuation for every row, fed step by step
             for s in seqs:
                 s.generated.append(token)
                 s.next_token = token
+                assert runner.grow(s)
             steps.append(runner.decode(seqs)[0])
         return torch.stack(steps)
 

@@ -1,0 +1,41 @@
+"""How many KV-cache blocks a language model gets: `--kv-cache-memory` in bytes or as a fraction of the memory
+free on the model's device, divided by what a block costs (every layer's keys and values of its positions)."""
+
+from __future__ import annotations
+
+import torch
+
+from model.checkpoint import LoadedModel
+
+DEFAULT_FRACTION = 0.4  # without --kv-cache-memory: room for every row's whole context, at most this much
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on `device` now: CUDA's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def kv_cache_blocks(loaded: LoadedModel, budget: tuple[int | None, float | None], block_size: int, rows: int,
+                    context: int) -> int:
+    """Blocks of the pool (the null block included) for `budget`: (bytes, None) or (None, a fraction of the free
+    memory); (None, None): every row's whole context, at most `DEFAULT_FRACTION` of the free memory. At least one
+    context's worth, or the model could not run."""
+    cfg = loaded.config
+    dtype_size = loaded.model.tok_emb.weight.element_size()
+    block_bytes = 2 * cfg.n_layers * cfg.kv_heads * cfg.d_head * dtype_size * block_size
+    per_context = -(-context // block_size)
+    size, fraction = budget
+    if size is None and fraction is None:
+        size = min(rows * per_context * block_bytes, int(DEFAULT_FRACTION * free_memory(loaded.device)))
+    elif size is None:
+        size = int(fraction * free_memory(loaded.device))
+    return 1 + max(per_context, size // block_bytes)
