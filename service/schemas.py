@@ -197,10 +197,15 @@ class AttentionRequest(_Request):
 # --------------------------------------------------------------------------------------------------
 # Responses
 # --------------------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens read from the prefix cache instead of computed")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(BaseModel):

@@ -213,7 +213,7 @@ async def _collect(request: Request, engine: GenerationEngine, choices: list[Cho
 
 async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: dict[str, Any],
                         render: Callable[[Choice, Event, list[int]], dict[str, Any] | list[dict[str, Any]]],
-                        usage: Callable[[], dict[str, int]] | None) -> AsyncIterator[str]:
+                        usage: Callable[[], dict[str, Any]] | None) -> AsyncIterator[str]:
     """SSE chunks of the merged choices (rendered per API), an engine failure as an error event, the usage
     chunk when asked for, then [DONE]."""
     try:
@@ -233,9 +233,12 @@ async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: d
     yield SSE_DONE
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, Any]:
+    """OpenAI's usage, with the prompt tokens read from the prefix cache (`prompt_tokens_details.cached_tokens`)."""
+    completion_tokens = sum(c.tokens for c in choices)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(c.request.cached_tokens for c in choices)}}
 
 
 def _streaming(chunks: AsyncIterator[str], choices: list[Choice]) -> StreamingResponse:
@@ -326,7 +329,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                     lp = _legacy_logprobs(event.logprobs, [x.token for x in event.logprobs], offsets)
                 return {"text": event.text, "index": c.index, "logprobs": lp, "finish_reason": event.finish_reason}
 
-            usage = (lambda: _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))) if include_usage else None
+            usage = (lambda: _usage(prompt_tokens * body.n, choices)) if include_usage else None
             async for chunk in _event_stream(engine, choices, base, render, usage):
                 yield chunk
 
@@ -344,7 +347,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                                  served.loaded, ids, *attention, len(c.request.prompt_ids))
             item["attention"] = {"maps": [m.to_dict() for m in maps]}
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": out,
-            "usage": _usage(prompt_tokens * body.n, sum(c.tokens for c in choices))}
+            "usage": _usage(prompt_tokens * body.n, choices)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,7 +422,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                     out.append({"index": c.index, "delta": {}, "logprobs": None, "finish_reason": finish})
                 return out
 
-            usage = (lambda: _usage(len(ids) * body.n, sum(c.tokens for c in choices))) if include_usage else None
+            usage = (lambda: _usage(len(ids) * body.n, choices)) if include_usage else None
             async for chunk in _event_stream(engine, choices, base, render, usage):
                 yield chunk
 
@@ -433,4 +436,4 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         if o["message"].get("tool_calls"):
             o["finish_reason"] = "tool_calls"
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": model, "choices": out,
-            "usage": _usage(len(ids) * body.n, sum(c.tokens for c in choices))}
+            "usage": _usage(len(ids) * body.n, choices)}

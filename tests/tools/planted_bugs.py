@@ -333,6 +333,23 @@ BUGS = [
     Bug("continued-training-ignores-its-direction", "training/cli.py",
         "        return f\"{raw['source_lang']}-{raw['target_lang']}\"", "        return None",
         ("tests/training/test_train.py::test_cli_registers_train_and_eval",)),
+    Bug("prefix-hash-ignores-the-predecessor", "model/block_pool.py",
+        'hashlib.blake2b(previous + array("q", tokens).tobytes(), digest_size=16)',
+        'hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16)',
+        ("tests/model/test_paged_kv.py::test_a_block_is_named_after_its_whole_prefix_not_its_own_tokens",)),
+    Bug("freed-kv-block-still-referenced", "model/block_pool.py",
+        "            del self._free[block]\n        self._refs[block] += 1\n",
+        "            del self._free[block]\n        self._refs[block] = 1\n",
+        ("tests/model/test_paged_kv.py::test_a_block_held_by_a_table_is_never_handed_out",
+         "tests/engine/test_paged_engine.py::test_a_soak_of_requests_gives_every_block_back")),
+    Bug("preempted-request-resumes-from-its-prompt", "model/decoding/lm_runner.py",
+        "        ids = seq.token_ids()\n        if not self.slots.num_free",
+        "        ids = seq.prompt_ids\n        if not self.slots.num_free",
+        ("tests/engine/test_paged_engine.py::test_requests_preempted_by_a_small_pool_finish_as_they_would_alone",)),
+    Bug("prefill-after-a-cached-prefix-starts-at-position-0", "model/decoder.py",
+        "            positions = positions + start[:, None]\n", "",
+        ("tests/model/test_paged_kv.py::test_a_cached_prefix_is_shared_and_gives_the_logits_of_a_fresh_computation",
+         "tests/engine/test_paged_engine.py::test_outputs_with_the_prefix_cache_equal_outputs_without")),
 ]
 
 

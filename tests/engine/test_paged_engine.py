@@ -1,0 +1,134 @@
+"""The generation engine on the block pool: outputs with the prefix cache on equal outputs with it off, requests
+preempted by a small pool finish with the tokens they have alone, and after a soak of requests (some
+cancelled) every block is back in the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from model import checkpoint
+from model.decoding import SamplingParams
+from service.engine import GenerationEngine
+from service.metrics import Metrics
+from tests.helpers import factories
+from tests.helpers.fixture_training import assert_varied, cycle_prompts
+from tests.helpers.one_request import lm_tokens
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return checkpoint.load(factories.tiny_lm_dir(tmp_path_factory.mktemp("paged-engine")), device="cpu")
+
+
+def engine_of(lm, **kw) -> GenerationEngine:  # noqa: ANN001
+    engine = GenerationEngine("lm", lm, metrics=Metrics(), **({"max_slots": 8, "max_queue": 64, "max_model_len": 128,
+                                                             "timeout_s": 120.0, "kv_block_size": 4} | kw))
+    engine.start()
+    return engine
+
+
+def run_all(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]], stop: bool = True) -> list:
+    """Every job submitted at once; each request (its tokens in `generated`) once all have finished."""
+    async def run() -> list:
+        reqs = [engine.submit(*j) for j in jobs]
+        for r in reqs:
+            async for _ in engine.stream(r):
+                pass
+        return reqs
+
+    try:
+        return asyncio.run(run())
+    finally:
+        if stop:
+            engine.stop()
+
+
+def metric(engine: GenerationEngine, name: str) -> float:
+    text = engine.metrics.render().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def shared_prompt_jobs(lm, n: int) -> list[tuple[list[int], SamplingParams]]:  # noqa: ANN001
+    """`n` prompts behind one long shared system prompt, greedy and seeded sampling alternating."""
+    system = lm.tokenizer.encode(cycle_prompts(1, seed=21, min_words=10, max_words=10)[0])
+    tails = cycle_prompts(n, seed=22)
+    return [(system + lm.tokenizer.encode(" " + t, add_special_tokens=False),
+             SamplingParams(max_tokens=12, temperature=0.0 if i % 2 == 0 else 0.9, seed=i, ignore_eos=True))
+            for i, t in enumerate(tails)]
+
+
+def test_outputs_with_the_prefix_cache_equal_outputs_without(lm):
+    """16 requests sharing a system prompt, sent at once and then again: the same tokens with the cache on and
+    off, the second round served from cached blocks (hits, cached tokens in the metrics and on each request)."""
+    jobs = shared_prompt_jobs(lm, 16)
+    on = engine_of(lm)
+    first = run_all(on, jobs, stop=False)
+    second = run_all(on, jobs)
+    off = engine_of(lm, prefix_caching=False)
+    plain = run_all(off, jobs)
+    assert_varied([r.generated for r in plain], 0.5)
+    assert [r.generated for r in first] == [r.generated for r in second] == [r.generated for r in plain]
+    assert [r.cached_tokens for r in second] == [(len(p) - 1) // 4 * 4 for p, _ in jobs]  # all but the last token
+    # The first round's last 8 waited for a row: by then the system prompt was cached.
+    assert all(0 < r.cached_tokens < len(p) - 4 for r, (p, _) in zip(first[8:], jobs[8:], strict=True))
+    assert all(r.cached_tokens == 0 for r in plain)
+    hits = sum(r.cached_tokens > 0 for r in first + second)
+    assert metric(on, "tserve_prefix_cache_hits_total") == hits >= 24
+    assert metric(on, "tserve_prefix_cache_misses_total") == 32 - hits
+    assert metric(on, "tserve_prefix_cache_cached_tokens_total") == sum(r.cached_tokens for r in first + second)
+    assert metric(off, "tserve_prefix_cache_hits_total") == 0
+    assert on.runner.blocks.num_in_use == 0
+
+
+def test_requests_preempted_by_a_small_pool_finish_as_they_would_alone(lm):
+    """Six requests of 30 new tokens in a pool of 24 blocks of 4 (each needs about 13): the newest are preempted
+    and recomputed, and every one ends with the tokens it has alone, greedy and sampled."""
+    prompts = [lm.tokenizer.encode(t) for t in cycle_prompts(6, seed=23)]
+    jobs = [(p, SamplingParams(max_tokens=30, temperature=0.0 if i % 2 else 1.0, seed=i, ignore_eos=True))
+            for i, p in enumerate(prompts)]
+    block_bytes = 4 * 2 * lm.config.n_layers * lm.config.kv_heads * lm.config.d_head * 4
+    engine = engine_of(lm, max_slots=6, kv_cache_budget=(24 * block_bytes, None), max_model_len=96)
+    assert engine.runner.blocks.num_usable == 24
+    reqs = run_all(engine, jobs)
+    assert metric(engine, "tserve_preemptions_total") > 0
+    assert_varied([r.generated for r in reqs], 0.8)
+    for (p, params), req in zip(jobs, reqs, strict=True):
+        assert req.generated == lm_tokens(lm, p, params)
+    assert engine.runner.blocks.num_in_use == 0
+
+
+def test_a_soak_of_requests_gives_every_block_back(lm):
+    """120 requests (shared prefixes, some cancelled while running, some while queued) through a pool that
+    preempts: at the end no block is held, every count is zero, and the cached names fit in the pool."""
+    rng = random.Random(5)
+    prefixes = [lm.tokenizer.encode(t) for t in cycle_prompts(4, seed=24, min_words=8, max_words=12)]
+    block_bytes = 4 * 2 * lm.config.n_layers * lm.config.kv_heads * lm.config.d_head * 4
+    engine = engine_of(lm, max_slots=8, kv_cache_budget=(40 * block_bytes, None), max_queue=200)
+
+    async def run() -> None:
+        reqs = []
+        for i in range(120):
+            ids = rng.choice(prefixes) + [rng.randrange(5, 60) for _ in range(rng.randrange(1, 6))]
+            reqs.append(engine.submit(ids, SamplingParams(max_tokens=rng.randrange(1, 20), temperature=1.0, seed=i)))
+        for i, r in enumerate(reqs):
+            if i % 11 == 5:
+                r.cancel()  # gone while queued
+        await asyncio.gather(*(drain(r, leave_early=i % 7 == 3) for i, r in enumerate(reqs) if i % 11 != 5))
+
+    async def drain(req, leave_early: bool) -> None:  # noqa: ANN001
+        async for _ in engine.stream(req):
+            if leave_early:
+                break  # the client leaves after its first token: the stream cancels the request
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
+    pool = engine.runner.blocks
+    assert pool.num_in_use == 0 and pool.num_free == pool.num_usable
+    assert all(pool.refs(b) == 0 for b in range(pool.num_blocks))
+    assert len(pool._by_name) <= pool.num_usable and engine.runner.slots.num_used == 0
+    assert metric(engine, "tserve_prefix_cache_hits_total") > 0
