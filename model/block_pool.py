@@ -87,24 +87,30 @@ class BlockPool:
         return -(-num_tokens // self.block_size)
 
     # ----------------------------------------------------------------------------------------------
-    def cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
-        """The longest run of named blocks that starts `token_ids`, leaving at least its last token to compute
-        (its logits are the point of a prefill). Takes nothing."""
-        if not self.prefix_caching:
-            return [], []
-        blocks: list[int] = []
+    def prefix_names(self, token_ids: Sequence[int]) -> list[bytes]:
+        """The names of the full blocks of `token_ids` but its last token (its logits are the point of a prefill,
+        so it is always computed)."""
         names: list[bytes] = []
         previous, bs = self.salt, self.block_size
         for i in range((len(token_ids) - 1) // bs):
-            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            name = block_hash(previous, tokens)
+            previous = block_hash(previous, token_ids[i * bs:(i + 1) * bs])
+            names.append(previous)
+        return names
+
+    def cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
+        """The longest run of named blocks that starts `token_ids` (see `prefix_names`), and their names. Takes
+        nothing."""
+        if not self.prefix_caching:
+            return [], []
+        blocks: list[int] = []
+        names = self.prefix_names(token_ids)
+        bs = self.block_size
+        for i, name in enumerate(names):
             block = self._by_name.get(name)
-            if block is None or self._tokens[block] != tokens:
+            if block is None or self._tokens[block] != tuple(token_ids[i * bs:(i + 1) * bs]):
                 break
             blocks.append(block)
-            names.append(name)
-            previous = name
-        return blocks, names
+        return blocks, names[: len(blocks)]
 
     def can_admit(self, token_ids: Sequence[int], reserve: int = 0) -> bool:
         """Whether a sequence of `token_ids` fits now with `reserve` blocks left over."""

@@ -8,6 +8,7 @@ evaluation, scripts) runs the very same steps for a list of prompts.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 from collections.abc import Sequence
 
@@ -36,6 +37,7 @@ class TextSequence:
         self.table: BlockTable | None = None  # its blocks while admitted
         self.num_computed = 0  # positions of `token_ids()` in the cache
         self.cached_tokens = 0  # positions found in the prefix cache at its first admission
+        self.pending_names: list[bytes] = []  # names of its prompt blocks it has yet to compute
         self.generated: list[int] = []  # eos excluded
         self.next_token: int | None = None  # chosen, not yet fed to the model
         self.finish_reason: str | None = None  # "stop" | "length"
@@ -85,6 +87,9 @@ class DecoderRunner:
         self._mask_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks")
         self._masks: tuple[list[TextSequence], concurrent.futures.Future] | None = None
         self.slots = SlotAllocator(num_slots)
+        # Names of prompt blocks that admitted sequences have yet to compute: a sequence that would hit the first
+        # of them waits a step and reads it, instead of computing it again beside them.
+        self._pending: collections.Counter[bytes] = collections.Counter()
         num_blocks = num_blocks or 1 + num_slots * -(-self.max_len // block_size)
         self.cache = self.model.new_cache(num_slots, self.max_len, num_blocks=num_blocks, block_size=block_size)
         # The pool is this model's in this dtype: nothing else changes what a block holds.
@@ -128,7 +133,13 @@ class DecoderRunner:
         ids = seq.token_ids()
         if not self.slots.num_free or not self.blocks.can_admit(ids):
             return False
+        names = self.blocks.prefix_names(ids) if self.blocks.prefix_caching else []
+        hits = len(self.blocks.cached_prefix(ids)[0])
+        if names[hits:hits + 1] and names[hits] in self._pending:
+            return False  # a sequence admitted before it computes this very block now: wait and read it
         seq.table = self.blocks.admit(ids)
+        seq.pending_names = names[hits:]
+        self._pending.update(seq.pending_names)
         seq.slot = self.slots.allocate(1)[0]
         seq.num_computed = seq.table.num_cached_tokens
         if seq.next_token is None:  # first admission (not a preempted sequence coming back)
@@ -147,12 +158,21 @@ class DecoderRunner:
 
     def release(self, seq: TextSequence) -> None:
         """Give back its row and blocks (its named blocks stay findable until their memory is needed)."""
+        self._computed_or_dropped(seq)
         if seq.table is not None:
             self.blocks.release(seq.table)
             seq.table, seq.num_computed = None, 0
         if seq.slot >= 0:
             self.slots.free([seq.slot])
             seq.slot = -1
+
+    def _computed_or_dropped(self, seq: TextSequence) -> None:
+        """Its prompt blocks are computed (and named) or will never be: no one need wait for them any longer."""
+        self._pending.subtract(seq.pending_names)
+        for name in seq.pending_names:
+            if self._pending[name] <= 0:
+                del self._pending[name]
+        seq.pending_names = []
 
     def _computed(self, seqs: Sequence[TextSequence], count: list[int]) -> None:
         """Record that each sequence's first `count` tokens are now in the cache; name its full blocks."""
@@ -180,6 +200,8 @@ class DecoderRunner:
                                     torch.tensor([s.slot for s in seqs], device=dev),
                                     torch.tensor(start, device=dev) if any(start) else None)
         self._computed(seqs, [len(t) for t in ids])
+        for s in seqs:
+            self._computed_or_dropped(s)
         return logits
 
     def decode(self, seqs: Sequence[TextSequence]) -> Tensor:
@@ -265,7 +287,8 @@ class DecoderRunner:
 @torch.inference_mode()
 def generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
              *, runner: DecoderRunner | None = None, max_batch: int = 32) -> list[TextSequence]:
-    """Decode every prompt (token ids) to its end, up to `max_batch` (or the runner's free slots) at a time.
+    """Decode every prompt (token ids) to its end, up to `max_batch` (or the runner's free rows and blocks) at a
+    time (a prompt whose prefix another one of the batch computes waits for the next batch and reads it).
     Each result's `generated` holds its tokens (eos excluded) and `finish_reason` why it ended."""
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
@@ -274,13 +297,14 @@ def generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], params: Samp
     seqs = [TextSequence(p, sp, runner.device) for p, sp in zip(prompts, params, strict=True)]
     for s in seqs:
         runner.check(len(s.prompt_ids), s.params.max_tokens)
-    width = runner.slots.num_free
-    for start in range(0, len(seqs), width):
-        batch = seqs[start : start + width]
+    waiting = list(seqs)
+    while waiting:
+        batch = []
+        while waiting and len(batch) < max_batch and runner.admit(waiting[0]):  # those that fit now, in order
+            batch.append(waiting.pop(0))
+        if not batch:
+            raise RuntimeError("the KV cache has too few free blocks for this prompt")
         try:
-            for s in batch:
-                if not runner.admit(s):
-                    raise RuntimeError("the KV cache has too few free blocks for this batch; lower max_batch")
             running, logits = batch, runner.prefill(batch)
             while running:
                 tokens, _ = runner.choose(running, logits)

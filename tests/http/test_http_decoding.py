@@ -132,3 +132,34 @@ def test_attention_scores_what_translations_return(server, loaded):
         assert decoder["query_tokens"] == mt.tokenizer.tokens([start, *ids])
     greedy = [mt_tokens(mt, mt.tokenizer.encode(t), 1) for t in differ]
     assert [d["translation"] for d in translations[:3]] != [mt.tokenizer.decode(g) for g in greedy]
+
+
+# --------------------------------------------------------------------------------------------------
+# Prefix cache
+# --------------------------------------------------------------------------------------------------
+def test_a_repeated_prompt_reports_its_cached_tokens_as_openai_does(server, loaded):
+    """The second of two identical long prompts is read from the prefix cache: `usage.prompt_tokens_details.
+    cached_tokens` says how many of its tokens (whole blocks, all but the last token at most), the first says 0,
+    the answers are the same, and /metrics counts the hit and the tokens."""
+    lm = loaded["lm"]
+    prompt = cycle_prompts(1, seed=31, min_words=12, max_words=12)[0]
+    n_ids = len(lm.tokenizer.encode(prompt))
+    before = _metric(server, "tserve_prefix_cache_cached_tokens_total")
+    answers = []
+    for _ in range(2):
+        resp = post(server, "/v1/completions", json={"model": "lm", "prompt": prompt, "max_tokens": 6,
+                                                     "temperature": 0})
+        assert resp.status_code == 200, resp.text
+        answers.append(resp.json())
+    first, second = (a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers)
+    assert first == 0 and second == (n_ids - 1) // 16 * 16 > 0
+    assert answers[0]["choices"][0]["text"] == answers[1]["choices"][0]["text"]
+    assert _metric(server, "tserve_prefix_cache_cached_tokens_total") - before == second
+    chat = post(server, "/v1/chat/completions", json={"model": "lm", "max_tokens": 2,
+                                                      "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def _metric(server, name: str) -> float:  # noqa: ANN001
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))

@@ -1,0 +1,275 @@
+"""The paged KV cache, measured: memory by tokens, prefix caching, and decode speed against the static cache.
+
+    python bench/kv_cache.py                              # every part
+    python bench/kv_cache.py --parts memory prefix chat
+    python bench/kv_cache.py --parts decode --baseline-rev f2c02fa --clients 1 8 32
+
+memory: a model with Qwen2.5-0.5B's cache shape (24 layers, 2 kv heads of 64: 24,576 bytes a token in float32)
+and a 32k context, --kv-cache-memory of two whole contexts (1.6 GB): requests of 500 tokens (400 prompt, 100
+new) sent at once; the most that ran at the same time, against what static per-request slots of the context
+admit in the same memory (the budget divided by a context's bytes). Goal: >= 16x.
+prefix: 16 requests behind one 1,000-token system prompt, 20 new tokens each, sent at once, on a SmolLM2-135M
+shape: TTFT p50 with the prefix cache and with --no-prefix-cache, same run. Goal: >= 5x lower.
+chat: a 6-turn conversation (a 500-token system prompt; each turn adds the previous answer of 40 tokens and
+a 60-token user message, as token ids): seconds per turn with and without the prefix cache.
+decode: tokens/s of N concurrent greedy requests (200-token prompts, 64 new tokens) on a SmolLM2-135M shape,
+this tree against `--baseline-rev` (the static cache), each in a subprocess of its own, alternating, same run.
+Goal: no client count slower than 0.95x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MEMORY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=24, num_attention_heads=2,
+                    num_key_value_heads=2, vocab_size=1024, max_position_embeddings=32768, tie_word_embeddings=True)
+
+
+def _setup(code_root: Path, threads: int) -> None:
+    sys.path.insert(0, str(code_root))
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _engine(loaded, **kw):  # noqa: ANN001, ANN202
+    from service.engine import GenerationEngine
+    from service.metrics import Metrics
+
+    engine = GenerationEngine("lm", loaded, metrics=Metrics(), **({"max_queue": 1024, "timeout_s": 3600.0,
+                                                                  "cuda_graphs": False} | kw))
+    engine.start()
+    return engine
+
+
+async def _stream(engine, prompt: list[int], params) -> tuple[float, int]:  # noqa: ANN001
+    """(seconds to the first token, tokens) of one request."""
+    start, first, tokens = time.perf_counter(), None, 0
+    async for event in engine.stream(engine.submit(prompt, params)):
+        if first is None and event.token_ids:
+            first = time.perf_counter() - start
+        tokens += len(event.token_ids)
+    return first or 0.0, tokens
+
+
+def _model(size: str, directory: Path, shape: dict | None = None):  # noqa: ANN202
+    from bench.load import FAMILY_SIZES, make_family
+    from model import checkpoint
+
+    if shape is not None:
+        FAMILY_SIZES[size] = ("llama", shape)
+    make_family(size, directory)
+    return checkpoint.load(directory, device="cpu", dtype="float32")
+
+
+# --------------------------------------------------------------------------------------------------
+def memory_part(work: Path) -> dict:
+    from model.decoding import SamplingParams
+
+    loaded = _model("qwen2.5-0.5b-cache", work / "memory", MEMORY_SHAPE)
+    context, per_token = 32768, 2 * 24 * 2 * 64 * 4
+    budget = 2 * context * per_token
+    engine = _engine(loaded, max_slots=256, max_model_len=context, kv_cache_budget=(budget, None))
+    peak = {"running": 0, "blocks": 0}
+    step = engine.step
+
+    def counting_step() -> None:
+        step()
+        peak["running"] = max(peak["running"], len(engine.running))
+        peak["blocks"] = max(peak["blocks"], engine.runner.blocks.num_in_use)
+
+    engine.step = counting_step
+    n = 160
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    prompts = [[1 + (i * 7 + j) % 1000 for j in range(400)] for i in range(n)]
+
+    async def go() -> list:
+        return await asyncio.gather(*(_stream(engine, p, params) for p in prompts))
+
+    start = time.perf_counter()
+    try:
+        done = asyncio.run(go())
+    finally:
+        engine.stop()
+    static_rows = budget // (context * per_token)
+    return dict(budget=budget, requests=n, finished=sum(t == 100 for _, t in done), peak=peak["running"],
+                peak_blocks=peak["blocks"], blocks=engine.runner.blocks.num_usable, static=static_rows,
+                ratio=peak["running"] / static_rows, seconds=time.perf_counter() - start,
+                preemptions=_metric(engine, "tserve_preemptions_total"))
+
+
+def prefix_part(work: Path, requests: int = 16, system_tokens: int = 1000, new_tokens: int = 20) -> list[dict]:
+    from model.decoding import SamplingParams
+
+    loaded = _model("smollm2-135m", work / "smollm2")
+    system = [1 + (j * 13) % 40000 for j in range(system_tokens)]
+    prompts = [system + [100 + i, 200 + i, 300 + i, 400 + i, 500 + i] for i in range(requests)]
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    rows = []
+    for cached in (False, True):
+        engine = _engine(loaded, max_slots=requests, max_model_len=2048, prefix_caching=cached)
+
+        async def go() -> list:
+            return await asyncio.gather(*(_stream(engine, p, params) for p in prompts))  # noqa: B023
+
+        try:
+            start = time.perf_counter()
+            ttft = [t for t, _ in asyncio.run(go())]
+            seconds = time.perf_counter() - start
+        finally:
+            engine.stop()
+        rows.append(dict(prefix_cache=cached, ttft_p50=statistics.median(ttft), ttft_max=max(ttft), seconds=seconds,
+                         cached_tokens=_metric(engine, "tserve_prefix_cache_cached_tokens_total")))
+    return rows
+
+
+def chat_part(work: Path, turns: int = 6) -> list[dict]:
+    from model.decoding import SamplingParams
+
+    loaded = _model("smollm2-135m", work / "smollm2")
+    rows = []
+    for cached in (False, True):
+        engine = _engine(loaded, max_slots=4, max_model_len=2048, prefix_caching=cached)
+        history = [1 + (j * 17) % 40000 for j in range(500)]
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        try:
+            for turn in range(turns):
+                history += [2 + (turn * 61 + j * 29) % 40000 for j in range(60)]  # the user's message
+                req = engine.submit(list(history), params)
+                start, first = time.perf_counter(), None
+
+                async def answer(req=req) -> None:  # noqa: ANN001
+                    nonlocal first
+                    async for event in engine.stream(req):
+                        if first is None and event.token_ids:
+                            first = time.perf_counter() - start
+
+                asyncio.run(answer())
+                rows.append(dict(prefix_cache=cached, turn=turn + 1, prompt=len(history), ttft=first,
+                                 seconds=time.perf_counter() - start, cached=req.cached_tokens))
+                history += req.generated  # the answer goes back in with the next turn
+        finally:
+            engine.stop()
+    return rows
+
+
+def decode_worker(args: argparse.Namespace) -> None:
+    """Run in a subprocess with `--code-root` (this tree or the baseline's): one line of JSON."""
+    _setup(Path(args.code_root), args.threads)
+    from model.decoding import SamplingParams
+
+    loaded = _model("smollm2-135m", Path(args.work) / "smollm2")
+    n = args.worker_clients
+    engine = _engine(loaded, max_slots=max(n, 1), max_model_len=512)
+    prompts = [[1 + (i * 31 + j * 7) % 40000 for j in range(200)] for i in range(n)]
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+
+    async def go() -> list:
+        return await asyncio.gather(*(_stream(engine, p, params) for p in prompts))
+
+    try:
+        asyncio.run(go())  # warm-up
+        best = 0.0
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            tokens = sum(t for _, t in asyncio.run(go()))
+            best = max(best, tokens / (time.perf_counter() - start))
+    finally:
+        engine.stop()
+    print(json.dumps({"tokens_per_s": best}))
+
+
+def decode_part(args: argparse.Namespace, work: Path) -> list[dict]:
+    baseline = Path(tempfile.mkdtemp(prefix="tserve-baseline-")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(baseline), args.baseline_rev],
+                   check=True, capture_output=True)
+    rows = []
+    try:
+        for clients in args.clients:
+            speeds: dict[str, list[float]] = {"paged": [], "static": []}
+            for _ in range(args.rounds):
+                for name, tree in (("static", baseline), ("paged", ROOT)):
+                    out = subprocess.run(
+                        [sys.executable, str(Path(__file__).resolve()), "--worker", "--code-root", str(tree),
+                         "--work", str(work), "--worker-clients", str(clients), "--threads", str(args.threads),
+                         "--repeats", str(args.repeats)], check=True, capture_output=True, text=True, env=os.environ)
+                    speeds[name].append(json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_s"])
+            paged, static = max(speeds["paged"]), max(speeds["static"])
+            rows.append(dict(clients=clients, static=static, paged=paged, ratio=paged / static))
+            print(f"| {clients} | {static:.1f} | {paged:.1f} | {paged / static:.2f}x |", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)], check=False)
+    return rows
+
+
+def _metric(engine, name: str) -> float:  # noqa: ANN001
+    text = engine.metrics.render().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", nargs="+", default=["memory", "prefix", "chat", "decode"],
+                    choices=["memory", "prefix", "chat", "decode"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--baseline-rev", default="f2c02fa", help="the static cache's commit (decode part)")
+    ap.add_argument("--rounds", type=int, default=2, help="decode: subprocess runs per side, alternating")
+    ap.add_argument("--repeats", type=int, default=2, help="decode: timed runs in each subprocess (best kept)")
+    ap.add_argument("--work", default=None, help="where the random-weight checkpoints are written (kept)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--code-root", default=str(ROOT), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-clients", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        decode_worker(args)
+        return {}
+    _setup(ROOT, args.threads)
+    from training.common import cpu_description
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-kv-"))
+    print(f"CPU: {cpu_description()}; {args.threads} threads\n", flush=True)
+    out: dict = {}
+    if "memory" in args.parts:
+        r = out["memory"] = memory_part(work)
+        print("| --kv-cache-memory | requests | finished | most running at once | blocks used (of) | "
+              "static slots of 32k | ratio | preemptions | seconds |\n|---|---|---|---|---|---|---|---|---|")
+        print(f"| {r['budget'] / 1e9:.2f} GB | {r['requests']} | {r['finished']} | {r['peak']} | "
+              f"{r['peak_blocks']} ({r['blocks']}) | {r['static']} | {r['ratio']:.0f}x (goal >= 16x) | "
+              f"{r['preemptions']:.0f} | {r['seconds']:.1f} |\n", flush=True)
+    if "prefix" in args.parts:
+        rows = out["prefix"] = prefix_part(work)
+        print("| prefix cache | TTFT p50 s | TTFT max s | all done s | cached tokens |\n|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {'on' if r['prefix_cache'] else 'off'} | {r['ttft_p50']:.2f} | {r['ttft_max']:.2f} | "
+                  f"{r['seconds']:.1f} | {r['cached_tokens']:.0f} |")
+        off, on = rows[0]["ttft_p50"], rows[1]["ttft_p50"]
+        print(f"\nTTFT p50 off / on: {off / on:.1f}x (goal >= 5x)\n", flush=True)
+    if "chat" in args.parts:
+        rows = out["chat"] = chat_part(work)
+        print("| turn | prompt tokens | off: TTFT s | off: turn s | on: TTFT s | on: turn s | on: cached |\n"
+              "|---|---|---|---|---|---|---|")
+        half = len(rows) // 2
+        for off, on in zip(rows[:half], rows[half:], strict=True):
+            print(f"| {off['turn']} | {off['prompt']} | {off['ttft']:.3f} | {off['seconds']:.2f} | {on['ttft']:.3f} | "
+                  f"{on['seconds']:.2f} | {on['cached']} |")
+        print(flush=True)
+    if "decode" in args.parts:
+        print(f"decode tokens/s, static cache ({args.baseline_rev}) vs paged (this tree), SmolLM2-135M shape\n\n"
+              "| clients | static tok/s | paged tok/s | paged / static |\n|---|---|---|---|", flush=True)
+        out["decode"] = decode_part(args, work)
+    return out
+
+
+if __name__ == "__main__":
+    main()
