@@ -26,7 +26,7 @@ CachedDecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int | Non
 class PagedKVCache(nn.Module):
     """Keys/values of `num_blocks` blocks of `block_size` positions in every layer, stored flat as
     (n_layers, num_blocks * block_size, kv heads, d_head): position p of block b is row b * block_size + p, so a
-    forward reads any set of positions with one `index_select` and writes them with one `index_copy_`.
+    forward writes its new positions with one `index_copy_` and reads a row's blocks with one `index_select`.
 
     `tables` (num_rows + 1, max_blocks) holds each row's block table on the model's device (padded with the
     null block 0); the last row belongs to nobody (padding rows of CUDA-graph buckets). `static_rows`: give
@@ -83,9 +83,7 @@ class PagedKVCache(nn.Module):
         if kv_len is not None:
             read_start = self._contiguous_start(rows, kv_len)
             if read_start is None:
-                n = -(-kv_len // bs)
-                offsets = torch.arange(bs, device=tables.device)
-                read = (tables[:, :n, None] * bs + offsets).view(rows.numel(), n * bs)[:, :kv_len]
+                read = tables[:, : -(-kv_len // bs)]
         return PagedView(self, write.reshape(-1), read, read_start, kv_len, rows, positions)
 
     def _contiguous_start(self, rows: Tensor, kv_len: int) -> int | None:
@@ -115,7 +113,7 @@ class PagedView:
 
     cache: PagedKVCache
     write: Tensor  # (B * T,) flat cache positions of the new tokens
-    read: Tensor | None  # (B, kv_len) flat cache positions each row attends over; None: a slice or the new keys
+    read: Tensor | None  # (B, n) the blocks holding each row's positions [0, kv_len); None: a slice or the new keys
     read_start: int | None  # one row whose positions are consecutive from here: read through a slice
     kv_len: int | None
     rows: Tensor  # (B,)
@@ -149,10 +147,15 @@ class PagedLayerKV:
         if view.read_start is not None:
             span = slice(view.read_start, view.read_start + view.kv_len)
             return self.k_cache[span][None].transpose(1, 2), self.v_cache[span][None].transpose(1, 2)
-        B, L = view.read.shape
-        index = view.read.reshape(-1)
-        k_read = self.k_cache.index_select(0, index).view(B, L, *self.k_cache.shape[1:])
-        v_read = self.v_cache.index_select(0, index).view(B, L, *self.v_cache.shape[1:])
+        # Whole blocks are gathered (copies of block_size positions each: ~3x faster than position by position on
+        # a CPU), then each row's first kv_len positions viewed.
+        B, n = view.read.shape
+        bs, L = view.cache.block_size, view.kv_len
+        blocks = view.read.reshape(-1)
+        k_read = self.k_cache.view(-1, bs, *self.k_cache.shape[1:]).index_select(0, blocks)
+        v_read = self.v_cache.view(-1, bs, *self.v_cache.shape[1:]).index_select(0, blocks)
+        k_read = k_read.view(B, n * bs, *self.k_cache.shape[1:])[:, :L]
+        v_read = v_read.view(B, n * bs, *self.v_cache.shape[1:])[:, :L]
         return k_read.transpose(1, 2), v_read.transpose(1, 2)  # (B, H, L, D)
 
     def decode(self, kernel: CachedDecodeKernel, q: Tensor) -> Tensor:
