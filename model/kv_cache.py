@@ -72,6 +72,17 @@ class PagedKVCache(nn.Module):
         if self.tables.device.type != "cpu":
             self.tables[row].copy_(table, non_blocking=False)
 
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy blocks (every layer) from `src` to `dst` (copy-on-write of a forked table's last block)."""
+        if not src:
+            return
+        offsets = torch.arange(self.block_size)
+        positions = lambda blocks: (torch.tensor(blocks)[:, None] * self.block_size + offsets).flatten().to(  # noqa: E731
+            self.k.device)
+        s, d = positions(src), positions(dst)
+        self.k[:, d] = self.k[:, s]
+        self.v[:, d] = self.v[:, s]
+
     def view(self, rows: Tensor, positions: Tensor, kv_len: int | None) -> PagedView:
         """The plan of one forward: `rows` (B,) write their new tokens at `positions` (B, T) and, unless `kv_len`
         is None (a prefill from position 0: attend over the new keys only), read positions [0, kv_len)."""

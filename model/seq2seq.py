@@ -18,14 +18,14 @@ from torch import Tensor, nn
 from model.attention import Rotary, causal_mask, padding_mask
 from model.config import Seq2SeqConfig
 from model.decoder import _init_weights
-from model.kv_cache import KVCache, SharedSources, consecutive_start
+from model.kv_cache import KVCache, PagedKVCache, SharedSources, consecutive_start
 from model.layers import Block, make_norm, sinusoidal_table
 from model.relative_positions import RelativePositionBias
 
 
 @dataclass
 class Seq2SeqCache:
-    self_kv: KVCache  # decoder self-attention, one slot per running hypothesis
+    self_kv: PagedKVCache  # decoder self-attention, one row (and its block table) per running hypothesis
     cross_kv: KVCache  # encoder output projected per decoder layer, one slot per request
 
 
@@ -163,12 +163,21 @@ class Seq2Seq(nn.Module):
         max_target_len: int | None = None,
         max_source_len: int | None = None,
         dtype: torch.dtype | None = None,
+        num_blocks: int | None = None,
+        block_size: int = 16,
     ) -> Seq2SeqCache:
+        """Decoder self-attention: a paged cache of `num_slots` rows (`num_blocks` blocks shared through the rows'
+        tables, or, None, each row's whole length for good); cross-attention: a static slot per request."""
         cfg, p = self.cfg, self.tok_emb.weight  # not lm_head's: an int8 output layer has no float weight
         kw = dict(dtype=dtype or p.dtype, device=p.device)
         n_dec = cfg.n_decoder_layers
+        target_len = max_target_len or cfg.max_target_len
+        static = num_blocks is None
+        if static:
+            num_blocks = 1 + num_slots * -(-target_len // block_size)
         return Seq2SeqCache(
-            KVCache(n_dec, num_slots, cfg.n_heads, max_target_len or cfg.max_target_len, cfg.d_head, **kw),
+            PagedKVCache(n_dec, num_blocks, block_size, cfg.n_heads, cfg.d_head, num_rows=num_slots,
+                         max_len=target_len, static_rows=static, **kw),
             KVCache(
                 n_dec, num_cross_slots or num_slots, cfg.n_heads, max_source_len or cfg.max_source_len,
                 cfg.d_head, **kw,
@@ -210,16 +219,15 @@ class Seq2Seq(nn.Module):
         else:
             first_cross = consecutive_start(cross_slots)
         context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
-        first_slot = consecutive_start(slots)
+        view = cache.self_kv.view(slots, positions, kv_len)
         for i, block in enumerate(self.decoder):
             x, _, _ = block(
                 x,
                 mask=mask,
                 rotary=rotary,
-                cache=cache.self_kv.layer(i, slots, positions, kv_len, first_slot),
+                cache=view.layer(i),
                 context_kv=cache.cross_kv.read(i, cross_slots, src_len, first_cross),
                 context_mask=context_mask,
                 shared_sources=shared,
             )
-        cache.self_kv.lengths[slots] = positions[:, 0] + 1
         return self._logits(self.dec_norm(x[:, 0]))

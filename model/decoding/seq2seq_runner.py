@@ -3,8 +3,10 @@ the one-call way to use it.
 
 A request is started by running its encoder (batched with the other starts) and writing its cross-attention
 keys/values once into a cross slot. Every decoder step then advances all running requests together: a
-greedy request is one row of the batch, a beam request `num_beams` rows whose self-attention cache rows are
-reordered in place by beam parent. Every row's scores go through the logits pipeline; beam search is the
+greedy request is one row of the batch, a beam request `num_beams` rows. A row's self-attention keys/values
+live in the blocks of its table (`model.block_pool`); when beams are reordered by parent, a beam that takes
+over another parent's cache forks the parent's table: the full blocks are shared and only the last, partial
+block is copied (copy-on-write). Every row's scores go through the logits pipeline; beam search is the
 one-request `BeamSearch` fed with this request's rows, so its result does not depend on what else runs.
 """
 
@@ -23,6 +25,7 @@ from model.decoding.beam_search import BeamSearch, BeamSettings
 from model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
+from model.block_pool import BlockPool, BlockTable
 from model.kv_cache import SlotAllocator
 from model.tokenizer import Tokenizer
 
@@ -94,7 +97,7 @@ class TranslationSequence:
 
 class Seq2SeqRunner:
     def __init__(self, loaded: LoadedModel, *, num_rows: int, cuda_graphs: bool = True,
-                 max_len: int | None = None) -> None:
+                 max_len: int | None = None, block_size: int = 16) -> None:
         """`max_len`: the most source tokens, and target positions, a row's cache holds (default: the model's
         own limits, which for a 1024-position model with many rows is gigabytes)."""
         self.model, self.cfg, self.gen = loaded.model, loaded.config, loaded.generation
@@ -105,12 +108,17 @@ class Seq2SeqRunner:
         self.pipeline = LogitsPipeline(self.eos, self.gen.banned_token_ids, self.gen.force_eos_at_max)
         self.rows = SlotAllocator(num_rows)
         self.cross_slots = SlotAllocator(num_rows)
+        # Enough blocks for every row's whole length: a translation never waits for blocks once admitted.
+        num_blocks = 1 + num_rows * -(-self.max_target_len // block_size)
+        self.blocks = BlockPool(num_blocks, block_size, prefix_caching=False)
+        self.tables: dict[int, BlockTable] = {}  # cache row -> its blocks
         # Hypothesis buffers as wide as the longest possible output, so that any beam requests can be stacked.
         self.width = self.max_target_len + 1
-        lengths = dict(max_target_len=self.max_target_len, max_source_len=self.max_source_len)
+        lengths = dict(max_target_len=self.max_target_len, max_source_len=self.max_source_len,
+                       num_blocks=num_blocks, block_size=block_size)
         self.graphed: BucketedDecode | None = None
         if cuda_graphs and self.device.type == "cuda" and not self.cfg.n_experts:  # MoE routing: dynamic shapes
-            self.cache = self.model.new_cache(num_rows + 1, num_rows + 1, **lengths)
+            self.cache = self.model.new_cache(num_rows, num_rows + 1, **lengths)  # the padding row: the spare table
             self.graphed = static_decode(self.model, self.cache, scratch=num_rows, max_batch=num_rows,
                                          use_graphs=True)
             self.graphed.capture()
@@ -157,11 +165,15 @@ class Seq2SeqRunner:
             return False
         seq.rows = self.rows.allocate(seq.job.num_beams)
         seq.cross_slot = self.cross_slots.allocate(1)[0]
+        for row in seq.rows:
+            self._set_table(row, BlockTable())
         return True
 
     def release(self, seq: TranslationSequence) -> None:
         """Give back what `reserve` claimed (idempotent)."""
         if seq.rows:
+            for row in seq.rows:
+                self.blocks.release(self.tables.pop(row))
             self.rows.free(seq.rows)
             seq.rows = []
         if seq.cross_slot >= 0:
@@ -206,6 +218,12 @@ class Seq2SeqRunner:
                 positions += [s.search.step_index] * n
             rows += sorted(s.rows)
             crosses += [s.cross_slot] * n
+        for row, position in zip(rows, positions, strict=True):  # room for the position this step writes
+            table = self.tables[row]
+            if len(table.blocks) * self.blocks.block_size <= position:
+                if not self.blocks.grow(table, position + 1):
+                    raise RuntimeError("the translation KV cache ran out of blocks")
+                self.cache.self_kv.set_table(row, table.blocks)
         dev = self.device
         token_ids = torch.tensor(tokens, device=dev)
         if beam_rows:  # the beams' last tokens stay on the device: no copy to the host and back
@@ -257,18 +275,24 @@ class Seq2SeqRunner:
         idx = torch.tensor([span[id(s)][0] + place for s in group for place in s.batch_places()], device=dev)
         rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
         log_probs = self.pipeline.constrain(torch.log_softmax(logits[idx].float(), dim=-1), rows)
-        filled = max(s.search.step_index for s in group) + 1  # positions of the cache written so far
+        # Positions of each row's cache written so far (the group's sequences may be at different steps).
+        filled = {row: s.search.step_index + 1 for s in group for row in s.rows}
         parents = type(group[0].search).advance_many([s.search for s in group], log_probs)  # one group_key
-        # Each beam needs its parent's cache, only the positions written so far: copying whole slots cost more
-        # than the decoder step itself.
-        if dev.type == "cpu":
-            src, dst = self._reassign_rows(group, parents.tolist())
-            src, dst = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
-        else:  # rows chosen on the device: no host sync per group, every row copied
-            cache_rows = torch.tensor([s.rows for s in group], device=dev)  # (R, num_beams)
-            src, dst = cache_rows.gather(1, parents).flatten(), cache_rows.flatten()
-        if src.numel():
-            self.cache.self_kv.copy_slots(src, dst, filled)
+        # A beam that takes over another parent's cache forks that parent's table: shared full blocks, a copy of
+        # the last partial one. Copying whole rows cost more than the decoder step itself.
+        src, dst = self._reassign_rows(group, parents.tolist())
+        copies = []
+        for parent_row, row in zip(src, dst, strict=True):
+            self.blocks.release(self.tables[row])
+            forked, copy = self.blocks.fork(self.tables[parent_row], filled[parent_row])
+            self._set_table(row, forked)
+            if copy is not None:
+                copies.append(copy)
+        self.cache.self_kv.copy_blocks([a for a, _ in copies], [b for _, b in copies])
+
+    def _set_table(self, row: int, table: BlockTable) -> None:
+        self.tables[row] = table
+        self.cache.self_kv.set_table(row, table.blocks)
 
     @staticmethod
     def _reassign_rows(group: list[TranslationSequence], parents: list[list[int]]) -> tuple[list[int], list[int]]:

@@ -162,3 +162,20 @@ def test_a_request_larger_than_the_pool_is_refused_before_it_runs(lm):
     runner.check(20, 20)  # 10 blocks: fits
     with pytest.raises(ValueError, match="needs 11 KV-cache blocks"):
         runner.check(21, 20)
+
+
+def test_a_forked_table_shares_its_full_blocks_and_copies_the_last_partial_one():
+    """A beam taking its parent's cache: the full blocks are the parent's (counted twice), the partial last one
+    is a block of its own to be filled with the parent's content (both write into it next); at a block boundary
+    nothing is copied. Released, every block is free again."""
+    pool = BlockPool(10, 4)
+    parent = pool.admit(list(range(1, 11)))  # 10 positions: blocks of 4, 4 and 2
+    child, copy = pool.fork(parent, 10)
+    assert child.blocks[:2] == parent.blocks[:2] and child.blocks[2] not in parent.blocks
+    assert copy == (parent.blocks[2], child.blocks[2])
+    assert [pool.refs(b) for b in parent.blocks] == [2, 2, 1]
+    even, none = pool.fork(parent, 8)
+    assert even.blocks == parent.blocks[:2] and none is None
+    for table in (parent, child, even):
+        pool.release(table)
+    assert pool.num_in_use == 0 and pool.num_free == pool.num_usable
