@@ -13,8 +13,9 @@ shape: TTFT p50 with the prefix cache and with --no-prefix-cache, same run. Goal
 chat: a 6-turn conversation (a 500-token system prompt; each turn adds the previous answer of 40 tokens and
 a 60-token user message, as token ids): seconds per turn with and without the prefix cache.
 decode: tokens/s of N concurrent greedy requests (200-token prompts, 64 new tokens) on a SmolLM2-135M shape,
-this tree against `--baseline-rev` (the static cache), each in a subprocess of its own, alternating, same run.
-Goal: no client count slower than 0.95x.
+and sentences/s of the bundled English -> German translator on 32 sentences, greedy and 4 beams; this tree
+against `--baseline-rev` (the static cache), each in a subprocess of its own, alternating, same run. Goal: no
+workload slower than 0.95x.
 """
 
 from __future__ import annotations
@@ -189,24 +190,58 @@ def decode_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"tokens_per_s": best}))
 
 
+SENTENCES = ("The house is small.", "I would like a cup of coffee, please.", "Where is the train station?",
+             "The children are playing in the garden.", "We will meet tomorrow at the old bridge.",
+             "My brother reads a book every week.", "The weather was cold and the streets were empty.",
+             "Could you tell me the way to the museum?")
+
+
+def translation_worker(args: argparse.Namespace) -> None:
+    """Run in a subprocess with `--code-root`: sentences/s of the bundled English -> German translator, 32
+    sentences at once, greedy or 4 beams (`--worker-clients` beams): one line of JSON."""
+    _setup(Path(args.code_root), args.threads)
+    import torch
+
+    from model import checkpoint
+    from model.decoding import Seq2SeqRunner, translate
+
+    loaded = checkpoint.load(Path(args.code_root) / "models" / "tserve-en-de", device="cpu", dtype="float32")
+    sources = [loaded.tokenizer.encode(SENTENCES[i % len(SENTENCES)]) for i in range(32)]
+    beams = args.worker_clients
+    runner = Seq2SeqRunner(loaded, num_rows=32 * beams, cuda_graphs=False)  # the engine's: made once
+    with torch.inference_mode():
+        translate(loaded, sources, beams, 48, runner=runner)  # warm-up
+        best = 0.0
+        calls = 16 if beams == 1 else 4  # about a second each way
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                translate(loaded, sources, beams, 48, runner=runner)
+            best = max(best, calls * len(sources) / (time.perf_counter() - start))
+    print(json.dumps({"tokens_per_s": best}))
+
+
 def decode_part(args: argparse.Namespace, work: Path) -> list[dict]:
     baseline = Path(tempfile.mkdtemp(prefix="tserve-baseline-")) / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(baseline), args.baseline_rev],
                    check=True, capture_output=True)
     rows = []
     try:
-        for clients in args.clients:
+        cases = [("lm", n) for n in args.clients if n > 0] + [("translation", 1), ("translation", 4)]
+        for worker, clients in cases:
             speeds: dict[str, list[float]] = {"paged": [], "static": []}
             for _ in range(args.rounds):
                 for name, tree in (("static", baseline), ("paged", ROOT)):
                     out = subprocess.run(
-                        [sys.executable, str(Path(__file__).resolve()), "--worker", "--code-root", str(tree),
+                        [sys.executable, str(Path(__file__).resolve()), "--worker", worker, "--code-root", str(tree),
                          "--work", str(work), "--worker-clients", str(clients), "--threads", str(args.threads),
                          "--repeats", str(args.repeats)], check=True, capture_output=True, text=True, env=os.environ)
                     speeds[name].append(json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_s"])
             paged, static = max(speeds["paged"]), max(speeds["static"])
-            rows.append(dict(clients=clients, static=static, paged=paged, ratio=paged / static))
-            print(f"| {clients} | {static:.1f} | {paged:.1f} | {paged / static:.2f}x |", flush=True)
+            what = f"LM, {clients} clients, tokens/s" if worker == "lm" else (
+                f"translation, 32 sentences, {'greedy' if clients == 1 else f'{clients} beams'}, sentences/s")
+            rows.append(dict(workload=what, static=static, paged=paged, ratio=paged / static))
+            print(f"| {what} | {static:.1f} | {paged:.1f} | {paged / static:.2f}x |", flush=True)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)], check=False)
     return rows
@@ -222,17 +257,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--parts", nargs="+", default=["memory", "prefix", "chat", "decode"],
                     choices=["memory", "prefix", "chat", "decode"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="LM client counts (0: none)")
     ap.add_argument("--baseline-rev", default="f2c02fa", help="the static cache's commit (decode part)")
     ap.add_argument("--rounds", type=int, default=2, help="decode: subprocess runs per side, alternating")
     ap.add_argument("--repeats", type=int, default=2, help="decode: timed runs in each subprocess (best kept)")
     ap.add_argument("--work", default=None, help="where the random-weight checkpoints are written (kept)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["lm", "translation"], help=argparse.SUPPRESS)
     ap.add_argument("--code-root", default=str(ROOT), help=argparse.SUPPRESS)
     ap.add_argument("--worker-clients", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        decode_worker(args)
+        (decode_worker if args.worker == "lm" else translation_worker)(args)
         return {}
     _setup(ROOT, args.threads)
     from training.common import cpu_description
@@ -265,8 +300,8 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{on['seconds']:.2f} | {on['cached']} |")
         print(flush=True)
     if "decode" in args.parts:
-        print(f"decode tokens/s, static cache ({args.baseline_rev}) vs paged (this tree), SmolLM2-135M shape\n\n"
-              "| clients | static tok/s | paged tok/s | paged / static |\n|---|---|---|---|", flush=True)
+        print(f"static cache ({args.baseline_rev}) vs paged (this tree); LM: SmolLM2-135M shape; translation: "
+              "models/tserve-en-de\n\n| workload | static | paged | paged / static |\n|---|---|---|---|", flush=True)
         out["decode"] = decode_part(args, work)
     return out
 

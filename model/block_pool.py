@@ -157,11 +157,11 @@ class BlockPool:
             if name not in self._by_name and self._name[block] is None:
                 self._by_name[name], self._name[block], self._tokens[block] = block, name, tokens
 
-    def fork(self, table: BlockTable, num_tokens: int) -> tuple[BlockTable, tuple[int, int] | None]:
+    def fork(self, table: BlockTable, num_tokens: int) -> tuple[BlockTable, tuple[int, int, int] | None]:
         """Another sequence's copy of the first `num_tokens` positions of `table` (a beam taking its parent's
         cache): its full blocks shared (never written again), its last, partial block copied into a block of the
-        new table's own, since both go on writing into it (copy-on-write). Returns the new table and the (source,
-        destination) block whose content the caller copies, if any."""
+        new table's own, since both go on writing into it (copy-on-write). Returns the new table and the (source
+        block, destination block, positions written) the caller copies, if any."""
         shared = num_tokens // self.block_size
         forked = BlockTable(list(table.blocks[:shared]))
         for block in forked.blocks:
@@ -169,7 +169,7 @@ class BlockPool:
         if len(forked.blocks) * self.block_size >= num_tokens:
             return forked, None
         forked.blocks.append(self._take())
-        return forked, (table.blocks[len(forked.blocks) - 1], forked.blocks[-1])
+        return forked, (table.blocks[len(forked.blocks) - 1], forked.blocks[-1], num_tokens % self.block_size)
 
     def release(self, table: BlockTable) -> None:
         """Let go of every block of `table` (last first, so that a prefix's tail is evicted before its head)."""

@@ -64,22 +64,29 @@ class PagedKVCache(nn.Module):
 
     def set_table(self, row: int, blocks: list[int]) -> None:
         """Point `row` at `blocks` (the rest of its table at the null block)."""
-        if len(blocks) > self.max_blocks:
-            raise ValueError(f"a row holds at most {self.max_blocks} blocks, not {len(blocks)}")
-        table = torch.zeros(self.max_blocks, dtype=torch.long)
-        table[: len(blocks)] = torch.tensor(blocks, dtype=torch.long)
-        self._host_tables[row] = table
-        if self.tables.device.type != "cpu":
-            self.tables[row].copy_(table, non_blocking=False)
+        self.set_tables([row], [blocks])
 
-    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
-        """Copy blocks (every layer) from `src` to `dst` (copy-on-write of a forked table's last block)."""
-        if not src:
+    def set_tables(self, rows: list[int], tables: list[list[int]]) -> None:
+        """`set_table` for several rows at once (one tensor built, one copy to the device)."""
+        if not rows:
             return
-        offsets = torch.arange(self.block_size)
-        positions = lambda blocks: (torch.tensor(blocks)[:, None] * self.block_size + offsets).flatten().to(  # noqa: E731
-            self.k.device)
-        s, d = positions(src), positions(dst)
+        if max(len(t) for t in tables) > self.max_blocks:
+            raise ValueError(f"a row holds at most {self.max_blocks} blocks")
+        padded = torch.tensor([t + [0] * (self.max_blocks - len(t)) for t in tables], dtype=torch.long)
+        index = torch.tensor(rows)
+        self._host_tables[index] = padded
+        if self.tables.device.type != "cpu":  # on the CPU `tables` is this very tensor
+            self.tables[index.to(self.tables.device)] = padded.to(self.tables.device)
+
+    def copy_positions(self, copies: list[tuple[int, int, int]]) -> None:
+        """For each (source block, destination block, n): copy the first n positions (every layer), the part of a
+        forked table's last block written so far (copy-on-write)."""
+        if not copies:
+            return
+        bs = self.block_size
+        src = [b * bs + i for b, _, n in copies for i in range(n)]
+        dst = [b * bs + i for _, b, n in copies for i in range(n)]
+        s, d = (torch.tensor(x, device=self.k.device) for x in (src, dst))
         self.k[:, d] = self.k[:, s]
         self.v[:, d] = self.v[:, s]
 

@@ -166,7 +166,8 @@ class Seq2SeqRunner:
         seq.rows = self.rows.allocate(seq.job.num_beams)
         seq.cross_slot = self.cross_slots.allocate(1)[0]
         for row in seq.rows:
-            self._set_table(row, BlockTable())
+            self.tables[row] = BlockTable()
+        self.cache.self_kv.set_tables(seq.rows, [[] for _ in seq.rows])
         return True
 
     def release(self, seq: TranslationSequence) -> None:
@@ -218,12 +219,14 @@ class Seq2SeqRunner:
                 positions += [s.search.step_index] * n
             rows += sorted(s.rows)
             crosses += [s.cross_slot] * n
+        grown = []
         for row, position in zip(rows, positions, strict=True):  # room for the position this step writes
             table = self.tables[row]
             if len(table.blocks) * self.blocks.block_size <= position:
                 if not self.blocks.grow(table, position + 1):
                     raise RuntimeError("the translation KV cache ran out of blocks")
-                self.cache.self_kv.set_table(row, table.blocks)
+                grown.append(row)
+        self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
         dev = self.device
         token_ids = torch.tensor(tokens, device=dev)
         if beam_rows:  # the beams' last tokens stay on the device: no copy to the host and back
@@ -284,15 +287,11 @@ class Seq2SeqRunner:
         copies = []
         for parent_row, row in zip(src, dst, strict=True):
             self.blocks.release(self.tables[row])
-            forked, copy = self.blocks.fork(self.tables[parent_row], filled[parent_row])
-            self._set_table(row, forked)
+            self.tables[row], copy = self.blocks.fork(self.tables[parent_row], filled[parent_row])
             if copy is not None:
                 copies.append(copy)
-        self.cache.self_kv.copy_blocks([a for a, _ in copies], [b for _, b in copies])
-
-    def _set_table(self, row: int, table: BlockTable) -> None:
-        self.tables[row] = table
-        self.cache.self_kv.set_table(row, table.blocks)
+        self.cache.self_kv.set_tables(dst, [self.tables[row].blocks for row in dst])
+        self.cache.self_kv.copy_positions(copies)
 
     @staticmethod
     def _reassign_rows(group: list[TranslationSequence], parents: list[list[int]]) -> tuple[list[int], list[int]]:

@@ -172,7 +172,7 @@ def test_a_forked_table_shares_its_full_blocks_and_copies_the_last_partial_one()
     parent = pool.admit(list(range(1, 11)))  # 10 positions: blocks of 4, 4 and 2
     child, copy = pool.fork(parent, 10)
     assert child.blocks[:2] == parent.blocks[:2] and child.blocks[2] not in parent.blocks
-    assert copy == (parent.blocks[2], child.blocks[2])
+    assert copy == (parent.blocks[2], child.blocks[2], 2)  # two positions written in it
     assert [pool.refs(b) for b in parent.blocks] == [2, 2, 1]
     even, none = pool.fork(parent, 8)
     assert even.blocks == parent.blocks[:2] and none is None
