@@ -74,7 +74,7 @@ def _model(size: str, directory: Path, shape: dict | None = None):  # noqa: ANN2
 
 
 # --------------------------------------------------------------------------------------------------
-def memory_part(work: Path) -> dict:
+def memory_part(work: Path, n: int = 700) -> dict:
     from model.decoding import SamplingParams
 
     loaded = _model("qwen2.5-0.5b-cache", work / "memory", MEMORY_SHAPE)
@@ -90,7 +90,6 @@ def memory_part(work: Path) -> dict:
         peak["blocks"] = max(peak["blocks"], engine.runner.blocks.num_in_use)
 
     engine.step = counting_step
-    n = 700
     params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
     prompts = [[1 + (i * 7 + j) % 1000 for j in range(400)] for i in range(n)]
 
@@ -109,11 +108,13 @@ def memory_part(work: Path) -> dict:
                 preemptions=_metric(engine, "tserve_preemptions_total"))
 
 
-def prefix_part(work: Path, requests: int = 16, system_tokens: int = 1000, new_tokens: int = 20) -> list[dict]:
+def prefix_part(work: Path, size: str, requests: int = 16, system_tokens: int = 1000,
+                new_tokens: int = 20) -> list[dict]:
     from model.decoding import SamplingParams
 
-    loaded = _model("smollm2-135m", work / "smollm2")
-    system = [1 + (j * 13) % 40000 for j in range(system_tokens)]
+    loaded = _model(size, work / size)
+    vocab = loaded.config.vocab_size - 1
+    system = [1 + (j * 13) % vocab for j in range(system_tokens)]
     prompts = [system + [100 + i, 200 + i, 300 + i, 400 + i, 500 + i] for i in range(requests)]
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     rows = []
@@ -134,28 +135,30 @@ def prefix_part(work: Path, requests: int = 16, system_tokens: int = 1000, new_t
     return rows
 
 
-def chat_part(work: Path, turns: int = 6) -> list[dict]:
+async def _answer(engine, prompt: list[int], params, start: float) -> tuple:  # noqa: ANN001
+    """One request's engine request and its seconds from `start` to the first token."""
+    req, first = engine.submit(prompt, params), None
+    async for event in engine.stream(req):
+        if first is None and event.token_ids:
+            first = time.perf_counter() - start
+    return req, first
+
+
+def chat_part(work: Path, size: str, turns: int = 6, system_tokens: int = 500) -> list[dict]:
     from model.decoding import SamplingParams
 
-    loaded = _model("smollm2-135m", work / "smollm2")
+    loaded = _model(size, work / size)
+    vocab = loaded.config.vocab_size - 2
     rows = []
     for cached in (False, True):
         engine = _engine(loaded, max_slots=4, max_model_len=2048, prefix_caching=cached)
-        history = [1 + (j * 17) % 40000 for j in range(500)]
+        history = [1 + (j * 17) % vocab for j in range(system_tokens)]
         params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
         try:
             for turn in range(turns):
-                history += [2 + (turn * 61 + j * 29) % 40000 for j in range(60)]  # the user's message
+                history += [2 + (turn * 61 + j * 29) % vocab for j in range(60)]  # the user's message
                 start = time.perf_counter()
-
-                async def answer(prompt: list[int] = list(history)) -> tuple:  # noqa: B006
-                    req, first = engine.submit(prompt, params), None
-                    async for event in engine.stream(req):
-                        if first is None and event.token_ids:
-                            first = time.perf_counter() - start
-                    return req, first
-
-                req, first = asyncio.run(answer())
+                req, first = asyncio.run(_answer(engine, list(history), params, start))
                 rows.append(dict(prefix_cache=cached, turn=turn + 1, prompt=len(history), ttft=first,
                                  seconds=time.perf_counter() - start, cached=req.cached_tokens))
                 history += req.generated  # the answer goes back in with the next turn
@@ -257,6 +260,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--parts", nargs="+", default=["memory", "prefix", "chat", "decode"],
                     choices=["memory", "prefix", "chat", "decode"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--size", default="smollm2-135m", help="prefix and chat: the model shape (bench/load.py's)")
+    ap.add_argument("--memory-requests", type=int, default=700)
+    ap.add_argument("--prefix-requests", type=int, default=16)
+    ap.add_argument("--system-tokens", type=int, default=1000, help="prefix: the shared prompt; chat: half of it")
+    ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="LM client counts (0: none)")
     ap.add_argument("--baseline-rev", default="f2c02fa", help="the static cache's commit (decode part)")
     ap.add_argument("--rounds", type=int, default=2, help="decode: subprocess runs per side, alternating")
@@ -276,14 +284,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"CPU: {cpu_description()}; {args.threads} threads\n", flush=True)
     out: dict = {}
     if "memory" in args.parts:
-        r = out["memory"] = memory_part(work)
+        r = out["memory"] = memory_part(work, args.memory_requests)
         print("| --kv-cache-memory | requests | finished | most running at once | blocks used (of) | "
               "static slots of 32k | ratio | preemptions | seconds |\n|---|---|---|---|---|---|---|---|---|")
         print(f"| {r['budget'] / 1e9:.2f} GB | {r['requests']} | {r['finished']} | {r['peak']} | "
               f"{r['peak_blocks']} ({r['blocks']}) | {r['static']} | {r['ratio']:.0f}x (goal >= 16x) | "
               f"{r['preemptions']:.0f} | {r['seconds']:.1f} |\n", flush=True)
     if "prefix" in args.parts:
-        rows = out["prefix"] = prefix_part(work)
+        rows = out["prefix"] = prefix_part(work, args.size, args.prefix_requests, args.system_tokens)
         print("| prefix cache | TTFT p50 s | TTFT max s | all done s | cached tokens |\n|---|---|---|---|---|")
         for r in rows:
             print(f"| {'on' if r['prefix_cache'] else 'off'} | {r['ttft_p50']:.2f} | {r['ttft_max']:.2f} | "
@@ -291,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
         off, on = rows[0]["ttft_p50"], rows[1]["ttft_p50"]
         print(f"\nTTFT p50 off / on: {off / on:.1f}x (goal >= 5x)\n", flush=True)
     if "chat" in args.parts:
-        rows = out["chat"] = chat_part(work)
+        rows = out["chat"] = chat_part(work, args.size, args.turns, args.system_tokens // 2)
         print("| turn | prompt tokens | off: TTFT s | off: turn s | on: TTFT s | on: turn s | on: cached |\n"
               "|---|---|---|---|---|---|---|")
         half = len(rows) // 2

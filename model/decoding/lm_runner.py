@@ -15,13 +15,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from model.block_pool import BlockPool, BlockTable
 from model.checkpoint import LoadedModel
 from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
 from model.decoding.sampler import sample, token_logprobs
 from model.decoding.structured import GrammarCompiler, GrammarState, masks_for
-from model.block_pool import BlockPool, BlockTable
 from model.kv_cache import SlotAllocator
 
 StepLogprobs = tuple[list[float], list[list[float]], list[list[int]]]  # chosen, top values, top ids

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from model.block_pool import BlockPool, BlockTable
 from model.checkpoint import LoadedModel
 from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoding.beam_search import BeamSearch, BeamSettings
 from model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
-from model.block_pool import BlockPool, BlockTable
 from model.kv_cache import SlotAllocator
 from model.tokenizer import Tokenizer
 

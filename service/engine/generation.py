@@ -19,9 +19,9 @@ from model.checkpoint import LoadedModel
 from model.decoding import DecoderRunner, SamplingParams, StopStrings, TextSequence, generate, token_logprobs
 from model.decoding.lm_runner import StepLogprobs
 from model.tokenizer import IncrementalDetokenizer
+from service.engine.kv_memory import kv_cache_blocks
 from service.engine.output import text_event, token_logprob
 from service.engine.request import EngineRequest, TokenLogprob
-from service.engine.kv_memory import kv_cache_blocks
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 

@@ -67,6 +67,18 @@ def test_structured_output_benchmark_times_masks_and_the_engine(capsys):
     assert out["ratio"] > 0 and "constrained / free" in capsys.readouterr().out
 
 
+def test_kv_cache_benchmark_runs_memory_prefix_and_chat_on_tiny_shapes(tmp_path, capsys):
+    out = bench_script("kv_cache").main(["--parts", "memory", "prefix", "chat", "--size", "tiny-llama",
+                                         "--memory-requests", "6", "--prefix-requests", "3", "--system-tokens", "80",
+                                         "--turns", "2", "--work", str(tmp_path)])
+    memory = out["memory"]
+    assert memory["finished"] == 6 and memory["peak"] >= 1 and memory["static"] == 2
+    off, on = out["prefix"]
+    assert off["cached_tokens"] == 0 and on["cached_tokens"] >= 2 * 64  # the two that waited read 4 blocks each
+    assert [r["turn"] for r in out["chat"]] == [1, 2, 1, 2] and out["chat"][3]["cached"] > 0
+    assert "TTFT p50 off / on" in capsys.readouterr().out
+
+
 def test_linear_paths_benchmark_times_both_paths(capsys):
     rows = bench_script("linear_paths").main(["--rows", "1", "8", "--shapes", "64x96", "--rounds", "3"])
     assert [(r["rows"], r["n_in"], r["n_out"]) for r in rows] == [(1, 64, 96), (8, 64, 96)]
