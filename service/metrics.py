@@ -40,6 +40,9 @@ class Metrics:
                                      "prompt in the prefix cache", ["model"], registry=r)
         self.prefix_cached_tokens = Counter("tserve_prefix_cache_cached_tokens_total", "Prompt tokens read from the "
                                             "prefix cache instead of computed", ["model"], registry=r)
+        self.encoder_reuses = Counter("tserve_encoder_cache_hits_total", "Translations of a source identical to one "
+                                      "encoded before, which read its encoder output instead of encoding again",
+                                      ["model"], registry=r)
         self.preemptions = Counter("tserve_preemptions_total", "Running requests preempted because the KV cache "
                                    "was full (recomputed when admitted again)", ["model"], registry=r)
         self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)

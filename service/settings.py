@@ -49,7 +49,8 @@ class Settings(BaseSettings):
         "its device (0.3); default: every running request's whole context, at most 0.4 of the free memory")
     kv_block_size: int = Field(16, ge=1, le=1024, description="positions per KV-cache block")
     prefix_cache: bool = Field(True, description="language models: requests share the KV blocks of a common "
-                               "prompt prefix, computed once (--no-prefix-cache: off)")
+                               "prompt prefix, computed once; translators: a source identical to one encoded "
+                               "before reads its encoder output (--no-prefix-cache: off)")
     keep_alive_s: int = Field(75, ge=1, description="idle seconds before a keep-alive connection is closed")
     request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
     max_tokens_limit: int = Field(2048, ge=1, description="largest max_tokens a request may ask for")

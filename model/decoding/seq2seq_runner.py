@@ -44,6 +44,11 @@ class TranslationJob:
     forced_first_token: int | None = None
 
 
+def source_key(job: TranslationJob) -> tuple[int, ...]:
+    """What an encoder output depends on: the source's ids (a multilingual source's language code among them)."""
+    return tuple(job.source_ids)
+
+
 def translation_job(loaded: LoadedModel, source_ids: Sequence[int], num_beams: int | None = None,
                     max_new_tokens: int | None = None, forced_first_token: int | None = None) -> TranslationJob:
     """A job with the checkpoint's defaults where the caller gives none."""
@@ -61,6 +66,7 @@ class TranslationSequence:
         self.params = SamplingParams(max_tokens=job.max_new_tokens, temperature=0.0)
         self.rows: list[int] = []  # self-attention cache rows: 1 (greedy) or num_beams
         self.cross_slot = -1
+        self.encoded = False  # its cross slot holds its encoder output (written now, or by an identical source)
         self.search: BeamSearch | ConstrainedBeamSearch | None = None
         self.generated: list[int] = []  # greedy output so far (eos included once reached)
         self.logprob_sum = 0.0  # greedy: the model's log-probability of `generated`
@@ -97,9 +103,10 @@ class TranslationSequence:
 
 class Seq2SeqRunner:
     def __init__(self, loaded: LoadedModel, *, num_rows: int, cuda_graphs: bool = True,
-                 max_len: int | None = None, block_size: int = 16) -> None:
+                 max_len: int | None = None, block_size: int = 16, reuse_sources: bool = True) -> None:
         """`max_len`: the most source tokens, and target positions, a row's cache holds (default: the model's
-        own limits, which for a 1024-position model with many rows is gigabytes)."""
+        own limits, which for a 1024-position model with many rows is gigabytes). `reuse_sources`: a source
+        identical to one encoded before reads that encoder output (its cross slot) instead of encoding again."""
         self.model, self.cfg, self.gen = loaded.model, loaded.config, loaded.generation
         self.max_source_len = min(self.cfg.max_source_len, max_len or self.cfg.max_source_len)
         self.max_target_len = min(self.cfg.max_target_len, max_len or self.cfg.max_target_len)
@@ -108,6 +115,13 @@ class Seq2SeqRunner:
         self.pipeline = LogitsPipeline(self.eos, self.gen.banned_token_ids, self.gen.force_eos_at_max)
         self.rows = SlotAllocator(num_rows)
         self.cross_slots = SlotAllocator(num_rows)
+        # Encoder outputs kept for reuse: the source each encoded slot holds, how many running requests read it,
+        # and the slots none reads (still findable, taken for a new source oldest first when no slot is free).
+        self.reuse_sources = reuse_sources
+        self._slot_of_source: dict[tuple[int, ...], int] = {}
+        self._source_of_slot: dict[int, tuple[int, ...]] = {}
+        self._readers: collections.Counter[int] = collections.Counter()
+        self._idle_slots: collections.OrderedDict[int, None] = collections.OrderedDict()
         # Enough blocks for every row's whole length: a translation never waits for blocks once admitted.
         num_blocks = 1 + num_rows * -(-self.max_target_len // block_size)
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=False)
@@ -160,15 +174,33 @@ class Seq2SeqRunner:
     # Rows
     # ----------------------------------------------------------------------------------------------
     def reserve(self, seq: TranslationSequence) -> bool:
-        """Claim the decoder rows and the cross slot `seq` needs; False when they are not free now."""
-        if self.rows.num_free < seq.job.num_beams or not self.cross_slots.num_free:
+        """Claim the decoder rows and the cross slot `seq` needs (the slot of an identical source encoded before,
+        if any: `seq.encoded` is then already True); False when they are not free now."""
+        if self.rows.num_free < seq.job.num_beams:
             return False
+        slot = self._slot_of_source.get(source_key(seq.job)) if self.reuse_sources else None
+        if slot is not None:
+            self._idle_slots.pop(slot, None)
+        elif self.cross_slots.num_free:
+            slot = self.cross_slots.allocate(1)[0]
+        elif self._idle_slots:  # the encoder output unread the longest gives way
+            slot, _ = self._idle_slots.popitem(last=False)
+            del self._slot_of_source[self._source_of_slot.pop(slot)]
+        else:
+            return False
+        seq.encoded = slot in self._source_of_slot
+        self._readers[slot] += 1
         seq.rows = self.rows.allocate(seq.job.num_beams)
-        seq.cross_slot = self.cross_slots.allocate(1)[0]
+        seq.cross_slot = slot
         for row in seq.rows:
             self.tables[row] = BlockTable()
         self.cache.self_kv.set_tables(seq.rows, [[] for _ in seq.rows])
         return True
+
+    @property
+    def cross_slots_held(self) -> int:
+        """Cross slots a running request reads (encoder outputs kept for reuse and read by none not counted)."""
+        return len(self._readers)
 
     def release(self, seq: TranslationSequence) -> None:
         """Give back what `reserve` claimed (idempotent)."""
@@ -178,14 +210,23 @@ class Seq2SeqRunner:
             self.rows.free(seq.rows)
             seq.rows = []
         if seq.cross_slot >= 0:
-            self.cross_slots.free([seq.cross_slot])
-            seq.cross_slot = -1
+            slot, seq.cross_slot = seq.cross_slot, -1
+            self._readers[slot] -= 1
+            if self._readers[slot] == 0:
+                del self._readers[slot]
+                if slot in self._source_of_slot:
+                    self._idle_slots[slot] = None  # kept for the next identical source
+                else:
+                    self.cross_slots.free([slot])
 
     # ----------------------------------------------------------------------------------------------
     # Forward passes
     # ----------------------------------------------------------------------------------------------
     def encode(self, seqs: Sequence[TranslationSequence]) -> None:
-        """Encode the sources as one padded batch into their cross slots."""
+        """Encode the sources not encoded before as one padded batch into their cross slots."""
+        seqs = [s for s in seqs if not s.encoded]
+        if not seqs:
+            return
         lengths = [len(s.job.source_ids) for s in seqs]
         src = torch.full((len(seqs), max(lengths)), self.cfg.pad_token_id, dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -193,6 +234,11 @@ class Seq2SeqRunner:
         dev = self.device
         self.model.start(src.to(dev), torch.tensor(lengths, device=dev), self.cache,
                          torch.tensor([s.cross_slot for s in seqs], device=dev))
+        for s in seqs:
+            s.encoded = True
+            source = source_key(s.job)
+            if self.reuse_sources and source not in self._slot_of_source:  # (two in one batch: the first)
+                self._slot_of_source[source], self._source_of_slot[s.cross_slot] = s.cross_slot, source
 
     def begin(self, seq: TranslationSequence) -> None:
         """After `encode`: a beam request gets its search state."""

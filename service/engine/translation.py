@@ -28,10 +28,12 @@ class TranslationRequest(EngineRequest, TranslationSequence):
 
 class TranslationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
-                 metrics: Metrics, cuda_graphs: bool = True, max_len: int | None = None) -> None:
+                 metrics: Metrics, cuda_graphs: bool = True, max_len: int | None = None,
+                 reuse_sources: bool = True) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
         self.loaded, self.tokenizer, self.cfg, self.device = loaded, loaded.tokenizer, loaded.config, loaded.device
-        self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs, max_len=max_len)
+        self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs, max_len=max_len,
+                                    reuse_sources=reuse_sources)
         self.translator = Translator(loaded, self.runner.max_source_len, self.runner.max_target_len)
         self.rows, self.cross_slots = self.runner.rows, self.runner.cross_slots
 
@@ -66,7 +68,11 @@ class TranslationEngine(Scheduler):
         return req.job.num_beams
 
     def _reserve(self, req: TranslationRequest) -> bool:
-        return self.runner.reserve(req)
+        if not self.runner.reserve(req):
+            return False
+        if req.encoded:  # an identical source's encoder output, still in its cross slot
+            self.m.encoder_reuses.inc()
+        return True
 
     def _release(self, req: TranslationRequest) -> None:
         self.runner.release(req)

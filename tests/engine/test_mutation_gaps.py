@@ -277,7 +277,7 @@ def test_a_fault_in_one_beam_group_fails_that_group_alone(mt, monkeypatch):
             assert isinstance(got, RuntimeError) and str(got) == "generation failed: RuntimeError", got
         else:
             assert ids_of(got) == want, job
-    assert engine.rows_in_use == 0 and engine.cross_slots.num_used == 0
+    assert engine.rows_in_use == 0 and engine.runner.cross_slots_held == 0
 
 
 def test_beam_search_keeps_going_while_a_running_beam_can_still_win():

@@ -132,3 +132,75 @@ def test_a_soak_of_requests_gives_every_block_back(lm):
     assert all(pool.refs(b) == 0 for b in range(pool.num_blocks))
     assert len(pool._by_name) <= pool.num_usable and engine.runner.slots.num_used == 0
     assert metric(engine, "tserve_prefix_cache_hits_total") > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Translators: an identical source's encoder output is reused
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mt(tmp_path_factory):
+    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("paged-mt")), device="cpu")
+
+
+def counting_encoder(runner, monkeypatch) -> list[int]:  # noqa: ANN001
+    """The batch sizes the runner's encoder runs at, recorded."""
+    batches: list[int] = []
+    start = runner.model.start
+    monkeypatch.setattr(runner.model, "start", lambda src, *a, **k: (batches.append(len(src)), start(src, *a, **k)))
+    return batches
+
+
+def test_an_identical_source_reads_the_encoder_output_of_the_first(mt, monkeypatch):
+    """Sources repeated across batches (a document's header, a UI string) are encoded once: later copies (greedy
+    or beams) read the first one's cross slot, and every translation equals its source translated alone. Two
+    different sources of the same length never share; with reuse off everything is encoded; a slot no one reads
+    gives way to a new source when none is free."""
+    from model.decoding import Seq2SeqRunner, translation_job
+    from model.decoding.seq2seq_runner import run_jobs
+    from tests.helpers.fixture_training import lexicon_sentences
+    from tests.helpers.one_request import mt_tokens
+
+    texts = lexicon_sentences(40, seed=8, min_words=4, max_words=4)
+    encode = mt.tokenizer.encode
+    a, b = next((a, b) for a in texts for b in texts if a != b and len(encode(a)) == len(encode(b)))
+    c = next(t for t in texts if t not in (a, b))
+    batches = [[(a, 1), (b, 1)], [(a, 4), (b, 1)], [(a, 1), (c, 1)]]
+    alone = {(t, n): mt_tokens(mt, encode(t), n) for batch in batches for t, n in batch}  # before counting
+    for reuse, encoded in ((True, 3), (False, 6)):
+        runner = Seq2SeqRunner(mt, num_rows=5, cuda_graphs=False, reuse_sources=reuse)
+        encoder = counting_encoder(runner, monkeypatch)
+        for batch in batches:
+            jobs = [translation_job(mt, encode(t), num_beams=n) for t, n in batch]
+            outputs = [r.output_ids for r in run_jobs(mt, jobs, runner=runner)]
+            assert outputs == [alone[key] for key in batch]
+        assert sum(encoder) == encoded and runner.cross_slots_held == 0
+        monkeypatch.undo()
+    runner = Seq2SeqRunner(mt, num_rows=1, cuda_graphs=False)
+    encoder = counting_encoder(runner, monkeypatch)
+    for t in (a, b, b, a):  # one slot: b takes a's, a takes b's back
+        run_jobs(mt, [translation_job(mt, encode(t), num_beams=1)], runner=runner)
+    assert sum(encoder) == 3
+
+
+def test_the_engine_counts_encoder_outputs_reused(mt):
+    from model.decoding import translation_job
+    from service.engine import TranslationEngine
+    from tests.helpers.fixture_training import lexicon_sentences
+
+    engine = TranslationEngine("mt", mt, max_rows=4, max_queue=16, timeout_s=60.0, metrics=Metrics())
+    engine.start()
+    source = mt.tokenizer.encode(lexicon_sentences(1, seed=9)[0])
+
+    async def run() -> list:
+        outs = []
+        for _ in range(3):
+            req = engine.submit(translation_job(mt, source, num_beams=1))
+            outs.append([t for e in [e async for e in engine.stream(req)] for t in e.token_ids])
+        return outs
+
+    try:
+        first, *again = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert first and all(o == first for o in again)
+    assert metric(engine, "tserve_encoder_cache_hits_total") == 2

@@ -75,7 +75,7 @@ def test_forty_mixed_requests_equal_each_alone(quantize, mt, mt_int8):
     for job, result, ref in zip(jobs, results, expected, strict=True):
         assert result.token_ids == ref, job
         assert result.text == mt.tokenizer.decode(ref)
-    assert engine.rows_in_use == 0 and engine.cross_slots.num_used == 0
+    assert engine.rows_in_use == 0 and engine.runner.cross_slots_held == 0
 
 
 def test_cancel_frees_rows(mt):
