@@ -212,7 +212,7 @@ BUGS = [
         "    return SamplingParams(**values)", "    return SamplingParams()",
         ("tests/http/test_llama_family_http.py::test_open_inference_protocol_completes_as_v1_does",)),
     Bug("kv-cache-holds-every-query-head", "model/decoder.py",
-        "            self.cfg.kv_heads,", "            self.cfg.n_heads,",
+        "block_size, self.cfg.kv_heads, self.cfg.d_head,", "block_size, self.cfg.n_heads, self.cfg.d_head,",
         ("tests/model/test_llama_family.py::test_grouped_query_cache_holds_kv_heads_only",
          "tests/http/test_llama_family_http.py::test_twenty_concurrent_greedy_completions_equal_transformers")),
     Bug("shard-names-unchecked", "model/importers/base.py",
