@@ -122,7 +122,8 @@ class GenerationEngine(Scheduler):
     def _make_room(self, reqs: list[GenerationRequest]) -> list[GenerationRequest]:
         """A block for every running request's next position, oldest first; when none is free, the newest
         request holding blocks is preempted (it may be the one asking). Returns those that keep running."""
-        order = [r for r in self.running if r in set(reqs)]  # admission order
+        asking = set(reqs)
+        order = [r for r in self.running if r in asking]  # admission order
         for req in order:
             while req.table is not None and not self.runner.grow(req):
                 victim = next(r for r in reversed(order) if r.table is not None)
