@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     text = document(args.chars)
     sentences = split_sentences(text).segments
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-documents-"))
-    server = ServerProcess(["--model", f"mt={args.model}", "--max-queue", str(len(sentences) + 8)],
+    # Every mode sends the same sentences: without the translation memory each one runs the model.
+    server = ServerProcess(["--model", f"mt={args.model}", "--max-queue", str(len(sentences) + 8),
+                            "--translation-memory-max-entries", "0"],
                            work / "server.log", env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
     try:
         rows = asyncio.run(run_modes(server.url, text, sentences, args.max_tokens))

@@ -209,7 +209,8 @@ def tserve_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path)
         cap = ["--max-model-len", "128"] if args.model == "nllb" else []
         server = ServerProcess(["--model", f"mt={d}", "--max-running-requests", str(rows_needed), "--max-prompts",
                                 str(max(args.batch, 32)), "--quantize", "none" if precision == "float32" else "int8",
-                                *cap],
+                                # the warm-up and every mode send the same sentences: each must run the model
+                                "--translation-memory-max-entries", "0", *cap],
                                work / f"server-{precision}.log",
                                env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
@@ -361,7 +362,7 @@ def _place(children: list[Span | Atom], lo: int, hi: int, source_words: list[tup
     return placed
 
 
-def _escape(text: str, entities: dict[str, str]) -> str:
+def _html_escape(text: str, entities: dict[str, str]) -> str:
     out = html.escape(text, quote=False)
     for char, raw in entities.items():
         if char not in "&<>":
@@ -403,10 +404,15 @@ def tag_placements(block: Block, source_words: list[tuple[int, int]], aligned: l
 
 
 def render_block(block: Block, target: str, target_words: list[tuple[int, int]],
-                 source_words: list[tuple[int, int]], aligned: list[int]) -> str:
+                 source_words: list[tuple[int, int]], aligned: list[int],
+                 escape: Callable[[str], str] | None = None) -> str:
     """`target` (the block's translation) as HTML with the block's spans and atoms placed: `target_words` and
     `source_words` are the (start, end) of each word in `target` and `block.text`, and `aligned[i]` the source
-    word that target word i was read from (-1: none)."""
+    word that target word i was read from (-1: none). `escape` writes text (default: HTML, with the
+    block's entities); a format whose tags are not HTML (a file's runs, Markdown) passes its own."""
+    def _escape(text: str, entities: dict[str, str]) -> str:
+        return _html_escape(text, entities) if escape is None else escape(text)
+
     placed = _place(block.children, 0, len(target_words), source_words, aligned)
 
     def start_of(first: int) -> int:  # where a span starting at target word `first` opens

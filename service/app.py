@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import tracing
 from service.errors import APIError, error_response, install_error_handlers
+from service.file_jobs import FileJobs
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.routes import (
@@ -21,10 +22,12 @@ from service.routes import (
     classifications,
     completions,
     embeddings,
+    files,
     health,
     libretranslate,
     logit_lens,
     oip,
+    page,
     repository,
     translations,
     viewer,
@@ -43,17 +46,18 @@ class BodyTooLarge(APIError):
 class BodyLimitMiddleware:
     """Refuse bodies over the limit, by Content-Length up front or by counting a chunked body."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, larger: dict[str, int] | None = None) -> None:
+        self.app, self.default_limit, self.larger = app, limit, larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get(scope.get("path", ""), self.default_limit)
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
+        if length is not None and (not length.isdigit() or int(length) > limit):
             status = 413 if length.isdigit() else 400
-            msg = f"request body exceeds {self.limit} bytes" if status == 413 else "bad Content-Length"
+            msg = f"request body exceeds {limit} bytes" if status == 413 else "bad Content-Length"
             await error_response(status, msg, "invalid_request_error", "body_too_large")(scope, receive, send)
             return
         seen = 0
@@ -63,8 +67,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if seen > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, counting_receive, send)
@@ -123,6 +127,7 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
             registry.start_loading()
         yield
         registry.ready = False  # /readyz answers 503 while in-flight work drains
+        await file_jobs.close()
         registry.wait_loaded(timeout=60)
         registry.stop()
         tracing.shutdown()  # after the drain: the last requests' spans go out too
@@ -130,20 +135,24 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     app = FastAPI(title="tserve", version="0.1.0", lifespan=lifespan,
                   description="Transformer inference: text generation, translation, image classification.")
     app.state.settings, app.state.metrics, app.state.registry = settings, metrics, registry
+    app.state.file_jobs = file_jobs = FileJobs(settings.file_dir, settings.file_retention_s, metrics)
     install_error_handlers(app)
 
     # Added last = outermost: refused requests (no key, oversized body) are counted and logged too.
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    file_body = settings.max_file_bytes + 64 * 1024  # the file and its form fields
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes,
+                       larger={path: max(file_body, settings.max_body_bytes) for path in files.FILE_PATHS})
     app.state.key_gate = gate = KeyGate(settings.api_keys, settings.max_requests_per_key)
     app.add_middleware(APIKeyMiddleware, gate=gate, public_paths=settings.public_paths,
                        self_checked_paths=libretranslate.KEY_CHECKED_PATHS,
-                       self_checked_prefixes=(repository.PREFIX + "/",))  # the admin keys, checked there
+                       # the admin keys and a download's owner key are checked there
+                       self_checked_prefixes=(repository.PREFIX + "/", libretranslate.DOWNLOAD_PREFIX))
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"])
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     for router in (health.router, completions.router, translations.router, classifications.router,
                    embeddings.router, attention.router, logit_lens.router, oip.router, viewer.router,
-                   libretranslate.router, repository.router):
+                   libretranslate.router, repository.router, page.router, files.router):
         app.include_router(router)
     return app

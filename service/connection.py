@@ -15,10 +15,13 @@ T = TypeVar("T")
 DISCONNECT_POLL_S = 0.25
 
 
-async def while_connected(request: Request, work: Awaitable[T]) -> T:
+async def while_connected(request: Request | None, work: Awaitable[T]) -> T:
     """The result of `work`, unless the client goes away first: then `work` is cancelled (which cancels the
     engine requests and batch items it waits on, freeing their rows at the next step) and the answer is
-    499. Every non-streaming route that waits on a worker runs its wait through here."""
+    499. Every non-streaming route that waits on a worker runs its wait through here. Without a request (a
+    file job, which outlives the upload that started it) the work is awaited until it ends or is cancelled."""
+    if request is None:
+        return await work
     task = asyncio.ensure_future(work)
     # Cancelled below when the client leaves; its outcome is then of no interest, but must be retrieved.
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -39,7 +42,7 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T:
     raise client_closed()
 
 
-async def run_job(request: Request, worker: Scheduler, what: str, invalid_code: str, fn: Callable[..., T],
+async def run_job(request: Request | None, worker: Scheduler, what: str, invalid_code: str, fn: Callable[..., T],
                   *args: Any) -> T:
     """`fn(*args)` as a call job of the model's worker: in its queue (limits, deadline), in its thread (the
     device is never shared with a step), cancelled when the client leaves. Errors map like the engine's."""

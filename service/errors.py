@@ -79,12 +79,13 @@ def error_body(message: str, type_: str, code: str | None) -> dict:
 
 
 OIP_PREFIX = "/v2/"
-LIBRETRANSLATE_PATHS = frozenset({"/translate", "/languages", "/detect", "/frontend/settings"})
+LIBRETRANSLATE_PATHS = frozenset({"/translate", "/languages", "/detect", "/frontend/settings", "/translate_file"})
+LIBRETRANSLATE_DOWNLOAD_PREFIX = "/download_file/"
 
 
 def flat_errors(path: str) -> bool:
     """Whether errors on `path` are `{"error": message}` (the Open Inference Protocol, LibreTranslate's API)."""
-    return path.startswith(OIP_PREFIX) or path in LIBRETRANSLATE_PATHS
+    return path.startswith((OIP_PREFIX, LIBRETRANSLATE_DOWNLOAD_PREFIX)) or path in LIBRETRANSLATE_PATHS
 
 
 def error_response(status: int, message: str, type_: str, code: str | None = None,

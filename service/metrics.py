@@ -45,6 +45,14 @@ class Metrics:
                                       ["model"], registry=r)
         self.preemptions = Counter("tserve_preemptions_total", "Running requests preempted because the KV cache "
                                    "was full (recomputed when admitted again)", ["model"], registry=r)
+        self.memory_hits = Counter("tserve_translation_memory_hits_total", "Sentences answered from the translation "
+                                   "memory without entering the engine", ["model"], registry=r)
+        self.memory_misses = Counter("tserve_translation_memory_misses_total", "Sentences looked up in the "
+                                     "translation memory and translated by the engine", ["model"], registry=r)
+        self.memory_entries = Gauge("tserve_translation_memory_entries", "Sentence translations the translation "
+                                    "memory holds", registry=r)
+        self.file_jobs = Counter("tserve_translation_file_jobs_total", "File translations by how they ended",
+                                 ["status"], registry=r)
         self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)
         self.images = Counter("tserve_images_classified_total", "Images classified", ["model"], registry=r)
         self.embeddings = Counter("tserve_embeddings_total", "Inputs embedded (/v1/embeddings)", ["model"], registry=r)

@@ -41,6 +41,7 @@ class DocumentJob:
     # HTML input: the page's markup, and each of its blocks' sentences (`document` then lists them all in order)
     markup: Markup | None = None
     blocks: list[Document] | None = None
+    languages: Languages | None = None  # a multilingual model's (source, target) codes
 
 
 class Translator:
@@ -104,10 +105,16 @@ class Translator:
         markup = parse_html(page)
         if not markup.blocks:
             raise InvalidInput("the page holds no text to translate", "empty_input")
+        return self.markup_document(markup, num_beams, max_tokens, glossary, languages)
+
+    def markup_document(self, markup: Markup, num_beams: int | None, max_tokens: int | None,
+                        glossary: dict[str, str] | None = None, languages: Languages | None = None) -> DocumentJob:
+        """Blocks of text with markup (an HTML page's, a file's paragraphs): each block's text cut into
+        sentences like a text's, one job per sentence, all blocks in order."""
         docs = [self.document(b.text, num_beams, max_tokens, glossary, languages) for b in markup.blocks]
         segments = [seg for d in docs for seg in d.document.segments]
         return DocumentJob(Document(segments, [""] * (len(segments) + 1)), [j for d in docs for j in d.jobs],
-                           markup, [d.document for d in docs])
+                           markup, [d.document for d in docs], languages)
 
     def _jobs(self, doc: Document, ids: dict[str, list[int]], num_beams: int | None, max_tokens: int | None,
               glossary: dict[str, str] | None, languages: Languages | None) -> DocumentJob:
@@ -119,7 +126,7 @@ class Translator:
             if terms:
                 self._constrain(job, list(dict.fromkeys(terms)))
             jobs.append(job)
-        return DocumentJob(doc, jobs)
+        return DocumentJob(doc, jobs, languages=languages)
 
     def _constrain(self, job: TranslationJob, terms: list[str]) -> None:
         eos = self.cfg.eos_token_id  # the terms' pieces alone: no eos, no language code

@@ -115,6 +115,8 @@ class TranslationRequest(_Prioritised):
                                     "BCP-47 or the model's own code (required by a multilingual model)")
     target_lang: str | None = Field(None, description="the language to translate into (required by "
                                     "a multilingual model)")
+    cache: bool = Field(True, description="false: translate every sentence again rather than answer those the "
+                        "translation memory holds from it")
     stream: bool = False
     return_attention: AttentionSelection | None = None
 

@@ -67,6 +67,17 @@ class Settings(BaseSettings):
     # Input limits.
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest encoded image")
+    max_file_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="largest file to translate (413 above)")
+    max_unzipped_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="a zip container's (.docx, .pptx, "
+                                    ".odt, .odp, .epub) entries together, unpacked (400 above)")
+    file_dir: str | None = Field(None, description="directory of translated files (default: tserve-files in "
+                                 "the system's temporary directory)")
+    file_retention_s: float = Field(3600.0, gt=0, description="seconds a translated file is kept after its job "
+                                    "ends (then it and its job are deleted)")
+    translation_memory: str | None = Field(None, description="SQLite file of the translation memory (survives "
+                                           "restarts; several processes may share it); default: in memory")
+    translation_memory_max_entries: int = Field(100_000, ge=0, description="sentence translations the memory "
+                                                "keeps, least recently used dropped first (0: no memory)")
     max_image_pixels: int = Field(40_000_000, ge=1, description="largest image width x height")
     max_attention_floats: int = Field(2_000_000, ge=1, description="most attention weights one request may return")
     max_input_chars: int = Field(100_000, ge=1, description="longest prompt / translation input")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from model.html_markup import Markup
 from model.language_codes import model_code
 from service.runners import DocumentJob, InvalidInput, Languages
 
@@ -33,6 +34,8 @@ class TranslationAsk:
     html: bool = False
     source_lang: str | None = None
     target_lang: str | None = None
+    markups: list[Markup] | None = None  # files: their blocks (`texts` unused; sized by --max-file-bytes)
+    cache: bool = True  # answer sentences the translation memory holds from it
 
 
 def _integer(name: str, value: object, low: int, high: int | None) -> None:
@@ -51,7 +54,7 @@ def check_count(count: int, settings: Settings) -> None:
 
 def check_options(ask: TranslationAsk, settings: Settings, max_target_len: int, default_beams: int) -> None:
     """The request's numbers against the server's limits and the model's."""
-    check_count(len(ask.texts), settings)
+    check_count(len(ask.texts) if ask.markups is None else len(ask.markups), settings)
     if ask.num_beams is not None:
         _integer("num_beams", ask.num_beams, 1, MAX_BEAMS)
     _integer("n", ask.n, 1, MAX_BEAMS)
@@ -142,6 +145,9 @@ def documents(served: ServedTranslator, ask: TranslationAsk) -> list[DocumentJob
     translator = served.engine.translator
     check_options(ask, served.settings, translator.max_target_len, served.loaded.generation.num_beams)
     languages = resolve_languages(served, ask.source_lang, ask.target_lang)
+    if ask.markups is not None:
+        return [translator.markup_document(m, ask.num_beams, ask.max_tokens, ask.glossary, languages)
+                for m in ask.markups]
     make = translator.html_document if ask.html else translator.document
     docs = []
     for i, text in enumerate(ask.texts):

@@ -128,7 +128,7 @@ def hop_ask(ask: TranslationAsk, hop: Hop, texts: list[str], last: bool) -> Tran
     served, (source, target) = hop
     if last:
         return replace(ask, texts=texts, source_lang=source, target_lang=target)
-    return TranslationAsk(texts, None, ask.max_tokens, 1, None, ask.html, source, target)
+    return TranslationAsk(texts, None, ask.max_tokens, 1, None, ask.html, source, target, cache=ask.cache)
 
 
 @dataclass
@@ -148,7 +148,7 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
             last = k == len(hops) - 1
             docs = hop[0].checked_documents(hop_ask(ask, hop, texts, last))
             prompt = prompt or sum(len(j.source_ids) for d in docs for j in d.jobs)
-            outs = await hop[0].translate(request, docs, ask.n if last else 1)
+            outs = await hop[0].translate(request, docs, ask.n if last else 1, cache=ask.cache)
             completion += sum(len(o.token_ids) for o in outs)
             texts = [o.text for o in outs]
         return RouteResult(outs, prompt, completion)

@@ -19,9 +19,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
-from service.errors import LIBRETRANSLATE_PATHS, APIError, bad_request, overloaded
+from service.connection import while_connected
+from service.errors import (
+    LIBRETRANSLATE_DOWNLOAD_PREFIX,
+    LIBRETRANSLATE_PATHS,
+    APIError,
+    bad_request,
+    overloaded,
+)
+from service.files import SUPPORTED
 from service.languages import language_name
 from service.routes.deps import log_inputs, ready_registry, settings
+from service.routes.files import file_response, jobs_of, read_upload, start_job
 from service.runners import InvalidInput
 from service.security import bearer_token
 from service.tasks.translation import TranslationOutput
@@ -37,10 +46,11 @@ from service.translation_routing import (
 
 router = APIRouter(tags=["libretranslate"])
 KEY_CHECKED_PATHS = LIBRETRANSLATE_PATHS  # the middleware lets these through: the key is in the body
+DOWNLOAD_PREFIX = LIBRETRANSLATE_DOWNLOAD_PREFIX  # ... and these: the key that made the file, as api_key
 MAX_ALTERNATIVES = 15  # n = alternatives + 1 <= 16, as on /v1/translations
 
 
-async def _fields(request: Request) -> dict[str, Any]:
+async def _fields(request: Request, files_allowed: bool = False) -> dict[str, Any]:
     """The request's fields: a JSON object, or a form (urlencoded or multipart; a repeated field is a list),
     over the query string's."""
     fields: dict[str, Any] = dict(request.query_params)
@@ -55,7 +65,7 @@ async def _fields(request: Request) -> dict[str, Any]:
     form = await request.form()
     for name in form:
         values = form.getlist(name)
-        if any(isinstance(v, UploadFile) for v in values):
+        if any(isinstance(v, UploadFile) for v in values) and not (name == "file" and files_allowed):
             raise bad_request(f"{name}: files are not taken here", "invalid_request")
         fields[name] = values if len(values) > 1 else values[0]
     return fields
@@ -215,6 +225,45 @@ async def frontend_settings(request: Request) -> dict[str, Any]:
     source, target = pairs[0] if pairs else ("auto", "en")
     keys = request.app.state.key_gate.enabled
     return {"charLimit": settings(request).max_input_chars, "frontendTimeout": 500, "apiKeys": keys,
-            "keyRequired": keys, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+            "keyRequired": keys, "suggestions": False, "filesTranslation": True,
+            "supportedFilesFormat": list(SUPPORTED),
             "language": {"source": {"code": source, "name": language_name(source) if pairs else "Auto Detect"},
                          "target": {"code": target, "name": language_name(target)}}}
+
+
+@router.post("/translate_file", responses={400: {"description": "invalid request, unsupported or hostile file"},
+                                           403: {"description": "missing or wrong api_key"},
+                                           413: {"description": "file over --max-file-bytes"}})
+async def translate_file(request: Request) -> dict[str, Any]:
+    """Multipart `file`, `source` (code or "auto"), `target`, `api_key`: the file translated (the same job as
+    `/v1/translations/files`, waited for while the client stays), answered as `translatedFileUrl`."""
+    fields = await _fields(request, files_allowed=True)
+    async with _key_held(request, fields):
+        filename, data = await read_upload(request, fields.get("file"))
+        source, target = _code(fields, "source"), _code(fields, "target")
+        auto = source == "auto"
+        ask = TranslationAsk([], None, None, 1, None, False, None if auto else source, target)
+        job = await start_job(request, filename, data, ask, None, detect=auto)
+        try:
+            await while_connected(request, asyncio.shield(job.task))
+        finally:
+            if job.status not in ("succeeded", "failed", "cancelled"):
+                await jobs_of(request).cancel(job)
+    if job.status != "succeeded":
+        raise APIError(500 if (job.error or {}).get("type") == "server_error" else 400,
+                       (job.error or {}).get("message", f"the translation {job.status}"), "invalid_request_error")
+    return {"translatedFileUrl": f"{str(request.base_url).rstrip('/')}{DOWNLOAD_PREFIX}{job.id}.{job.filename}"}
+
+
+@router.get(DOWNLOAD_PREFIX + "{name:path}", responses={404: {"description": "no such file (or not this key's)"}})
+async def download_file(name: str, request: Request) -> Any:
+    """A file `/translate_file` made; with keys on, only with the key that made it (`api_key` or Bearer)."""
+    gate = request.app.state.key_gate
+    owner = None
+    if gate.enabled:
+        key = gate.match(request.query_params.get("api_key") or bearer_token(request.scope))
+        owner = None if key is None else ("key", key)
+    job = jobs_of(request).get(name.split(".", 1)[0], owner)
+    if job is None or (gate.enabled and owner is None):
+        raise APIError(404, "no such file", "invalid_request_error", "job_not_found")
+    return file_response(job)

@@ -59,7 +59,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     inputs = [body.input] if isinstance(body.input, str) else body.input
     log_inputs(request, inputs)
     ask = TranslationAsk(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html",
-                         body.source_lang, body.target_lang)
+                         body.source_lang, body.target_lang, cache=body.cache)
     routed = None
     if body.model is None and _translators(request) > 1:
         routed = await pick_route(ready_registry(request), inputs, body.source_lang, body.target_lang)
@@ -86,7 +86,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         attention = attention_selection(served, body.return_attention, body.stream, len(jobs), steps,
                                         steps + longest, cfg.max_attention_floats)
     if not body.stream:
-        outputs = await served.translate(request, docs, body.n, body.return_alignment)
+        outputs = await served.translate(request, docs, body.n, body.return_alignment, body.cache)
         data = [_item(i, out, body.n) for i, out in enumerate(outputs)]
         if body.return_alignment:
             for item, out in zip(data, outputs, strict=True):

@@ -27,6 +27,7 @@ from service.runners import DocumentJob, InvalidInput, Languages
 from service.schemas import AttentionRequest
 from service.tasks.base import AttentionResult, ServedModel, bytes_elements
 from service.translation_input import TranslationAsk, documents, resolve_languages, resolve_source
+from service.translation_memory import StoredHypothesis, memory_key, shared_memory, weights_hash
 
 
 @dataclass
@@ -185,6 +186,10 @@ class ServedTranslator(ServedModel):
                                         reuse_sources=s.prefix_cache)
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
+        self.memory = shared_memory(s.translation_memory, s.translation_memory_max_entries)
+        if self.memory is not None:  # the translations depend on the weights and how they are held
+            files = sorted(p for p in self.loaded.path.iterdir() if p.suffix in (".safetensors", ".json"))
+            self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"
         return self.engine
 
     def warm_up(self) -> None:
@@ -218,23 +223,72 @@ class ServedTranslator(ServedModel):
             start += len(d.jobs)
         return out
 
-    async def translate(self, request: Request, docs: list[DocumentJob], n: int = 1,
-                        alignment: bool = False) -> list[TranslationOutput]:
-        """Each document's translation, as `/v1/translations` answers it (with `alignment`, its best
-        translation's `alignment_report`); a client that leaves cancels it."""
-        engine, parts = self.engine, self.submit(docs)
-        reqs = [r for p in parts for r in p]
+    async def segment_results(self, request: Request | None, docs: list[DocumentJob], cache: bool = True,
+                              on_done: Callable[[], None] | None = None) -> list[list[SegmentResult]]:
+        """Each document's sentences translated: those the translation memory holds answered from it (unless
+        `cache` is off), the rest by the engine as one client request, stored once finished; `on_done()` is
+        called as each sentence is ready. A client that leaves (or a cancelled file job) cancels them."""
+        jobs = [(d, i) for d in docs for i in range(len(d.jobs))]
+        memory = self.memory if cache else None
+        keys = [self.memory_key(d, i) for d, i in jobs] if memory is not None else []
+        found = await asyncio.to_thread(memory.get_many, keys) if memory is not None else {}
+        if memory is not None:
+            self.metrics.memory_hits.labels(self.name).inc(len(found))
+            self.metrics.memory_misses.labels(self.name).inc(len(keys) - len(found))
+        todo = [k for k in range(len(jobs)) if not keys or keys[k] not in found]
         try:
-            results = await while_connected(request, asyncio.gather(*(collect_translation(engine, r) for r in reqs)))
+            reqs = self.engine.submit_all([jobs[k][0].jobs[jobs[k][1]] for k in todo], one_request=True) if todo else []
+        except (QueueFull, ValueError) as exc:
+            raise engine_failure(exc, "translation") from exc
+
+        async def collect(req: TranslationRequest) -> SegmentResult:
+            result = await collect_translation(self.engine, req)
+            if on_done is not None:
+                on_done()
+            return result
+
+        try:
+            done = await while_connected(request, asyncio.gather(*(collect(r) for r in reqs)))
         except Exception as exc:
             raise engine_failure(exc, "translation") from exc
         finally:
             for r in reqs:
                 r.cancel()
+        results: list[SegmentResult | None] = [None] * len(jobs)
+        for k, key in enumerate(keys):
+            if key in found:
+                hyps = [Hypothesis(h.text, list(h.token_ids), h.score) for h in found[key]]
+                results[k] = SegmentResult(hyps[0].text, hyps[0].token_ids, hyps, "stop")
+                if on_done is not None:
+                    on_done()
+        for k, result in zip(todo, done, strict=True):
+            results[k] = result
+        if memory is not None:  # in a thread: a write may wait on another process holding the file
+            finished = {keys[k]: [StoredHypothesis(h.text, h.token_ids, h.score) for h in r.hypotheses]
+                        for k, r in zip(todo, done, strict=True) if r.finish_reason == "stop"}
+            await asyncio.to_thread(memory.put_many, finished)
+            self.metrics.memory_entries.set(len(memory))
         per_doc, start = [], 0
-        for p in parts:
-            per_doc.append(results[start: start + len(p)])
-            start += len(p)
+        for d in docs:
+            per_doc.append(results[start: start + len(d.jobs)])
+            start += len(d.jobs)
+        return per_doc
+
+    def memory_key(self, doc: DocumentJob, i: int) -> str:
+        """What a sentence's translation depends on: the model and its weights, the languages, the decoding
+        options and the (normalised) sentence."""
+        job = doc.jobs[i]
+        options = {"num_beams": job.num_beams, "max_new_tokens": job.max_new_tokens, "constraints": job.constraints,
+                   "forced_first_token": job.forced_first_token}
+        languages = doc.languages or self.loaded.languages or (None, None)
+        return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,
+                          doc.document.segments[i])
+
+    async def translate(self, request: Request, docs: list[DocumentJob], n: int = 1,
+                        alignment: bool = False, cache: bool = True) -> list[TranslationOutput]:
+        """Each document's translation, as `/v1/translations` answers it (with `alignment`, its best
+        translation's `alignment_report`); a client that leaves cancels it."""
+        per_doc = await self.segment_results(request, docs, cache)
         aligned = await self.word_alignments(request, docs, per_doc, n, alignment)
 
         def renderer(i: int) -> Callable[[list[Hypothesis]], str] | None:
@@ -251,7 +305,17 @@ class ServedTranslator(ServedModel):
             outputs.append(out)
         return outputs
 
-    async def word_alignments(self, request: Request, docs: list[DocumentJob], results: list[list[SegmentResult]],
+    async def translate_blocks(self, doc: DocumentJob, escape: Callable[[str], str] | None, cache: bool = True,
+                               on_done: Callable[[], None] | None = None) -> list[str]:
+        """A file's blocks (one document job, no client waiting on it) rendered in the target language, each
+        block's markup placed by its sentences' word alignments."""
+        (results,) = await self.segment_results(None, [doc], cache, on_done)
+        aligned = await self.word_alignments(None, [doc], [results], 1, False)
+        picks = alternative_picks(results, 1)[0]
+        return [render_block(b.block, b.target, b.target_words, b.source_words, b.aligned, escape)
+                for b in block_alignments(doc, picks, aligned[(0, _key(picks))])]
+
+    async def word_alignments(self, request: Request | None, docs: list[DocumentJob], results: list[list[SegmentResult]],
                               n: int, report: bool) -> dict[tuple[int, tuple], list[list[int] | None]]:
         """(document, alternative's key) -> its sentences' word alignments (None where not needed): every
         alternative of every HTML page (to place its markup) and, with `report`, every document's best; all

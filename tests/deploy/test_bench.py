@@ -131,6 +131,14 @@ def test_documents_benchmark_runs_every_mode(capsys):
 
 
 @pytest.mark.slow
+def test_files_benchmark_times_a_file_cold_and_with_the_memory_warm(capsys):
+    rows = bench_script("files").main(["--tiny"])
+    assert [name for name, _ in rows] == ["first upload", "second upload (translation memory warm)"]
+    assert all(seconds > 0 for _, seconds in rows)
+    assert "| run | seconds | sentences/s |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_embeddings_benchmark_scores_every_model(tmp_path, capsys):
     figure = tmp_path / "clusters.png"
     rows = bench_script("embeddings").main(["--tiny", "--per-domain", "12", "--figure", str(figure)])

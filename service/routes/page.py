@@ -1,0 +1,36 @@
+"""`GET /`: the translation page (inline CSS and JS, nothing fetched from elsewhere). It calls `/languages`,
+`/frontend/settings`, `/detect`, `/v1/translations` and the file jobs under `/v1/translations/files` and
+`/v1/translations/jobs/`. The scripts live in their own files and are inlined here, so the page needs no second
+request and the CSP can stay closed."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+router = APIRouter(tags=["page"])
+
+
+SCRIPTS = ("translate.js", "files.js")
+
+
+@cache
+def _page() -> str:
+    static = resources.files("service").joinpath("static")
+    page = static.joinpath("translate.html").read_text(encoding="utf-8")
+    for name in SCRIPTS:
+        page = page.replace(f"/* {name} */", static.joinpath(name).read_text(encoding="utf-8"), 1)
+    return page
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=True,
+            responses={200: {"content": {"text/html": {}}, "description": "the translation page"}})
+async def translation_page() -> HTMLResponse:
+    # The page's scripts are inline; forbid loading anything from other origins.
+    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return HTMLResponse(_page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
+                                          "X-Content-Type-Options": "nosniff"})
