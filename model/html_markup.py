@@ -195,17 +195,18 @@ class _BlockBuilder:
         text = self.text
         strip_left = len(text) - len(text.lstrip(" "))
         text = text.strip(" ")
-        _shift(self.root.children, -strip_left, len(text))
+        shift(self.root.children, -strip_left, len(text))
         return Block(lead, text, self.root.children, trail, self.entities)
 
 
-def _shift(children: list[Span | Atom], by: int, limit: int) -> None:
+def shift(children: list[Span | Atom], by: int, limit: int) -> None:
+    """Moves spans and atoms by `by` characters, kept within [0, limit] (after text is stripped)."""
     for c in children:
         if isinstance(c, Atom):
             c.at = min(max(c.at + by, 0), limit)
         else:
             c.start, c.end = min(max(c.start + by, 0), limit), min(max(c.end + by, 0), limit)
-            _shift(c.children, by, limit)
+            shift(c.children, by, limit)
 
 
 def parse_html(page: str) -> Markup:

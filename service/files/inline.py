@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.html_markup import Atom, Block, Span
+from model.html_markup import Atom, Block, Span, shift
 
 OPEN, END, CLOSE, ATOM = "\ue000", "\ue001", "\ue002", "\ue003"  # Unicode private use: never in the model's text
 _MARKERS = re.compile(f"{OPEN}(\\d+){END}|{ATOM}(\\d+){END}|{CLOSE}")
@@ -46,15 +46,6 @@ class Paragraph:
     block: Block
     groups: list[Group]
     pieces: list[Piece]
-
-
-def _shift(children: list[Span | Atom], by: int, limit: int) -> None:
-    for c in children:
-        if isinstance(c, Atom):
-            c.at = min(max(c.at + by, 0), limit)
-        else:
-            c.start, c.end = min(max(c.start + by, 0), limit), min(max(c.end + by, 0), limit)
-            _shift(c.children, by, limit)
 
 
 def to_block(nodes: list[Node]) -> Paragraph | None:
@@ -99,7 +90,7 @@ def to_block(nodes: list[Node]) -> Paragraph | None:
         return None
     lead = len(text) - len(text.lstrip(" "))
     text = text.strip(" ")
-    _shift(children, -lead, len(text))
+    shift(children, -lead, len(text))
     return Paragraph(Block("", text, children, "", {}), groups, pieces)
 
 

@@ -18,7 +18,7 @@ from markdown_it import MarkdownIt
 from model.html_markup import VOID_TAGS, Markup
 from service.files.containers import FileRefused
 from service.files.inline import Group, Node, Paragraph, Piece, from_rendered, no_escape, to_block
-from service.files.text_files import _encoded, decode_text
+from service.files.text_files import decode_text, encoded
 from service.files.xml_parts import FileDocument
 
 _SYNTAX = re.compile(r"([\\`*_\[\]<])")
@@ -149,6 +149,6 @@ def read_markdown(data: bytes) -> FileDocument:
 
     def write(rendered: list[str]) -> bytes:
         blocks = iter(_write(from_rendered(r, p)) for r, (_, _, p) in zip(rendered, regions, strict=True))
-        return _encoded("".join(p if isinstance(p, str) else next(blocks) for p in markup.parts), data)
+        return encoded("".join(p if isinstance(p, str) else next(blocks) for p in markup.parts), data)
 
     return FileDocument(markup, no_escape, write, "text/markdown; charset=utf-8")

@@ -31,7 +31,7 @@ def decode_text(data: bytes, what: str) -> str:
         raise FileRefused(f"the file is not UTF-8 text ({exc})", "file_mismatch") from exc
 
 
-def _encoded(text: str, data: bytes) -> bytes:
+def encoded(text: str, data: bytes) -> bytes:
     return (b"\xef\xbb\xbf" if data.startswith(b"\xef\xbb\xbf") else b"") + text.encode("utf-8")
 
 
@@ -40,7 +40,7 @@ def read_txt(data: bytes) -> FileDocument:
     if not text.strip():
         raise FileRefused("the file holds no text to translate", "empty_input")
     return FileDocument(Markup([Block("", text, [], "", {})]), no_escape,
-                        lambda rendered: _encoded("".join(rendered), data), "text/plain; charset=utf-8")
+                        lambda rendered: encoded("".join(rendered), data), "text/plain; charset=utf-8")
 
 
 def read_html(data: bytes) -> FileDocument:
@@ -48,7 +48,7 @@ def read_html(data: bytes) -> FileDocument:
     markup = parse_html(text)
     if not markup.blocks:
         raise FileRefused("the page holds no text to translate", "empty_input")
-    return FileDocument(markup, None, lambda rendered: _encoded(markup.join(rendered), data),
+    return FileDocument(markup, None, lambda rendered: encoded(markup.join(rendered), data),
                         "text/html; charset=utf-8")
 
 
@@ -108,7 +108,7 @@ def read_subtitles(data: bytes, vtt: bool) -> FileDocument:
 
     def write(rendered: list[str]) -> bytes:
         wrapped = [rewrap(r, n, "\n") for r, n in zip(rendered, wraps, strict=True)]
-        return _encoded(markup.join(wrapped).replace("\n", newline), data)
+        return encoded(markup.join(wrapped).replace("\n", newline), data)
 
     escape = (lambda s: html.escape(s, quote=False)) if vtt else no_escape
     return FileDocument(markup, escape, write, "text/vtt; charset=utf-8" if vtt else "application/x-subrip")

@@ -18,19 +18,24 @@ SCRIPTS = ("translate.js", "files.js")
 
 
 @cache
-def _page() -> str:
+def inlined_page(html: str, scripts: tuple[str, ...]) -> str:
+    """A page of service/static/ with each script's `/* name */` placeholder replaced by the script."""
     static = resources.files("service").joinpath("static")
-    page = static.joinpath("translate.html").read_text(encoding="utf-8")
-    for name in SCRIPTS:
+    page = static.joinpath(html).read_text(encoding="utf-8")
+    for name in scripts:
         page = page.replace(f"/* {name} */", static.joinpath(name).read_text(encoding="utf-8"), 1)
     return page
+
+
+def page_response(page: str) -> HTMLResponse:
+    # The page's scripts are inline; forbid loading anything from other origins.
+    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return HTMLResponse(page, headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
+                                       "X-Content-Type-Options": "nosniff"})
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=True,
             responses={200: {"content": {"text/html": {}}, "description": "the translation page"}})
 async def translation_page() -> HTMLResponse:
-    # The page's scripts are inline; forbid loading anything from other origins.
-    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
-           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-    return HTMLResponse(_page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
-                                          "X-Content-Type-Options": "nosniff"})
+    return page_response(inlined_page("translate.html", SCRIPTS))

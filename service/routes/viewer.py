@@ -7,11 +7,10 @@ needs no second request and the CSP can stay closed."""
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import resources
-
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
+
+from service.routes.page import inlined_page, page_response
 
 router = APIRouter(tags=["viewer"])
 
@@ -19,20 +18,7 @@ router = APIRouter(tags=["viewer"])
 SCRIPTS = ("viewer.js", "lens.js", "document.js")
 
 
-@cache
-def _page() -> str:
-    static = resources.files("service").joinpath("static")
-    page = static.joinpath("viewer.html").read_text(encoding="utf-8")
-    for name in SCRIPTS:
-        page = page.replace(f"/* {name} */", static.joinpath(name).read_text(encoding="utf-8"), 1)
-    return page
-
-
 @router.get("/viewer", response_class=HTMLResponse, include_in_schema=True,
             responses={200: {"content": {"text/html": {}}, "description": "the attention viewer page"}})
 async def viewer() -> HTMLResponse:
-    # The page's script is inline; forbid loading anything from other origins.
-    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
-           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-    return HTMLResponse(_page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
-                                          "X-Content-Type-Options": "nosniff"})
+    return page_response(inlined_page("viewer.html", SCRIPTS))

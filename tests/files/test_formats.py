@@ -7,6 +7,7 @@ them. The model's own alignment does the same over HTTP in tests/http/test_files
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 
 import pytest
@@ -190,3 +191,24 @@ def test_content_that_is_not_what_the_name_says_is_refused_naming_the_types(name
 
 def test_an_unsupported_type_is_refused_naming_the_types():
     assert ".odp" in refused("scan.pdf", b"%PDF-1.7", "unsupported_file")
+
+
+W_NS = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+
+
+def test_footnotes_and_text_boxes_are_translated_and_the_box_stays_in_its_paragraph():
+    footnotes = (f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:footnotes {W_NS}>'
+                 '<w:footnote w:id="1"><w:p><w:r><w:t>good morning</w:t></w:r></w:p></w:footnote></w:footnotes>')
+    body = (f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document {W_NS}><w:body>'
+            '<w:p><w:r><w:t xml:space="preserve">hello </w:t></w:r>'
+            '<w:r><w:drawing><w:txbxContent><w:p><w:r><w:t>the fox</w:t></w:r></w:p></w:txbxContent></w:drawing></w:r>'
+            '<w:r><w:t xml:space="preserve"> world</w:t></w:r>'
+            '<w:r><w:footnoteReference w:id="1"/></w:r></w:p></w:body></w:document>')
+    data = _docx_with({"word/document.xml": body.encode(), "word/footnotes.xml": footnotes.encode()})
+    with zipfile.ZipFile(io.BytesIO(upper_case("notes.docx", data))) as z:
+        document, notes = z.read("word/document.xml").decode(), z.read("word/footnotes.xml").decode()
+    assert "<w:t>GOOD MORNING</w:t>" in notes
+    assert "<w:t>THE FOX</w:t></w:r></w:p></w:txbxContent></w:drawing>" in document
+    texts = re.findall(r"<w:t[^>]*>([^<]*)</w:t>", document)
+    assert texts == ["HELLO ", "THE FOX", " WORLD"] or texts == ["HELLO", "THE FOX", " WORLD"], texts
+    assert document.index("THE FOX") < document.index("WORLD") < document.index("footnoteReference")

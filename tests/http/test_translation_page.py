@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -22,9 +21,9 @@ import httpx
 import pytest
 
 from tests.helpers import factories
+from tests.helpers.browser import chromium
 from tests.helpers.server import ROOT, ServerProcess
 
-CHROMIUM = os.environ.get("TSERVE_CHROMIUM", "/usr/bin/chromium")
 KEY = "page-key-0123456789"
 ENGLISH = "the quick brown fox jumps"
 GERMAN = "der schnelle braune Fuchs springt"
@@ -116,25 +115,10 @@ def test_page_is_public_where_the_keys_say(keyed_server):
 # --------------------------------------------------------------------------------------------------
 # Headless Chromium
 # --------------------------------------------------------------------------------------------------
-def _unavailable(reason: str):
-    if os.environ.get("TSERVE_REQUIRE_BROWSER") or os.environ.get("CI"):
-        pytest.fail(f"browser tests are required here: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("playwright is not installed (pip install -e '.[dev]')")
-    if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
-        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                               args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 class Opened:

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 import re
-import shutil
 from html.parser import HTMLParser
-from pathlib import Path
 
 import httpx
 import pytest
 from PIL import Image, ImageDraw
 
 from tests.helpers import factories
+from tests.helpers.browser import chromium
 from tests.helpers.server import ServerProcess
 
-CHROMIUM = os.environ.get("TSERVE_CHROMIUM", "/usr/bin/chromium")
 SVG_NS = "http://www.w3.org/2000/svg"
 LM_TEXT = "The quick brown fox jumps over the lazy dog"
 MT_TEXT = "Good morning, where is the station?"
@@ -103,25 +100,10 @@ def test_viewer_html_ships_with_the_package():
 # --------------------------------------------------------------------------------------------------
 # Headless Chromium
 # --------------------------------------------------------------------------------------------------
-def _unavailable(reason: str):
-    if os.environ.get("TSERVE_REQUIRE_BROWSER") or os.environ.get("CI"):
-        pytest.fail(f"browser tests are required here: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("playwright is not installed (pip install -e '.[dev]')")
-    if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
-        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                               args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
