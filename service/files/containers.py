@@ -33,6 +33,13 @@ class Limits:
     max_entries: int = 4096
 
 
+def unsafe_entry_name(name: str) -> bool:
+    """Absolute, with a drive letter, climbing out of the archive, or with backslashes (read as separators by
+    some tools)."""
+    return (name.startswith("/") or "\\" in name or ".." in name.split("/") or (len(name) > 1 and name[1] == ":")
+            or posixpath.normpath(name).startswith(".."))
+
+
 class Container:
     """A zip container's entries, in their order, read into memory; `write` builds it again with some entries
     replaced and every other one byte-identical (same name, order, date, compression)."""
@@ -53,9 +60,7 @@ class Container:
         seen: set[str] = set()
         for info in infos:
             name = info.filename
-            parts = name.split("/")
-            if (name.startswith("/") or "\\" in name or ".." in parts or (len(name) > 1 and name[1] == ":")
-                    or posixpath.normpath(name).startswith("..") or name in seen):
+            if unsafe_entry_name(name) or name in seen:
                 raise FileRefused(f"the archive holds an entry named {name!r}, which is refused", "hostile_file")
             seen.add(name)
         self.infos = infos
