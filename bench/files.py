@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import random
 import sys
 import tempfile
@@ -79,13 +80,15 @@ def build_docx(pages: int, seed: int = 0) -> tuple[bytes, int]:
 
 
 def translate(url: str, data: bytes, fields: dict) -> float:
+    """Upload, follow the job's events to its end (as the page does), download."""
     start = time.perf_counter()
     resp = httpx.post(f"{url}/v1/translations/files", files={"file": ("guide.docx", data)}, data=fields, timeout=600)
     resp.raise_for_status()
     job = resp.json()
-    while job["status"] not in ("succeeded", "failed", "cancelled"):
-        time.sleep(0.05)
-        job = httpx.get(f"{url}/v1/translations/jobs/{job['id']}", timeout=60).json()
+    with httpx.stream("GET", f"{url}/v1/translations/jobs/{job['id']}/events", timeout=600) as events:
+        for line in events.iter_lines():
+            if line.startswith("data: "):
+                job = json.loads(line[6:])
     if job["status"] != "succeeded":
         raise RuntimeError(job)
     httpx.get(url + job["download_url"], timeout=60).raise_for_status()

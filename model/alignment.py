@@ -39,26 +39,37 @@ class HeadChoice:
     accuracy: float  # share of gold target positions aligned into their source positions
 
 
-def cross_attention(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Tensor]:
+def cross_attention(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                    layers: Sequence[int] | None = None, batch: int = 32) -> list[Tensor]:
     """For each (source ids, target ids) pair (eos dropped from the target): the decoder's cross-attention
-    (layers, heads, len(target) + 1, len(source)), teacher-forced, in one padded batch; query row i reads the
-    decoder input at i (row 0: the start token)."""
+    (layers, heads, len(target) + 1, len(source)), teacher-forced; query row i reads the decoder input at i
+    (row 0: the start token). With `layers`, only those are computed (the others are zeros). Pairs run in
+    batches of `batch` of similar lengths, so that a long one pads few short ones."""
     cfg, dev = loaded.config, loaded.device
     if not pairs:
         return []
+    wanted = set(range(cfg.n_decoder_layers) if layers is None else layers)
     targets = [[t for t in tgt if t != cfg.eos_token_id][: cfg.max_target_len - 1] for _, tgt in pairs]
-    src_len = max(len(s) for s, _ in pairs)
-    tgt_len = max(len(t) for t in targets) + 1
-    src = torch.full((len(pairs), src_len), cfg.pad_token_id, dtype=torch.long)
-    dec = torch.full((len(pairs), tgt_len), cfg.pad_token_id, dtype=torch.long)
-    for i, ((s, _), t) in enumerate(zip(pairs, targets, strict=True)):
-        src[i, : len(s)] = torch.tensor(list(s))
-        dec[i, : len(t) + 1] = torch.tensor([cfg.decoder_start_token_id, *t])
-    lengths = torch.tensor([len(s) for s, _ in pairs])
-    with torch.inference_mode():
-        _, att = loaded.model.forward_with_attention(src.to(dev), lengths.to(dev), dec.to(dev))
-    stacked = torch.stack([att.cross[layer] for layer in range(cfg.n_decoder_layers)], 1).float().cpu()
-    return [stacked[i, :, :, : len(t) + 1, : len(s)] for i, ((s, _), t) in enumerate(zip(pairs, targets, strict=True))]
+    order = sorted(range(len(pairs)), key=lambda i: (len(targets[i]), len(pairs[i][0])))
+    out: list[Tensor | None] = [None] * len(pairs)
+    for start in range(0, len(order), batch):
+        chunk = order[start: start + batch]
+        src_len = max(len(pairs[i][0]) for i in chunk)
+        tgt_len = max(len(targets[i]) for i in chunk) + 1
+        src = torch.full((len(chunk), src_len), cfg.pad_token_id, dtype=torch.long)
+        dec = torch.full((len(chunk), tgt_len), cfg.pad_token_id, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            src[row, : len(pairs[i][0])] = torch.tensor(list(pairs[i][0]))
+            dec[row, : len(targets[i]) + 1] = torch.tensor([cfg.decoder_start_token_id, *targets[i]])
+        lengths = torch.tensor([len(pairs[i][0]) for i in chunk])
+        with torch.inference_mode():
+            maps = loaded.model.cross_attention(src.to(dev), lengths.to(dev), dec.to(dev), wanted)
+        some = next(iter(maps.values()))
+        stacked = torch.stack([maps[layer] if layer in maps else torch.zeros_like(some)
+                               for layer in range(cfg.n_decoder_layers)], 1).float().cpu()
+        for row, i in enumerate(chunk):
+            out[i] = stacked[row, :, :, : len(targets[i]) + 1, : len(pairs[i][0])]
+    return out
 
 
 def default_heads(loaded: LoadedModel) -> tuple[list[tuple[int, int]], int]:
@@ -200,7 +211,7 @@ def word_alignment(loaded: LoadedModel, pairs: Sequence[SentencePair]) -> list[l
     attention mass of the alignment heads between the words' tokens."""
     heads, offset = default_heads(loaded)
     eos = loaded.config.eos_token_id
-    atts = cross_attention(loaded, [(p.source_ids, p.target_ids) for p in pairs])
+    atts = cross_attention(loaded, [(p.source_ids, p.target_ids) for p in pairs], [layer for layer, _ in heads])
     out = []
     layers, hs = zip(*heads, strict=True)
     for p, att in zip(pairs, atts, strict=True):

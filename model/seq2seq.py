@@ -118,8 +118,10 @@ class Seq2Seq(nn.Module):
         memory: Tensor,
         src_lengths: Tensor,
         attention_layers: set[int] | None = None,
-    ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
-        """Teacher-forced decoder over target inputs (B, T) -> logits (B, T, V), self and cross maps."""
+        last_layer: int | None = None,
+    ) -> tuple[Tensor | None, dict[int, Tensor], dict[int, Tensor]]:
+        """Teacher-forced decoder over target inputs (B, T) -> logits (B, T, V), self and cross maps; with
+        `last_layer`, no layer after it runs and no logits are computed (None)."""
         positions = torch.arange(tgt.size(1), device=tgt.device).expand_as(tgt)
         x, rotary = self._embed(tgt, positions, "dec")
         context_mask = padding_mask(src_lengths, memory.size(1))
@@ -137,6 +139,8 @@ class Seq2Seq(nn.Module):
             )
             if want:
                 self_maps[i], cross_maps[i] = self_probs, cross_probs
+            if i == last_layer:
+                return None, self_maps, cross_maps
         return self._logits(self.dec_norm(x)), self_maps, cross_maps
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt: Tensor) -> Tensor:
@@ -153,6 +157,14 @@ class Seq2Seq(nn.Module):
         memory, enc_maps = self.encode(src, src_lengths, enc_layers)
         logits, self_maps, cross_maps = self.decode(tgt, memory, src_lengths, dec_layers)
         return logits, Seq2SeqAttention(enc_maps, self_maps, cross_maps)
+
+    def cross_attention(self, src: Tensor, src_lengths: Tensor, tgt: Tensor, layers: set[int]) -> dict[int, Tensor]:
+        """The decoder's cross-attention maps of `layers` alone, teacher-forced: no encoder maps, no decoder
+        layer after the last one asked for, no logits (word alignment reads a few heads; the output layer
+        over the vocabulary would cost more than the rest together)."""
+        memory, _ = self.encode(src, src_lengths)
+        _, _, cross = self.decode(tgt, memory, src_lengths, layers, last_layer=max(layers))
+        return cross
 
     # ----------------------------------------------------------------------------------------------
     def new_cache(

@@ -22,6 +22,7 @@ from service.errors import APIError
 log = logging.getLogger("tserve.files")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 KEEPALIVE_S = 15.0
+PROGRESS_EVERY_S = 0.25
 
 
 @dataclass
@@ -43,6 +44,7 @@ class FileJob:
     task: asyncio.Task | None = None
     version: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _notifying: bool = False
 
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "object": "translation.job", "status": self.status, "filename": self.filename,
@@ -57,9 +59,16 @@ class FileJob:
             self.changed.notify_all()
 
     def progress(self) -> None:
-        """One more sentence done (called in the event loop)."""
+        """One more sentence done (called in the event loop). Followers hear of it at most every
+        PROGRESS_EVERY_S: on a small machine every wake-up of the event loop takes CPU from the model."""
         self.done_segments += 1
         self.status = "running"
+        if not self._notifying:
+            self._notifying = True
+            asyncio.get_running_loop().call_later(PROGRESS_EVERY_S, self._notify_progress)
+
+    def _notify_progress(self) -> None:
+        self._notifying = False
         asyncio.ensure_future(self.notify())
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,6 +30,8 @@ from service.schemas import AttentionRequest
 from service.tasks.base import AttentionResult, ServedModel, bytes_elements
 from service.translation_input import TranslationAsk, documents, resolve_languages, resolve_source
 from service.translation_memory import StoredHypothesis, memory_key, shared_memory, weights_hash
+
+log = logging.getLogger("tserve.translation")
 
 
 @dataclass
@@ -309,11 +313,17 @@ class ServedTranslator(ServedModel):
                                on_done: Callable[[], None] | None = None) -> list[str]:
         """A file's blocks (one document job, no client waiting on it) rendered in the target language, each
         block's markup placed by its sentences' word alignments."""
+        start = time.perf_counter()
         (results,) = await self.segment_results(None, [doc], cache, on_done)
+        translated = time.perf_counter()
         aligned = await self.word_alignments(None, [doc], [results], 1, False)
         picks = alternative_picks(results, 1)[0]
-        return [render_block(b.block, b.target, b.target_words, b.source_words, b.aligned, escape)
-                for b in block_alignments(doc, picks, aligned[(0, _key(picks))])]
+        rendered = [render_block(b.block, b.target, b.target_words, b.source_words, b.aligned, escape)
+                    for b in block_alignments(doc, picks, aligned[(0, _key(picks))])]
+        log.info("file blocks translated", extra={"model": self.name, "sentences": len(doc.jobs),
+                                                  "translate_s": round(translated - start, 3),
+                                                  "align_s": round(time.perf_counter() - translated, 3)})
+        return rendered
 
     async def word_alignments(self, request: Request | None, docs: list[DocumentJob], results: list[list[SegmentResult]],
                               n: int, report: bool) -> dict[tuple[int, tuple], list[list[int] | None]]:

@@ -175,7 +175,7 @@ def slow(aligned_mt, tmp_path_factory):
     srv = ServerProcess(["--model", f"mt={aligned_mt}", "--api-keys", "key-one,key-two", "--file-dir",
                          str(work / "out"), "--file-retention-s", "1.5", "--max-running-requests", "8",
                          "--translation-memory-max-entries", "0"], work / "server.log",
-                        step_delay_s=0.01).wait_ready()
+                        step_delay_s=0.02).wait_ready()
     srv.file_dir = work / "out"
     yield srv
     srv.stop()
