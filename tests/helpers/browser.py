@@ -8,6 +8,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,19 @@ def chromium() -> Iterator:
                                args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
         yield b
         b.close()
+
+
+class PageRefs(HTMLParser):
+    """What a page refers to (src, href, action, ...) and the ids it defines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):  # noqa: ANN001
+        for name, value in attrs:
+            if name in ("src", "href", "action", "poster", "srcset", "data") and value:
+                self.refs.append(value)
+            if name == "id" and value:
+                self.ids.add(value)

@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from html.parser import HTMLParser
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.helpers import factories
-from tests.helpers.browser import chromium
+from tests.helpers.browser import PageRefs, chromium
 from tests.helpers.server import ROOT, ServerProcess
 
 KEY = "page-key-0123456789"
@@ -68,20 +67,6 @@ def translation(server, text: str, source: str, target: str, key: str | None = N
 # --------------------------------------------------------------------------------------------------
 # Plain HTTP
 # --------------------------------------------------------------------------------------------------
-class _Refs(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.refs: list[str] = []
-        self.ids: set[str] = set()
-
-    def handle_starttag(self, tag, attrs):
-        for name, value in attrs:
-            if name in ("src", "href", "action", "poster", "srcset", "data") and value:
-                self.refs.append(value)
-            if name == "id" and value:
-                self.ids.add(value)
-
-
 def test_page_is_self_contained(server):
     resp = httpx.get(server.url + "/", timeout=10)
     assert resp.status_code == 200
@@ -94,7 +79,7 @@ def test_page_is_self_contained(server):
         assert not re.search(rf"""{attr}\s*=\s*["']?\s*(https?:)?//""", html, re.I), attr
     assert not re.search(r"@import|url\(\s*[\"']?\s*(https?:)?//", html, re.I)
     assert re.findall(r"https?://", html) == []
-    parser = _Refs()
+    parser = PageRefs()
     parser.feed(html)
     assert parser.refs == ["viewer"]  # the one link: the attention viewer, beside the page
     assert {"source-lang", "target-lang", "swap", "source-text", "target-text", "alternatives", "copy", "api-key",

@@ -12,14 +12,13 @@ from __future__ import annotations
 import base64
 import io
 import re
-from html.parser import HTMLParser
 
 import httpx
 import pytest
 from PIL import Image, ImageDraw
 
 from tests.helpers import factories
-from tests.helpers.browser import chromium
+from tests.helpers.browser import PageRefs, chromium
 from tests.helpers.server import ServerProcess
 
 SVG_NS = "http://www.w3.org/2000/svg"
@@ -53,20 +52,6 @@ def shown(token: str) -> str:
 # --------------------------------------------------------------------------------------------------
 # Plain HTTP
 # --------------------------------------------------------------------------------------------------
-class _Refs(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.refs: list[str] = []
-        self.ids: set[str] = set()
-
-    def handle_starttag(self, tag, attrs):
-        for name, value in attrs:
-            if name in ("src", "href", "action", "poster", "srcset", "data") and value:
-                self.refs.append(value)
-            if name == "id" and value:
-                self.ids.add(value)
-
-
 def test_viewer_page_is_self_contained(server):
     resp = httpx.get(server.url + "/viewer", timeout=10)
     assert resp.status_code == 200
@@ -78,7 +63,7 @@ def test_viewer_page_is_self_contained(server):
     assert not re.search(r"@import|url\(\s*[\"']?\s*(https?:)?//", html, re.I)
     # The only absolute URL is the SVG namespace (a name, never fetched).
     assert set(re.findall(r"https?://[^\s\"'<>)]+", html)) <= {SVG_NS}
-    parser = _Refs()
+    parser = PageRefs()
     parser.feed(html)
     assert parser.refs == []
     assert {"model", "input", "target", "image", "submit", "module", "layer", "head", "heatmap", "alignment",
