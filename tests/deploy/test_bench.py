@@ -139,6 +139,20 @@ def test_files_benchmark_times_a_file_cold_and_with_the_memory_warm(capsys):
 
 
 @pytest.mark.slow
+def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
+    rows = bench_script("roofline").main(["--tiny"])
+    assert [(r.model.split()[0], r.fmt) for r in rows] == [
+        ("tiny", "float32"), ("tiny", "int8"), ("tiny-llama", "float32"), ("tiny-llama", "int8")]
+    fp32, int8 = rows[0], rows[1]
+    assert 3.5 < fp32.weight_mb / int8.weight_mb < 4.0  # int8 weights: a quarter of the bytes, plus scales
+    assert fp32.kv_mb == int8.kv_mb > 0
+    assert all(r.ms_per_step > 0 and 0 < r.of_triad for r in rows)
+    out = capsys.readouterr().out
+    assert "| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read |" in out
+    assert "triad" in out and "CPU:" in out
+
+
+@pytest.mark.slow
 def test_embeddings_benchmark_scores_every_model(tmp_path, capsys):
     figure = tmp_path / "clusters.png"
     rows = bench_script("embeddings").main(["--tiny", "--per-domain", "12", "--figure", str(figure)])

@@ -1,0 +1,171 @@
+"""Decoding at the memory roofline: how fast this machine reads memory, how many bytes one decode step of a
+language model reads (its weights and its KV cache), and how close tserve's decode step comes to the time
+those bytes take.
+
+    python bench/roofline.py                      # GPT-2 small and SmolLM2-135M shapes, float32 and int8
+    python bench/roofline.py --tiny               # tiny shapes, small arrays (the tests run this)
+
+Bandwidth: a STREAM-style triad `a = b + 3 c` over float32 arrays of --array-mb each (bytes: 3 arrays; best
+of --repeats), and a read-only pass (`sum`) over one array, with --threads threads. A decode step reads every
+weight once (the embedding table one row, unless it is also the output layer) and the KV cache of its
+context; its time is measured as (t(prompt + N new tokens) - t(prompt + 1 new token)) / (N - 1) with one
+greedy request on the model's runner, so prefill is not in it. Reported: bytes per step, ms per step, the
+bandwidth that implies, and its fraction of each measured bandwidth (the roofline: 1.0 is every byte at the
+machine's best rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # a script: the checkpoints come from bench/load.py's makers
+
+
+@dataclass
+class Row:
+    model: str
+    fmt: str
+    weight_mb: float
+    kv_mb: float
+    ms_per_step: float
+    gb_per_s: float
+    of_triad: float
+    of_read: float
+
+
+def bandwidth(threads: int, array_mb: int, repeats: int) -> tuple[float, float]:
+    """(triad GB/s, read-only GB/s), best of `repeats`."""
+    import torch
+
+    torch.set_num_threads(threads)
+    n = array_mb * 2**20 // 4
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    triad, read = float("inf"), float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        triad = min(triad, time.perf_counter() - start)
+        start = time.perf_counter()
+        b.sum()
+        read = min(read, time.perf_counter() - start)
+    return 3 * n * 4 / triad / 1e9, n * 4 / read / 1e9
+
+
+def step_bytes(loaded, context: int) -> tuple[int, int]:  # noqa: ANN001 - a LoadedModel
+    """(weight bytes, KV bytes) one decode step reads at `context` positions."""
+    import torch
+
+    from model.packed_linear import PackedLinear
+    from model.quantize import Int8Linear
+
+    cfg, model = loaded.config, loaded.model
+    weights, head = 0, False
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            size = module.in_features * module.out_features * 4
+        elif isinstance(module, Int8Linear):  # int8 weights, a scale and a row sum per output
+            size = module.in_features * module.out_features + module.out_features * 8
+        elif isinstance(module, torch.nn.Linear):
+            size = module.weight.numel() * module.weight.element_size()
+        elif isinstance(module, torch.nn.Embedding) or list(module.children()):
+            continue
+        else:  # norms: their own parameters
+            weights += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+            continue
+        weights += size + (module.bias.numel() * 4 if getattr(module, "bias", None) is not None else 0)
+        head = head or module.out_features == cfg.vocab_size
+    if not head:  # the output layer is the embedding table, read whole
+        weights += cfg.vocab_size * cfg.d_model * loaded.dtype.itemsize
+    kv = 2 * cfg.n_layers * cfg.kv_heads * cfg.d_head * context * loaded.dtype.itemsize
+    return weights, kv
+
+
+def step_ms(loaded, prompt: int, new: int, repeats: int) -> float:  # noqa: ANN001
+    from model.decoding import SamplingParams, generate
+    from model.decoding.lm_runner import DecoderRunner
+
+    runner = DecoderRunner(loaded, num_slots=1, cuda_graphs=False)
+    ids = [[(7 * i + 3) % 200 + 10 for i in range(prompt)]]
+    greedy = dict(temperature=0.0, ignore_eos=True)
+
+    def timed(tokens: int) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            generate(loaded, ids, SamplingParams(max_tokens=tokens, **greedy), runner=runner)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed(new)  # warm-up
+    return (timed(new) - timed(1)) / (new - 1) * 1000
+
+
+def make_gpt2_small(directory: Path) -> Path:
+    """GPT-2 small as published (vocabulary 50,257, 1,024 positions), random weights; the test factory's
+    tokenizer files (the benchmark feeds token ids)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.helpers import factories
+
+    if not (directory / "model.safetensors").exists():
+        factories.hf_gpt2_dir(directory, trained=False)
+        torch.manual_seed(0)
+        cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_layer=12, n_embd=768, n_head=12,
+                         bos_token_id=50256, eos_token_id=50256)
+        GPT2LMHeadModel(cfg).eval().save_pretrained(directory)
+    return directory
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--array-mb", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=65)
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args(argv)
+    sizes = ["gpt2-small", "smollm2-135m"]
+    if args.tiny:
+        sizes, args.array_mb, args.repeats, args.prompt, args.new = ["tiny", "tiny-llama"], 16, 2, 16, 9
+    import torch
+
+    from bench.load import make_checkpoint
+    from model import checkpoint
+    from training.common import cpu_name
+
+    torch.set_num_threads(args.threads)
+    triad, read = bandwidth(args.threads, args.array_mb, args.repeats)
+    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-roofline-"))
+    rows = []
+    for size in sizes:
+        directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
+        for fmt in ("float32", "int8"):
+            loaded = checkpoint.load(directory, device="cpu", dtype="float32",
+                                     quantize="none" if fmt == "float32" else "int8")
+            weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
+            ms = step_ms(loaded, args.prompt, args.new, args.repeats)
+            rate = (weights + kv) / (ms / 1000) / 1e9
+            rows.append(Row(f"{size} (vocab {loaded.config.vocab_size:,})", fmt, weights / 1e6, kv / 1e6, ms, rate,
+                            rate / triad, rate / read))
+    print(f"\nCPU: {cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads; "
+          f"triad {triad:.1f} GB/s, read {read:.1f} GB/s ({args.array_mb} MB arrays); one greedy request, "
+          f"{args.prompt}-token prompt, {args.new - 1} steps measured\n")
+    print("| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.model} | {r.fmt} | {r.weight_mb:.1f} | {r.kv_mb:.2f} | {r.ms_per_step:.2f} | {r.gb_per_s:.1f} | "
+              f"{r.of_triad:.2f} | {r.of_read:.2f} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
