@@ -2,7 +2,8 @@
 language model reads (its weights and its KV cache), and how close tserve's decode step comes to the time
 those bytes take.
 
-    python bench/roofline.py                      # GPT-2 small and SmolLM2-135M shapes, float32 and int8
+    python bench/roofline.py                      # GPT-2 small and SmolLM2-135M shapes, float32, int8 and
+                                                  # (on a CPU with AVX512-BF16 or AMX) bfloat16
     python bench/roofline.py --tiny               # tiny shapes, small arrays (the tests run this)
 
 Bandwidth: a STREAM-style triad `a = b + 3 c` over float32 arrays of --array-mb each (bytes: 3 arrays; best
@@ -148,9 +149,11 @@ def main(argv: list[str] | None = None) -> list[Row]:
     rows = []
     for size in sizes:
         directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
-        for fmt in ("float32", "int8"):
-            loaded = checkpoint.load(directory, device="cpu", dtype="float32",
-                                     quantize="none" if fmt == "float32" else "int8")
+        for fmt in ("float32", "int8", "bfloat16"):
+            if fmt == "bfloat16" and not torch.cpu._is_avx512_bf16_supported():
+                continue  # emulated without AVX512-BF16 / AMX: not a format to serve on such a CPU
+            loaded = checkpoint.load(directory, device="cpu", dtype="bfloat16" if fmt == "bfloat16" else "float32",
+                                     quantize="int8" if fmt == "int8" else "none")
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
             ms = step_ms(loaded, args.prompt, args.new, args.repeats)
             rate = (weights + kv) / (ms / 1000) / 1e9
