@@ -10,7 +10,8 @@ Bandwidth: a STREAM-style triad `a = b + 3 c` over float32 arrays of --array-mb 
 of --repeats), and a read-only pass (`sum`) over one array, with --threads threads. A decode step reads every
 weight once (the embedding table one row, unless it is also the output layer) and the KV cache of its
 context; its time is measured as (t(prompt + N new tokens) - t(prompt + 1 new token)) / (N - 1) with one
-greedy request on the model's runner, so prefill is not in it. Reported: bytes per step, ms per step, the
+greedy request on the model's runner, so prefill is not in it. The model is loaded as the server loads it
+(float32 linear layers on pre-packed oneDNN weights). Reported: bytes per step, ms per step, the
 bandwidth that implies, and its fraction of each measured bandwidth (the roofline: 1.0 is every byte at the
 machine's best rate).
 """
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             if fmt == "bfloat16" and not torch.cpu._is_avx512_bf16_supported():
                 continue  # emulated without AVX512-BF16 / AMX: not a format to serve on such a CPU
             loaded = checkpoint.load(directory, device="cpu", dtype="bfloat16" if fmt == "bfloat16" else "float32",
-                                     quantize="int8" if fmt == "int8" else "none")
+                                     quantize="int8" if fmt == "int8" else "none", pack_weights=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
             ms = step_ms(loaded, args.prompt, args.new, args.repeats)
             rate = (weights + kv) / (ms / 1000) / 1e9
