@@ -157,7 +157,7 @@ class FileJobs:
 
     async def close(self) -> None:
         for job in list(self.jobs.values()):
-            await self.cancel(job) if job.status not in TERMINAL else self._delete(job)
+            await self.cancel(job)
         if self._sweeper is not None:
             self._sweeper.cancel()
 

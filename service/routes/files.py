@@ -20,6 +20,7 @@ from service.errors import APIError, bad_request, engine_failure, not_found
 from service.file_jobs import FileJob, FileJobs
 from service.files import FileDocument, FileRefused, Limits, read_file
 from service.routes.deps import ready_registry, served_model, settings
+from service.routes.translations import served_translators
 from service.runners import InvalidInput
 from service.tasks.translation import ServedTranslator
 from service.translation_input import TranslationAsk
@@ -69,8 +70,7 @@ async def start_job(request: Request, filename: str, data: bytes, ask: Translati
     except FileRefused as exc:
         raise bad_request(str(exc), exc.code) from exc
     reg = ready_registry(request)
-    translators = sum(isinstance(m, ServedTranslator) for m in reg.models.values())
-    if model is None and (translators > 1 or detect):
+    if model is None and (served_translators(request) > 1 or detect):
         sample = [b.text for b in fdoc.markup.blocks[:50]]
         hops = await pick_route(reg, sample, ask.source_lang, ask.target_lang)
     else:

@@ -61,7 +61,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     ask = TranslationAsk(inputs, body.num_beams, body.max_tokens, body.n, body.glossary, body.format == "html",
                          body.source_lang, body.target_lang, cache=body.cache)
     routed = None
-    if body.model is None and _translators(request) > 1:
+    if body.model is None and served_translators(request) > 1:
         routed = await pick_route(ready_registry(request), inputs, body.source_lang, body.target_lang)
         if len(routed) > 1:
             return await _pivoted(request, body, ask, routed)
@@ -110,7 +110,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _translators(request: Request) -> int:
+def served_translators(request: Request) -> int:
     return sum(isinstance(m, ServedTranslator) for m in ready_registry(request).models.values())
 
 

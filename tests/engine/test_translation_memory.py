@@ -30,6 +30,18 @@ def _key(source: str, **changes) -> str:
     return memory_key(**{**parts, **changes})
 
 
+def release_lock_on_sleep(monkeypatch, other_process: sqlite3.Connection) -> None:
+    """The other process's transaction ends the first time the memory sleeps before a retry."""
+    sleep = time.sleep
+
+    def release_then_sleep(seconds: float) -> None:
+        if other_process.in_transaction:
+            other_process.execute("ROLLBACK")
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", release_then_sleep)
+
+
 def test_round_trip_and_every_part_of_the_key_tells_translations_apart():
     memory = TranslationMemory(None, max_entries=100)
     key = _key("Hello world.")
@@ -239,14 +251,7 @@ def test_a_write_locked_out_is_retried_then_dropped_with_a_warning(tmp_path, cap
     assert memory.get("a") is None
 
     # The lock goes away while the memory waits to retry: the retry stores the entry.
-    sleep = time.sleep
-
-    def release_then_sleep(seconds: float) -> None:
-        if other_process.in_transaction:
-            other_process.execute("ROLLBACK")
-        sleep(seconds)
-
-    monkeypatch.setattr(time, "sleep", release_then_sleep)
+    release_lock_on_sleep(monkeypatch, other_process)
     memory.put("b", _hypotheses("b"))
     monkeypatch.undo()
     assert memory.get("b") == _hypotheses("b")
@@ -302,14 +307,7 @@ def test_opening_a_new_file_another_process_holds_waits_for_it_and_switches_to_w
     other_process.execute("CREATE TABLE unrelated (x)")
     other_process.execute("BEGIN")
     other_process.execute("SELECT * FROM unrelated").fetchall()  # a read transaction, still open
-    sleep = time.sleep
-
-    def release_then_sleep(seconds: float) -> None:
-        if other_process.in_transaction:
-            other_process.execute("ROLLBACK")
-        sleep(seconds)
-
-    monkeypatch.setattr(time, "sleep", release_then_sleep)
+    release_lock_on_sleep(monkeypatch, other_process)
     memory = TranslationMemory(path, max_entries=10, busy_timeout_s=0.05)
     monkeypatch.undo()
     memory.put("a", _hypotheses("a"))
