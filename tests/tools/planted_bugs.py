@@ -323,7 +323,7 @@ BUGS = [
         "        floor = current.floor if current.floor is not None else priority", "        floor = priority",
         ("tests/http/test_security.py::test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority",)),
     Bug("no-routing-without-a-model", "service/routes/translations.py",
-        "    if body.model is None and _translators(request) > 1:", "    if False:",
+        "    if body.model is None and served_translators(request) > 1:", "    if False:",
         ("tests/http/test_bundled_serve.py::test_both_directions_out_of_the_box",
          "tests/http/test_libretranslate.py::test_models_name_their_languages_and_translations_without_a_model_go_by_language")),
     Bug("tracing-always-on", "service/tracing.py",
