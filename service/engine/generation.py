@@ -133,8 +133,8 @@ class GenerationEngine(Scheduler):
     def _preempt(self, req: GenerationRequest) -> None:
         """Free its row and blocks and put it back at the head of the queue; it resumes from its tokens."""
         self.runner.release(req)
-        self.running.remove(req)
         with self._lock:
+            self.running.remove(req)
             self.waiting.appendleft(req)
         self.m.preemptions.inc()
         log.info("request preempted: the KV cache is full", extra={"model": self.name,

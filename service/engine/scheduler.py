@@ -80,7 +80,7 @@ class Scheduler:
         then fail whatever is left."""
         self.refuse_new()
         deadline = time.perf_counter() + drain_timeout_s
-        while (self.running or self.waiting) and time.perf_counter() < deadline and self._thread is not None:
+        while not self.idle and time.perf_counter() < deadline and self._thread is not None:
             self._wake.set()
             time.sleep(0.02)
         self._stop = True
@@ -94,7 +94,10 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not self.running and not self.waiting
+        """Nothing running or waiting. Read under the lock: a request moving from the queue to the running list
+        (or back, when preempted) is in neither for a moment, and a drain that looked then would stop early."""
+        with self._lock:
+            return not self.running and not self.waiting
 
     def _enqueue(self, req: EngineRequest, group: object | None = None, turn: int = 0) -> None:
         """Queue a request (raises QueueFull), as part `turn` of client request `group` when given. Must be
@@ -322,7 +325,7 @@ class Scheduler:
             if len(self._last_admitted) > MAX_CLIENTS_REMEMBERED:  # forget the clients not waiting
                 waiting = {r.client for r in self.waiting}
                 self._last_admitted = {c: t for c, t in self._last_admitted.items() if c in waiting}
-        self.running.extend(admitted)
+            self.running.extend(admitted)
         return admitted
 
     def _keeps_reserved_rows(self, req: EngineRequest, admitted: list[EngineRequest]) -> bool:

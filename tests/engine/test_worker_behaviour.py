@@ -245,6 +245,35 @@ def test_stopping_finishes_held_requests_and_refuses_new_ones(worker):
     assert w.computed == ["running", "waiting"]
 
 
+def test_a_drain_waits_for_a_request_on_its_way_from_the_queue_to_the_rows(worker):
+    """While a request is admitted it has left the queue and not yet joined the running list; a drain that
+    looked then would find nothing to wait for and fail it with "shutting down". The admission is held at
+    that point while the drain begins."""
+    w = worker.start(max_queue=1)
+    entered, go = threading.Event(), threading.Event()
+    reserve = w.inner._reserve
+
+    def held_reserve(req: Any) -> bool:
+        entered.set()
+        go.wait(timeout=10)
+        return reserve(req)
+
+    w.inner._reserve = held_reserve
+
+    async def run() -> None:
+        job = w.submit("only", long=True)  # more than one step: it is still running when the drain would stop
+        assert await asyncio.to_thread(entered.wait, 10)
+        stopper = threading.Thread(target=w.inner.stop, kwargs={"drain_timeout_s": 30})
+        stopper.start()
+        await until(lambda: w.inner._draining)
+        await asyncio.sleep(0.3)  # a drain that can see the request in neither place has seen it by now
+        go.set()
+        assert await w.results(job) == ["only"]
+        await asyncio.to_thread(stopper.join)
+
+    asyncio.run(run())
+
+
 def test_a_request_past_its_deadline_while_queued_times_out(worker):
     w = worker.start(max_queue=1)
 

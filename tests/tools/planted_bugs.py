@@ -49,9 +49,16 @@ BUGS = [
          "tests/engine/test_translation_engine.py::test_cancel_frees_rows",
          "tests/http/test_http_disconnects.py::test_disconnect_frees_slot")),
     Bug("stop-does-not-drain", "service/engine/scheduler.py",
-        "while (self.running or self.waiting) and time.perf_counter() < deadline",
-        "while False and (self.running or self.waiting) and time.perf_counter() < deadline",
+        "while not self.idle and time.perf_counter() < deadline",
+        "while False and not self.idle and time.perf_counter() < deadline",
         ("tests/engine/test_engine.py::test_graceful_stop_drains_running_requests",)),
+    Bug("drain-reads-the-queue-unlocked", "service/engine/scheduler.py",
+        "        with self._lock:\n            return not self.running and not self.waiting",
+        "        return not self.running and not self.waiting",
+        ("tests/engine/test_worker_behaviour.py::test_a_drain_waits_for_a_request_on_its_way_from_the_queue_to_the_rows"
+         "[lm-engine]",
+         "tests/engine/test_worker_behaviour.py::test_a_drain_waits_for_a_request_on_its_way_from_the_queue_to_the_rows"
+         "[translation-engine]")),
     Bug("sigterm-does-not-refuse-new-requests", "service/shutdown.py",
         "        self.registry.begin_drain()\n", "",
         ("tests/http/test_reliability.py::test_sigterm_finishes_in_flight_requests_and_exits_0",)),
