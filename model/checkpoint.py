@@ -34,7 +34,7 @@ from model.importers import CheckpointError, GenerationDefaults, WeightSource, i
 from model.importers.base import read_json
 from model.packed_linear import pack_linears
 from model.preprocessing import ImagePreprocessing
-from model.quantize import QUANTIZATIONS, quantize_int8, resolve_activations
+from model.quantize import QUANTIZATIONS, quantize_int4, quantize_int8, resolve_activations
 from model.seq2seq import Seq2Seq
 from model.tokenizer import Tokenizer, load_tokenizer
 from model.vit import ViT
@@ -61,7 +61,7 @@ class LoadedModel:
     preprocessing: ImagePreprocessing | None = None
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     source_format: str = "tserve"  # or "hf-<model_type>": "hf-gpt2", "hf-llama", ...
-    quantization: str = "none"  # or "int8": the linear layers hold int8 weights
+    quantization: str = "none"  # or "int8" / "int4": the linear layers hold int8 / int4 weights
     parameter_count: int = 0  # counted at load: packed and int8 layers hold their weights outside `parameters()`
     languages: tuple[str, str] | None = None  # a translator's (source, target) language codes, when known
 
@@ -209,11 +209,13 @@ def load(
     backend: str = "auto",
     quantize: str = "none",
     int8_activations: str = "auto",
+    int4_group_size: int = 32,
     pack_weights: bool = False,
 ) -> LoadedModel:
     """Load our checkpoint or a Hugging Face GPT-2 / Marian / ViT directory onto `device`. `quantize="int8"`:
     int8 weights for every linear layer (`model.quantize`; float32 on the CPU only), with activations quantized
-    as `int8_activations` says (`model.quantize.ACTIVATIONS`). `pack_weights`: float32
+    as `int8_activations` says (`model.quantize.ACTIVATIONS`); `quantize="int4"`: group-wise int4 weights
+    (`int4_group_size` weights per scale; float32 on the CPU only). `pack_weights`: float32
     linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only)."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
@@ -238,6 +240,10 @@ def load(
         quantized["int8_activations"] = activations = resolve_activations(int8_activations)
         quantize_int8(loaded.model, activations)
         loaded.quantization = "int8"
+    elif quantize == "int4":
+        quantized["int4_group_size"] = int4_group_size
+        quantize_int4(loaded.model, int4_group_size)
+        loaded.quantization = "int4"
     elif pack_weights:
         pack_linears(loaded.model)
     log.info(

@@ -53,7 +53,8 @@ def _flag_type(field: FieldInfo) -> dict[str, Any]:
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         annotation = args[0]
     if typing.get_origin(annotation) is typing.Literal:
-        return {"choices": list(typing.get_args(annotation))}
+        values = typing.get_args(annotation)
+        return {"choices": list(values), "type": type(values[0])}  # Literal[32, 64]: "64" read as 64
     if annotation is bool:
         return {"action": argparse.BooleanOptionalAction}
     if typing.get_origin(annotation) is list:  # comma-separated, as in the environment

@@ -107,7 +107,8 @@ class ModelRegistry:
         path = hub.checkpoint_dir(spec)
         self._check_memory(name, path, device)
         loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
-                                 int8_activations=s.int8_activations, pack_weights=True)
+                                 int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
+                                 pack_weights=True)
         served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),

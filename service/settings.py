@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from model.quantize import INT4_GROUP_SIZES
+
 BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -25,8 +27,12 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
-    quantize: Literal["none", "int8"] = Field(
-        "none", description="int8: int8 weights for every linear layer of every model (float32 on the CPU only)")
+    quantize: Literal["none", "int8", "int4"] = Field(
+        "none", description="int8: int8 weights for every linear layer of every model; int4: group-wise int4 "
+        "weights (float32 on the CPU only)")
+    int4_group_size: int = Field(
+        32, description="with --quantize int4: weights per scale and zero, 32, 64 or 128 (smaller: more accurate, "
+        "more bytes)")
     int8_activations: Literal["auto", "full", "split", "7bit"] = Field(
         "auto", description="with --quantize int8: activations as one 8-bit GEMM (full: needs VNNI or AMX), as "
         "two 7-bit halves (split: any CPU, twice the GEMM rows) or 7-bit (7bit: any CPU, fastest there, least "
@@ -142,6 +148,13 @@ class Settings(BaseSettings):
     def kv_cache_budget(self) -> tuple[int | None, float | None]:
         """--kv-cache-memory as (bytes, None) or (None, fraction of the free memory); (None, None) when not given."""
         return parse_memory_share(self.kv_cache_memory)
+
+    @field_validator("int4_group_size")
+    @classmethod
+    def _int4_group_size(cls, value: int) -> int:
+        if value not in INT4_GROUP_SIZES:
+            raise ValueError(f"must be one of {INT4_GROUP_SIZES}")
+        return value
 
     @field_validator("kv_cache_memory")
     @classmethod

@@ -43,10 +43,16 @@ def mt_int8(tmp_path_factory):
     return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt8")), device="cpu", quantize="int8")
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_forty_mixed_requests_equal_each_alone(quantize, mt, mt_int8):
-    """int8 too: its activations are quantized per row, so a row's numbers do not depend on its batch."""
-    mt = mt_int8 if quantize == "int8" else mt
+@pytest.fixture(scope="module")
+def mt_int4(tmp_path_factory):
+    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt4")), device="cpu", quantize="int4")
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8", "int4"])
+def test_forty_mixed_requests_equal_each_alone(quantize, mt, mt_int8, mt_int4):
+    """int8 too: its activations are quantized per row, so a row's numbers do not depend on its batch; int4's
+    kernel computes each row on its own."""
+    mt = {"none": mt, "int8": mt_int8, "int4": mt_int4}[quantize]
     engine = make_engine(mt)
     # Up to 14 words: longer than anything the lexicon model was trained on, where it is unsure and
     # beams find other answers than greedy decoding.

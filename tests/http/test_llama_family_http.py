@@ -1,7 +1,7 @@
 """Llama, Mistral, Qwen2 and Qwen3 served by one real `tserve serve` process, every path against
 `transformers` or the one-request path on the same weights: 20 concurrent greedy completions, streaming text,
 chat, seeds, n, penalties, logit_bias, stop strings, logprobs, /v1/attention, /v1/logit_lens, /v1/embeddings,
-and int8 weights, and the Open Inference Protocol (/v2)."""
+and int8 and int4 weights, and the Open Inference Protocol (/v2)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,13 @@ def server(checkpoints, tmp_path_factory):
 @pytest.fixture(scope="module")
 def int8_server(checkpoints, tmp_path_factory):
     srv = _serve(checkpoints, tmp_path_factory, "--quantize", "int8")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def int4_server(checkpoints, tmp_path_factory):
+    srv = _serve(checkpoints, tmp_path_factory, "--quantize", "int4")
     yield srv
     srv.stop()
 
@@ -196,20 +203,22 @@ def test_attention_lens_and_embeddings_equal_transformers(server, models, refere
     torch.testing.assert_close(torch.tensor(embedded), expected, atol=1e-5, rtol=0)
 
 
-def test_int8_weights_serve_what_they_compute_alone(int8_server, checkpoints, models, family):
-    """`--quantize int8`: among concurrent requests each answer equals the int8 model's alone, and keeps to
-    the float32 model's greedy choice on most steps."""
-    int8 = checkpoint.load(checkpoints[family], quantize="int8")
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_weights_serve_what_they_compute_alone(quantize, request, checkpoints, models, family):
+    """`--quantize int8` / `int4`: among concurrent requests each answer equals the quantized model's alone,
+    and keeps to the float32 model's greedy choice on most steps."""
+    server = request.getfixturevalue(f"{quantize}_server")
+    quantized = checkpoint.load(checkpoints[family], quantize=quantize)
     texts = cycle_prompts(8, seed=31)
-    answers = concurrently(int8_server, "/v1/completions", [
+    answers = concurrently(server, "/v1/completions", [
         {"model": family, "prompt": t, "max_tokens": 10, "temperature": 0, "logprobs": 0, "ignore_eos": True}
         for t in texts])
     agree = total = 0
     for t, answer in zip(texts, answers, strict=True):
-        ids = int8.tokenizer.encode(t)
+        ids = quantized.tokenizer.encode(t)
         params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-        alone = lm_tokens(int8, ids, params)
-        assert answer["choices"][0]["logprobs"]["tokens"] == int8.tokenizer.tokens(alone)
+        alone = lm_tokens(quantized, ids, params)
+        assert answer["choices"][0]["logprobs"]["tokens"] == quantized.tokenizer.tokens(alone)
         fp32 = lm_tokens(models[family], ids, params)
         agree += sum(a == b for a, b in zip(alone, fp32, strict=True))
         total += len(alone)

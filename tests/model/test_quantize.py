@@ -128,7 +128,7 @@ def test_int8_needs_float32_on_the_cpu(tiny_lm):
     with pytest.raises(ValueError, match="float32 model on the CPU"):
         load(tiny_lm, dtype="bfloat16", quantize="int8")
     with pytest.raises(ValueError, match="quantize must be one of"):
-        load(tiny_lm, quantize="int4")
+        load(tiny_lm, quantize="int2")
     model = load(tiny_lm).model.to(torch.bfloat16)
     with pytest.raises(ValueError):
         quantize_int8(model)

@@ -1,0 +1,120 @@
+"""`quantize="int4"` (`--quantize int4`): every linear layer of each model kind holds group-wise int4 weights,
+about an eighth of the float32 bytes; a layer computes exactly what its codes, scales and zeros encode, a row
+is the same alone and in any batch, and on fixed slices of the bundled models' test splits perplexity and
+chrF move only within stated bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from model.checkpoint import load
+from model.quantize import INT4_GROUP_SIZES, Int4Linear, _int4_groups, linear_weight_bytes, quantize_int4
+from tests.model.test_quantize import _bundled, _data_or_skip, _logits
+from training import data as data_mod
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("which", ["lm", "mt", "vit"])
+def test_every_linear_layer_holds_int4_weights_and_logits_stay_close(which, tiny_lm, tiny_mt, tiny_vit):
+    path = {"lm": tiny_lm, "mt": tiny_mt, "vit": tiny_vit}[which]
+    fp32, int4 = load(path), load(path, quantize="int4")
+    assert int4.quantization == "int4"
+    float_linears = sum(isinstance(m, nn.Linear) for m in fp32.model.modules())
+    assert not any(isinstance(m, nn.Linear) for m in int4.model.modules())  # none left in float
+    assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == float_linears > 0
+    # Half a byte a weight, 4 bytes of scale and zero per 32; padding to the packed layout adds a little.
+    assert linear_weight_bytes(fp32.model) / 8 < linear_weight_bytes(int4.model) < linear_weight_bytes(fp32.model) / 5
+    ref, got = _logits(fp32, which), _logits(int4, which)
+    assert not torch.equal(ref, got)
+    assert (got - ref).abs().max() < 0.1 * (ref.max() - ref.min())
+
+
+@pytest.mark.parametrize(("in_features", "out_features", "group_size"), [(64, 48, 32), (96, 40, 64), (256, 16, 128)])
+def test_an_int4_layer_computes_the_weight_its_codes_encode(in_features, out_features, group_size):
+    """Sizes the packed layout does not take (outputs not a multiple of 16, inputs not of the group) are padded;
+    the result is bfloat16 activations times the dequantized weight, plus the bias, to bfloat16 rounding."""
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, out_features)
+    layer = Int4Linear(linear, group_size)
+    weight = layer.dequantized_weight()
+    assert weight.shape == linear.weight.shape
+    assert (weight - linear.weight).norm() / linear.weight.norm() < 0.1  # 16 levels a group
+    x = torch.randn(7, in_features)
+    with torch.inference_mode():
+        got = layer(x)
+        expected = x.bfloat16().float() @ weight.t() + linear.bias
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_an_int4_row_is_the_same_alone_and_in_any_batch():
+    torch.manual_seed(0)
+    layer = Int4Linear(nn.Linear(128, 96), 32)
+    rows = torch.randn(37, 128)
+    rows[3] *= 1e3
+    with torch.inference_mode():
+        batch = layer(rows)
+        for start, size in ((0, 1), (5, 1), (3, 4), (10, 17), (36, 1)):
+            assert torch.equal(layer(rows[start : start + size]), batch[start : start + size])
+        assert torch.equal(layer(rows.view(1, 37, 128)), batch.view(1, 37, 96))
+
+
+def test_int4_codes_are_fitted_not_only_spread_between_the_extremes():
+    """Least squares on the codes: less error than 16 levels from each group's minimum to its maximum
+    (Gaussian weights: 7.4% against 7.8%)."""
+    torch.manual_seed(0)
+    weight = torch.randn(256, 512)
+    codes, scales, zeros = _int4_groups(weight, 32)
+    assert codes.min() >= 0 and codes.max() <= 15
+    decoded = ((codes.view(256, 16, 32).float() - 8) * scales[..., None] + zeros[..., None]).view(256, 512)
+    groups = weight.view(256, 16, 32)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    step = (high - low) / 15
+    spread = (((groups - low) / step).round() * step + low).view(256, 512)
+    fitted_error, spread_error = ((decoded - weight).norm() / weight.norm()).item(), \
+        ((spread - weight).norm() / weight.norm()).item()
+    assert fitted_error < 0.076 < spread_error, (fitted_error, spread_error)
+
+
+def test_int4_settings_are_checked(tiny_lm):
+    with pytest.raises(ValueError, match="float32 model on the CPU"):
+        load(tiny_lm, dtype="bfloat16", quantize="int4")
+    with pytest.raises(ValueError, match="group size"):
+        load(tiny_lm, quantize="int4", int4_group_size=48)
+    assert INT4_GROUP_SIZES == (32, 64, 128)
+    model = load(tiny_lm, quantize="int4", int4_group_size=128).model
+    assert {m.group_size for m in model.modules() if isinstance(m, Int4Linear)} == {128}
+    with pytest.raises(ValueError):
+        quantize_int4(load(tiny_lm).model.to(torch.bfloat16))
+
+
+@pytest.mark.slow
+def test_int4_language_model_perplexity_within_3_percent():
+    from training.evaluate import evaluate_loaded
+
+    path = ROOT / "models" / "tserve-lm"
+    fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-lm"), path, limit=20, full=False))
+    int4 = evaluate_loaded(_bundled("tserve-lm", "int4"), path, limit=20, full=False)
+    print(f"perplexity float32 {fp32['perplexity']}, int4 {int4['perplexity']}")
+    assert int4["perplexity"] == pytest.approx(fp32["perplexity"], rel=0.03)
+
+
+@pytest.mark.slow
+def test_int4_translator_on_200_test_sentences():
+    """chrF within 1.0 of float32. Identical 4-beam translations: 65.5% measured (the goal of 80% is missed,
+    docs/BENCHMARKS.md); at least 60% guards against a worse quantizer."""
+    from training.evaluate import bleu_chrf, translate
+
+    pairs = _data_or_skip(lambda: data_mod.load_translation_pairs()["test"][:200])
+    sources, refs = [p.en for p in pairs], [p.de for p in pairs]
+    fp32 = translate(_bundled("tserve-en-de"), sources)
+    int4 = translate(_bundled("tserve-en-de", "int4"), sources)
+    identical = sum(a == b for a, b in zip(fp32, int4, strict=True)) / len(pairs)
+    chrf_fp32, chrf_int4 = bleu_chrf(fp32, refs)["chrf"], bleu_chrf(int4, refs)["chrf"]
+    print(f"chrF float32 {chrf_fp32}, int4 {chrf_int4}; identical {identical:.1%}")
+    assert abs(chrf_int4 - chrf_fp32) <= 1.0
+    assert identical >= 0.60
