@@ -2,8 +2,8 @@
 language model reads (its weights and its KV cache), and how close tserve's decode step comes to the time
 those bytes take.
 
-    python bench/roofline.py                      # GPT-2 small and SmolLM2-135M shapes, float32, int8 and
-                                                  # (on a CPU with AVX512-BF16 or AMX) bfloat16
+    python bench/roofline.py                      # GPT-2 small and SmolLM2-135M shapes, float32, int8, int4
+                                                  # and (on a CPU with AVX512-BF16 or AMX) bfloat16
     python bench/roofline.py --tiny               # tiny shapes, small arrays (the tests run this)
 
 Bandwidth: a STREAM-style triad `a = b + 3 c` over float32 arrays of --array-mb each (bytes: 3 arrays; best
@@ -13,7 +13,8 @@ context; its time is measured as (t(prompt + N new tokens) - t(prompt + 1 new to
 greedy request on the model's runner, so prefill is not in it. The model is loaded as the server loads it
 (float32 linear layers on pre-packed oneDNN weights). Reported: bytes per step, ms per step, the
 bandwidth that implies, and its fraction of each measured bandwidth (the roofline: 1.0 is every byte at the
-machine's best rate).
+machine's best rate). `x HF`: the step's speed against `transformers`' float32 decode step of the same weights,
+measured the same way in the same run (greedy `generate`, eager attention).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Row:
     gb_per_s: float
     of_triad: float
     of_read: float
+    vs_hf: float  # HF float32's ms per step / this row's
 
 
 def bandwidth(threads: int, array_mb: int, repeats: int) -> tuple[float, float]:
@@ -64,13 +66,15 @@ def step_bytes(loaded, context: int) -> tuple[int, int]:  # noqa: ANN001 - a Loa
     import torch
 
     from model.packed_linear import PackedLinear
-    from model.quantize import Int8Linear
+    from model.quantize import Int4Linear, Int8Linear
 
     cfg, model = loaded.config, loaded.model
     weights, head = 0, False
     for module in model.modules():
         if isinstance(module, PackedLinear):
             size = module.in_features * module.out_features * 4
+        elif isinstance(module, Int4Linear):  # packed codes, a scale and a zero per group
+            size = module.weight_bytes()
         elif isinstance(module, Int8Linear):  # int8 weights, a scale and a row sum per output
             size = module.in_features * module.out_features + module.out_features * 8
         elif isinstance(module, torch.nn.Linear):
@@ -101,6 +105,28 @@ def step_ms(loaded, prompt: int, new: int, repeats: int) -> float:  # noqa: ANN0
         for _ in range(repeats):
             start = time.perf_counter()
             generate(loaded, ids, SamplingParams(max_tokens=tokens, **greedy), runner=runner)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed(new)  # warm-up
+    return (timed(new) - timed(1)) / (new - 1) * 1000
+
+
+def hf_step_ms(directory: Path, prompt: int, new: int, repeats: int) -> float:
+    """`transformers`' float32 decode step on the same weights, measured as `step_ms` measures tserve's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = torch.tensor([[(7 * i + 3) % 200 + 10 for i in range(prompt)]])
+
+    def timed(tokens: int) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                               min_new_tokens=tokens, do_sample=False, pad_token_id=0)
             best = min(best, time.perf_counter() - start)
         return best
 
@@ -150,24 +176,25 @@ def main(argv: list[str] | None = None) -> list[Row]:
     rows = []
     for size in sizes:
         directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
-        for fmt in ("float32", "int8", "bfloat16"):
+        hf_ms = hf_step_ms(directory, args.prompt, args.new, args.repeats)
+        for fmt in ("float32", "int8", "int4", "bfloat16"):
             if fmt == "bfloat16" and not torch.cpu._is_avx512_bf16_supported():
                 continue  # emulated without AVX512-BF16 / AMX: not a format to serve on such a CPU
             loaded = checkpoint.load(directory, device="cpu", dtype="bfloat16" if fmt == "bfloat16" else "float32",
-                                     quantize="int8" if fmt == "int8" else "none", pack_weights=True)
+                                     quantize=fmt if fmt in ("int8", "int4") else "none", pack_weights=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
             ms = step_ms(loaded, args.prompt, args.new, args.repeats)
             rate = (weights + kv) / (ms / 1000) / 1e9
             rows.append(Row(f"{size} (vocab {loaded.config.vocab_size:,})", fmt, weights / 1e6, kv / 1e6, ms, rate,
-                            rate / triad, rate / read))
+                            rate / triad, rate / read, hf_ms / ms))
     print(f"\nCPU: {cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads; "
           f"triad {triad:.1f} GB/s, read {read:.1f} GB/s ({args.array_mb} MB arrays); one greedy request, "
           f"{args.prompt}-token prompt, {args.new - 1} steps measured\n")
-    print("| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print("| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read | x HF float32 |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.model} | {r.fmt} | {r.weight_mb:.1f} | {r.kv_mb:.2f} | {r.ms_per_step:.2f} | {r.gb_per_s:.1f} | "
-              f"{r.of_triad:.2f} | {r.of_read:.2f} |")
+              f"{r.of_triad:.2f} | {r.of_read:.2f} | {r.vs_hf:.2f} |")
     return rows
 
 

@@ -141,14 +141,15 @@ def test_files_benchmark_times_a_file_cold_and_with_the_memory_warm(capsys):
 @pytest.mark.slow
 def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
     rows = bench_script("roofline").main(["--tiny"])
-    formats = ["float32", "int8"] + (["bfloat16"] if torch.cpu._is_avx512_bf16_supported() else [])
+    formats = ["float32", "int8", "int4"] + (["bfloat16"] if torch.cpu._is_avx512_bf16_supported() else [])
     assert [(r.model.split()[0], r.fmt) for r in rows] == [(m, f) for m in ("tiny", "tiny-llama") for f in formats]
-    fp32, int8 = rows[0], rows[1]
+    fp32, int8, int4 = rows[0], rows[1], rows[2]
     assert 3.5 < fp32.weight_mb / int8.weight_mb < 4.0  # int8 weights: a quarter of the bytes, plus scales
-    assert fp32.kv_mb == int8.kv_mb > 0
-    assert all(r.ms_per_step > 0 and 0 < r.of_triad for r in rows)
+    assert fp32.weight_mb / int4.weight_mb > 4.0  # half a byte a weight, a scale and zero per 32
+    assert fp32.kv_mb == int8.kv_mb == int4.kv_mb > 0
+    assert all(r.ms_per_step > 0 and 0 < r.of_triad and r.vs_hf > 0 for r in rows)
     out = capsys.readouterr().out
-    assert "| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read |" in out
+    assert "| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read | x HF float32 |" in out
     assert "triad" in out and "CPU:" in out
 
 
