@@ -151,6 +151,18 @@ class Decoder(nn.Module):
         return self.lm_head(hidden[:, 0])
 
 
+    @torch.inference_mode()
+    def decode_tokens(self, tokens: Tensor, positions: Tensor, cache: PagedKVCache, slots: Tensor,
+                      kv_len: int) -> Tensor:
+        """Several new tokens per running sequence (a speculative step: its next token, then its draft):
+        tokens (B, T) at positions (B, T), each attending causally over cache positions [0, kv_len). Rows with
+        fewer tokens are padded at the end; their padding is computed and ignored (it writes past the row's
+        last position, into its own unwritten positions or the null block). Returns logits (B, T, V)."""
+        hidden, _ = self._run(tokens, positions, mask=causal_mask(positions, kv_len), is_causal=False, cache=cache,
+                              slots=slots, kv_len=kv_len)
+        return self.lm_head(hidden)
+
+
 def _attends_to_all(positions: Tensor, kv_len: int) -> bool:
     """True on the CPU when every row sits at the last of the `kv_len` positions: the mask would allow
     everything, and SDPA without a mask takes its faster path. (On CUDA the mask stays: deciding would

@@ -54,6 +54,15 @@ class Metrics:
         self.file_jobs = Counter("tserve_translation_file_jobs_total", "File translations by how they ended",
                                  ["status"], registry=r)
         self.generated_tokens = Counter("tserve_generated_tokens_total", "Tokens generated", ["model"], registry=r)
+        self.spec_drafted = Counter("tserve_speculative_draft_tokens_total", "Draft tokens scored by speculative "
+                                    "decoding steps", ["model"], registry=r)
+        self.spec_accepted = Counter("tserve_speculative_accepted_tokens_total", "Draft tokens kept (the model "
+                                     "chose them too)", ["model"], registry=r)
+        self.spec_acceptance = Gauge("tserve_speculative_acceptance_rate", "Draft tokens kept / scored, since start",
+                                     ["model"], registry=r)
+        self.spec_tokens_per_step = Histogram("tserve_speculative_tokens_per_step", "Tokens a request got from one "
+                                              "speculative step (its kept draft + 1)", ["model"],
+                                              buckets=(1, 2, 3, 4, 5, 6, 8, 12, 17), registry=r)
         self.images = Counter("tserve_images_classified_total", "Images classified", ["model"], registry=r)
         self.embeddings = Counter("tserve_embeddings_total", "Inputs embedded (/v1/embeddings)", ["model"], registry=r)
         self.calls = Counter("tserve_model_calls_total", "Model work other than token streams run by a worker "

@@ -57,6 +57,16 @@ class Settings(BaseSettings):
     prefix_cache: bool = Field(True, description="language models: requests share the KV blocks of a common "
                                "prompt prefix, computed once; translators: a source identical to one encoded "
                                "before reads its encoder output (--no-prefix-cache: off)")
+    speculative: Literal["off", "ngram"] = Field(
+        "off", description="language models: ngram = speculative decoding with prompt-lookup drafts (a step scores "
+        "tokens guessed from the request's own context; greedy output unchanged, sampled output from the same "
+        "distribution)")
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="with --speculative ngram: draft tokens per step")
+    prompt_lookup_max: int = Field(3, ge=1, le=16, description="with --speculative ngram: longest suffix (tokens) "
+                                   "looked up in the context")
+    prompt_lookup_min: int = Field(1, ge=1, le=16, description="with --speculative ngram: shortest suffix looked up")
+    speculative_max_rows: int = Field(4, ge=1, description="with --speculative ngram: draft only while at most this "
+                                      "many requests run (more make a CPU step compute-bound)")
     keep_alive_s: int = Field(75, ge=1, description="idle seconds before a keep-alive connection is closed")
     request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
     max_tokens_limit: int = Field(2048, ge=1, description="largest max_tokens a request may ask for")

@@ -14,10 +14,11 @@ from model.decoding.seq2seq_runner import (
     translate,
     translation_job,
 )
+from model.decoding.speculative import Speculation
 from model.decoding.stop import StopStrings
 
 __all__ = [
-    "BeamSearch", "BeamSettings", "DecoderRunner", "LogitsPipeline", "SamplingParams", "Seq2SeqRunner",
+    "BeamSearch", "BeamSettings", "DecoderRunner", "LogitsPipeline", "SamplingParams", "Seq2SeqRunner", "Speculation",
     "StopStrings", "TextSequence", "TranslationJob", "TranslationSequence", "generate", "parse_logit_bias",
     "sample", "token_logprobs", "translate", "translation_job",
 ]

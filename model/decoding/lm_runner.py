@@ -21,6 +21,7 @@ from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
 from model.decoding.sampler import sample, token_logprobs
+from model.decoding.speculative import NgramIndex, Speculation, accept
 from model.decoding.structured import GrammarCompiler, GrammarState, masks_for
 from model.kv_cache import SlotAllocator
 
@@ -47,6 +48,10 @@ class TextSequence:
         # Structured output: this sequence's place in its grammar, and the step's mask of allowed tokens.
         self.grammar: GrammarState | None = params.grammar.matcher() if params.grammar is not None else None
         self.token_mask: Tensor | None = None
+        # Speculative decoding: where its n-grams last ended; its draft tokens proposed and kept, in all and
+        # since its acceptance was last judged; when it may draft again after a pause.
+        self.ngrams: NgramIndex | None = None
+        self.drafted = self.accepted = self.recent_drafted = self.recent_accepted = self.resume_at = 0
 
     @property
     def num_generated(self) -> int:
@@ -69,9 +74,11 @@ class TextSequence:
 class DecoderRunner:
     def __init__(self, loaded: LoadedModel, *, num_slots: int, max_len: int | None = None, cuda_graphs: bool = True,
                  compile: bool = False, max_grammar_compile_ms: float = 2000.0, num_blocks: int | None = None,
-                 block_size: int = 16, prefix_caching: bool = True) -> None:
+                 block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None) -> None:
         """`num_blocks` KV blocks of `block_size` positions are shared by up to `num_slots` running rows (default:
-        enough for every row's whole context); `prefix_caching`: sequences share the blocks of a common prefix."""
+        enough for every row's whole context); `prefix_caching`: sequences share the blocks of a common prefix;
+        `speculation`: decode steps may score prompt-lookup drafts (`model.decoding.speculative`)."""
+        self.speculation = speculation
         self.model, cfg, gen = loaded.model, loaded.config, loaded.generation
         self.device = loaded.device
         self.vocab_size = cfg.vocab_size
@@ -147,10 +154,11 @@ class DecoderRunner:
         self.cache.set_table(seq.slot, seq.table.blocks)
         return True
 
-    def grow(self, seq: TextSequence) -> bool:
-        """Make room for the position its next decode step writes; False when no block is free."""
+    def grow(self, seq: TextSequence, ahead: int = 0) -> bool:
+        """Make room for the position its next decode step writes (and `ahead` draft positions after it); False
+        when no block is free."""
         before = len(seq.table.blocks)
-        if not self.blocks.grow(seq.table, seq.num_computed + 1):
+        if not self.blocks.grow(seq.table, seq.num_computed + 1 + ahead):
             return False
         if len(seq.table.blocks) != before:
             self.cache.set_table(seq.slot, seq.table.blocks)
@@ -219,6 +227,65 @@ class DecoderRunner:
             )
         self._computed(seqs, [p + 1 for p in positions])
         return logits
+
+    # ----------------------------------------------------------------------------------------------
+    # Speculative steps
+    # ----------------------------------------------------------------------------------------------
+    def drafts(self, seqs: Sequence[TextSequence]) -> list[list[int]]:
+        """Each sequence's prompt-lookup draft for this step ([] where it drafts nothing: speculation off or too
+        many rows, a grammar or penalties, a pause after low acceptance, no n-gram found, no room left). A step's
+        padding runs to its longest draft, so every draft is cut to what the row nearest its context end holds."""
+        spec = self.speculation
+        if spec is None or len(seqs) > spec.max_rows:
+            return [[] for _ in seqs]
+        out: list[list[int]] = []
+        for s in seqs:
+            room = min(spec.num_tokens, s.params.max_tokens - s.num_generated - 1, self.max_len - 1 - s.num_computed)
+            if room <= 0 or not spec.drafting(s):
+                out.append([])
+                continue
+            if s.ngrams is None:
+                s.ngrams = NgramIndex(spec.min_ngram, spec.max_ngram)
+            out.append(s.ngrams.draft(s.token_ids(), room))
+        width = min([max(map(len, out))] + [self.max_len - 1 - s.num_computed for s in seqs])
+        return [d[:width] for d in out]
+
+    def decode_ahead(self, seqs: Sequence[TextSequence], drafts: Sequence[list[int]]) -> Tensor:
+        """Feeds each sequence's `next_token` and its draft (after `grow(seq, len(draft))`); logits (B, T, V),
+        T = 1 + the longest draft."""
+        self._start_masks(seqs)
+        width = 1 + max(map(len, drafts))
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)):
+            tokens[i, : 1 + len(d)] = torch.tensor([s.next_token, *d])
+        positions = torch.tensor([s.num_computed for s in seqs])[:, None] + torch.arange(width)
+        dev = self.device
+        return self.model.decode_tokens(tokens.to(dev), positions.to(dev), self.cache,
+                                        torch.tensor([s.slot for s in seqs], device=dev),
+                                        kv_len=int(positions.max()) + 1)
+
+    def choose_ahead(self, seqs: Sequence[TextSequence], drafts: Sequence[list[int]], logits: Tensor,
+                     ) -> tuple[list[list[int]], StepLogprobs | None, list[list[int]]]:
+        """Each sequence's tokens from a speculative step (its kept draft, then one of the model's), the
+        logprobs of every scored position (None unless asked), and per sequence the positions (into those)
+        of its tokens. Records what each kept: its cache now holds its next token and its kept draft."""
+        self._attach_masks(seqs)
+        tokens, constrained, chosen, where = accept(self.pipeline, seqs, drafts, logits)
+        bs = self.blocks.block_size
+        for s, d, t in zip(seqs, drafts, tokens, strict=True):
+            kept = len(t) - 1
+            s.drafted, s.accepted = s.drafted + len(d), s.accepted + kept
+            s.recent_drafted, s.recent_accepted = s.recent_drafted + len(d), s.recent_accepted + kept
+            n = s.num_computed + 1 + kept
+            if n // bs > s.num_computed // bs:
+                self.blocks.name_full_blocks(s.table, (s.token_ids() + d[:kept])[:n])
+            s.num_computed = n
+        logprobs = None
+        if any(s.params.logprobs is not None for s in seqs):
+            n_top = max(s.params.logprobs or 0 for s in seqs)
+            chosen_lp, top_v, top_i = (x.tolist() for x in token_logprobs(constrained, chosen, n_top))
+            logprobs = (chosen_lp, top_v, top_i)
+        return tokens, logprobs, where
 
     def _start_masks(self, seqs: Sequence[TextSequence]) -> None:
         """Begin the grammar masks of this step's constrained rows, beside the forward pass."""
@@ -306,15 +373,25 @@ def generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], params: Samp
             raise RuntimeError("the KV cache has too few free blocks for this prompt")
         try:
             running, logits = batch, runner.prefill(batch)
+            steps = [[t] for t in runner.choose(running, logits)[0]]
             while running:
-                tokens, _ = runner.choose(running, logits)
-                running = [s for s, t in zip(running, tokens, strict=True) if runner.append(s, t) is None]
-                for s in running:
-                    if not runner.grow(s):
+                running = [s for s, tokens in zip(running, steps, strict=True) if _append_all(runner, s, tokens)]
+                if not running:
+                    break
+                drafts = runner.drafts(running)
+                for s, d in zip(running, drafts, strict=True):
+                    if not runner.grow(s, len(d)):
                         raise RuntimeError("the KV cache ran out of blocks; lower max_batch")
-                if running:
-                    logits = runner.decode(running)
+                if any(drafts):
+                    steps = runner.choose_ahead(running, drafts, runner.decode_ahead(running, drafts))[0]
+                else:
+                    steps = [[t] for t in runner.choose(running, runner.decode(running))[0]]
         finally:
             for s in batch:
                 runner.release(s)
     return seqs
+
+
+def _append_all(runner: DecoderRunner, seq: TextSequence, tokens: list[int]) -> bool:
+    """Append a step's tokens until the sequence finishes; whether it goes on."""
+    return all(runner.append(seq, t) is None for t in tokens)

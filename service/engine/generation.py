@@ -16,7 +16,15 @@ import time
 import torch
 
 from model.checkpoint import LoadedModel
-from model.decoding import DecoderRunner, SamplingParams, StopStrings, TextSequence, generate, token_logprobs
+from model.decoding import (
+    DecoderRunner,
+    SamplingParams,
+    Speculation,
+    StopStrings,
+    TextSequence,
+    generate,
+    token_logprobs,
+)
 from model.decoding.lm_runner import StepLogprobs
 from model.tokenizer import IncrementalDetokenizer
 from service.engine.kv_memory import kv_cache_blocks
@@ -45,7 +53,7 @@ class GenerationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
                  max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
                  compile: bool = False, max_grammar_compile_ms: float = 2000.0, kv_cache_budget: tuple[int | None, float | None] = (None, None),
-                 kv_block_size: int = 16, prefix_caching: bool = True) -> None:
+                 kv_block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
@@ -53,7 +61,9 @@ class GenerationEngine(Scheduler):
         num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_slots, context)
         self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
                                     compile=compile, max_grammar_compile_ms=max_grammar_compile_ms,
-                                    num_blocks=num_blocks, block_size=kv_block_size, prefix_caching=prefix_caching)
+                                    num_blocks=num_blocks, block_size=kv_block_size, prefix_caching=prefix_caching,
+                                    speculation=speculation)
+        self._drafted = self._accepted = 0  # since start, for the acceptance-rate gauge
         self.max_len, self.device = self.runner.max_len, loaded.device
         self.prefix_caching = prefix_caching
         self.m.kv_bytes_per_token.set(self.runner.cache.bytes_per_token())
@@ -119,12 +129,15 @@ class GenerationEngine(Scheduler):
     def _release(self, req: GenerationRequest) -> None:
         self.runner.release(req)
 
-    def _make_room(self, reqs: list[GenerationRequest]) -> list[GenerationRequest]:
-        """A block for every running request's next position, oldest first; when none is free, the newest
-        request holding blocks is preempted (it may be the one asking). Returns those that keep running."""
+    def _make_room(self, reqs: list[GenerationRequest], drafts: dict[int, list[int]]) -> list[GenerationRequest]:
+        """Blocks for every running request's next position (and its draft's, `drafts` by id, when free: else
+        its draft is dropped), oldest first; when none is free, the newest request holding blocks is preempted
+        (it may be the one asking). Returns those that keep running."""
         asking = set(reqs)
         order = [r for r in self.running if r in asking]  # admission order
         for req in order:
+            if drafts.get(id(req)) and not self.runner.grow(req, len(drafts[id(req)])):
+                drafts[id(req)] = []
             while req.table is not None and not self.runner.grow(req):
                 victim = next(r for r in reversed(order) if r.table is not None)
                 self._preempt(victim)
@@ -148,9 +161,21 @@ class GenerationEngine(Scheduler):
         self._isolated(reqs, self._prefill_forward, self._choose_and_emit)
 
     def _decode(self) -> None:
-        reqs = self._make_room([r for r in self.running if r.next_token is not None])
-        if reqs:
+        reqs = [r for r in self.running if r.next_token is not None]
+        drafts = {id(r): d for r, d in zip(reqs, self.runner.drafts(reqs), strict=True)}
+        reqs = self._make_room(reqs, drafts)
+        if not reqs:
+            return
+        if not any(drafts[id(r)] for r in reqs):
             self._isolated(reqs, self._decode_forward, self._choose_and_emit)
+            return
+
+        def forward(rows: list[GenerationRequest]) -> torch.Tensor:
+            self.m.batch_size.observe(len(rows))
+            return self.runner.decode_ahead(rows, [drafts[id(r)] for r in rows])
+
+        self._isolated(reqs, forward, lambda rows, logits: self._emit_ahead(rows, [drafts[id(r)] for r in rows],
+                                                                              logits))
 
     def _prefill_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         self.m.batch_size.observe(len(reqs))
@@ -166,6 +191,30 @@ class GenerationEngine(Scheduler):
         row = {id(r): i for i, r in enumerate(reqs)}
         self._each(reqs, lambda req: self._emit(req, tokens[row[id(req)]], self._logprob(req, row[id(req)],
                                                                                          tokens, logprobs), now))
+
+    def _emit_ahead(self, reqs: list[GenerationRequest], drafts: list[list[int]], logits: torch.Tensor) -> None:
+        """A speculative step: each request's kept draft and the model's next token, one event each."""
+        tokens, logprobs, where = self.runner.choose_ahead(reqs, drafts, logits)
+        drafted, kept = sum(map(len, drafts)), sum(len(t) - 1 for t in tokens)
+        self._drafted, self._accepted = self._drafted + drafted, self._accepted + kept
+        self.m.spec_drafted.inc(drafted)
+        self.m.spec_accepted.inc(kept)
+        self.m.spec_acceptance.set(self._accepted / max(self._drafted, 1))
+        for t in tokens:
+            self.m.spec_tokens_per_step.observe(len(t))
+        now = time.perf_counter()
+        row = {id(r): i for i, r in enumerate(reqs)}
+
+        def emit(req: GenerationRequest) -> None:
+            i = row[id(req)]
+            for token, at in zip(tokens[i], where[i], strict=True):
+                if req.finished:  # eos, max_tokens or a stop string among its kept tokens
+                    return
+                lp = None if logprobs is None or req.params.logprobs is None else \
+                    token_logprob(self.tokenizer, req.params.logprobs, token, at, logprobs)
+                self._emit(req, token, lp, now)
+
+        self._each(reqs, emit)
 
     def _logprob(self, req: GenerationRequest, i: int, tokens: list[int],
                  logprobs: StepLogprobs | None) -> TokenLogprob | None:

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Request
 
 from model import attention_maps as am
-from model.decoding import SamplingParams
+from model.decoding import SamplingParams, Speculation
 from model.embeddings import embed_token_lists
 from service.connection import while_connected
 from service.engine import GenerationEngine
@@ -17,11 +17,20 @@ from service.engine.generation import GenerationRequest
 from service.engine.scheduler import QueueFull
 from service.errors import OIPError, engine_failure
 from service.schemas import AttentionRequest
+from service.settings import Settings
 from service.tasks.base import AttentionResult, ServedModel, bytes_elements
 
 # OIP parameters of a completion: (type, lowest, highest); OpenAI's defaults (max_tokens 16, temperature 1).
 _OIP_PARAMETERS = {"max_tokens": (int, 1, None), "temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0),
                    "top_k": (int, 0, None), "seed": (int, 0, 2**63 - 1), "ignore_eos": (bool, None, None)}
+
+
+def speculation(s: Settings) -> Speculation | None:
+    """--speculative and its settings as the runner takes them (None: off)."""
+    if s.speculative == "off":
+        return None
+    return Speculation(num_tokens=s.num_speculative_tokens, max_ngram=s.prompt_lookup_max,
+                       min_ngram=min(s.prompt_lookup_min, s.prompt_lookup_max), max_rows=s.speculative_max_rows)
 
 
 class ServedLanguageModel(ServedModel):
@@ -36,7 +45,7 @@ class ServedLanguageModel(ServedModel):
                                        cuda_graphs=s.cuda_graphs, compile=s.compile,
                                        max_grammar_compile_ms=s.max_grammar_compile_ms,
                                        kv_cache_budget=s.kv_cache_budget, kv_block_size=s.kv_block_size,
-                                       prefix_caching=s.prefix_cache)
+                                       prefix_caching=s.prefix_cache, speculation=speculation(s))
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
         return self.engine

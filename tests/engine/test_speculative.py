@@ -1,0 +1,209 @@
+"""Speculative decoding with prompt-lookup drafts (`--speculative ngram`): greedy output identical to decoding
+without it, in the one-request path and in the engine beside other requests; sampled output from the model's
+own distribution (a two-sample chi-square test at a stated significance, at a temperature where most drafts
+are rejected); a seeded request the same alone and beside others; drafting paused where drafts fail."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from model import checkpoint
+from model.decoding import DecoderRunner, SamplingParams, Speculation, generate
+from model.decoding.speculative import JUDGED_EVERY, PAUSE_TOKENS, NgramIndex
+from service.engine import GenerationEngine
+from service.metrics import Metrics
+from tests.helpers import factories
+from tests.helpers.fixture_training import CYCLE_TEXT, cycle_prompts
+from tests.helpers.one_request import lm_tokens
+
+SIGNIFICANCE = 1e-3  # of each chi-square test (Bonferroni-split over the positions compared)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return checkpoint.load(factories.tiny_lm_dir(tmp_path_factory.mktemp("lm")), device="cpu")
+
+
+def mixed_prompts(lm, n: int) -> list[list[int]]:  # noqa: ANN001
+    """Prompts whose context holds the cycle's words in a shuffled order, then a piece of the cycle: lookups
+    find both continuations the model agrees with and ones it does not."""
+    words = CYCLE_TEXT.split()
+    out = []
+    for i, tail in enumerate(cycle_prompts(n, seed=5, min_words=4, max_words=10)):
+        rng = random.Random(i)
+        start = rng.randrange(len(words) - 12)
+        shuffled = words[start:start + 12]
+        rng.shuffle(shuffled)
+        out.append(lm.tokenizer.encode(" ".join(shuffled) + " " + tail))
+    return out
+
+
+def speculative_runner(lm, rows: int, **settings) -> DecoderRunner:  # noqa: ANN001
+    return DecoderRunner(lm, num_slots=rows, cuda_graphs=False, speculation=Speculation(**settings))
+
+
+def test_a_draft_is_what_followed_the_latest_occurrence_of_the_longest_suffix():
+    index = NgramIndex(1, 3)
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3]
+    # suffix (2, 3) last occurred ending at position 7 (followed by 7, 5, ...); (9, 2, 3) never did
+    assert index.draft(tokens, 3) == [7, 5, 2]
+    tokens += [8]
+    assert index.draft(tokens, 2) == []  # 8 never occurred before
+    tokens += [1]  # suffix (8, 1) unseen, (1,) last ended at position 5: followed by 2, 3
+    assert index.draft(tokens, 4) == [2, 3, 7, 5]
+    assert NgramIndex(1, 1).draft([4, 4, 4], 5) == [4]  # the continuation ends where the sequence does
+
+
+def test_greedy_output_is_identical_with_speculation_and_drafts_are_both_kept_and_rejected(lm):
+    prompts = mixed_prompts(lm, 12)
+    params = [SamplingParams(max_tokens=8 + 3 * i, temperature=0.0) for i in range(len(prompts))]
+    plain = generate(lm, prompts, params)
+    fast = generate(lm, prompts, params, runner=speculative_runner(lm, 4, num_tokens=4), max_batch=4)
+    assert [s.generated for s in fast] == [s.generated for s in plain]
+    assert [s.finish_reason for s in fast] == [s.finish_reason for s in plain]
+    drafted, kept = sum(s.drafted for s in fast), sum(s.accepted for s in fast)
+    assert 0 < kept < drafted, (kept, drafted)
+
+
+def make_engine(lm, **kw) -> GenerationEngine:  # noqa: ANN001
+    engine = GenerationEngine("lm", lm, max_slots=8, max_queue=64, max_model_len=None, timeout_s=60.0,
+                              metrics=Metrics(), **kw)
+    engine.start()
+    return engine
+
+
+def run_engine(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]]) -> list[tuple[list[int], str]]:
+    async def one(req) -> tuple[list[int], str]:  # noqa: ANN001
+        ids, text = [], ""
+        async for event in engine.stream(req):
+            ids += event.token_ids
+            text += event.text
+        return ids, text
+
+    async def run() -> list:
+        reqs = [engine.submit(p, sp) for p, sp in jobs]
+        return await asyncio.gather(*(one(r) for r in reqs))
+
+    try:
+        return asyncio.run(run())
+    finally:
+        engine.stop()
+
+
+def test_the_engine_streams_what_plain_greedy_decoding_gives(lm):
+    """Five requests at once (drafting) with stop strings, logprobs and different lengths: every token, text
+    and logprob equals decoding without speculation; the metrics count drafts and kept tokens. The last
+    request follows the cycle (its drafts are kept) and stops at a word in the middle of a kept draft."""
+    words = CYCLE_TEXT.split()[8:24]  # the cycle model continues its last 10 words as they went on before
+    cycle = lm.tokenizer.encode(" ".join(words + words[:10]))
+    prompts = [*mixed_prompts(lm, 4), cycle]
+    params = [SamplingParams(max_tokens=20, temperature=0.0, logprobs=2),
+              SamplingParams(max_tokens=30, temperature=0.0, stop=["Hallo W"]),
+              SamplingParams(max_tokens=7, temperature=0.0),
+              SamplingParams(max_tokens=25, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0.0, stop=["world"])]
+    spec_engine = make_engine(lm, speculation=Speculation(num_tokens=4, max_rows=8))
+    plain_engine = make_engine(lm)
+    fast = run_engine(spec_engine, list(zip(prompts, params, strict=True)))
+    plain = run_engine(plain_engine, list(zip(prompts, params, strict=True)))
+    assert fast == plain
+    # Tokens counted once each: none past a request's end (a stop string or eos among its kept draft).
+    assert spec_engine.m.generated_tokens._value.get() == plain_engine.m.generated_tokens._value.get()
+    ids, text = fast[1]
+    assert "Hallo W" not in text and "Hallo" in text and len(ids) < 30  # the stop string cut it
+    assert fast[4][1] == " Hello "
+    for p, sp, (ids, _) in zip(prompts, params, fast, strict=True):
+        if not sp.stop:
+            assert ids == lm_tokens(lm, p, sp, with_eos=False)
+    m = spec_engine.m
+    assert m.spec_accepted._value.get() > 0 and m.spec_drafted._value.get() > m.spec_accepted._value.get()
+
+
+def _chi_square_p(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square test of homogeneity; categories with fewer than 10 draws in both samples pooled."""
+    keys = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]
+    rest = [sum(c[k] for k in c if k not in keys) for c in (a, b)]
+    table = torch.tensor([[a[k] for k in keys] + [rest[0]], [b[k] for k in keys] + [rest[1]]], dtype=torch.float64)
+    table = table[:, table.sum(0) > 0]
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    statistic = ((table - expected) ** 2 / expected).sum()
+    dof = table.size(1) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))
+
+
+def test_sampled_tokens_have_the_models_distribution():
+    """Temperature 2 on the cycle model: drafts from the cycle are mostly rejected (about 30% kept), so both
+    the kept-draft and the residual branch decide tokens. 3,000 seeded draws with speculation and 3,000
+    without: each of tokens 2-4 has the same distribution (chi-square, p > 1e-3 / 3 each)."""
+    import tempfile
+    from pathlib import Path
+
+    lm = checkpoint.load(factories.tiny_lm_dir(Path(tempfile.mkdtemp())), device="cpu")
+    n, prompt = 3000, lm.tokenizer.encode(cycle_prompts(1, seed=2, min_words=12, max_words=12)[0])
+    prompt = prompt + prompt[:6]
+
+    def draws(runner: DecoderRunner | None, seed0: int) -> list[list[int]]:
+        params = [SamplingParams(max_tokens=4, temperature=2.0, seed=seed0 + i, ignore_eos=True) for i in range(n)]
+        return [s.generated for s in generate(lm, [prompt] * n, params, runner=runner, max_batch=n)], runner
+
+    spec_runner = speculative_runner(lm, n, num_tokens=3, max_rows=n)
+    fast, _ = draws(spec_runner, 0)
+    plain, _ = draws(None, 10**6)
+    for position in (1, 2, 3):
+        p = _chi_square_p(Counter(g[position] for g in fast), Counter(g[position] for g in plain))
+        assert p > SIGNIFICANCE / 3, (position, p)
+
+
+def test_acceptance_of_the_sampled_fixture_leaves_both_branches_in_use():
+    """The statistical test means something only if drafts are both kept and rejected often."""
+    import tempfile
+    from pathlib import Path
+
+    lm = checkpoint.load(factories.tiny_lm_dir(Path(tempfile.mkdtemp())), device="cpu")
+    prompt = lm.tokenizer.encode(cycle_prompts(1, seed=2, min_words=12, max_words=12)[0])
+    prompt = prompt + prompt[:6]
+    params = [SamplingParams(max_tokens=4, temperature=2.0, seed=i, ignore_eos=True) for i in range(400)]
+    out = generate(lm, [prompt] * 400, params, runner=speculative_runner(lm, 400, num_tokens=3, max_rows=400),
+                   max_batch=400)
+    drafted, kept = sum(s.drafted for s in out), sum(s.accepted for s in out)
+    assert drafted > 400 and 0.15 < kept / drafted < 0.7, (kept, drafted)
+
+
+def test_a_seeded_sampled_request_is_the_same_alone_and_beside_others(lm):
+    prompts = mixed_prompts(lm, 4)
+    params = [SamplingParams(max_tokens=12, temperature=1.2, seed=100 + i) for i in range(4)]
+    together = generate(lm, prompts, params, runner=speculative_runner(lm, 4), max_batch=4)
+    for p, sp, seq in zip(prompts, params, together, strict=True):
+        (alone,) = generate(lm, [p], [sp], runner=speculative_runner(lm, 1))
+        assert alone.generated == seq.generated
+
+
+def test_drafting_pauses_after_mostly_rejected_drafts_and_resumes_later():
+    spec = Speculation(min_acceptance=0.5)
+
+    class Seq:
+        params, grammar = SamplingParams(temperature=0.0), None
+        num_generated = 10
+        recent_drafted, recent_accepted, resume_at = JUDGED_EVERY, JUDGED_EVERY // 4, 0
+
+    seq = Seq()
+    assert not spec.drafting(seq)  # a quarter kept: paused
+    assert seq.resume_at == 10 + PAUSE_TOKENS and seq.recent_drafted == 0
+    seq.num_generated += PAUSE_TOKENS
+    assert spec.drafting(seq)
+    seq.recent_drafted, seq.recent_accepted = JUDGED_EVERY, JUDGED_EVERY // 2
+    assert spec.drafting(seq)  # half kept: goes on
+    seq.params = SamplingParams(temperature=0.0, presence_penalty=0.5)
+    assert not spec.drafting(seq)  # a penalty's scores depend on the tokens before: never drafted for
+
+
+def test_no_drafts_beyond_the_row_limit(lm):
+    runner = speculative_runner(lm, 8, max_rows=2)
+    prompts = mixed_prompts(lm, 3)
+    out = generate(lm, prompts, SamplingParams(max_tokens=10, temperature=0.0), runner=runner, max_batch=3)
+    assert sum(s.drafted for s in out) == 0

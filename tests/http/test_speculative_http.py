@@ -1,0 +1,64 @@
+"""`tserve serve --speculative ngram`: OpenAI completions, streamed and not, answer what decoding without
+speculation gives (tokens, text and logprobs), and /metrics counts the drafts and the kept tokens."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import pytest
+
+from model import checkpoint
+from model.decoding import SamplingParams
+from tests.helpers import factories
+from tests.helpers.fixture_training import CYCLE_TEXT
+from tests.helpers.one_request import lm_tokens
+from tests.helpers.server import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="module")
+def server(lm_dir, tmp_path_factory):
+    srv = ServerProcess(["--model", f"lm={lm_dir}", "--speculative", "ngram", "--num-speculative-tokens", "3"],
+                        tmp_path_factory.mktemp("logs") / "server.log").wait_ready()
+    yield srv
+    srv.stop()
+
+
+def prompts() -> list[str]:
+    """Cycle pieces that repeat their own beginning: the model's continuation is in the context."""
+    words = CYCLE_TEXT.split()
+    return [" ".join(words[a:a + 16] + words[a:a + 10]) for a in (8, 16, 36)]
+
+
+def test_completions_answer_what_decoding_without_speculation_gives(server, lm_dir):
+    lm = checkpoint.load(lm_dir)
+    bodies = [{"model": "lm", "prompt": p, "max_tokens": 12, "temperature": 0, "logprobs": 1} for p in prompts()]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda b: httpx.post(server.url + "/v1/completions", json=b, timeout=60), bodies))
+    for body, resp in zip(bodies, answers, strict=True):
+        assert resp.status_code == 200, resp.text
+        choice = resp.json()["choices"][0]
+        ids = lm.tokenizer.encode(body["prompt"])
+        expected = lm_tokens(lm, ids, SamplingParams(max_tokens=12, temperature=0.0), with_eos=False)
+        assert choice["text"] == lm.tokenizer.decode(expected)
+        assert choice["logprobs"]["tokens"] == lm.tokenizer.tokens(expected)
+    assert server.metric("tserve_speculative_accepted_tokens_total", "lm") > 0
+    drafted = server.metric("tserve_speculative_draft_tokens_total", "lm")
+    assert 0 < server.metric("tserve_speculative_acceptance_rate", "lm") <= 1 and drafted > 0
+
+
+def test_a_streamed_completion_is_the_same_text(server):
+    body = {"model": "lm", "prompt": prompts()[0], "max_tokens": 12, "temperature": 0}
+    whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    streamed = ""
+    with httpx.stream("POST", server.url + "/v1/completions", json=body | {"stream": True}, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                streamed += json.loads(line[6:])["choices"][0]["text"]
+    assert streamed == whole and whole
