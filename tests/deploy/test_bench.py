@@ -154,6 +154,15 @@ def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
 
 
 @pytest.mark.slow
+def test_speculative_benchmark_times_both_ways_and_the_step_costs(capsys):
+    rows, costs = bench_script("speculative").main(["--tiny"])
+    assert [r.workload for r in rows] == ["copy", "continue", "sampled"]
+    assert all(r.plain_tps > 0 and r.spec_tps > 0 and 0 <= r.kept <= 1 and r.tokens_per_step >= 1 for r in rows)
+    assert [fed for fed, _ in costs] == [1, 2, 3, 5] and all(ms > 0 for _, ms in costs)
+    assert "| workload | tokens/s plain | tokens/s speculative |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_embeddings_benchmark_scores_every_model(tmp_path, capsys):
     figure = tmp_path / "clusters.png"
     rows = bench_script("embeddings").main(["--tiny", "--per-domain", "12", "--figure", str(figure)])
