@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
         hf_ms = hf_step_ms(directory, args.prompt, args.new, args.repeats)
         for fmt in ("float32", "int8", "int4", "bfloat16"):
-            if fmt == "bfloat16" and not torch.cpu._is_avx512_bf16_supported():
-                continue  # emulated without AVX512-BF16 / AMX: not a format to serve on such a CPU
+            if fmt == "bfloat16" and not checkpoint.cpu_bfloat16_native():
+                continue  # emulated without AVX512-BF16 / AMX: refused on such a CPU
             loaded = checkpoint.load(directory, device="cpu", dtype="bfloat16" if fmt == "bfloat16" else "float32",
                                      quantize=fmt if fmt in ("int8", "int4") else "none", pack_weights=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)

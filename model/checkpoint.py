@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import platform
 import re
 import time
 from collections.abc import Iterator
@@ -183,6 +184,24 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return table[dtype]
 
 
+def cpu_bfloat16_native() -> bool:
+    """Whether this process's CPU kernels compute bfloat16 in hardware: AVX512-BF16 or AMX, with PyTorch's kernels
+    not held to AVX2 (ATEN_CPU_CAPABILITY). Elsewhere on x86 every bfloat16 product is converted and computed in
+    float32, slower than float32 itself. Other architectures: PyTorch's own choice (True)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512") and (
+        torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def check_cpu_dtype(dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse bfloat16 weights on a CPU that would only emulate them (`cpu_bfloat16_native`)."""
+    if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_bfloat16_native():
+        raise ValueError("bfloat16 on this CPU is emulated (no AVX512-BF16 or AMX, or PyTorch's kernels held to "
+                         f"AVX2: {torch.backends.cpu.get_cpu_capability()}), slower than float32; use --dtype "
+                         "float32, or --quantize int8 / int4 for fewer bytes")
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """`auto`: CUDA when present, else CPU. Asking for CUDA without one is a clear error."""
     if device in (None, "auto"):
@@ -231,6 +250,8 @@ def load(
         raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
     start = time.perf_counter()
     dev = resolve_device(device)
+    if quantize == "none":  # quantized weights need float32, and say so themselves
+        check_cpu_dtype(resolve_dtype(dtype, dev), dev)
     loaded = _assemble(path, raw, resolve_backend(backend, dev))
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()

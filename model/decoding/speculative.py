@@ -8,10 +8,11 @@ is the speed-up.
 Acceptance keeps the output the model's:
 - greedy rows keep draft token j while it is the argmax at position j (the output equals non-speculative
   greedy decoding);
-- sampled rows keep draft token j with probability p_j(d_j) (the draft is one token for sure, q = 1), and
-  at the first rejection draw from p_j with d_j removed: each token then has exactly the target distribution
-  (Leviathan et al. 2023, with a point-mass draft). The row's own generator draws every number, so a seeded
-  request's tokens do not depend on its neighbours.
+- sampled rows draw the token of position j as they would without speculation (the same draw from their own
+  generator) and keep the draft while the draws agree with it. For a point-mass draft (q = 1 on the guessed
+  token) this is exactly speculative sampling's rule (Leviathan et al. 2023: keep d with probability p(d), else
+  draw from p without d), and it uses the generator as plain decoding does, so a seeded request's tokens are
+  the same with speculation or without, alone or beside others.
 A draft is made only where the scores of position j depend on nothing but j (no grammar, no penalties), and
 a request whose drafts are mostly rejected pauses drafting for a while (`Speculation.judge`): text that
 stopped repeating costs nothing more than the lookups, and text that starts repeating again is drafted for.
@@ -140,22 +141,15 @@ def accept(pipeline: LogitsPipeline, seqs: Sequence[object], drafts: Sequence[li
 
 
 def _sample_ahead(probs: Tensor, draft: list[int], generator: torch.Generator) -> list[int]:
-    """Rejection sampling against a point-mass draft: keep d_j with probability p_j(d_j); at the first
-    rejection draw from p_j without d_j; with every draft token kept, draw the bonus token from the last
-    position. Each kept or drawn token has exactly the distribution p of its position."""
-    dev = probs.device
-    if draft:
-        uniforms = torch.rand(len(draft), device=dev, generator=generator)
-        p_draft = probs[torch.arange(len(draft), device=dev), torch.tensor(draft, device=dev)]
-        accepted = (uniforms < p_draft).tolist()
-    else:
-        accepted = []
-    kept = 0
-    while kept < len(draft) and accepted[kept]:
-        kept += 1
-    p = probs[kept]
-    if kept < len(draft):  # rejected: the residual max(0, p - q) with q a point mass on the draft token
-        p = p.clone()
-        p[draft[kept]] = 0.0
-    noise = torch.empty(p.size(-1), device=dev).exponential_(generator=generator).clamp_min_(_TINY)
-    return draft[:kept] + [int((p / noise).argmax())]
+    """A sampled row's tokens: at each position the token it would draw without speculation (the same draw from
+    its generator: one exponential noise vector per token), the draft kept while the draws agree with it. With a
+    point-mass draft this is exactly rejection sampling (d kept with probability p(d), else a draw from p without
+    d), and it consumes the generator as plain decoding does: a seeded request's tokens are the same with or
+    without speculation, whatever else runs."""
+    dev, tokens = probs.device, []
+    for j in range(len(draft) + 1):
+        noise = torch.empty(probs.size(-1), device=dev).exponential_(generator=generator).clamp_min_(_TINY)
+        tokens.append(int((probs[j] / noise).argmax()))
+        if j == len(draft) or tokens[-1] != draft[j]:
+            return tokens
+    return tokens

@@ -1,7 +1,8 @@
 """Speculative decoding with prompt-lookup drafts (`--speculative ngram`): greedy output identical to decoding
 without it, in the one-request path and in the engine beside other requests; sampled output from the model's
 own distribution (a two-sample chi-square test at a stated significance, at a temperature where most drafts
-are rejected); a seeded request the same alone and beside others; drafting paused where drafts fail."""
+are rejected) and, seeded, the very tokens decoding without speculation draws; drafting paused where drafts
+fail."""
 
 from __future__ import annotations
 
@@ -138,8 +139,8 @@ def _chi_square_p(a: Counter, b: Counter) -> float:
 
 def test_sampled_tokens_have_the_models_distribution():
     """Temperature 2 on the cycle model: drafts from the cycle are mostly rejected (about 30% kept), so both
-    the kept-draft and the residual branch decide tokens. 3,000 seeded draws with speculation and 3,000
-    without: each of tokens 2-4 has the same distribution (chi-square, p > 1e-3 / 3 each)."""
+    kept drafts and rejections decide tokens. 3,000 draws with speculation and 3,000 without, seeded apart
+    (seeds 0.. and 10^6..): each of tokens 2-4 has the same distribution (chi-square, p > 1e-3 / 3 each)."""
     import tempfile
     from pathlib import Path
 
@@ -174,13 +175,26 @@ def test_acceptance_of_the_sampled_fixture_leaves_both_branches_in_use():
     assert drafted > 400 and 0.15 < kept / drafted < 0.7, (kept, drafted)
 
 
-def test_a_seeded_sampled_request_is_the_same_alone_and_beside_others(lm):
-    prompts = mixed_prompts(lm, 4)
-    params = [SamplingParams(max_tokens=12, temperature=1.2, seed=100 + i) for i in range(4)]
-    together = generate(lm, prompts, params, runner=speculative_runner(lm, 4), max_batch=4)
-    for p, sp, seq in zip(prompts, params, together, strict=True):
-        (alone,) = generate(lm, [p], [sp], runner=speculative_runner(lm, 1))
-        assert alone.generated == seq.generated
+def test_seeded_sampled_requests_draw_what_they_draw_without_speculation():
+    """A sampled row draws each token as plain decoding does and keeps the draft while the draws agree: with a
+    seed, the same tokens with speculation or without, whether a step drafts (within the row limit) or not."""
+    import tempfile
+    from pathlib import Path
+
+    lm = checkpoint.load(factories.tiny_lm_dir(Path(tempfile.mkdtemp())), device="cpu")
+    prompt = lm.tokenizer.encode(cycle_prompts(1, seed=2, min_words=12, max_words=12)[0])
+    prompt = prompt + prompt[:6]
+    params = [SamplingParams(max_tokens=10, temperature=1.5, seed=100 + i, ignore_eos=True) for i in range(40)]
+    plain = generate(lm, [prompt] * 40, params, max_batch=40)
+    fast = generate(lm, [prompt] * 40, params, runner=speculative_runner(lm, 40, num_tokens=3, max_rows=40),
+                    max_batch=40)
+    assert [s.generated for s in fast] == [s.generated for s in plain]
+    drafted, kept = sum(s.drafted for s in fast), sum(s.accepted for s in fast)
+    assert 0 < kept < drafted, (kept, drafted)
+    beyond = generate(lm, [prompt] * 40, params, runner=speculative_runner(lm, 40, num_tokens=3, max_rows=4),
+                      max_batch=40)
+    assert [s.generated for s in beyond] == [s.generated for s in plain]
+    assert 0 < sum(s.drafted for s in beyond) < drafted  # the first row alone drafts (the rest read its prefix later)
 
 
 def test_drafting_pauses_after_mostly_rejected_drafts_and_resumes_later():

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from model.checkpoint import CheckpointError, load, resolve_device, resolve_dtype, save_checkpoint
+from model.checkpoint import (
+    CheckpointError,
+    cpu_bfloat16_native,
+    load,
+    resolve_device,
+    resolve_dtype,
+    save_checkpoint,
+)
 
 
 def test_round_trip_each_architecture(tiny_lm, tiny_mt, tiny_vit, tmp_path):
@@ -30,8 +38,24 @@ def test_tied_weights_stay_tied_after_load(tiny_lm):
     assert m.lm_head.weight.data_ptr() == m.tok_emb.weight.data_ptr()
 
 
+def test_kernels_held_to_avx2_count_as_emulated_bfloat16():
+    """What an AVX2-only CPU gets, on any CPU: PyTorch's kernels held to AVX2 compute no bfloat16 natively."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from model.checkpoint import cpu_bfloat16_native; print(cpu_bfloat16_native())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"},
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False"
+
+
 def test_dtype_and_device_resolution(tiny_lm):
-    assert load(tiny_lm, dtype="bfloat16").dtype == torch.bfloat16
+    if cpu_bfloat16_native():
+        assert load(tiny_lm, dtype="bfloat16").dtype == torch.bfloat16
+    else:  # emulated bfloat16 is slower than float32: refused, naming what to use instead
+        with pytest.raises(ValueError, match="bfloat16 on this CPU is emulated.*--dtype float32"):
+            load(tiny_lm, dtype="bfloat16")
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")

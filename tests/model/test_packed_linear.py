@@ -46,7 +46,7 @@ def test_a_row_gets_the_same_result_in_any_batch():
 
 
 def test_other_dtypes_and_int8_keep_their_layers(tiny_lm):
-    model = load(tiny_lm, dtype="bfloat16").model
+    model = load(tiny_lm).model.to(torch.bfloat16)
     assert pack_linears(model) == 0 and any(type(m) is nn.Linear for m in model.modules())
     int8 = load(tiny_lm, quantize="int8", pack_weights=True)
     assert int8.quantization == "int8" and not any(isinstance(m, PackedLinear) for m in int8.model.modules())
