@@ -3,7 +3,7 @@ language model reads (its weights and its KV cache), and how close tserve's deco
 those bytes take.
 
     python bench/roofline.py                      # GPT-2 small and SmolLM2-135M shapes, float32, int8, int4
-                                                  # and (on a CPU with AVX512-BF16 or AMX) bfloat16
+                                                  # and bfloat16 (emulated without AVX512-BF16 or AMX)
     python bench/roofline.py --tiny               # tiny shapes, small arrays (the tests run this)
 
 Bandwidth: a STREAM-style triad `a = b + 3 c` over float32 arrays of --array-mb each (bytes: 3 arrays; best
@@ -178,8 +178,6 @@ def main(argv: list[str] | None = None) -> list[Row]:
         directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
         hf_ms = hf_step_ms(directory, args.prompt, args.new, args.repeats)
         for fmt in ("float32", "int8", "int4", "bfloat16"):
-            if fmt == "bfloat16" and not checkpoint.cpu_bfloat16_native():
-                continue  # emulated without AVX512-BF16 / AMX: refused on such a CPU
             loaded = checkpoint.load(directory, device="cpu", dtype="bfloat16" if fmt == "bfloat16" else "float32",
                                      quantize=fmt if fmt in ("int8", "int4") else "none", pack_weights=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)

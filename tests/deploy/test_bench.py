@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import cpu_bfloat16_native
-
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -143,7 +141,7 @@ def test_files_benchmark_times_a_file_cold_and_with_the_memory_warm(capsys):
 @pytest.mark.slow
 def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
     rows = bench_script("roofline").main(["--tiny"])
-    formats = ["float32", "int8", "int4"] + (["bfloat16"] if cpu_bfloat16_native() else [])
+    formats = ["float32", "int8", "int4", "bfloat16"]
     assert [(r.model.split()[0], r.fmt) for r in rows] == [(m, f) for m in ("tiny", "tiny-llama") for f in formats]
     fp32, int8, int4 = rows[0], rows[1], rows[2]
     assert 3.5 < fp32.weight_mb / int8.weight_mb < 4.0  # int8 weights: a quarter of the bytes, plus scales
