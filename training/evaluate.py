@@ -37,7 +37,7 @@ PROBES = {"en": ["Good morning.", "Where is the station?", "I don't know.", "Tha
                  "Das Wetter ist heute schön.", "Öffnen Sie die Datei.", "Speichern Sie das Dokument."]}
 # metrics.json's key for the int8 figures of each kind of activations: 8-bit ones (what a CPU with VNNI or AMX
 # runs) keep the key they always had.
-QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit"}
+QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit", "int4": "int4"}
 LM_PROMPTS = ["The king said", "It is a truth universally acknowledged", "Love is"]
 
 
@@ -261,18 +261,20 @@ def evaluate_checkpoint(path: str | Path, *, limit: int | None = None, device: s
     A full evaluation also records the metrics of the first REFERENCE_SLICE items. With `write`, store
     `metrics.json` next to the weights and re-render the model card. `quantize="int8"`: the figures of the
     int8 model (`--quantize int8`, activations as `int8_activations` says), stored beside the float32 ones
-    under the key `QUANTIZED_FIGURES` gives those activations."""
+    under the key `QUANTIZED_FIGURES` gives those activations; `quantize="int4"`: the int4 model's (group size
+    32, the default), under `int4`."""
     configure_threads()
     path = Path(path)
     loaded = load(path, device=resolve_device(device), dtype="float32", quantize=quantize,
                   int8_activations=int8_activations)
     if quantize != "none":
         metrics = evaluate_loaded(loaded, path, limit=limit, data_root=data_root)
-        activations = resolve_activations(int8_activations)
-        figures = {"limit": limit, "activations": activations, **{k: v for k, v in metrics.items() if k != "samples"}}
+        scheme = "int4" if quantize == "int4" else resolve_activations(int8_activations)
+        detail = {"group_size": 32} if quantize == "int4" else {"activations": scheme}
+        figures = {"limit": limit, **detail, **{k: v for k, v in metrics.items() if k != "samples"}}
         if write:
             stored = read_json(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else {}
-            write_json(path / METRICS_FILE, stored | {QUANTIZED_FIGURES[activations]: figures})
+            write_json(path / METRICS_FILE, stored | {QUANTIZED_FIGURES[scheme]: figures})
             write_card(path)
         return figures
     kept = {}  # a float32 evaluation keeps the quantized figures it does not recompute

@@ -421,6 +421,8 @@ def test_eval_records_int8_figures_beside_the_float32_ones(tiny_vit, tmp_path, m
     def fake_evaluate(loaded, path, *, limit=None, data_root=None, full=True):  # noqa: ANN001, ANN202
         activations = {m.activations for m in loaded.model.modules() if hasattr(m, "activations")}
         seen.append((loaded.quantization, *activations))
+        if loaded.quantization == "int4":
+            return {"accuracy": 0.3}
         return {"accuracy": {"split": 0.5, "7bit": 0.4}[activations.pop()] if activations else 0.6}
 
     monkeypatch.setattr(evaluate, "evaluate_loaded", fake_evaluate)
@@ -430,7 +432,11 @@ def test_eval_records_int8_figures_beside_the_float32_ones(tiny_vit, tmp_path, m
     stored = json.loads((ckpt / "metrics.json").read_text())
     assert stored["int8_split"] == {"limit": None, "activations": "split", "accuracy": 0.5}
     assert stored["int8_7bit"]["accuracy"] == 0.4 and seen == [("int8", "split"), ("int8", "7bit")]
+    assert cli.main(["eval", str(ckpt), "--quantize", "int4"]) == 0
+    assert json.loads((ckpt / "metrics.json").read_text())["int4"] == {"limit": None, "group_size": 32,
+                                                                       "accuracy": 0.3}
     evaluate.evaluate_checkpoint(ckpt, device="cpu")
     stored = json.loads((ckpt / "metrics.json").read_text())
-    assert stored["accuracy"] == 0.6 and stored["int8_split"]["accuracy"] == 0.5
-    assert "| int8_split.accuracy | 0.5 |" in (ckpt / "MODEL_CARD.md").read_text()
+    assert stored["accuracy"] == 0.6 and stored["int8_split"]["accuracy"] == 0.5 and stored["int4"]["accuracy"] == 0.3
+    card = (ckpt / "MODEL_CARD.md").read_text()
+    assert "| int8_split.accuracy | 0.5 |" in card and "| int4.accuracy | 0.3 |" in card and "`int4.*`" in card
