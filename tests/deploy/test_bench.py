@@ -154,6 +154,13 @@ def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
 
 
 @pytest.mark.slow
+def test_int4_linear_benchmark_times_every_format(capsys):
+    rows = bench_script("int4_linear").main(["--tiny", "--calls", "5"])
+    assert [r[0] for r in rows] == ["64x96", "96x200"] and all(min(r[1:]) > 0 for r in rows)
+    assert "| in x out | float32 µs | int8 µs | int4 µs |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_speculative_benchmark_times_both_ways_and_the_step_costs(capsys):
     rows, costs = bench_script("speculative").main(["--tiny"])
     assert [r.workload for r in rows] == ["copy", "continue", "sampled"]
