@@ -4,8 +4,11 @@
     python bench/vit.py --tiny     # tiny shapes (the tests run this)
 
 tserve: 1 client sending one PNG at a time, and --clients concurrent clients (dynamic batching), through
-`/v1/classifications` (decode, preprocessing, batching, JSON). `transformers`: `ViTForImageClassification`
-on preprocessed tensors at batch 1 and batch --hf-batch. Reported: images per second.
+`/v1/classifications` (decode, preprocessing, batching, JSON). What a user would deploy instead: `transformers`'
+`pipeline("image-classification")` behind a minimal FastAPI app on uvicorn (`bench/hf_pipeline_server.py`),
+driven by the same clients with the same PNGs. And `transformers`' `ViTForImageClassification` in process on
+preprocessed tensors at batch 1 and batch --hf-batch (no decoding, no HTTP: a bound no service reaches).
+Reported: images per second.
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ class Row:
 
 def make_vit(shape: dict, d: Path) -> Path:
     import torch
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     torch.manual_seed(0)
+    size = shape["image_size"]  # the pipeline reads its preprocessing from here; tserve does too
+    ViTImageProcessor(size={"height": size, "width": size}).save_pretrained(d)
     labels = {i: f"class {i}" for i in range(10)}
     ViTForImageClassification(ViTConfig(**shape, num_channels=3, id2label=labels,
                                         label2id={v: k for k, v in labels.items()})).save_pretrained(d)
@@ -103,6 +108,44 @@ async def http_clients(url: str, images: list[bytes], clients: int) -> Row:
                    time.perf_counter() - start)
 
 
+async def _clients(url: str, images: list[bytes], clients: int, system: str) -> Row:
+    row = await http_clients(url, images, clients)
+    return Row(f"{system}, {clients} client{'s' if clients > 1 else ''}", row.images, row.seconds)
+
+
+def pipeline_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: Path) -> list[Row]:
+    """The same clients against `transformers`' pipeline behind FastAPI + uvicorn, in its own process."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (work / "pipeline.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "hf_pipeline_server.py"), "--model", str(d),
+                             "--port", str(port), "--threads", str(args.threads)], stdout=log, stderr=log,
+                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.perf_counter() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.perf_counter() > deadline:
+                raise RuntimeError(f"the pipeline server did not start: {(work / 'pipeline.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        asyncio.run(http_clients(url, images[:4], 1))  # warm-up
+        return [asyncio.run(_clients(url, images, c, "HF pipeline + FastAPI")) for c in (1, args.clients)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
 def tserve_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: Path) -> list[Row]:
     from tests.helpers.server import ServerProcess
 
@@ -128,7 +171,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     shape = SHAPES["tiny" if args.tiny else "vit-s16"]
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-vit-"))
     d = make_vit(shape, work / "vit")
-    rows = hf_rows(d, shape, args) + tserve_rows(d, pngs(args.images, shape["image_size"]), args, work)
+    images = pngs(args.images, shape["image_size"])
+    rows = hf_rows(d, shape, args) + pipeline_rows(d, images, args, work) + tserve_rows(d, images, args, work)
     from training.common import cpu_description
 
     print(f"\nCPU: {cpu_description()}")
@@ -137,7 +181,11 @@ def main(argv: list[str] | None = None) -> list[Row]:
     for r in rows:
         print(f"| {r.system} | {r.images_per_s:.1f} |")
     by = {r.system: r.images_per_s for r in rows}
-    print(f"\ntserve 1 client / HF batch 1: {by['tserve HTTP, 1 client'] / by['HF, batch 1']:.2f}x; "
+    clients = f"{args.clients} clients"
+    print(f"\ntserve / HF pipeline + FastAPI: 1 client "
+          f"{by['tserve HTTP, 1 client'] / by['HF pipeline + FastAPI, 1 client']:.2f}x, {clients} "
+          f"{by[f'tserve HTTP, {clients}'] / by[f'HF pipeline + FastAPI, {clients}']:.2f}x")
+    print(f"tserve 1 client / HF batch 1: {by['tserve HTTP, 1 client'] / by['HF, batch 1']:.2f}x; "
           f"tserve {args.clients} clients / HF batch {args.hf_batch}: "
           f"{by[f'tserve HTTP, {args.clients} clients'] / by[f'HF, batch {args.hf_batch}']:.2f}x")
     return rows

@@ -114,10 +114,12 @@ def test_translation_benchmark_runs_nllb_with_the_target_language_forced(capsys)
 
 def test_vit_benchmark_runs_every_column_on_tiny_shapes(capsys):
     rows = bench_script("vit").main(["--tiny"])
-    assert [r.system for r in rows] == ["HF, batch 1", "HF, batch 4", "tserve HTTP, 1 client", "tserve HTTP, 4 clients"]
+    assert [r.system for r in rows] == ["HF, batch 1", "HF, batch 4", "HF pipeline + FastAPI, 1 client",
+                                        "HF pipeline + FastAPI, 4 clients", "tserve HTTP, 1 client",
+                                        "tserve HTTP, 4 clients"]
     assert all(r.images >= 8 and r.seconds > 0 for r in rows)
     out = capsys.readouterr().out
-    assert "tserve 1 client / HF batch 1:" in out
+    assert "tserve 1 client / HF batch 1:" in out and "tserve / HF pipeline + FastAPI: 1 client" in out
     assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in out
 
 
