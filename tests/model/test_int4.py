@@ -5,18 +5,13 @@ chrF move only within stated bounds."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
 from model.checkpoint import load
 from model.quantize import INT4_GROUP_SIZES, Int4Linear, _int4_groups, linear_weight_bytes, quantize_int4
-from tests.model.test_quantize import _bundled, _data_or_skip, _logits
-from training import data as data_mod
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.model.test_quantize import _logits, lm_perplexities, translator_agreement
 
 
 @pytest.mark.parametrize("which", ["lm", "mt", "vit"])
@@ -94,27 +89,15 @@ def test_int4_settings_are_checked(tiny_lm):
 
 @pytest.mark.slow
 def test_int4_language_model_perplexity_within_3_percent():
-    from training.evaluate import evaluate_loaded
-
-    path = ROOT / "models" / "tserve-lm"
-    fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-lm"), path, limit=20, full=False))
-    int4 = evaluate_loaded(_bundled("tserve-lm", "int4"), path, limit=20, full=False)
-    print(f"perplexity float32 {fp32['perplexity']}, int4 {int4['perplexity']}")
-    assert int4["perplexity"] == pytest.approx(fp32["perplexity"], rel=0.03)
+    fp32, int4 = lm_perplexities("int4")
+    assert int4 == pytest.approx(fp32, rel=0.03)
 
 
 @pytest.mark.slow
 def test_int4_translator_on_200_test_sentences():
     """chrF within 1.0 of float32. Identical 4-beam translations: 65.5% measured (the goal of 80% is missed,
     docs/BENCHMARKS.md); at least 60% guards against a worse quantizer."""
-    from training.evaluate import bleu_chrf, translate
-
-    pairs = _data_or_skip(lambda: data_mod.load_translation_pairs()["test"][:200])
-    sources, refs = [p.en for p in pairs], [p.de for p in pairs]
-    fp32 = translate(_bundled("tserve-en-de"), sources)
-    int4 = translate(_bundled("tserve-en-de", "int4"), sources)
-    identical = sum(a == b for a, b in zip(fp32, int4, strict=True)) / len(pairs)
-    chrf_fp32, chrf_int4 = bleu_chrf(fp32, refs)["chrf"], bleu_chrf(int4, refs)["chrf"]
+    identical, chrf_fp32, chrf_int4 = translator_agreement("int4")
     print(f"chrF float32 {chrf_fp32}, int4 {chrf_int4}; identical {identical:.1%}")
     assert abs(chrf_int4 - chrf_fp32) <= 1.0
     assert identical >= 0.60

@@ -147,18 +147,35 @@ def _data_or_skip(fetch):  # noqa: ANN001, ANN202
         pytest.skip(f"test data unavailable and cannot be fetched: {exc}")
 
 
-@pytest.mark.slow
-def test_int8_translator_on_200_test_sentences():
-    """chrF within 1.0 of float32 and at least 90% of the 4-beam translations identical, on the path this
-    machine takes (92.5% with full 8-bit activations, 95% with split ones; docs/BENCHMARKS.md)."""
+def translator_agreement(quantize: str) -> tuple[float, float, float]:
+    """On the en-de test split's first 200 sentences, 4 beams: the share of translations identical to float32's,
+    float32's chrF and the quantized model's."""
     from training.evaluate import bleu_chrf, translate
 
     pairs = _data_or_skip(lambda: data_mod.load_translation_pairs()["test"][:200])
     sources, refs = [p.en for p in pairs], [p.de for p in pairs]
     fp32 = translate(_bundled("tserve-en-de"), sources)
-    int8 = translate(_bundled("tserve-en-de", "int8"), sources)
-    identical = sum(a == b for a, b in zip(fp32, int8, strict=True)) / len(pairs)
-    chrf_fp32, chrf_int8 = bleu_chrf(fp32, refs)["chrf"], bleu_chrf(int8, refs)["chrf"]
+    quantized = translate(_bundled("tserve-en-de", quantize), sources)
+    identical = sum(a == b for a, b in zip(fp32, quantized, strict=True)) / len(pairs)
+    return identical, bleu_chrf(fp32, refs)["chrf"], bleu_chrf(quantized, refs)["chrf"]
+
+
+def lm_perplexities(quantize: str) -> tuple[float, float]:
+    """The bundled LM's perplexity on 20 test chunks, float32 and quantized."""
+    from training.evaluate import evaluate_loaded
+
+    path = ROOT / "models" / "tserve-lm"
+    fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-lm"), path, limit=20, full=False))
+    quantized = evaluate_loaded(_bundled("tserve-lm", quantize), path, limit=20, full=False)
+    print(f"perplexity float32 {fp32['perplexity']}, {quantize} {quantized['perplexity']}")
+    return fp32["perplexity"], quantized["perplexity"]
+
+
+@pytest.mark.slow
+def test_int8_translator_on_200_test_sentences():
+    """chrF within 1.0 of float32 and at least 90% of the 4-beam translations identical, on the path this
+    machine takes (92.5% with full 8-bit activations, 95% with split ones; docs/BENCHMARKS.md)."""
+    identical, chrf_fp32, chrf_int8 = translator_agreement("int8")
     print(f"activations {resolve_activations('auto')}: chrF float32 {chrf_fp32}, int8 {chrf_int8}; "
           f"identical {identical:.1%}")
     assert abs(chrf_int8 - chrf_fp32) <= 1.0
@@ -167,13 +184,8 @@ def test_int8_translator_on_200_test_sentences():
 
 @pytest.mark.slow
 def test_int8_language_model_perplexity_within_2_percent():
-    from training.evaluate import evaluate_loaded
-
-    path = ROOT / "models" / "tserve-lm"
-    fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-lm"), path, limit=20, full=False))
-    int8 = evaluate_loaded(_bundled("tserve-lm", "int8"), path, limit=20, full=False)
-    print(f"perplexity float32 {fp32['perplexity']}, int8 {int8['perplexity']}")
-    assert int8["perplexity"] == pytest.approx(fp32["perplexity"], rel=0.02)
+    fp32, int8 = lm_perplexities("int8")
+    assert int8 == pytest.approx(fp32, rel=0.02)
 
 
 @pytest.mark.slow
