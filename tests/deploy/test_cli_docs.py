@@ -50,6 +50,18 @@ def test_flags_override_environment(monkeypatch):
     assert Settings().model_specs() == {"a": Path("/x"), "b": Path("/y")}
 
 
+def test_quantization_and_speculation_flags_reach_the_settings(monkeypatch):
+    monkeypatch.setenv("TSERVE_INT4_GROUP_SIZE", "64")
+    args = build_parser().parse_args(["serve", "--quantize", "int4", "--speculative", "ngram",
+                                      "--num-speculative-tokens", "6"])
+    settings = settings_from_args(args)
+    assert (settings.quantize, settings.int4_group_size) == ("int4", 64)
+    assert (settings.speculative, settings.num_speculative_tokens) == ("ngram", 6)
+    assert settings_from_args(build_parser().parse_args(["serve", "--int4-group-size", "128"])).int4_group_size == 128
+    with pytest.raises(ValueError, match="must be one of"):
+        Settings(int4_group_size=48)
+
+
 def test_bad_model_flag_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "service", "serve", "--model", "no-equals-sign"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
