@@ -130,18 +130,21 @@ class GenerationEngine(Scheduler):
         self.runner.release(req)
 
     def _make_room(self, reqs: list[GenerationRequest], drafts: dict[int, list[int]]) -> list[GenerationRequest]:
-        """Blocks for every running request's next position (and its draft's, `drafts` by id, when free: else
-        its draft is dropped), oldest first; when none is free, the newest request holding blocks is preempted
-        (it may be the one asking). Returns those that keep running."""
+        """A block for every running request's next position, oldest first; when none is free, the newest
+        request holding blocks is preempted (it may be the one asking). Then blocks for the drafts (`drafts` by
+        id) from what is left: a draft that does not fit is dropped, never a reason to preempt. Returns the
+        requests that keep running."""
         asking = set(reqs)
         order = [r for r in self.running if r in asking]  # admission order
         for req in order:
-            if drafts.get(id(req)) and not self.runner.grow(req, len(drafts[id(req)])):
-                drafts[id(req)] = []
             while req.table is not None and not self.runner.grow(req):
                 victim = next(r for r in reversed(order) if r.table is not None)
                 self._preempt(victim)
-        return [r for r in order if r.table is not None]
+        running = [r for r in order if r.table is not None]
+        for req in running:
+            if drafts.get(id(req)) and not self.runner.grow(req, len(drafts[id(req)])):
+                drafts[id(req)] = []
+        return running
 
     def _preempt(self, req: GenerationRequest) -> None:
         """Free its row and blocks and put it back at the head of the queue; it resumes from its tokens."""

@@ -221,3 +221,27 @@ def test_no_drafts_beyond_the_row_limit(lm):
     prompts = mixed_prompts(lm, 3)
     out = generate(lm, prompts, SamplingParams(max_tokens=10, temperature=0.0), runner=runner, max_batch=3)
     assert sum(s.drafted for s in out) == 0
+
+
+def test_drafts_take_only_blocks_nobody_needs_and_preempted_requests_finish_the_same(lm):
+    """A pool that holds the requests' whole contexts and nothing more: drafts never preempt anyone (they are
+    dropped when no block is free); and in a smaller pool, requests preempted while drafting finish with the
+    tokens they have without speculation."""
+    words = CYCLE_TEXT.split()
+    prompts = [lm.tokenizer.encode(" ".join(words[a:a + 16] + words[a:a + 10])) for a in (8, 16, 36)]
+    jobs = [(p, SamplingParams(max_tokens=24, temperature=0.0 if i % 2 == 0 else 1.0, seed=i, ignore_eos=True))
+            for i, p in enumerate(prompts)]
+    expected = [lm_tokens(lm, p, sp) for p, sp in jobs]
+    block_bytes = 4 * 2 * lm.config.n_layers * lm.config.kv_heads * lm.config.d_head * 4
+    exact = sum(-(-(len(p) + sp.max_tokens) // 4) for p, sp in jobs)
+    prompts_only = sum(-(-len(p) // 4) for p in prompts)  # all three admitted, then short as they grow
+    for blocks, preempts in ((exact, False), (prompts_only + 2, True)):
+        engine = GenerationEngine("lm", lm, max_slots=3, max_queue=8, max_model_len=128, timeout_s=60.0,
+                                  metrics=Metrics(), kv_block_size=4, kv_cache_budget=(blocks * block_bytes, None),
+                                  speculation=Speculation(num_tokens=4))
+        engine.start()
+        results = run_engine(engine, jobs)
+        assert [ids for ids, _ in results] == expected
+        assert engine.m.spec_accepted._value.get() > 0
+        assert (engine.m.preemptions._value.get() > 0) == preempts, blocks
+        assert engine.runner.blocks.num_in_use == 0

@@ -64,6 +64,11 @@ BUGS = [
         "            n = s.num_computed + 1 + kept\n", "            n = s.num_computed + 1 + len(d)\n",
         ("tests/engine/test_speculative.py::test_greedy_output_is_identical_with_speculation_and_drafts_are_both_kept_and_rejected",
          "tests/engine/test_speculative.py::test_the_engine_streams_what_plain_greedy_decoding_gives")),
+    Bug("speculative-drafts-take-blocks-before-next-positions", "service/engine/generation.py",
+        "        for req in order:\n            while req.table is not None and not self.runner.grow(req):",
+        "        for req in order:\n            if drafts.get(id(req)) and not self.runner.grow(req, len(drafts[id(req)])):\n"
+        "                drafts[id(req)] = []\n            while req.table is not None and not self.runner.grow(req):",
+        ("tests/engine/test_speculative.py::test_drafts_take_only_blocks_nobody_needs_and_preempted_requests_finish_the_same",)),
     Bug("speculative-tokens-emitted-after-the-finish", "service/engine/generation.py",
         "                if req.finished:  # eos, max_tokens or a stop string among its kept tokens\n                    return\n",
         "",
