@@ -26,11 +26,21 @@ def sample(scores: Tensor, params: Sequence[SamplingParams], generators: Sequenc
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled:
         return tokens
-    dev, V = scores.device, scores.size(-1)
+    dev = scores.device
     idx = torch.tensor(sampled, device=dev)
     probs = torch.softmax(scores[idx].float(), dim=-1)
-    noise = torch.stack([torch.empty(V, device=dev).exponential_(generator=generators[i]) for i in sampled])
-    return tokens.index_copy(0, idx, (probs / noise.clamp_min_(_TINY)).argmax(dim=-1))
+    noise = torch.stack([exponential_noise(probs.size(-1), generators[i]) for i in sampled])
+    return tokens.index_copy(0, idx, (probs / noise).argmax(dim=-1))
+
+
+def draw(probs: Tensor, generator: torch.Generator) -> int:
+    """One token from one row's probabilities (V,), as `sample` draws it for that row."""
+    return int((probs / exponential_noise(probs.size(-1), generator)).argmax())
+
+
+def exponential_noise(vocab_size: int, generator: torch.Generator) -> Tensor:
+    """A row's next noise vector from its generator (on the generator's device)."""
+    return torch.empty(vocab_size, device=generator.device).exponential_(generator=generator).clamp_min_(_TINY)
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:

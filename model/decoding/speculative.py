@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from model.decoding.logits import LogitsPipeline
-from model.decoding.sampler import _TINY
+from model.decoding.sampler import draw
 
 JUDGED_EVERY = 8  # draft tokens a request proposes between two judgements of its acceptance
 PAUSE_TOKENS = 16  # tokens a request generates without drafting after a judgement found its drafts rejected
@@ -146,10 +146,9 @@ def _sample_ahead(probs: Tensor, draft: list[int], generator: torch.Generator) -
     point-mass draft this is exactly rejection sampling (d kept with probability p(d), else a draw from p without
     d), and it consumes the generator as plain decoding does: a seeded request's tokens are the same with or
     without speculation, whatever else runs."""
-    dev, tokens = probs.device, []
+    tokens = []
     for j in range(len(draft) + 1):
-        noise = torch.empty(probs.size(-1), device=dev).exponential_(generator=generator).clamp_min_(_TINY)
-        tokens.append(int((probs[j] / noise).argmax()))
+        tokens.append(draw(probs[j], generator))
         if j == len(draft) or tokens[-1] != draft[j]:
             return tokens
     return tokens
