@@ -36,10 +36,17 @@ step_flash() {  # the kernel tests alone (a quick re-check after a kernel change
   timeout "$STEP_S" python3 -m pytest -p no:cacheprovider -q tests/model/test_flash_kernels.py
 }
 
-step_bench() {
+step_bench() {  # one process per section, and per shape in the lm section (a slow shape cannot starve the next)
   for section in ${SECTIONS:-lm translation vit kernels}; do
-    timeout "$STEP_S" python3 bench/gpu.py --sections "$section" --attention-backend "${BACKEND:-auto}" \
-      --lm-shapes ${LM_SHAPES:-gpt2 qwen2.5-0.5b} --out "$OUT/gpu-$section-${BACKEND:-auto}.json"
+    if [ "$section" = lm ]; then
+      for shape in ${LM_SHAPES:-gpt2 qwen2.5-0.5b}; do
+        timeout "$STEP_S" python3 bench/gpu.py --sections lm --attention-backend "${BACKEND:-auto}" \
+          --lm-shapes "$shape" --out "$OUT/gpu-lm-$shape-${BACKEND:-auto}.json"
+      done
+    else
+      timeout "$STEP_S" python3 bench/gpu.py --sections "$section" --attention-backend "${BACKEND:-auto}" \
+        --out "$OUT/gpu-$section-${BACKEND:-auto}.json"
+    fi
   done
 }
 

@@ -14,10 +14,11 @@ from model.attention import math_attention, resolve_backend, sdpa_attention
 from model.config import DecoderConfig
 from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoder import Decoder
-from model.decoding import SamplingParams
+from model.decoding import SamplingParams, Speculation
 from service.engine import GenerationEngine
 from service.metrics import Metrics
 from tests.helpers import factories
+from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.kv_rows import row_keys
 from tests.helpers.one_request import job_tokens, lm_tokens
 
@@ -109,6 +110,36 @@ def test_engine_on_gpu_concurrent_equals_alone(lm_dir, device, graphs):
         assert first == second  # per-request generators on the GPU: reproducible whatever the neighbours
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_engine_on_gpu_with_drafts_and_a_small_pool_equals_alone(lm_dir, graphs):
+    """Prompt-lookup drafts (scored outside the captured decode graphs) and a block pool small enough that
+    requests are preempted while drafting, on the GPU: each request gets the tokens it gets alone, and every
+    block comes back."""
+    lm = checkpoint.load(lm_dir, device=CUDA, dtype="float32")
+    words = CYCLE_TEXT.split()
+    prompts = [lm.tokenizer.encode(" ".join(words[a:a + 16] + words[a:a + 10])) for a in (0, 8, 16, 24, 36)]
+    jobs = [(p, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)) for p in prompts]
+    expected = [lm_tokens(lm, p, sp) for p, sp in jobs]
+    cfg = lm.config
+    block_bytes = 4 * 2 * cfg.n_layers * cfg.kv_heads * cfg.d_head * 4
+    blocks = sum(-(-len(p) // 4) for p in prompts) + 2  # all admitted, then short of blocks as they grow
+    engine = GenerationEngine("lm", lm, max_slots=len(prompts), max_queue=8, max_model_len=128, timeout_s=60.0,
+                              metrics=Metrics(), cuda_graphs=graphs, kv_block_size=4,
+                              kv_cache_budget=(blocks * block_bytes, None), speculation=Speculation(num_tokens=4))
+    engine.start()
+
+    async def run():
+        return await token_ids(engine, [engine.submit(p, sp) for p, sp in jobs])
+
+    try:
+        assert asyncio.run(run()) == expected
+    finally:
+        engine.stop()
+    assert engine.m.spec_accepted._value.get() > 0
+    assert engine.m.preemptions._value.get() > 0
+    assert engine.runner.blocks.num_in_use == 0
 
 
 @pytest.mark.parametrize("graphs", [True, False])
