@@ -109,12 +109,27 @@ class ModelRegistry:
         loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                  int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
                                  pack_weights=True)
-        served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics)
+        extra = {}
+        if loaded.task == "text-generation" and s.draft_model:
+            extra["draft"] = self._load_draft(name, device, backend)
+        served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics, **extra)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),
                                          "quantization": loaded.quantization,
                                          "attention_backend": backend, "parameters": loaded.num_parameters()})
         return served
+
+    def _load_draft(self, name: str, device: torch.device, backend: str) -> checkpoint.LoadedModel:
+        """--draft-model, loaded as the model it drafts for is (device, dtype, quantization)."""
+        s = self.settings
+        path = hub.checkpoint_dir(s.draft_model)
+        draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
+                                int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
+                                pack_weights=True)
+        if draft.task != "text-generation":
+            raise ValueError(f"--draft-model {s.draft_model}: a {draft.task} model, not a language model")
+        log.info("draft model", extra={"model": name, "path": str(path), "parameters": draft.num_parameters()})
+        return draft
 
     def _check_memory(self, name: str, path: Path, device: torch.device) -> None:
         """--max-model-memory: the weights of `path` and of every model served (one being replaced included,

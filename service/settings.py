@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model.quantize import INT4_GROUP_SIZES
@@ -61,11 +61,16 @@ class Settings(BaseSettings):
         "off", description="language models: ngram = speculative decoding with prompt-lookup drafts (a step scores "
         "tokens guessed from the request's own context; greedy output unchanged, sampled output from the same "
         "distribution)")
-    num_speculative_tokens: int = Field(4, ge=1, le=16, description="with --speculative ngram: draft tokens per step")
+    draft_model: str | None = Field(
+        None, description="language models: speculative decoding with drafts from this smaller model of the same "
+        "tokenizer (a checkpoint directory or a Hugging Face repo id), decoded greedily k tokens ahead; greedy "
+        "output unchanged, sampled output from the same distribution")
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="with --speculative ngram or --draft-model: draft "
+                                        "tokens per step")
     prompt_lookup_max: int = Field(3, ge=1, le=16, description="with --speculative ngram: longest suffix (tokens) "
                                    "looked up in the context")
     prompt_lookup_min: int = Field(1, ge=1, le=16, description="with --speculative ngram: shortest suffix looked up")
-    speculative_max_rows: int = Field(4, ge=1, description="with --speculative ngram: draft only while at most this "
+    speculative_max_rows: int = Field(4, ge=1, description="with --speculative ngram or --draft-model: draft only while at most this "
                                       "many requests run (more make a CPU step compute-bound)")
     keep_alive_s: int = Field(75, ge=1, description="idle seconds before a keep-alive connection is closed")
     request_timeout_s: float = Field(300.0, gt=0, description="seconds a generation request may take in all")
@@ -158,6 +163,12 @@ class Settings(BaseSettings):
     def kv_cache_budget(self) -> tuple[int | None, float | None]:
         """--kv-cache-memory as (bytes, None) or (None, fraction of the free memory); (None, None) when not given."""
         return parse_memory_share(self.kv_cache_memory)
+
+    @model_validator(mode="after")
+    def _one_kind_of_draft(self) -> Settings:
+        if self.draft_model and self.speculative != "off":
+            raise ValueError("--draft-model and --speculative ngram are two kinds of drafts: choose one")
+        return self
 
     @field_validator("int4_group_size")
     @classmethod

@@ -18,6 +18,7 @@ from torch import Tensor
 from model.block_pool import BlockPool, BlockTable
 from model.checkpoint import LoadedModel
 from model.cuda_graphs import BucketedDecode, default_buckets
+from model.decoding.draft_model import DraftModel
 from model.decoding.logits import LogitsPipeline
 from model.decoding.params import SamplingParams
 from model.decoding.sampler import sample, token_logprobs
@@ -52,6 +53,11 @@ class TextSequence:
         # since its acceptance was last judged; when it may draft again after a pause.
         self.ngrams: NgramIndex | None = None
         self.drafted = self.accepted = self.recent_drafted = self.recent_accepted = self.resume_at = 0
+        # With a draft model: its blocks in the draft cache, on which row, how many of its tokens that cache
+        # holds, and this step's draft (fed from position `draft_base`, `draft_len` tokens) until judged.
+        self.draft_table: BlockTable | None = None
+        self.draft_slot = -1
+        self.draft_computed = self.draft_base = self.draft_len = 0
 
     @property
     def num_generated(self) -> int:
@@ -74,11 +80,13 @@ class TextSequence:
 class DecoderRunner:
     def __init__(self, loaded: LoadedModel, *, num_slots: int, max_len: int | None = None, cuda_graphs: bool = True,
                  compile: bool = False, max_grammar_compile_ms: float = 2000.0, num_blocks: int | None = None,
-                 block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None) -> None:
+                 block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None,
+                 draft: LoadedModel | None = None) -> None:
         """`num_blocks` KV blocks of `block_size` positions are shared by up to `num_slots` running rows (default:
         enough for every row's whole context); `prefix_caching`: sequences share the blocks of a common prefix;
-        `speculation`: decode steps may score prompt-lookup drafts (`model.decoding.speculative`)."""
-        self.speculation = speculation
+        `speculation`: decode steps may score drafts (`model.decoding.speculative`): prompt-lookup drafts, or
+        with `draft` a smaller model's (`model.decoding.draft_model`)."""
+        self.speculation = speculation or (Speculation() if draft is not None else None)
         self.model, cfg, gen = loaded.model, loaded.config, loaded.generation
         self.device = loaded.device
         self.vocab_size = cfg.vocab_size
@@ -102,6 +110,8 @@ class DecoderRunner:
         # The pool is this model's in this dtype: nothing else changes what a block holds.
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=prefix_caching,
                                 salt=f"{cfg.n_layers}/{cfg.kv_heads}/{cfg.d_head}/{self.cache.k.dtype}")
+        self.drafter = None if draft is None else DraftModel(draft, loaded, num_slots=num_slots, max_len=self.max_len,
+                                                             num_blocks=num_blocks, block_size=block_size)
         # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
         graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
         # Shapes vary only in the batch size (and, on CPU, the attended length): compiled dynamically.
@@ -167,6 +177,8 @@ class DecoderRunner:
     def release(self, seq: TextSequence) -> None:
         """Give back its row and blocks (its named blocks stay findable until their memory is needed)."""
         self._computed_or_dropped(seq)
+        if self.drafter is not None:
+            self.drafter.release(seq)
         if seq.table is not None:
             self.blocks.release(seq.table)
             seq.table, seq.num_computed = None, 0
@@ -232,21 +244,24 @@ class DecoderRunner:
     # Speculative steps
     # ----------------------------------------------------------------------------------------------
     def drafts(self, seqs: Sequence[TextSequence]) -> list[list[int]]:
-        """Each sequence's prompt-lookup draft for this step ([] where it drafts nothing: speculation off or too
-        many rows, a grammar or penalties, a pause after low acceptance, no n-gram found, no room left). A step's
-        padding runs to its longest draft, so every draft is cut to what the row nearest its context end holds."""
+        """Each sequence's draft for this step, prompt-lookup or the draft model's ([] where it drafts nothing:
+        speculation off or too many rows, a grammar or penalties, a pause after low acceptance, no n-gram found,
+        no room left). A step's padding runs to its longest draft, so every draft is cut to what the row nearest
+        its context end holds."""
         spec = self.speculation
         if spec is None or len(seqs) > spec.max_rows:
             return [[] for _ in seqs]
-        out: list[list[int]] = []
-        for s in seqs:
-            room = min(spec.num_tokens, s.params.max_tokens - s.num_generated - 1, self.max_len - 1 - s.num_computed)
-            if room <= 0 or not spec.drafting(s):
-                out.append([])
-                continue
-            if s.ngrams is None:
-                s.ngrams = NgramIndex(spec.min_ngram, spec.max_ngram)
-            out.append(s.ngrams.draft(s.token_ids(), room))
+        rooms = [min(spec.num_tokens, s.params.max_tokens - s.num_generated - 1, self.max_len - 1 - s.num_computed)
+                 for s in seqs]
+        rooms = [room if room > 0 and spec.drafting(s) else 0 for s, room in zip(seqs, rooms, strict=True)]
+        if self.drafter is not None:
+            out = self.drafter.draft(seqs, rooms)
+        else:
+            out = []
+            for s, room in zip(seqs, rooms, strict=True):
+                if s.ngrams is None and room:
+                    s.ngrams = NgramIndex(spec.min_ngram, spec.max_ngram)
+                out.append(s.ngrams.draft(s.token_ids(), room) if room else [])
         width = min([max(map(len, out))] + [self.max_len - 1 - s.num_computed for s in seqs])
         return [d[:width] for d in out]
 
@@ -276,6 +291,8 @@ class DecoderRunner:
             kept = len(t) - 1
             s.drafted, s.accepted = s.drafted + len(d), s.accepted + kept
             s.recent_drafted, s.recent_accepted = s.recent_drafted + len(d), s.recent_accepted + kept
+            if self.drafter is not None:
+                self.drafter.kept(s, kept)
             n = s.num_computed + 1 + kept
             if n // bs > s.num_computed // bs:
                 self.blocks.name_full_blocks(s.table, (s.token_ids() + d[:kept])[:n])

@@ -53,7 +53,8 @@ class GenerationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
                  max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
                  compile: bool = False, max_grammar_compile_ms: float = 2000.0, kv_cache_budget: tuple[int | None, float | None] = (None, None),
-                 kv_block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None) -> None:
+                 kv_block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None,
+                 draft: LoadedModel | None = None) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
@@ -62,7 +63,7 @@ class GenerationEngine(Scheduler):
         self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
                                     compile=compile, max_grammar_compile_ms=max_grammar_compile_ms,
                                     num_blocks=num_blocks, block_size=kv_block_size, prefix_caching=prefix_caching,
-                                    speculation=speculation)
+                                    speculation=speculation, draft=draft)
         self._drafted = self._accepted = 0  # since start, for the acceptance-rate gauge
         self.max_len, self.device = self.runner.max_len, loaded.device
         self.prefix_caching = prefix_caching

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Request
 
 from model import attention_maps as am
+from model.checkpoint import LoadedModel
 from model.decoding import SamplingParams, Speculation
 from model.embeddings import embed_token_lists
 from service.connection import while_connected
@@ -26,8 +27,8 @@ _OIP_PARAMETERS = {"max_tokens": (int, 1, None), "temperature": (float, 0.0, 2.0
 
 
 def speculation(s: Settings) -> Speculation | None:
-    """--speculative and its settings as the runner takes them (None: off)."""
-    if s.speculative == "off":
+    """--speculative (or --draft-model) and its settings as the runner takes them (None: off)."""
+    if s.speculative == "off" and not s.draft_model:
         return None
     return Speculation(num_tokens=s.num_speculative_tokens, max_ngram=s.prompt_lookup_max,
                        min_ngram=min(s.prompt_lookup_min, s.prompt_lookup_max), max_rows=s.speculative_max_rows)
@@ -37,6 +38,10 @@ class ServedLanguageModel(ServedModel):
     embeds = "text"
     task = "text-generation"
 
+    def __init__(self, *args: Any, draft: LoadedModel | None = None, **kwargs: Any) -> None:
+        self.draft = draft  # --draft-model, loaded beside this model
+        super().__init__(*args, **kwargs)
+
     def build_worker(self) -> GenerationEngine:
         s = self.settings
         self.engine = GenerationEngine(self.name, self.loaded, max_slots=s.max_running_requests,
@@ -45,7 +50,7 @@ class ServedLanguageModel(ServedModel):
                                        cuda_graphs=s.cuda_graphs, compile=s.compile,
                                        max_grammar_compile_ms=s.max_grammar_compile_ms,
                                        kv_cache_budget=s.kv_cache_budget, kv_block_size=s.kv_block_size,
-                                       prefix_caching=s.prefix_cache, speculation=speculation(s))
+                                       prefix_caching=s.prefix_cache, speculation=speculation(s), draft=self.draft)
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
         return self.engine

@@ -1,0 +1,74 @@
+"""`tserve serve --draft-model PATH`: completions answer what decoding without a draft gives (text and logprobs,
+streamed or not) and /metrics counts the drafts; a draft model of another vocabulary stops the server at start
+with the reason."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import pytest
+
+from model import checkpoint
+from model.decoding import SamplingParams
+from tests.helpers import factories
+from tests.helpers.fixture_training import CYCLE_TEXT
+from tests.helpers.one_request import lm_tokens
+from tests.helpers.server import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="module")
+def server(lm_dir, tmp_path_factory):
+    draft = factories.tiny_lm_dir(tmp_path_factory.mktemp("draft"))  # the same weights: every greedy draft kept
+    srv = ServerProcess(["--model", f"lm={lm_dir}", "--draft-model", str(draft), "--num-speculative-tokens", "3"],
+                        tmp_path_factory.mktemp("logs") / "server.log").wait_ready()
+    yield srv
+    srv.stop()
+
+
+def prompts() -> list[str]:
+    words = CYCLE_TEXT.split()
+    return [" ".join(words[a:a + 12]) for a in (3, 20, 41)]
+
+
+def test_completions_answer_what_decoding_without_a_draft_gives(server, lm_dir):
+    lm = checkpoint.load(lm_dir)
+    bodies = [{"model": "lm", "prompt": p, "max_tokens": 12, "temperature": 0, "logprobs": 1} for p in prompts()]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda b: httpx.post(server.url + "/v1/completions", json=b, timeout=60), bodies))
+    for body, resp in zip(bodies, answers, strict=True):
+        assert resp.status_code == 200, resp.text
+        choice = resp.json()["choices"][0]
+        expected = lm_tokens(lm, lm.tokenizer.encode(body["prompt"]), SamplingParams(max_tokens=12, temperature=0.0),
+                             with_eos=False)
+        assert choice["text"] == lm.tokenizer.decode(expected)
+        assert choice["logprobs"]["tokens"] == lm.tokenizer.tokens(expected)
+    drafted = server.metric("tserve_speculative_draft_tokens_total", "lm")
+    assert drafted > 0 and server.metric("tserve_speculative_accepted_tokens_total", "lm") == drafted
+
+
+def test_a_streamed_completion_is_the_same_text(server):
+    body = {"model": "lm", "prompt": prompts()[0], "max_tokens": 12, "temperature": 0}
+    whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    streamed = ""
+    with httpx.stream("POST", server.url + "/v1/completions", json=body | {"stream": True}, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                streamed += json.loads(line[6:])["choices"][0]["text"]
+    assert streamed == whole and whole
+
+
+def test_a_draft_model_of_another_vocabulary_stops_the_server_with_the_reason(lm_dir, tmp_path):
+    other = factories.hf_gpt2_dir(tmp_path / "gpt2")
+    srv = ServerProcess(["--model", f"lm={lm_dir}", "--draft-model", str(other)], tmp_path / "server.log")
+    try:
+        with pytest.raises(RuntimeError, match="another vocabulary"):
+            srv.wait_ready()
+    finally:
+        srv.stop()
