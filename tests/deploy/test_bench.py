@@ -164,8 +164,11 @@ def test_int4_linear_benchmark_times_every_format(capsys):
 
 @pytest.mark.slow
 def test_speculative_benchmark_times_both_ways_and_the_step_costs(capsys):
-    rows, costs = bench_script("speculative").main(["--tiny"])
+    rows, costs, drafts = bench_script("speculative").main(["--tiny"])
     assert [r.workload for r in rows] == ["copy", "continue", "sampled"]
+    assert [d.draft for d in drafts] == ["the target itself", "6 layers", "2 layers"]
+    assert drafts[0].kept == 1 and drafts[0].tokens_per_step > 2  # its own drafts: every one kept
+    assert all(d.step_ms > 0 and 0 < d.break_even(4) <= 1 for d in drafts)
     assert all(r.plain_tps > 0 and r.spec_tps > 0 and 0 <= r.kept <= 1 and r.tokens_per_step >= 1 for r in rows)
     assert [fed for fed, _ in costs] == [1, 2, 3, 5] and all(ms > 0 for _, ms in costs)
     assert "| workload | tokens/s plain | tokens/s speculative |" in capsys.readouterr().out
