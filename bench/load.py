@@ -8,7 +8,10 @@
 
 For each concurrency level C, C clients each send requests back to back (streaming, greedy, fixed output
 length via ignore_eos), so C requests are always in flight. Reported: output tokens/s over the run,
-time to first token (TTFT) and inter-token latency (ITL) percentiles, end-to-end latency.
+time to first token (TTFT) and inter-token latency (ITL) percentiles, end-to-end latency; on a CPU, tserve's
+fraction of the memory roofline: the bytes a decode step reads (weights as served, the KV cache of C requests
+at the middle of their output: `bench/roofline.py`'s count) per ITL p50, over the machine's triad bandwidth
+measured in the same run.
 The `transformers` baseline serves the same prompts the way a plain pipeline server does: one request at a
 time (`hf sequential`), and as static padded batches of C (`hf batch`, which needs all C requests up
 front and returns nothing until the whole batch is done).
@@ -63,6 +66,7 @@ class Run:
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
+    of_roofline: float | None = None  # tserve on a CPU: bytes a step reads / ITL p50 / triad bandwidth
 
     @property
     def tokens_per_s(self) -> float:
@@ -233,14 +237,15 @@ def start_server(path: Path, args: argparse.Namespace, log: Path):
 
 def print_table(runs: list[Run]) -> None:
     header = (f"| {'system':<28} | {'clients':>7} | {'tok/s':>7} | {'TTFT p50':>8} | {'TTFT p95':>8} | "
-              f"{'ITL p50':>7} | {'ITL p95':>7} | {'latency p50':>11} |")
+              f"{'ITL p50':>7} | {'ITL p95':>7} | {'latency p50':>11} | {'of roofline':>11} |")
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for r in runs:
         ms = lambda v: f"{1000 * v:.0f} ms" if v == v else "-"  # noqa: E731 - NaN prints as '-'
         print(f"| {r.name:<28} | {r.concurrency:>7} | {r.tokens_per_s:>7.1f} | {ms(pct(r.ttft, 50)):>8} | "
               f"{ms(pct(r.ttft, 95)):>8} | {ms(pct(r.itl, 50)):>7} | {ms(pct(r.itl, 95)):>7} | "
-              f"{ms(pct(r.latency, 50)):>11} |")
+              f"{ms(pct(r.latency, 50)):>11} | "
+              f"{'-' if r.of_roofline is None else f'{r.of_roofline:.2f}':>11} |")
 
 
 def print_ratios(runs: list[Run]) -> None:
@@ -251,6 +256,20 @@ def print_ratios(runs: list[Run]) -> None:
         if ours and hf:
             best = max(hf, key=lambda r: r.tokens_per_s)
             print(f"{c} clients: tserve / {best.name}: {ours[0].tokens_per_s / best.tokens_per_s:.2f}x")
+
+
+def roofline_fractions(runs: list[Run], path: Path, args: argparse.Namespace, prompt_tokens: int) -> float:
+    """Set each tserve run's fraction of the roofline (CPU); returns the triad bandwidth in GB/s."""
+    from bench.roofline import bandwidth, step_bytes
+    from model import checkpoint
+
+    triad, _ = bandwidth(args.threads, 512, 3)
+    loaded = checkpoint.load(path, device="cpu", dtype=args.dtype, quantize=args.quantize, pack_weights=True)
+    weights, kv = step_bytes(loaded, prompt_tokens + args.max_tokens // 2)
+    for r in runs:
+        if r.name.startswith("tserve") and r.itl:
+            r.of_roofline = (weights + r.concurrency * kv) / pct(r.itl, 50) / (triad * 1e9)
+    return triad
 
 
 def main(argv: list[str] | None = None) -> list[Run]:
@@ -302,7 +321,13 @@ def main(argv: list[str] | None = None) -> list[Run]:
     runs.sort(key=lambda r: (r.concurrency, r.name))
     from training.common import cpu_description
 
-    print(f"\nCPU: {cpu_description()}")
+    triad = None
+    if args.device == "cpu" and not args.url:
+        from model.tokenizer import load_tokenizer
+
+        prompt_tokens = len(load_tokenizer(path).encode(make_prompts(1, args.prompt_words)[0]))
+        triad = roofline_fractions(runs, path, args, prompt_tokens)
+    print(f"\nCPU: {cpu_description()}" + (f"; triad bandwidth {triad:.1f} GB/s in this run" if triad else ""))
     print(f"model: {path} ({args.size}), {args.max_tokens} new tokens per request, "
           f"{args.prompt_words}-word prompts, greedy, {args.dtype}, {args.device}, {args.threads} threads, "
           f"server --quantize {args.quantize}, transformers {args.hf_dtype or args.dtype}\n")

@@ -203,6 +203,8 @@ def test_load_benchmark_runs_a_llama_family_shape_against_transformers(tmp_path,
         ("tserve (HTTP)", 1), ("tserve (HTTP)", 2), ("hf generate, sequential", 1), ("hf generate, sequential", 2),
         ("hf generate, batch of 2", 2)}
     assert all(r.tokens_per_s > 0 for r in runs)
+    assert all((r.of_roofline is not None) == r.name.startswith("tserve") for r in runs)
+    assert all(r.of_roofline > 0 for r in runs if r.name.startswith("tserve"))
     out = capsys.readouterr().out
-    assert "1 clients: tserve / hf generate" in out
+    assert "1 clients: tserve / hf generate" in out and "triad bandwidth" in out and "of roofline" in out
     assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in out
