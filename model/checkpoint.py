@@ -33,6 +33,7 @@ from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig
 from model.decoder import Decoder
 from model.importers import CheckpointError, GenerationDefaults, WeightSource, importer_for
 from model.importers.base import read_json
+from model.layers import fuse_gated_mlps
 from model.packed_linear import pack_linears
 from model.preprocessing import ImagePreprocessing
 from model.quantize import QUANTIZATIONS, quantize_int4, quantize_int8, resolve_activations
@@ -259,6 +260,8 @@ def load(
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     loaded.parameter_count = parameters = loaded.num_parameters()
+    if pack_weights or quantize != "none":  # served: fewer, larger products
+        fuse_gated_mlps(loaded.model)
     quantized = {}
     if quantize == "int8":
         quantized["int8_activations"] = activations = resolve_activations(int8_activations)

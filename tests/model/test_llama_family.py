@@ -37,6 +37,32 @@ def test_logits_equal_transformers(hf_family):
         torch.testing.assert_close(ours.model(tokens), hf(tokens).logits, atol=1e-4, rtol=1e-4)
 
 
+def test_served_models_compute_gate_and_fc1_as_one_product_with_the_same_outputs(hf_family):
+    """Loaded to serve (packed or quantized), a gated MLP's two input projections are one linear layer; each
+    output is the same dot product, so int8 logits (integer sums) are bit for bit those of the two layers."""
+    from model.layers import MLP  # noqa: PLC0415
+    from model.packed_linear import pack_linears  # noqa: PLC0415
+    from model.quantize import quantize_int8, resolve_activations  # noqa: PLC0415
+
+    _, d = hf_family
+    tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    for quantize in ("none", "int8"):
+        fused = load(d, quantize=quantize, pack_weights=True)
+        mlps = [m for m in fused.model.modules() if isinstance(m, MLP)]
+        assert mlps and all(m.gate is None and m.fc1 is None and m.gate_fc1 is not None for m in mlps)
+        separate = load(d)
+        if quantize == "int8":
+            quantize_int8(separate.model, resolve_activations("auto"))
+        else:
+            pack_linears(separate.model)
+        with torch.no_grad():
+            ours, theirs = fused.model(tokens), separate.model(tokens)
+        if quantize == "int8":
+            assert torch.equal(ours, theirs)
+        else:
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
 def test_greedy_tokens_equal_transformers_generate(hf_family):
     family, d = hf_family
     ours, hf = load(d), _hf(d)
