@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -108,3 +109,13 @@ def concurrently(server: ServerProcess, path: str, bodies: list[dict]) -> list[d
     answers = asyncio.run(run())
     assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
     return [r.json() for r in answers]
+
+
+def streamed_completion_text(url: str, body: dict) -> str:
+    """The text of a streamed `/v1/completions` answer to `body`, its chunks joined."""
+    text = ""
+    with httpx.stream("POST", url + "/v1/completions", json=body | {"stream": True}, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[6:])["choices"][0]["text"]
+    return text
