@@ -63,6 +63,7 @@ class ModelRegistry:
         # the server and exits 1, so that a supervisor sees the failure instead of a process answering 503.
         self.on_load_failure: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
+        self._draft: checkpoint.LoadedModel | None = None  # --draft-model, loaded once for every language model
 
     # ----------------------------------------------------------------------------------------------
     def start_loading(self) -> None:
@@ -111,7 +112,7 @@ class ModelRegistry:
                                  pack_weights=True)
         extra = {}
         if loaded.task == "text-generation" and s.draft_model:
-            extra["draft"] = self._load_draft(name, device, backend)
+            extra["draft"] = self._load_draft(device, backend)
         served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics, **extra)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),
@@ -119,8 +120,11 @@ class ModelRegistry:
                                          "attention_backend": backend, "parameters": loaded.num_parameters()})
         return served
 
-    def _load_draft(self, name: str, device: torch.device, backend: str) -> checkpoint.LoadedModel:
-        """--draft-model, loaded as the model it drafts for is (device, dtype, quantization)."""
+    def _load_draft(self, device: torch.device, backend: str) -> checkpoint.LoadedModel:
+        """--draft-model, loaded as the models it drafts for are (device, dtype, quantization), once: its weights
+        are only read, so every language model's engine drafts with the same copy (each with its own cache)."""
+        if self._draft is not None:
+            return self._draft
         s = self.settings
         path = hub.checkpoint_dir(s.draft_model)
         draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
@@ -128,7 +132,8 @@ class ModelRegistry:
                                 pack_weights=True)
         if draft.task != "text-generation":
             raise ValueError(f"--draft-model {s.draft_model}: a {draft.task} model, not a language model")
-        log.info("draft model", extra={"model": name, "path": str(path), "parameters": draft.num_parameters()})
+        log.info("draft model loaded", extra={"path": str(path), "parameters": draft.num_parameters()})
+        self._draft = draft
         return draft
 
     def _check_memory(self, name: str, path: Path, device: torch.device) -> None:

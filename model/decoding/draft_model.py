@@ -28,7 +28,7 @@ class DraftModel:
     def __init__(self, loaded: LoadedModel, target: LoadedModel, *, num_slots: int, max_len: int, num_blocks: int,
                  block_size: int) -> None:
         check_same_vocabulary(target, loaded)
-        self.loaded, self.model, self.device = loaded, loaded.model, loaded.device
+        self.model, self.device = loaded.model, loaded.device
         self.max_len = min(max_len, loaded.config.max_seq_len)
         # Checkpoints of one vocabulary may pad their output layers differently: draft only real tokens.
         self.vocab_size = min(target.config.vocab_size, loaded.config.vocab_size)
@@ -87,10 +87,8 @@ class DraftModel:
 
     def _hold(self, seq: object, num_tokens: int) -> bool:
         """Blocks in the draft cache for `num_tokens` positions of `seq`, on its target row; False if none free."""
-        if seq.draft_table is None:
-            if self.blocks.blocks_for(num_tokens) > self.blocks.num_free:
-                return False
-            seq.draft_table = self.blocks.admit([])  # draft_computed is 0: new, or reset by `release`
+        if seq.draft_table is None:  # (its draft_computed is 0: new, or reset by `release`)
+            seq.draft_table = self.blocks.admit([])
         before = len(seq.draft_table.blocks)
         if not self.blocks.grow(seq.draft_table, num_tokens):
             return False
@@ -105,15 +103,17 @@ class DraftModel:
         a row's last position: it must stay a position the model has)."""
         feeds = [s.token_ids()[s.draft_computed:] for s in seqs]
         first: list[int] = [0] * len(seqs)
-        group: list[int] = []
-        for r in sorted(range(len(seqs)), key=lambda r: len(feeds[r])) + [None]:
-            if group and (r is None or max(seqs[g].draft_computed for g in [*group, r]) + len(feeds[r]) > self.max_len):
-                for g, token in zip(group, self._prefill([seqs[g] for g in group], [feeds[g] for g in group]),
-                                    strict=True):
-                    first[g] = token
-                group = []
-            if r is not None:
-                group.append(r)
+        groups: list[list[int]] = [[]]
+        furthest = 0  # the latest start in the open group
+        for r in sorted(range(len(seqs)), key=lambda r: len(feeds[r])):  # each row's feed the group's longest yet
+            if groups[-1] and max(furthest, seqs[r].draft_computed) + len(feeds[r]) > self.max_len:
+                groups.append([])
+                furthest = 0
+            groups[-1].append(r)
+            furthest = max(furthest, seqs[r].draft_computed)
+        for group in groups:
+            for r, token in zip(group, self._prefill([seqs[r] for r in group], [feeds[r] for r in group]), strict=True):
+                first[r] = token
         return first
 
     def _prefill(self, seqs: list[object], feeds: list[list[int]]) -> list[int]:

@@ -468,7 +468,7 @@ BUGS = [
         "seq.draft_table, seq.draft_computed, seq.draft_len = None, 0, 0", "seq.draft_table, seq.draft_len = None, 0",
         ("tests/engine/test_draft_model.py::test_the_draft_cache_holds_exactly_each_sequences_tokens",)),
     Bug("draft-catch-up-pads-past-the-context", "model/decoding/draft_model.py",
-        "+ len(feeds[r]) > self.max_len):", "+ len(feeds[r]) > 10**9):",
+        "+ len(feeds[r]) > self.max_len:", "+ len(feeds[r]) > 10**9:",
         ("tests/engine/test_draft_model.py::test_preempted_requests_finish_the_same_and_both_caches_give_every_block_back",)),
     Bug("draft-vocabulary-unchecked", "model/decoding/draft_model.py",
         "        check_same_vocabulary(target, loaded)\n", "",
