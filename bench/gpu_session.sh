@@ -3,7 +3,7 @@
 # the carried wheels are installed, then each named step runs with its own time limit and writes its log and
 # JSON under $OUT (default /tmp/gpu-out).
 #
-#   bash bench/gpu_session.sh tests bench load     # steps: env tests flash bench load train
+#   bash bench/gpu_session.sh tests bench load     # steps: env tests flash bench load train (pack first, here)
 #
 # tests: the `gpu`-marked tests with $TSERVE_REQUIRE_GPU (a skip is a failure) and the kernel and CUDA-graph
 # tests, which run on the GPU when one is present. bench: bench/gpu.py, one process per section. load:
@@ -11,7 +11,7 @@
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
+if [ -d .whl ] && [ ! -d /tmp/site ] && [ "$*" != pack ]; then  # once per machine; `pack` runs here
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -56,6 +56,41 @@ step_load() {
       --concurrency 1 8 64 --requests 32 --max-tokens 128 --threads 4 --hf-sequential one-client ${LOAD_ARGS:-} \
       --out "$OUT/load-$size.json"
   done
+}
+
+step_train() {  # the bundled translators and LM, trained on from their weights with mixed precision, side by side
+  # Data: the processed splits, packed here by `bash bench/gpu_session.sh pack` (the machine has no internet).
+  # Each run stops after $TRAIN_MINUTES; its best validated weights are halved and come back as one file each
+  # (what $OUT returns is limited in files and size), its records in train-records.tar.gz.
+  local minutes=${TRAIN_MINUTES:-7} runs=/tmp/train
+  mkdir -p "$runs/data" && tar -xJf .gpu-data/train-data.tar.xz -C "$runs/data" || return 1
+  export TSERVE_DATA_DIR=$runs/data OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+  local limit=$(python3 -c "print(int(($minutes + 2) * 60))") pids=()
+  for name in en-de de-en; do
+    timeout "$limit" python3 -m training train translation --init-from "models/tserve-$name" --out "$runs/$name" \
+      --device "${TRAIN_DEVICE:-cuda}" --batch "${MT_BATCH:-12000}" --lr "${MT_LR:-1e-3}" --steps 1000000 \
+      --max-minutes "$minutes" >"$runs/$name.log" 2>&1 & pids+=($!)
+  done
+  timeout "$limit" python3 -m training train lm --init-from models/tserve-lm --out "$runs/lm" \
+    --device "${TRAIN_DEVICE:-cuda}" --batch "${LM_BATCH:-64}" --lr "${LM_LR:-1e-3}" --steps 1000000 \
+    --max-minutes "$minutes" >"$runs/lm.log" 2>&1 & pids+=($!)
+  local rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  for name in en-de de-en lm; do
+    tail -n 3 "$runs/$name.log"
+    [ -f "$runs/$name/model.safetensors" ] || continue
+    python3 -m training half "$runs/$name" && cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors"
+  done
+  tar -czf "$OUT/train-records.tar.gz" -C "$runs" --exclude='*.safetensors' --exclude=data .
+  return $rc
+}
+
+step_pack() {  # here, before a train step: the processed training splits, compressed to travel with the tree
+  local processed=${TSERVE_DATA_DIR:-data}/processed
+  mkdir -p .gpu-data
+  tar -cJf .gpu-data/train-data.tar.xz -C "$(dirname "$processed")" \
+    $(cd "$(dirname "$processed")" && ls processed/translation-v*-*.jsonl processed/lm-v*-*.jsonl)
+  ls -l .gpu-data
 }
 
 status=0

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
     t.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
+    t.add_argument("--batch", type=_positive_int, default=None, metavar="N",
+                   help="examples per optimiser step (default: the preset's): translation, source + target tokens "
+                        "(padding included); lm, windows of the context length; vit, images")
     t.add_argument("--init-from", default=None, metavar="DIR",
                    help="continue training from this checkpoint's weights (and tokenizer)")
     t.set_defaults(func=run_train)
@@ -116,7 +119,7 @@ def run_train(args: argparse.Namespace) -> int:
     opts = RunOptions(
         out=out, device=args.device, preset=args.preset, steps=args.steps, epochs=args.epochs, seed=args.seed,
         max_minutes=args.max_minutes, dataset=args.dataset, data_root=args.data_dir, init_from=args.init_from,
-        lr=args.lr, direction=direction,
+        lr=args.lr, direction=direction, batch=args.batch,
         command=" ".join(shlex.quote(a) for a in _command_line()),
     )
     try:
@@ -169,6 +172,13 @@ def run_half(args: argparse.Namespace) -> int:
     write_card(args.checkpoint)
     print(f"{path}: {sum(v.dtype == torch.float32 for v in tensors.values())} tensors now float16")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text}")
+    return value
 
 
 def _command_line() -> list[str]:

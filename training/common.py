@@ -158,6 +158,7 @@ class RunOptions:
     init_from: str | None = None  # continue from this checkpoint's weights (and tokenizer): fresh optimiser
     lr: float | None = None  # peak learning rate (overrides the preset; lower it to fine-tune with --init-from)
     direction: str | None = None  # translation: "en-de" or "de-en"; None: --init-from's, else en-de
+    batch: int | None = None  # examples per step (tokens, windows or images, as the task counts); None: the preset's
 
 
 def load_init(opts: RunOptions, architecture: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,8 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     configure_threads()
     device = resolve_device(opts.device)
     p = config or preset(opts.preset)
+    if opts.batch is not None:
+        p = replace(p, batch_size=opts.batch)
     g = seed_everything(opts.seed)
     t0 = time.perf_counter()
     splits = corpus if corpus is not None else data_mod.load_lm_corpus(opts.data_root)
@@ -221,8 +223,7 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     result = train_loop(model, window_batches(train_stream, p.context, p.batch_size, g),
                         lambda m, b: lm_loss(m, b, device), loop, device=device, unit="tok",
                         validate=validate, save=save, desc="lm")
-    save_checkpoint(out, model.cpu(), tokenizer=tokenizer, generation=generation)
-    info.update(steps=result.steps, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
+    info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history,
                 tokens_seen=result.units)
     write_json(out / TRAINING_FILE, info)

@@ -4,7 +4,7 @@ The task supplies an endless iterator of batches and a loss function returning (
 units are tokens or images (for the throughput display); the loop owns everything else: AdamW with
 decoupled weight decay on matrices only, warmup + cosine or Vaswani learning-rate schedule, gradient
 clipping, mixed precision on CUDA (bf16, fp16 with a scaler where bf16 is unsupported), periodic
-validation, periodic checkpoints, a time budget, a tqdm bar and structured logs.
+validation, checkpoints of the best validated weights, a time budget, a tqdm bar and structured logs.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     validations: list[dict[str, Any]] = field(default_factory=list)
     stopped_early: bool = False
+    kept_step: int | None = None  # the validated step whose weights `save` last wrote (the best so far)
 
 
 LossFn = Callable[[nn.Module, Any], tuple[Tensor, int]]
@@ -113,9 +114,13 @@ def train_loop(
     validate: Callable[[nn.Module], dict[str, float]] | None = None,
     save: Callable[[nn.Module, int], None] | None = None,
     desc: str = "train",
+    best_metric: str = "val_loss",
 ) -> TrainResult:
     """Run `cfg.steps` optimiser steps (or until `cfg.max_minutes`). `validate(model)` returns metrics
-    (the model is put in eval mode around it); `save(model, step)` writes a checkpoint."""
+    (the model is put in eval mode around it); `save(model, step)` writes a checkpoint. With `validate`, a
+    checkpoint is written only when `best_metric` (lower is better) beats every earlier validation, so a long
+    run that starts to overfit leaves its best weights on disk, not its last; the run always validates its
+    final step."""
     model.to(device).train()
     opt = make_optimizer(model, cfg)
     ctx, use_scaler = autocast_context(device, cfg.amp)
@@ -171,8 +176,10 @@ def train_loop(
         out_of_time = deadline is not None and now >= deadline
         if validate is not None and (done % cfg.eval_every == 0 or done == cfg.steps or out_of_time):
             _validate(model, validate, done, result)
-            if save is not None:
+            if save is not None and _is_best(result, best_metric):
                 save(model, done)
+                result.kept_step = done
+                log_event("checkpoint_kept", step=done, **{best_metric: result.validations[-1][best_metric]})
         elif save is not None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             save(model, done)
         if out_of_time:
@@ -186,6 +193,12 @@ def train_loop(
     model.eval()
     log_event("train_end", steps=result.steps, seconds=round(result.seconds, 1), loss=result.final_loss)
     return result
+
+
+def _is_best(result: TrainResult, metric: str) -> bool:
+    """Whether the newest validation's `metric` is below every earlier one's."""
+    *earlier, newest = result.validations
+    return all(newest[metric] < row[metric] for row in earlier)
 
 
 def _validate(model: nn.Module, validate: Callable[[nn.Module], dict[str, float]], step: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,8 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     configure_threads()
     device = resolve_device(opts.device)
     p = config or preset(opts.preset)
+    if opts.batch is not None:
+        p = replace(p, batch_tokens=opts.batch)
     g = seed_everything(opts.seed)
     t0 = time.perf_counter()
     splits = pairs if pairs is not None else data_mod.load_translation_pairs(opts.data_root)
@@ -233,8 +235,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     result = train_loop(model, batch_iterator(examples, p.batch_tokens, pad, bos, g),
                         lambda m, b: mt_loss(m, b, device, p.label_smoothing), loop, device=device, unit="tok",
                         validate=validate, save=save, desc="translation")
-    save(model.cpu(), result.steps)
-    info.update(steps=result.steps, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
+    info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history,
                 epochs_seen=round(result.steps / n_batches, 2))
     write_json(out / TRAINING_FILE, info)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,8 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
     configure_threads()
     device = resolve_device(opts.device)
     p = config or preset(dataset, opts.preset)
+    if opts.batch is not None:
+        p = replace(p, batch_size=opts.batch)
     g = seed_everything(opts.seed)
     pre = preprocessing_for(dataset)
     labels = labels_for(dataset)
@@ -235,8 +237,7 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
 
     result = train_loop(model, batch_iterator(x_train, y_train, p.batch_size, g), loss_fn, loop, device=device,
                         unit="img", validate=validate, save=save, desc=f"vit {dataset}")
-    save_checkpoint(out, model.cpu(), labels=labels, preprocessing=pre)
-    info.update(steps=result.steps, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
+    info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history)
     write_json(out / TRAINING_FILE, info)
     write_card(out)

@@ -109,8 +109,21 @@ def test_time_budget_stops_and_validates(tmp_path):
     cfg = _loop(1000)
     cfg.max_minutes = 1e-9
     result = train_loop(model, itertools.repeat(batch), loss_fn, cfg, device=torch.device("cpu"),
-                        validate=lambda m: {"val": 1.0}, save=lambda m, s: saved.append(s))
-    assert result.steps == 1 and result.stopped_early and saved == [1] and result.validations[0]["val"] == 1.0
+                        validate=lambda m: {"val_loss": 1.0}, save=lambda m, s: saved.append(s))
+    assert result.steps == 1 and result.stopped_early and saved == [1] and result.validations[0]["val_loss"] == 1.0
+
+
+def test_a_worse_validation_leaves_the_best_checkpoint_on_disk():
+    model = torch.nn.Linear(2, 1)
+    batch = torch.randn(4, 2)
+    losses = iter([3.0, 1.0, 2.0, 1.5])  # best at step 2; the last validation is worse than it
+    saved = []
+    cfg = _loop(4)
+    cfg.eval_every = 1
+    result = train_loop(model, itertools.repeat(batch), lambda m, b: (m(b).pow(2).mean(), 4), cfg,
+                        device=torch.device("cpu"), validate=lambda m: {"val_loss": next(losses)},
+                        save=lambda m, s: saved.append(s))
+    assert saved == [1, 2] and result.kept_step == 2 and result.steps == 4
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,9 +307,13 @@ def test_lm_training_continues_from_a_checkpoint(tiny_lm_run, tmp_path):
     out, corpus = tiny_lm_run
     cfg = lm.LMPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=2), vocab_size=300, context=32,
                       batch_size=8, steps=5, loop=_loop(5), val_windows=4)
-    lm.train(RunOptions(out=tmp_path, device="cpu", command="again", init_from=str(out)), corpus=corpus, config=cfg)
+    lm.train(RunOptions(out=tmp_path, device="cpu", command="again", init_from=str(out), batch=3), corpus=corpus,
+             config=cfg)
     info = json.loads((tmp_path / "training.json").read_text())
     assert info["continued_from"]["command"] == "pytest" and info["steps"] == 5
+    assert info["hyperparameters"]["batch_size"] == 3 and info["tokens_seen"] == 5 * 3 * cfg.context
+    assert info["kept_step"] == max(row["step"] for row in info["validation"] if row["val_loss"] == min(
+        r["val_loss"] for r in info["validation"]))
     assert (tmp_path / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
     assert "continued from 1 earlier run" in (tmp_path / "MODEL_CARD.md").read_text()
     third = tmp_path / "third"
@@ -405,6 +422,9 @@ def test_plan_loop_applies_the_command_line():
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command", required=True))
     assert parser.parse_args(["train", "vit", "--lr", "3e-4"]).lr == 3e-4
+    assert parser.parse_args(["train", "translation", "--batch", "12000"]).batch == 12000
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "lm", "--batch", "0"])
 
 
 def test_eval_records_int8_figures_beside_the_float32_ones(tiny_vit, tmp_path, monkeypatch):
