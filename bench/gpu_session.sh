@@ -68,11 +68,11 @@ step_train() {  # the bundled translators and LM, trained on from their weights 
   local limit=$(python3 -c "print(int(($minutes + 2) * 60))") pids=()
   for name in en-de de-en; do
     timeout "$limit" python3 -m training train translation --init-from "models/tserve-$name" --out "$runs/$name" \
-      --device "${TRAIN_DEVICE:-cuda}" --batch "${MT_BATCH:-12000}" --lr "${MT_LR:-1e-3}" --steps 1000000 \
+      --device "${TRAIN_DEVICE:-cuda}" --batch "${MT_BATCH:-16000}" --lr "${MT_LR:-1e-3}" --dropout "${MT_DROPOUT:-0.1}" --steps 1000000 \
       --max-minutes "$minutes" >"$runs/$name.log" 2>&1 & pids+=($!)
   done
   timeout "$limit" python3 -m training train lm --init-from models/tserve-lm --out "$runs/lm" \
-    --device "${TRAIN_DEVICE:-cuda}" --batch "${LM_BATCH:-64}" --lr "${LM_LR:-1e-3}" --steps 1000000 \
+    --device "${TRAIN_DEVICE:-cuda}" --batch "${LM_BATCH:-64}" --lr "${LM_LR:-1e-3}" --dropout "${LM_DROPOUT:-0.1}" --steps 1000000 \
     --max-minutes "$minutes" >"$runs/lm.log" 2>&1 & pids+=($!)
   local rc=0
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
     t.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
+    t.add_argument("--dropout", type=float, default=None, metavar="P",
+                   help="dropout probability for this run, also on an --init-from checkpoint trained without it "
+                        "(default: the preset's, or the checkpoint's)")
     t.add_argument("--batch", type=_positive_int, default=None, metavar="N",
                    help="examples per optimiser step (default: the preset's): translation, source + target tokens "
                         "(padding included); lm, windows of the context length; vit, images")
@@ -120,6 +123,7 @@ def run_train(args: argparse.Namespace) -> int:
         out=out, device=args.device, preset=args.preset, steps=args.steps, epochs=args.epochs, seed=args.seed,
         max_minutes=args.max_minutes, dataset=args.dataset, data_root=args.data_dir, init_from=args.init_from,
         lr=args.lr, direction=direction, batch=args.batch,
+        dropout=args.dropout,
         command=" ".join(shlex.quote(a) for a in _command_line()),
     )
     try:

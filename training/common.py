@@ -158,6 +158,7 @@ class RunOptions:
     init_from: str | None = None  # continue from this checkpoint's weights (and tokenizer): fresh optimiser
     lr: float | None = None  # peak learning rate (overrides the preset; lower it to fine-tune with --init-from)
     direction: str | None = None  # translation: "en-de" or "de-en"; None: --init-from's, else en-de
+    dropout: float | None = None  # dropout for this run (new or continued model); None: the preset's / checkpoint's
     batch: int | None = None  # examples per step (tokens, windows or images, as the task counts); None: the preset's
 
 
@@ -172,6 +173,23 @@ def load_init(opts: RunOptions, architecture: str):
         raise ValueError(f"{opts.init_from} is a {loaded.config.architecture} checkpoint, not {architecture}")
     log_event("init_from", path=str(opts.init_from), parameters=count_parameters(loaded.model))
     return loaded
+
+
+def set_dropout(model: torch.nn.Module, p: float | None) -> torch.nn.Module:
+    """Every dropout of `model` (residual, MLP, embedding and attention probabilities) set to `p`, and its
+    config to match: regularisation for a long run, also on a checkpoint trained without it. None: unchanged."""
+    if p is None:
+        return model
+    from model.attention import Attention  # noqa: PLC0415
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = p
+        elif isinstance(module, Attention):
+            module.dropout = p
+    if hasattr(model, "cfg"):
+        model.cfg.dropout = p
+    return model
 
 
 def planned_steps(opts: RunOptions, preset_steps: int | None, preset_epochs: float | None, n_train: int,

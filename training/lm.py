@@ -37,6 +37,7 @@ from training.common import (
     record_init,
     resolve_device,
     seed_everything,
+    set_dropout,
 )
 from training.loop import LoopConfig, train_loop
 
@@ -196,6 +197,7 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     cfg = DecoderConfig(vocab_size=tokenizer.vocab_size, max_seq_len=p.context, bos_token_id=eot, eos_token_id=eot,
                         pad_token_id=eot, **p.model)
     model = Decoder(cfg) if init is None else init.model.train()
+    set_dropout(model, opts.dropout)
     cfg = model.cfg
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas)})
     tokens_per_step = p.batch_size * p.context

@@ -37,6 +37,7 @@ from training.common import (
     record_init,
     resolve_device,
     seed_everything,
+    set_dropout,
 )
 from training.data.pairs import LANGUAGE_NAMES
 from training.loop import LoopConfig, train_loop
@@ -207,6 +208,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
                         max_target_len=max(256, p.max_len), decoder_start_token_id=bos, eos_token_id=eos,
                         pad_token_id=pad, **p.model)
     model = Seq2Seq(cfg) if init is None else init.model.train()
+    set_dropout(model, opts.dropout)
     cfg = model.cfg
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas), "d_model": cfg.d_model})
     n_batches = len(make_batches(examples, p.batch_tokens, torch.Generator().manual_seed(0)))

@@ -38,6 +38,7 @@ from training.common import (
     record_init,
     resolve_device,
     seed_everything,
+    set_dropout,
 )
 from training.loop import LoopConfig, train_loop
 
@@ -207,6 +208,7 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
     cfg = ViTConfig(image_size=pre.image_size, n_channels=1, n_classes=len(labels), **p.model)
     init = load_init(opts, "vit")
     model = ViT(cfg) if init is None else init.model.train()
+    set_dropout(model, opts.dropout)
     loop = LoopConfig(**{**asdict(p.loop), "betas": tuple(p.loop.betas)})
     plan_loop(loop, opts, None, p.epochs, len(x_train), p.batch_size)
     out = Path(opts.out)

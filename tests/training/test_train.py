@@ -15,6 +15,7 @@ import sacrebleu
 import torch
 from PIL import Image
 
+from model.attention import Attention
 from model.checkpoint import load
 from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
 from model.decoder import Decoder
@@ -27,7 +28,7 @@ from tests.helpers.factories import DE, EN
 from tests.helpers.one_request import lm_tokens
 from training import bpe, cli, evaluate, lm, translation, vit
 from training.card import render_card
-from training.common import RunOptions, count_parameters, planned_steps
+from training.common import RunOptions, count_parameters, planned_steps, set_dropout
 from training.data import TranslationPair
 from training.loop import LoopConfig, learning_rate, train_loop
 
@@ -402,6 +403,22 @@ def test_cli_rejects_unknown_dataset(tmp_path, capsys):
     assert cli.main(["train", "vit", "--dataset", "cifar", "--out", str(tmp_path / "x")]) == 2
     assert cli.main(["train", "lm", "--dataset", "cifar", "--out", str(tmp_path / "x")]) == 2
     assert "fashion-mnist" in capsys.readouterr().err
+
+
+def test_dropout_reaches_every_layer_of_a_model_trained_without_it():
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_seq_len=8)).train()
+    ids = torch.randint(0, 50, (2, 8))
+    eval_logits = model.eval()(ids)
+    assert torch.equal(model.train()(ids), eval_logits)  # dropout 0: training mode changes nothing
+    set_dropout(model, 0.5)
+    assert model.cfg.dropout == 0.5 and not torch.allclose(model(ids), model(ids))
+    assert all(m.p == 0.5 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert all(m.dropout == 0.5 for m in model.modules() if isinstance(m, Attention))
+    assert torch.allclose(model.eval()(ids), eval_logits)  # inference is untouched
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    assert parser.parse_args(["train", "lm", "--dropout", "0.1"]).dropout == 0.1
 
 
 def test_count_parameters_counts_tied_weights_once():
