@@ -11,12 +11,13 @@
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-if [ -d .whl ] && [ ! -d /tmp/site ] && [ "$*" != pack ]; then  # once per machine; `pack` runs here
+if [ -d .whl ] && [ ! -d /tmp/site ] && [ -z "${NO_WHEELS:-}" ] && [ "$*" != pack ]; then  # once per machine
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 STEP_S=${STEP_S:-240}
+PACK=${PACK:-.gpu-data/train-data.tar.xz}  # the training data a train step unpacks (made by pack)
 
 step_env() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -62,8 +63,8 @@ step_train() {  # the bundled translators and LM, trained on from their weights 
   # Data: the processed splits, packed here by `bash bench/gpu_session.sh pack` (the machine has no internet).
   # Each run stops after $TRAIN_MINUTES; its best validated weights are halved and come back as one file each
   # (what $OUT returns is limited in files and size), its records in train-records.tar.gz.
-  local minutes=${TRAIN_MINUTES:-7} runs=/tmp/train
-  mkdir -p "$runs/data" && tar -xJf .gpu-data/train-data.tar.xz -C "$runs/data" || return 1
+  local minutes=${TRAIN_MINUTES:-7} runs=${TRAIN_RUNS:-/tmp/train}
+  mkdir -p "$runs/data" && tar -xJf "$PACK" -C "$runs/data" || return 1
   export TSERVE_DATA_DIR=$runs/data OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
   local limit=$(python3 -c "print(int(($minutes + 2) * 60))") pids=()
   for name in en-de de-en; do
@@ -87,10 +88,10 @@ step_train() {  # the bundled translators and LM, trained on from their weights 
 
 step_pack() {  # here, before a train step: the processed training splits, compressed to travel with the tree
   local processed=${TSERVE_DATA_DIR:-data}/processed
-  mkdir -p .gpu-data
-  tar -cJf .gpu-data/train-data.tar.xz -C "$(dirname "$processed")" \
+  mkdir -p "$(dirname "$PACK")"
+  tar -cJf "$PACK" -C "$(dirname "$processed")" \
     $(cd "$(dirname "$processed")" && ls processed/translation-v*-*.jsonl processed/lm-v*-*.jsonl)
-  ls -l .gpu-data
+  ls -l "$PACK"
 }
 
 status=0

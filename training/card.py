@@ -70,7 +70,7 @@ def render_card(directory: str | Path) -> str:
         lines.append(f"| weights | model.safetensors, {weights.stat().st_size / 1e6:.1f} MB ({_stored_dtype(weights)}) |")
     keys = ("d_model", "n_heads", "d_ff", "n_layers", "n_encoder_layers", "n_decoder_layers", "vocab_size",
             "max_seq_len", "max_source_len", "image_size", "patch_size", "n_classes", "positions", "norm",
-            "activation")
+            "activation", "dropout")
     for k in keys:
         if k in config:
             lines.append(f"| {k} | {config[k]} |")
@@ -112,13 +112,18 @@ def render_card(directory: str | Path) -> str:
     rows = [("preset", info.get("preset")), ("seed", info.get("seed")), ("steps", info.get("steps")),
             ("wall time", f"{info['seconds'] / 60:.1f} min" if "seconds" in info else None),
             ("hardware", info.get("hardware")), ("final training loss", info.get("final_loss")),
-            ("stopped by time budget", info.get("stopped_early"))]
+            ("stopped by time budget", info.get("stopped_early")),
+            ("weights kept from step", info.get("kept_step"))]
     lines += ["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None] + [""]
     if info.get("hyperparameters"):
         lines += ["Hyperparameters: " + ", ".join(f"{k}={_fmt(v)}" for k, v in _flatten(info["hyperparameters"])), ""]
     if info.get("validation"):
         last = info["validation"][-1]
         lines += ["Last validation: " + ", ".join(f"{k} {_fmt(v)}" for k, v in last.items()), ""]
+        kept = next((row for row in info["validation"] if row.get("step") == info.get("kept_step")), None)
+        if kept is not None and kept is not last:  # the weights are those of the best validation, not the last
+            lines += ["Best validation (the weights kept): " + ", ".join(f"{k} {_fmt(v)}" for k, v in kept.items()),
+                      ""]
     lines += ["## Evaluation (held-out test split)", ""]
     if metrics:
         samples = metrics.get("samples")

@@ -7,6 +7,7 @@ import argparse
 import itertools
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -347,7 +348,7 @@ def tiny_mt_run(tmp_path_factory):
     return out, pairs
 
 
-def test_translation_checkpoint_translates_and_evaluates(tiny_mt_run):
+def test_translation_checkpoint_translates_and_evaluates(tiny_mt_run, tmp_path):
     out, pairs = tiny_mt_run
     loaded = load(out)
     assert loaded.generation.num_beams == 4 and loaded.tokenizer.pad_id in loaded.generation.banned_token_ids
@@ -364,6 +365,12 @@ def test_translation_checkpoint_translates_and_evaluates(tiny_mt_run):
     (out / "metrics.json").write_text(json.dumps({"task": "translation", **metrics}))
     card = render_card(out)
     assert "bleu" in card and "dict-freedict-eng-deu" in card and "GPL-3+" in card
+    assert "Best validation" not in card  # the last validation's weights are the ones kept
+    copy = shutil.copytree(out, tmp_path / "copy")
+    info |= {"kept_step": 1, "validation": [{"step": 1, "val_loss": 2.5}, {"step": 2, "val_loss": 2.75}]}
+    (copy / "training.json").write_text(json.dumps(info))
+    card = render_card(copy)
+    assert "| weights kept from step | 1 |" in card and "Best validation (the weights kept): step 1, val_loss 2.5" in card
 
 
 def test_bleu_and_chrf_of_right_and_wrong_translations():
