@@ -8,6 +8,8 @@
 # tests: the `gpu`-marked tests with $TSERVE_REQUIRE_GPU (a skip is a failure) and the kernel and CUDA-graph
 # tests, which run on the GPU when one is present. bench: bench/gpu.py, one process per section. load:
 # bench/load.py over HTTP with 1, 8 and 64 clients, GPT-2 small and Qwen2.5-0.5B shapes, bf16.
+# train: the bundled translators and LM continued from their weights, side by side (the data: `pack`, run here
+# first, since that machine reaches no registry); carry .gpu-data (and .whl).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
