@@ -40,7 +40,7 @@ class LoopConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float = 1.0
     eval_every: int = 500
-    checkpoint_every: int = 0  # 0: only at validation time and at the end
+    checkpoint_every: int = 0  # without validation: save every this many steps; with it, only improvements are saved
     log_every: int = 50
     max_minutes: float | None = None
     amp: bool = True  # only takes effect on CUDA
@@ -180,7 +180,7 @@ def train_loop(
                 save(model, done)
                 result.kept_step = done
                 log_event("checkpoint_kept", step=done, **{best_metric: result.validations[-1][best_metric]})
-        elif save is not None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
+        elif save is not None and validate is None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             save(model, done)
         if out_of_time:
             result.stopped_early = done < cfg.steps

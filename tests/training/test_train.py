@@ -126,6 +126,12 @@ def test_a_worse_validation_leaves_the_best_checkpoint_on_disk():
                         device=torch.device("cpu"), validate=lambda m: {"val_loss": next(losses)},
                         save=lambda m, s: saved.append(s))
     assert saved == [1, 2] and result.kept_step == 2 and result.steps == 4
+    cfg.eval_every, cfg.checkpoint_every = 2, 1  # a periodic checkpoint may not overwrite the best one either
+    losses, saved = iter([1.0, 2.0]), []
+    result = train_loop(model, itertools.repeat(batch), lambda m, b: (m(b).pow(2).mean(), 4), cfg,
+                        device=torch.device("cpu"), validate=lambda m: {"val_loss": next(losses)},
+                        save=lambda m, s: saved.append(s))
+    assert saved == [2] and result.kept_step == 2
 
 
 # --------------------------------------------------------------------------------------------------
