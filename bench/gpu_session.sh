@@ -3,19 +3,19 @@
 # the carried wheels are installed, then each named step runs with its own time limit and writes its log and
 # JSON under $OUT (default /tmp/gpu-out).
 #
-#   bash bench/gpu_session.sh tests bench load     # steps: env tests flash bench load train (pack first, here)
+#   bash bench/gpu_session.sh tests bench load     # steps: env tests flash bench load train (and pack, see train)
 #
 # tests: the `gpu`-marked tests with $TSERVE_REQUIRE_GPU (a skip is a failure) and the kernel and CUDA-graph
 # tests, which run on the GPU when one is present. bench: bench/gpu.py, one process per section. load:
 # bench/load.py over HTTP with 1, 8 and 64 clients, GPT-2 small and Qwen2.5-0.5B shapes, bf16.
-# train: the bundled translators and LM continued from their weights, side by side (the data: `pack`, run here
-# first, since that machine reaches no registry); carry .gpu-data (and .whl).
+# train: the bundled translators and LM continued from their weights, side by side; `pack` first packs their
+# data into .gpu-data for a machine without network access (carry .gpu-data, and .whl).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-if [ -d .whl ] && [ ! -d /tmp/site ] && [ -z "${NO_WHEELS:-}" ] && [ "$*" != pack ]; then  # once per machine
+if [ -d .whl ] && [ ! -f /tmp/site/.installed ] && [ -z "${NO_WHEELS:-}" ] && [ "$*" != pack ]; then  # once a machine
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
+    && touch /tmp/site/.installed || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 STEP_S=${STEP_S:-240}
@@ -63,12 +63,12 @@ step_load() {
 
 step_train() {  # the bundled translators and LM, trained on from their weights with mixed precision, side by side
   # Data: the processed splits, packed here by `bash bench/gpu_session.sh pack` (the machine has no internet).
-  # Each run stops after $TRAIN_MINUTES; its best validated weights are halved and come back as one file each
-  # (what $OUT returns is limited in files and size), its records in train-records.tar.gz.
-  local minutes=${TRAIN_MINUTES:-7} runs=${TRAIN_RUNS:-/tmp/train}
-  mkdir -p "$runs/data" && tar -xJf "$PACK" -C "$runs/data" || return 1
+  # Each run stops after $TRAIN_MINUTES; its best validated weights are halved and put under $OUT as one file
+  # each, the runs' records as train-records.tar.gz.
+  local minutes=${TRAIN_MINUTES:-7} runs=${TRAIN_RUNS:-/tmp/train} limit pids=() rc=0
+  rm -rf "$runs" && mkdir -p "$runs/data" && tar -xJf "$PACK" -C "$runs/data" || return 1
   export TSERVE_DATA_DIR=$runs/data OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-  local limit=$(python3 -c "print(int(($minutes + 2) * 60))") pids=()
+  limit=$(python3 -c "print(int(($minutes + 2) * 60))") || return 1
   for name in en-de de-en; do
     timeout "$limit" python3 -m training train translation --init-from "models/tserve-$name" --out "$runs/$name" \
       --device "${TRAIN_DEVICE:-cuda}" --batch "${MT_BATCH:-16000}" --lr "${MT_LR:-1e-3}" --dropout "${MT_DROPOUT:-0.1}" --steps 1000000 \
@@ -77,22 +77,22 @@ step_train() {  # the bundled translators and LM, trained on from their weights 
   timeout "$limit" python3 -m training train lm --init-from models/tserve-lm --out "$runs/lm" \
     --device "${TRAIN_DEVICE:-cuda}" --batch "${LM_BATCH:-64}" --lr "${LM_LR:-1e-3}" --dropout "${LM_DROPOUT:-0.1}" --steps 1000000 \
     --max-minutes "$minutes" >"$runs/lm.log" 2>&1 & pids+=($!)
-  local rc=0
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   for name in en-de de-en lm; do
     tail -n 3 "$runs/$name.log"
-    [ -f "$runs/$name/model.safetensors" ] || continue
-    python3 -m training half "$runs/$name" && cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors"
+    [ -f "$runs/$name/model.safetensors" ] || { rc=1; continue; }
+    python3 -m training half "$runs/$name" && cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors" || rc=1
   done
-  tar -czf "$OUT/train-records.tar.gz" -C "$runs" --exclude='*.safetensors' --exclude=data .
+  tar -czf "$OUT/train-records.tar.gz" -C "$runs" --exclude='*.safetensors' --exclude=data . || rc=1
   return $rc
 }
 
 step_pack() {  # here, before a train step: the processed training splits, compressed to travel with the tree
   local processed=${TSERVE_DATA_DIR:-data}/processed
   mkdir -p "$(dirname "$PACK")"
-  tar -cJf "$PACK" -C "$(dirname "$processed")" \
-    $(cd "$(dirname "$processed")" && ls processed/translation-v*-*.jsonl processed/lm-v*-*.jsonl)
+  local files
+  files=$(cd "$(dirname "$processed")" && ls processed/translation-v*-*.jsonl processed/lm-v*-*.jsonl) || return 1
+  tar -cJf "$PACK" -C "$(dirname "$processed")" $files || return 1
   ls -l "$PACK"
 }
 

@@ -39,10 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     length.add_argument("--steps", type=int, default=None, help="optimiser steps (overrides the preset)")
     length.add_argument("--epochs", type=float, default=None, help="passes over the training data")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
+    t.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this wall time (the learning-rate decay fits it; the best validated weights stay)")
     t.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
-    t.add_argument("--dropout", type=float, default=None, metavar="P",
+    t.add_argument("--dropout", type=_probability, default=None, metavar="P",
                    help="dropout probability for this run, also on an --init-from checkpoint trained without it "
                         "(default: the preset's, or the checkpoint's)")
     t.add_argument("--batch", type=_positive_int, default=None, metavar="N",
@@ -176,6 +177,13 @@ def run_half(args: argparse.Namespace) -> int:
     write_card(args.checkpoint)
     print(f"{path}: {sum(v.dtype == torch.float32 for v in tensors.values())} tensors now float16")
     return 0
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1), got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:

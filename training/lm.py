@@ -224,11 +224,12 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
 
     result = train_loop(model, window_batches(train_stream, p.context, p.batch_size, g),
                         lambda m, b: lm_loss(m, b, device), loop, device=device, unit="tok",
-                        validate=validate, save=save, desc="lm")
+                        validate=validate, save=save, desc="lm",
+                        start_checkpoint=init is not None)
     info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history,
                 tokens_seen=result.units)
     write_json(out / TRAINING_FILE, info)
     write_card(out)
-    log_event("checkpoint_saved", path=str(out))
+    log_event("run_done", path=str(out), kept_step=result.kept_step)
     return out

@@ -115,12 +115,16 @@ def train_loop(
     save: Callable[[nn.Module, int], None] | None = None,
     desc: str = "train",
     best_metric: str = "val_loss",
+    higher_is_better: bool = False,
+    start_checkpoint: bool = False,
 ) -> TrainResult:
     """Run `cfg.steps` optimiser steps (or until `cfg.max_minutes`). `validate(model)` returns metrics
     (the model is put in eval mode around it); `save(model, step)` writes a checkpoint. With `validate`, a
-    checkpoint is written only when `best_metric` (lower is better) beats every earlier validation, so a long
-    run that starts to overfit leaves its best weights on disk, not its last; the run always validates its
-    final step."""
+    checkpoint is written at the first validation and then only when `best_metric` beats every earlier one,
+    so a long run that starts to overfit leaves its best weights on disk, not its last; the run always
+    validates its final step. `start_checkpoint` (continued training): the starting weights are validated
+    and written first (step 0), so a run that only gets worse leaves them as they were. Without `validate`,
+    `save` runs every `cfg.checkpoint_every` steps and at the end."""
     model.to(device).train()
     opt = make_optimizer(model, cfg)
     ctx, use_scaler = autocast_context(device, cfg.amp)
@@ -133,6 +137,9 @@ def train_loop(
     rate = 0.0
     bar = tqdm(total=cfg.steps, desc=desc, unit="step", dynamic_ncols=True, mininterval=2.0, disable=None)
     log_event("train_start", steps=cfg.steps, lr=cfg.lr, schedule=cfg.schedule, device=str(device))
+    if validate is not None and save is not None and start_checkpoint:
+        _validate(model, validate, 0, result)
+        _keep_if_best(model, save, result, 0, best_metric, higher_is_better)
     step = 0
     for step in range(cfg.steps):
         time_fraction = (time.perf_counter() - start) / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
@@ -176,10 +183,8 @@ def train_loop(
         out_of_time = deadline is not None and now >= deadline
         if validate is not None and (done % cfg.eval_every == 0 or done == cfg.steps or out_of_time):
             _validate(model, validate, done, result)
-            if save is not None and _is_best(result, best_metric):
-                save(model, done)
-                result.kept_step = done
-                log_event("checkpoint_kept", step=done, **{best_metric: result.validations[-1][best_metric]})
+            if save is not None:
+                _keep_if_best(model, save, result, done, best_metric, higher_is_better)
         elif save is not None and validate is None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             save(model, done)
         if out_of_time:
@@ -188,6 +193,8 @@ def train_loop(
             break
     bar.close()
     result.steps = step + 1 if cfg.steps else 0
+    if validate is None and save is not None and not (cfg.checkpoint_every and result.steps % cfg.checkpoint_every == 0):
+        save(model, result.steps)
     result.seconds = time.perf_counter() - start
     result.final_loss = float(ema) if ema is not None else float("nan")
     model.eval()
@@ -195,10 +202,25 @@ def train_loop(
     return result
 
 
-def _is_best(result: TrainResult, metric: str) -> bool:
-    """Whether the newest validation's `metric` is below every earlier one's."""
+def _keep_if_best(model: nn.Module, save: Callable[[nn.Module, int], None], result: TrainResult, step: int,
+                  metric: str, higher_is_better: bool) -> None:
+    if _is_best(result, metric, higher_is_better):
+        save(model, step)
+        result.kept_step = step
+        log_event("checkpoint_kept", step=step, **{metric: result.validations[-1][metric]})
+
+
+def _is_best(result: TrainResult, metric: str, higher_is_better: bool = False) -> bool:
+    """Whether the newest validation's `metric` beats every earlier one's (the first always does; a NaN never
+    beats, and an earlier NaN is no bar)."""
     *earlier, newest = result.validations
-    return all(newest[metric] < row[metric] for row in earlier)
+    if not earlier:
+        return True
+    value = newest[metric]
+    if math.isnan(value):
+        return False
+    return all(value > row[metric] if higher_is_better else value < row[metric] for row in earlier
+               if not math.isnan(row[metric]))
 
 
 def _validate(model: nn.Module, validate: Callable[[nn.Module], dict[str, float]], step: int,

@@ -236,11 +236,12 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
 
     result = train_loop(model, batch_iterator(examples, p.batch_tokens, pad, bos, g),
                         lambda m, b: mt_loss(m, b, device, p.label_smoothing), loop, device=device, unit="tok",
-                        validate=validate, save=save, desc="translation")
+                        validate=validate, save=save, desc="translation",
+                        start_checkpoint=init is not None)
     info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history,
                 epochs_seen=round(result.steps / n_batches, 2))
     write_json(out / TRAINING_FILE, info)
     write_card(out)
-    log_event("checkpoint_saved", path=str(out))
+    log_event("run_done", path=str(out), kept_step=result.kept_step)
     return out

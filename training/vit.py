@@ -238,10 +238,11 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
         save_checkpoint(out, m, labels=labels, preprocessing=pre)
 
     result = train_loop(model, batch_iterator(x_train, y_train, p.batch_size, g), loss_fn, loop, device=device,
-                        unit="img", validate=validate, save=save, desc=f"vit {dataset}")
+                        unit="img", validate=validate, save=save, desc=f"vit {dataset}",
+                        start_checkpoint=init is not None, best_metric="val_accuracy", higher_is_better=True)
     info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history)
     write_json(out / TRAINING_FILE, info)
     write_card(out)
-    log_event("checkpoint_saved", path=str(out))
+    log_event("run_done", path=str(out), kept_step=result.kept_step)
     return out

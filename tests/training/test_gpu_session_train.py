@@ -1,7 +1,7 @@
 """The GPU machine's train step (`bench/gpu_session.sh pack`, then `train`), run here on the CPU for a moment
 on a tiny data set: the pack travels, the three text models continue from their committed weights side by
-side, and what comes back is one float16 weights file each plus their records. A GPU session has minutes;
-a step that breaks there is a session lost."""
+side, and what comes back is one float16 weights file each plus their records: checked here, so that a step
+does not first break on the GPU machine."""
 
 from __future__ import annotations
 

@@ -134,6 +134,32 @@ def test_a_worse_validation_leaves_the_best_checkpoint_on_disk():
     assert saved == [2] and result.kept_step == 2
 
 
+@pytest.mark.parametrize(("values", "start", "higher", "kept"), [
+    ([1.0, 2.0, 3.0], True, False, [0]),  # continued training that only gets worse: the starting weights stay
+    ([3.0, 2.0, 2.5], True, False, [0, 1]),
+    ([float("nan"), 2.0, float("nan")], False, False, [1, 2]),  # a NaN is kept first, then beaten, never kept after
+    ([0.5, 0.7, 0.6], False, True, [1, 2]),  # accuracy: higher is better
+])
+def test_which_validations_are_kept(values, start, higher, kept):
+    model = torch.nn.Linear(2, 1)
+    cfg = _loop(3 if start else 2)
+    cfg.eval_every = 1
+    cfg.steps = len(values) - 1 if start else len(values)
+    scores, saved = iter(values), []
+    train_loop(model, itertools.repeat(torch.randn(4, 2)), lambda m, b: (m(b).pow(2).mean(), 4), cfg,
+               device=torch.device("cpu"), validate=lambda m: {"val_loss": next(scores)},
+               save=lambda m, s: saved.append(s), higher_is_better=higher, start_checkpoint=start)
+    assert saved == kept
+
+
+def test_without_validation_the_last_weights_are_saved():
+    saved = []
+    cfg = _loop(5)
+    train_loop(torch.nn.Linear(2, 1), itertools.repeat(torch.randn(4, 2)), lambda m, b: (m(b).pow(2).mean(), 4),
+               cfg, device=torch.device("cpu"), save=lambda m, s: saved.append(s))
+    assert saved == [5]
+
+
 # --------------------------------------------------------------------------------------------------
 # Each task learns a fixed batch
 # --------------------------------------------------------------------------------------------------
@@ -315,13 +341,20 @@ def test_lm_training_continues_from_a_checkpoint(tiny_lm_run, tmp_path):
     out, corpus = tiny_lm_run
     cfg = lm.LMPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=2), vocab_size=300, context=32,
                       batch_size=8, steps=5, loop=_loop(5), val_windows=4)
+    cfg.loop.eval_every = 1
     lm.train(RunOptions(out=tmp_path, device="cpu", command="again", init_from=str(out), batch=3), corpus=corpus,
              config=cfg)
     info = json.loads((tmp_path / "training.json").read_text())
     assert info["continued_from"]["command"] == "pytest" and info["steps"] == 5
     assert info["hyperparameters"]["batch_size"] == 3 and info["tokens_seen"] == 5 * 3 * cfg.context
-    assert info["kept_step"] == max(row["step"] for row in info["validation"] if row["val_loss"] == min(
-        r["val_loss"] for r in info["validation"]))
+    # The starting weights are validated first (step 0); the weights on disk are those of the best validation.
+    losses = [row["val_loss"] for row in info["validation"]]
+    assert [row["step"] for row in info["validation"]] == [0, 1, 2, 3, 4, 5]
+    assert info["kept_step"] == info["validation"][losses.index(min(losses))]["step"]
+    kept = load(tmp_path)
+    from training.lm import eval_windows, mean_nll, token_stream
+    val = eval_windows(token_stream(kept.tokenizer, corpus["valid"]), cfg.context, cfg.val_windows)
+    assert mean_nll(kept.model, val)[0] == pytest.approx(min(losses), abs=1e-4)
     assert (tmp_path / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
     assert "continued from 1 earlier run" in (tmp_path / "MODEL_CARD.md").read_text()
     third = tmp_path / "third"
@@ -418,6 +451,41 @@ def test_cli_rejects_unknown_dataset(tmp_path, capsys):
     assert "fashion-mnist" in capsys.readouterr().err
 
 
+def test_batch_sets_the_examples_of_a_step_for_translation_and_vit(tmp_path):
+    mt = translation.MTPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=1),
+                              vocab_size=200, max_len=48, batch_tokens=400, epochs=1, loop=_loop(0))
+    translation.train(RunOptions(out=tmp_path / "mt", device="cpu", steps=2, batch=123), pairs={"train": PAIRS},
+                      config=mt)
+    info = json.loads((tmp_path / "mt" / "training.json").read_text())
+    assert info["hyperparameters"]["batch_tokens"] == 123
+    assert info["data"]["batches_per_epoch"] == len(translation.make_batches(
+        translation.encode_pairs(load(tmp_path / "mt").tokenizer, PAIRS, 48), 123, torch.Generator()))
+    vt = vit.ViTPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=1, patch_size=7), batch_size=32,
+                       epochs=1, loop=_loop(0), max_rotation=0, max_shift=0, scale=(1.0, 1.0))
+    vit.train(RunOptions(out=tmp_path / "vit", device="cpu", dataset="mnist-digits", steps=2, batch=7),
+              data={"train": _images(60, 0), "test": _images(8, 1)}, config=vt)
+    assert json.loads((tmp_path / "vit" / "training.json").read_text())["hyperparameters"]["batch_size"] == 7
+
+
+def test_vit_keeps_its_most_accurate_weights(tmp_path, monkeypatch):
+    """A classifier's loss can rise while its accuracy still improves: the ViT trainer keeps by accuracy."""
+    asked = {}
+
+    def recording_loop(*args, **kwargs):
+        asked.update(kwargs)
+        return train_loop(*args, **kwargs)
+
+    monkeypatch.setattr(vit, "train_loop", recording_loop)
+    vt = vit.ViTPreset(model=dict(d_model=32, n_heads=4, d_ff=64, n_layers=1, patch_size=7), batch_size=32,
+                       epochs=1, loop=_loop(0), max_rotation=0, max_shift=0, scale=(1.0, 1.0))
+    vit.train(RunOptions(out=tmp_path, device="cpu", dataset="mnist-digits", steps=2),
+              data={"train": _images(60, 0), "test": _images(8, 1)}, config=vt)
+    assert asked["best_metric"] == "val_accuracy" and asked["higher_is_better"] is True
+    info = json.loads((tmp_path / "training.json").read_text())
+    best = max(row["val_accuracy"] for row in info["validation"])
+    assert next(r for r in info["validation"] if r["step"] == info["kept_step"])["val_accuracy"] == best
+
+
 def test_dropout_reaches_every_layer_of_a_model_trained_without_it():
     torch.manual_seed(0)
     model = Decoder(DecoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_seq_len=8)).train()
@@ -432,6 +500,9 @@ def test_dropout_reaches_every_layer_of_a_model_trained_without_it():
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command", required=True))
     assert parser.parse_args(["train", "lm", "--dropout", "0.1"]).dropout == 0.1
+    for bad in ("1", "-0.1", "1.5"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["train", "lm", "--dropout", bad])
 
 
 def test_count_parameters_counts_tied_weights_once():
