@@ -88,6 +88,7 @@ class TrainResult:
     validations: list[dict[str, Any]] = field(default_factory=list)
     stopped_early: bool = False
     kept_step: int | None = None  # the validated step whose weights `save` last wrote (the best so far)
+    kept_value: float | None = None  # its `best_metric`
 
 
 LossFn = Callable[[nn.Module, Any], tuple[Tensor, int]]
@@ -140,7 +141,7 @@ def train_loop(
     if validate is not None and save is not None and start_checkpoint:
         _validate(model, validate, 0, result)
         _keep_if_best(model, save, result, 0, best_metric, higher_is_better)
-    step = 0
+    step, saved_at = 0, -1
     for step in range(cfg.steps):
         time_fraction = (time.perf_counter() - start) / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
         lr = learning_rate(cfg, step, time_fraction)
@@ -187,13 +188,14 @@ def train_loop(
                 _keep_if_best(model, save, result, done, best_metric, higher_is_better)
         elif save is not None and validate is None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             save(model, done)
+            saved_at = done
         if out_of_time:
             result.stopped_early = done < cfg.steps
             log_event("time_budget_reached", step=done, minutes=cfg.max_minutes)
             break
     bar.close()
     result.steps = step + 1 if cfg.steps else 0
-    if validate is None and save is not None and not (cfg.checkpoint_every and result.steps % cfg.checkpoint_every == 0):
+    if validate is None and save is not None and saved_at != result.steps:
         save(model, result.steps)
     result.seconds = time.perf_counter() - start
     result.final_loss = float(ema) if ema is not None else float("nan")
@@ -204,23 +206,15 @@ def train_loop(
 
 def _keep_if_best(model: nn.Module, save: Callable[[nn.Module, int], None], result: TrainResult, step: int,
                   metric: str, higher_is_better: bool) -> None:
-    if _is_best(result, metric, higher_is_better):
-        save(model, step)
-        result.kept_step = step
-        log_event("checkpoint_kept", step=step, **{metric: result.validations[-1][metric]})
-
-
-def _is_best(result: TrainResult, metric: str, higher_is_better: bool = False) -> bool:
-    """Whether the newest validation's `metric` beats every earlier one's (the first always does; a NaN never
-    beats, and an earlier NaN is no bar)."""
-    *earlier, newest = result.validations
-    if not earlier:
-        return True
-    value = newest[metric]
-    if math.isnan(value):
-        return False
-    return all(value > row[metric] if higher_is_better else value < row[metric] for row in earlier
-               if not math.isnan(row[metric]))
+    """Save the newest validation's weights if its `metric` beats the kept one's (the first is always kept; a NaN
+    beats nothing, and is beaten by any number)."""
+    value, kept = result.validations[-1][metric], result.kept_value
+    if kept is not None and not math.isnan(kept) and (math.isnan(value) or not (
+            value > kept if higher_is_better else value < kept)):
+        return
+    save(model, step)
+    result.kept_step, result.kept_value = step, value
+    log_event("checkpoint_kept", step=step, **{metric: value})
 
 
 def _validate(model: nn.Module, validate: Callable[[nn.Module], dict[str, float]], step: int,
