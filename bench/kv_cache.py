@@ -10,6 +10,10 @@ new) sent at once; the most that ran at the same time, against what static per-r
 admit in the same memory (the budget divided by a context's bytes). Goal: >= 16x.
 prefix: 16 requests behind one 1,000-token system prompt, 20 new tokens each, sent at once, on a SmolLM2-135M
 shape: TTFT p50 with the prefix cache and with --no-prefix-cache, same run. Goal: >= 5x lower.
+translation-memory: the bundled English -> German translator (256 target positions a row) with
+--kv-cache-memory of 8 rows' whole length and 512 rows: 128 four-beam requests sent at once; the most beam rows
+that decoded at the same time against the 8 static rows that memory holds, and whether every translation equals
+the one a pool of every row's whole length gives.
 chat: a 6-turn conversation (a 500-token system prompt; each turn adds the previous answer of 40 tokens and
 a 60-token user message, as token ids): seconds per turn with and without the prefix cache.
 decode: tokens/s of N concurrent greedy requests (200-token prompts, 64 new tokens) on a SmolLM2-135M shape,
@@ -199,6 +203,52 @@ SENTENCES = ("The house is small.", "I would like a cup of coffee, please.", "Wh
              "Could you tell me the way to the museum?")
 
 
+def translation_memory_part(n: int = 128, beams: int = 4, static_rows: int = 8) -> dict:
+    from model import checkpoint
+    from service.engine import TranslationEngine
+    from service.engine.kv_memory import kv_block_bytes
+    from service.metrics import Metrics
+    from service.tasks.translation import collect_translation
+
+    loaded = checkpoint.load(ROOT / "models" / "tserve-en-de", device="cpu", dtype="float32")
+    budget = static_rows * loaded.config.max_target_len * kv_block_bytes(loaded, 16) // 16
+    texts = [f"{SENTENCES[i % len(SENTENCES)]} {SENTENCES[(i * 3 + 1) % len(SENTENCES)]}" for i in range(n)]
+
+    def run(kv_cache_budget: tuple) -> tuple[list, dict, float]:
+        engine = TranslationEngine("mt", loaded, max_rows=n * beams, max_queue=1024, timeout_s=3600.0,
+                                   metrics=Metrics(), cuda_graphs=False, kv_cache_budget=kv_cache_budget)
+        engine.start()
+        peak = {"rows": 0, "blocks": 0}
+        step = engine.step
+
+        def counting_step() -> None:
+            step()
+            peak["rows"] = max(peak["rows"], engine.rows_in_use)
+            peak["blocks"] = max(peak["blocks"], engine.runner.blocks.num_in_use)
+
+        engine.step = counting_step
+
+        async def go() -> list:
+            jobs = [engine.translator.job(t, num_beams=beams, max_tokens=64) for t in texts]
+            return await asyncio.gather(*(collect_translation(engine, engine.submit(j)) for j in jobs))
+
+        start = time.perf_counter()
+        try:
+            results = asyncio.run(go())
+        finally:
+            engine.stop()
+        peak.update(blocks_total=engine.runner.blocks.num_usable,
+                    preemptions=_metric(engine, "tserve_preemptions_total"))
+        return [r.token_ids for r in results], peak, time.perf_counter() - start
+
+    reference, _, whole_s = run((None, None))
+    outputs, peak, seconds = run((budget, None))
+    return dict(budget=budget, requests=n, beams=beams, peak_rows=peak["rows"], peak_blocks=peak["blocks"],
+                blocks=peak["blocks_total"], static=static_rows, ratio=peak["rows"] / static_rows,
+                preemptions=peak["preemptions"], seconds=seconds, whole_seconds=whole_s,
+                identical=sum(a == b for a, b in zip(outputs, reference, strict=True)))
+
+
 def translation_worker(args: argparse.Namespace) -> None:
     """Run in a subprocess with `--code-root`: sentences/s of the bundled English -> German translator, 32
     sentences at once, greedy or 4 beams (`--worker-clients` beams): one line of JSON."""
@@ -257,8 +307,8 @@ def _metric(engine, name: str) -> float:  # noqa: ANN001
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", default=["memory", "prefix", "chat", "decode"],
-                    choices=["memory", "prefix", "chat", "decode"])
+    ap.add_argument("--parts", nargs="+", default=["memory", "translation-memory", "prefix", "chat", "decode"],
+                    choices=["memory", "translation-memory", "prefix", "chat", "decode"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", default="smollm2-135m", help="prefix and chat: the model shape (bench/load.py's)")
     ap.add_argument("--memory-requests", type=int, default=700)
@@ -290,6 +340,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {r['budget'] / 1e9:.2f} GB | {r['requests']} | {r['finished']} | {r['peak']} | "
               f"{r['peak_blocks']} ({r['blocks']}) | {r['static']} | {r['ratio']:.0f}x (goal >= 16x) | "
               f"{r['preemptions']:.0f} | {r['seconds']:.1f} |\n", flush=True)
+    if "translation-memory" in args.parts:
+        r = out["translation-memory"] = translation_memory_part()
+        print("| --kv-cache-memory | requests | most beam rows at once | blocks used (of) | static rows in that "
+              "memory | ratio | preemptions | identical to the whole-length pool | seconds (whole-length pool) |\n"
+              "|---|---|---|---|---|---|---|---|---|")
+        print(f"| {r['budget'] / 1e6:.1f} MB | {r['requests']} x {r['beams']} beams | {r['peak_rows']} | "
+              f"{r['peak_blocks']} ({r['blocks']}) | {r['static']} | {r['ratio']:.0f}x | {r['preemptions']:.0f} | "
+              f"{r['identical']} of {r['requests']} | {r['seconds']:.1f} ({r['whole_seconds']:.1f}) |\n", flush=True)
     if "prefix" in args.parts:
         rows = out["prefix"] = prefix_part(work, args.size, args.prefix_requests, args.system_tokens)
         print("| prefix cache | TTFT p50 s | TTFT max s | all done s | cached tokens |\n|---|---|---|---|---|")

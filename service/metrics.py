@@ -29,7 +29,7 @@ class Metrics:
                                         "keys and values; grouped-query models hold only their kv heads)", ["model"],
                                         registry=r)
         self.kv_bytes = Gauge("tserve_kv_cache_bytes", "KV-cache bytes allocated", ["model"], registry=r)
-        self.kv_blocks_total = Gauge("tserve_kv_cache_blocks_total", "KV-cache blocks of a language model's pool",
+        self.kv_blocks_total = Gauge("tserve_kv_cache_blocks_total", "KV-cache blocks of a language model's or a translator decoder's pool",
                                      ["model"], registry=r)
         self.kv_blocks_in_use = Gauge("tserve_kv_cache_blocks_in_use", "KV-cache blocks held by running requests",
                                       ["model"], registry=r)

@@ -71,6 +71,10 @@ class BeamSearch:
         """(num_beams,) the token each running beam feeds to the decoder next."""
         return self.running[:, self.cur_len - 1]
 
+    def tokens_at(self, position: int) -> Tensor:
+        """(num_beams,) the token each running beam fed to the decoder at `position` (to recompute its cache)."""
+        return self.running[:, position]
+
     def group_key(self) -> tuple:
         """Requests with equal keys can advance together."""
         s = self.s

@@ -72,6 +72,10 @@ class ConstrainedBeamSearch:
     def last_tokens(self) -> Tensor:
         return torch.tensor([b.tokens[-1] if b.tokens else self.start for b in self.beams], device=self.device)
 
+    def tokens_at(self, position: int) -> Tensor:
+        return torch.tensor([b.tokens[position - 1] if 0 < position <= len(b.tokens) else self.start
+                             for b in self.beams], device=self.device)
+
     def group_key(self) -> tuple:
         return ("constrained", id(self))  # advances alone
 

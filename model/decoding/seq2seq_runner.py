@@ -8,6 +8,12 @@ live in the blocks of its table (`model.block_pool`); when beams are reordered b
 over another parent's cache forks the parent's table: the full blocks are shared and only the last, partial
 block is copied (copy-on-write). Every row's scores go through the logits pipeline; beam search is the
 one-request `BeamSearch` fed with this request's rows, so its result does not depend on what else runs.
+
+The block pool may be smaller than every row's whole length (`num_blocks`). A request is then admitted with
+the blocks of its first position, grows a block at a time, and may be preempted (`preempt`) when the pool runs
+dry: its blocks and rows go back, its decoding state (greedy tokens, beams) stays. Admitted again, it first
+replays: one position per step, each row is fed the token it had at that position and its logits are
+dropped, until its cache holds what it held; then it goes on where it stopped, with nothing emitted twice.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from model.kv_cache import SlotAllocator
 from model.tokenizer import Tokenizer
 
 Spans = list[tuple[int, int]]  # each request's rows in the decoder batch
+REPLAYED = -1  # `advance`'s token for a request that recomputed a position of its cache this step
 
 
 @dataclass
@@ -71,6 +78,22 @@ class TranslationSequence:
         self.generated: list[int] = []  # greedy output so far (eos included once reached)
         self.logprob_sum = 0.0  # greedy: the model's log-probability of `generated`
         self.finish_reason: str | None = None
+        self.resume_at = 0  # after a preemption: the positions its cache must hold again before it goes on
+        self.replayed = 0  # of those, recomputed so far
+
+    @property
+    def replaying(self) -> bool:
+        return self.replayed < self.resume_at
+
+    @property
+    def next_position(self) -> int:
+        """The decoder position of the tokens the next step feeds (0: the decoder start token)."""
+        return len(self.generated) if self.greedy else self.search.step_index
+
+    @property
+    def step_position(self) -> int:
+        """The position the next step writes: a replayed one, or `next_position`."""
+        return self.replayed if self.replaying else self.next_position
 
     @property
     def greedy(self) -> bool:
@@ -103,10 +126,13 @@ class TranslationSequence:
 
 class Seq2SeqRunner:
     def __init__(self, loaded: LoadedModel, *, num_rows: int, cuda_graphs: bool = True,
-                 max_len: int | None = None, block_size: int = 16, reuse_sources: bool = True) -> None:
+                 max_len: int | None = None, block_size: int = 16, reuse_sources: bool = True,
+                 num_blocks: int | None = None) -> None:
         """`max_len`: the most source tokens, and target positions, a row's cache holds (default: the model's
         own limits, which for a 1024-position model with many rows is gigabytes). `reuse_sources`: a source
-        identical to one encoded before reads that encoder output (its cross slot) instead of encoding again."""
+        identical to one encoded before reads that encoder output (its cross slot) instead of encoding again.
+        `num_blocks`: the decoder's block pool, the null block included (default: every row's whole length,
+        so that nothing is ever preempted)."""
         self.model, self.cfg, self.gen = loaded.model, loaded.config, loaded.generation
         self.max_source_len = min(self.cfg.max_source_len, max_len or self.cfg.max_source_len)
         self.max_target_len = min(self.cfg.max_target_len, max_len or self.cfg.max_target_len)
@@ -122,8 +148,8 @@ class Seq2SeqRunner:
         self._source_of_slot: dict[int, tuple[int, ...]] = {}
         self._readers: collections.Counter[int] = collections.Counter()
         self._idle_slots: collections.OrderedDict[int, None] = collections.OrderedDict()
-        # Enough blocks for every row's whole length: a translation never waits for blocks once admitted.
-        num_blocks = 1 + num_rows * -(-self.max_target_len // block_size)
+        if num_blocks is None:  # every row's whole length: a translation never waits for blocks once admitted
+            num_blocks = 1 + num_rows * -(-self.max_target_len // block_size)
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=False)
         self.tables: dict[int, BlockTable] = {}  # cache row -> its blocks
         # Hypothesis buffers as wide as the longest possible output, so that any beam requests can be stacked.
@@ -173,10 +199,18 @@ class Seq2SeqRunner:
     # ----------------------------------------------------------------------------------------------
     # Rows
     # ----------------------------------------------------------------------------------------------
+    def blocks_needed(self, job: TranslationJob) -> int:
+        """The blocks a request holds at its longest (each row the positions it feeds: the start token and every
+        output token but the last): more than the pool has, and it could never finish."""
+        return job.num_beams * self.blocks.blocks_for(job.max_new_tokens)
+
     def reserve(self, seq: TranslationSequence) -> bool:
-        """Claim the decoder rows and the cross slot `seq` needs (the slot of an identical source encoded before,
-        if any: `seq.encoded` is then already True); False when they are not free now."""
-        if self.rows.num_free < seq.job.num_beams:
+        """Claim the decoder rows, the blocks of their first position (a preempted sequence: of every position
+        it replays) and the cross slot `seq` needs (the slot of an identical source encoded before, if any:
+        `seq.encoded` is then already True); False when they are not free now."""
+        positions = seq.resume_at + 1
+        if self.rows.num_free < seq.job.num_beams or \
+                self.blocks.num_free < seq.job.num_beams * self.blocks.blocks_for(positions):
             return False
         slot = self._slot_of_source.get(source_key(seq.job)) if self.reuse_sources else None
         if slot is not None:
@@ -192,15 +226,37 @@ class Seq2SeqRunner:
         self._readers[slot] += 1
         seq.rows = self.rows.allocate(seq.job.num_beams)
         seq.cross_slot = slot
+        seq.replayed = 0
         for row in seq.rows:
             self.tables[row] = BlockTable()
-        self.cache.self_kv.set_tables(seq.rows, [[] for _ in seq.rows])
+            self.blocks.grow(self.tables[row], positions)
+        self.cache.self_kv.set_tables(seq.rows, [self.tables[row].blocks for row in seq.rows])
         return True
 
     @property
     def cross_slots_held(self) -> int:
         """Cross slots a running request reads (encoder outputs kept for reuse and read by none not counted)."""
         return len(self._readers)
+
+    def grow(self, seq: TranslationSequence) -> bool:
+        """Room in every row of `seq` for the position its next step writes; False when the pool is dry (the
+        blocks found so far stay with their rows)."""
+        position, grown, ok = seq.step_position, [], True
+        for row in seq.rows:
+            table = self.tables[row]
+            if len(table.blocks) * self.blocks.block_size <= position:
+                if not self.blocks.grow(table, position + 1):
+                    ok = False
+                    break
+                grown.append(row)
+        self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
+        return ok
+
+    def preempt(self, seq: TranslationSequence) -> None:
+        """Give back its rows, blocks and cross slot (an encoder output kept for reuse stays findable), keeping
+        its decoding state: admitted again, it replays its positions and goes on (see the module docstring)."""
+        seq.resume_at = seq.next_position
+        self.release(seq)
 
     def release(self, seq: TranslationSequence) -> None:
         """Give back what `reserve` claimed (idempotent)."""
@@ -241,7 +297,9 @@ class Seq2SeqRunner:
                 self._slot_of_source[source], self._source_of_slot[s.cross_slot] = s.cross_slot, source
 
     def begin(self, seq: TranslationSequence) -> None:
-        """After `encode`: a beam request gets its search state."""
+        """After `encode`: a beam request gets its search state (a preempted one keeps its own)."""
+        if seq.search is not None:
+            return
         if seq.job.constraints:
             seq.search = ConstrainedBeamSearch(self.beam_settings(seq.job), self.cfg.decoder_start_token_id,
                                                seq.job.constraints, seq.job.constraint_terms, device=self.device)
@@ -253,31 +311,25 @@ class Seq2SeqRunner:
         """One decoder step for every row of every sequence: logits (rows, V) and each sequence's span."""
         rows, crosses, tokens, positions, spans = [], [], [], [], []
         beam_rows: list[int] = []
+        beam_tokens: list[Tensor] = []
         for s in seqs:
-            n, start = len(s.rows), len(rows)
+            if not self.grow(s):  # (the engine makes room first, preempting where it must)
+                raise RuntimeError("the translation KV cache ran out of blocks")
+            n, start, position = len(s.rows), len(rows), s.step_position
             spans.append((start, start + n))
             if s.greedy:
-                tokens.append(s.generated[-1] if s.generated else self.cfg.decoder_start_token_id)
-                positions.append(len(s.generated))
+                tokens.append(s.generated[position - 1] if position else self.cfg.decoder_start_token_id)
             else:
                 beam_rows += [start + place for place in s.batch_places()]
+                beam_tokens.append(s.search.tokens_at(position) if s.replaying else s.search.last_tokens)
                 tokens += [0] * n  # filled in on the device below
-                positions += [s.search.step_index] * n
+            positions += [position] * n
             rows += sorted(s.rows)
             crosses += [s.cross_slot] * n
-        grown = []
-        for row, position in zip(rows, positions, strict=True):  # room for the position this step writes
-            table = self.tables[row]
-            if len(table.blocks) * self.blocks.block_size <= position:
-                if not self.blocks.grow(table, position + 1):
-                    raise RuntimeError("the translation KV cache ran out of blocks")
-                grown.append(row)
-        self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
         dev = self.device
         token_ids = torch.tensor(tokens, device=dev)
-        if beam_rows:  # the beams' last tokens stay on the device: no copy to the host and back
-            token_ids[torch.tensor(beam_rows, device=dev)] = torch.cat([s.search.last_tokens for s in seqs
-                                                                       if not s.greedy])
+        if beam_rows:  # the beams' tokens stay on the device: no copy to the host and back
+            token_ids[torch.tensor(beam_rows, device=dev)] = torch.cat(beam_tokens)
         if self.graphed is not None:  # the whole static caches, batch padded to a captured bucket
             return self.graphed(token_ids, positions, rows, crosses).float(), spans
         logits = self.model.decode_step(
@@ -293,10 +345,15 @@ class Seq2SeqRunner:
     def advance(self, seqs: Sequence[TranslationSequence], logits: Tensor, spans: Spans,
                 on_group_error: Callable[[list[TranslationSequence], Exception], None] | None = None) -> list[int | None]:
         """Choose every greedy row's next token (one argmax) and advance the beam requests in groups that step
-        together. Returns the greedy sequences' tokens (None for beam ones). A group whose step fails is passed
-        to `on_group_error` (its beam states may have moved, so it cannot run again); without it, it raises."""
+        together. Returns the greedy sequences' tokens (None for beam ones, `REPLAYED` for those that recomputed
+        a position of their cache). A group whose step fails is passed to `on_group_error` (its beam states may
+        have moved, so it cannot run again); without it, it raises."""
         span = {id(s): sp for s, sp in zip(seqs, spans, strict=True)}
-        greedy = [s for s in seqs if s.greedy]
+        replayed = {id(s) for s in seqs if s.replaying}  # their logits are dropped: nothing is chosen
+        for s in seqs:
+            s.replayed += id(s) in replayed
+        choosing = [s for s in seqs if id(s) not in replayed]
+        greedy = [s for s in choosing if s.greedy]
         chosen: dict[int, int] = {}
         if greedy:
             scores = logits[torch.tensor([span[id(s)][0] for s in greedy], device=logits.device)]
@@ -307,7 +364,7 @@ class Seq2SeqRunner:
                 chosen[id(s)] = int(token)
                 s.logprob_sum += logprob
         groups: dict[tuple, list[TranslationSequence]] = {}
-        for s in seqs:
+        for s in choosing:
             if not s.greedy:
                 groups.setdefault(s.search.group_key(), []).append(s)
         for group in groups.values():
@@ -317,7 +374,7 @@ class Seq2SeqRunner:
                 if on_group_error is None:
                     raise
                 on_group_error(group, exc)
-        return [chosen.get(id(s)) for s in seqs]
+        return [REPLAYED if id(s) in replayed else chosen.get(id(s)) for s in seqs]
 
     def _advance_beams(self, group: list[TranslationSequence], logits: Tensor, span: dict[int, tuple[int, int]]) -> None:
         dev = logits.device
@@ -365,6 +422,8 @@ class Seq2SeqRunner:
 
     def append(self, seq: TranslationSequence, token: int | None) -> str | None:
         """Record a greedy token (beam requests: None) and return the finish reason when `seq` has ended."""
+        if token == REPLAYED:
+            return None
         if seq.greedy:
             seq.generated.append(token)
             if token == self.eos:

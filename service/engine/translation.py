@@ -1,21 +1,31 @@
 """Continuous batching for an encoder-decoder translator, beam search included. The `Seq2SeqRunner` does
 the model work (encoder into cross slots, one decoder batch for every running row, beam reordering) and the
-next-token rules; this engine schedules requests onto it and hands each token to the output stage (`output.py`)."""
+next-token rules; this engine schedules requests onto it and hands each token to the output stage (`output.py`).
+
+The decoder's KV blocks come from a pool sized by `--kv-cache-memory` (default: every row's whole length, at
+most a share of the free memory). Admission counts rows and the blocks of a request's first position; when the
+pool runs dry mid-decode, the newest running requests are preempted and later replay their positions (the
+runner's docstring), so they finish with the tokens they would have had and a stream repeats nothing."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from model.checkpoint import LoadedModel
 from model.decoding import Seq2SeqRunner, TranslationJob, TranslationSequence, translate
+from model.decoding.seq2seq_runner import REPLAYED
 from model.tokenizer import IncrementalDetokenizer
+from service.engine.kv_memory import kv_cache_blocks
 from service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
 from service.engine.request import EngineRequest
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 from service.runners import Translator
+
+log = logging.getLogger("tserve.engine")
 
 
 class TranslationRequest(EngineRequest, TranslationSequence):
@@ -29,13 +39,23 @@ class TranslationRequest(EngineRequest, TranslationSequence):
 class TranslationEngine(Scheduler):
     def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
                  metrics: Metrics, cuda_graphs: bool = True, max_len: int | None = None,
-                 reuse_sources: bool = True) -> None:
+                 reuse_sources: bool = True, kv_cache_budget: tuple[int | None, float | None] = (None, None),
+                 kv_block_size: int = 16) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
         self.loaded, self.tokenizer, self.cfg, self.device = loaded, loaded.tokenizer, loaded.config, loaded.device
+        target_len = min(loaded.config.max_target_len, max_len or loaded.config.max_target_len)
+        # At least the blocks of one request with the checkpoint's beams at its longest.
+        least = loaded.generation.num_beams * -(-target_len // kv_block_size)
+        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_rows, target_len, least=least)
         self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs, max_len=max_len,
-                                    reuse_sources=reuse_sources)
+                                    reuse_sources=reuse_sources, num_blocks=num_blocks, block_size=kv_block_size)
         self.translator = Translator(loaded, self.runner.max_source_len, self.runner.max_target_len)
         self.rows, self.cross_slots = self.runner.rows, self.runner.cross_slots
+        self_kv, cross_kv = self.runner.cache.self_kv, self.runner.cache.cross_kv
+        self.m.kv_bytes_per_token.set(self_kv.bytes_per_token())
+        self.m.kv_bytes.set(self_kv.nbytes() + cross_kv.nbytes())
+        self.m.kv_blocks_total.set(self.runner.blocks.num_usable)
+        self.m.kv_block_size.set(kv_block_size)
 
     def submit(self, job: TranslationJob, group: object | None = None, turn: int = 0) -> TranslationRequest:
         """Queue a translation (raises QueueFull or ValueError), as part `turn` of client request `group` when
@@ -43,6 +63,10 @@ class TranslationEngine(Scheduler):
         if job.num_beams > self.rows.num_slots:
             raise ValueError(f"num_beams {job.num_beams} exceeds the {self.rows.num_slots} decoder rows this "
                              "server runs (--max-running-requests)")
+        if self.runner.blocks_needed(job) > self.runner.blocks.num_usable:
+            raise ValueError(f"{job.num_beams} beams of {job.max_new_tokens} tokens need "
+                             f"{self.runner.blocks_needed(job)} KV-cache blocks; the cache has "
+                             f"{self.runner.blocks.num_usable} (--kv-cache-memory): lower max_tokens or num_beams")
         req = TranslationRequest(job, time.perf_counter() + self.timeout_s, IncrementalDetokenizer(self.tokenizer))
         self._enqueue(req, group, turn)
         return req
@@ -88,7 +112,30 @@ class TranslationEngine(Scheduler):
         self._each(reqs, self.runner.begin)
 
     def _decode(self) -> None:
+        self._make_room()
         self._isolated(sorted(self.running, key=lambda r: r.rows[0]), self._decode_forward, self._advance)
+
+    def _make_room(self) -> None:
+        """Blocks for the position every running request writes next, oldest first; when none is free, the newest
+        request holding rows is preempted (it may be the one asking)."""
+        order = list(self.running)  # admission order
+        for req in order:
+            while req.rows and not self.runner.grow(req):
+                self._preempt(next(r for r in reversed(order) if r.rows))
+
+    def _preempt(self, req: TranslationRequest) -> None:
+        """Free its rows, blocks and cross slot and put it back at the head of the queue; admitted again, it
+        replays its positions and goes on."""
+        self.runner.preempt(req)
+        with self._lock:
+            self.running.remove(req)
+            self.waiting.appendleft(req)
+        self.m.preemptions.inc()
+        log.info("request preempted: the KV cache is full", extra={"model": self.name, "tokens": req.resume_at})
+
+    def _update_gauges(self) -> None:
+        super()._update_gauges()
+        self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)
 
     def _decode_forward(self, reqs: list[TranslationRequest]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         logits, spans = self.runner.decode(reqs)
@@ -111,6 +158,8 @@ class TranslationEngine(Scheduler):
         finishing: dict[int, str] = {}
 
         def record(req: TranslationRequest) -> None:
+            if token[id(req)] == REPLAYED:  # a position of its cache recomputed after a preemption
+                return
             self.m.generated_tokens.inc()
             finish = self.runner.append(req, token[id(req)])
             if finish is not None:

@@ -15,23 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.helpers.avx2_only import AVX2_ONLY  # noqa: E402
+from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
+from tests.tools.planted_bug import Bug  # noqa: E402
 
 KERNELS = {"native": {}, "avx2": AVX2_ONLY}  # each bug's tests run on both
-
-
-@dataclass(frozen=True)
-class Bug:
-    name: str
-    path: str
-    old: str  # must occur exactly once in `path`
-    new: str
-    tests: tuple[str, ...]  # each must fail with the bug planted
 
 
 BUGS = [
@@ -530,6 +522,7 @@ BUGS = [
         'python3 -m training half "$runs/$name" && cp', "cp",
         ("tests/training/test_gpu_session_train.py::test_the_gpu_train_step_continues_the_bundled_text_models_from_a_data_pack",)),
 ]
+BUGS += CACHE_BUGS
 
 
 def copy_tree(dest: Path) -> None:

@@ -1,0 +1,87 @@
+"""A translator's decoder cache sized by memory (`--kv-cache-memory`): requests are admitted with the blocks of
+their first position, and when the pool runs dry the newest are preempted, replay their positions when admitted
+again, and finish with exactly the tokens they give alone; a greedy stream repeats nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from model import checkpoint
+from service.engine import TranslationEngine
+from service.engine.kv_memory import kv_block_bytes
+from service.metrics import Metrics
+from service.tasks.translation import collect_translation
+from tests.helpers import factories
+from tests.helpers.fixture_training import assert_varied, lexicon_sentences
+from tests.helpers.one_request import job_tokens
+
+BLOCK = 4  # positions per block: outputs of 10-40 tokens cross several blocks
+
+
+@pytest.fixture(scope="module")
+def mt(tmp_path_factory):
+    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt")), device="cpu")
+
+
+def small_pool_engine(loaded, blocks: int, max_rows: int = 16) -> TranslationEngine:
+    budget = blocks * kv_block_bytes(loaded, BLOCK)
+    engine = TranslationEngine("mt", loaded, max_rows=max_rows, max_queue=100, timeout_s=120, metrics=Metrics(),
+                               kv_cache_budget=(budget, None), kv_block_size=BLOCK)
+    engine.start()
+    return engine
+
+
+def test_preempted_requests_finish_as_alone(mt):
+    """24 greedy and beam requests at once on a pool that holds a few of them at their longest: requests are
+    preempted (the pool is what limits them, not the rows), and every one ends with the ids it gives alone;
+    greedy ones streamed each token once (the streamed ids are compared)."""
+    engine = small_pool_engine(mt, blocks=40)
+    texts = lexicon_sentences(24, seed=5, min_words=4, max_words=14)
+    jobs = [engine.translator.job(t, num_beams=(1, 4, 2)[i % 3], max_tokens=12 + (i * 5) % 28)
+            for i, t in enumerate(texts)]
+    expected = [job_tokens(mt, j) for j in jobs]
+    assert_varied(expected)
+
+    async def all_at_once() -> list:
+        return await asyncio.gather(*(collect_translation(engine, engine.submit(j)) for j in jobs))
+
+    try:
+        results = asyncio.run(all_at_once())
+    finally:
+        engine.stop()
+    for job, result, ref in zip(jobs, results, expected, strict=True):
+        assert result.token_ids == ref, job
+        assert result.text == mt.tokenizer.decode(ref)
+    assert engine.m.preemptions._value.get() >= 3
+    assert engine.rows_in_use == 0 and engine.runner.blocks.num_in_use == 0
+
+
+def test_the_pool_is_sized_by_memory(mt):
+    """The budget sets the blocks (not rows x the longest output), and /metrics reports them."""
+    engine = small_pool_engine(mt, blocks=40, max_rows=64)
+    try:
+        assert engine.runner.blocks.num_usable == 40
+        assert engine.runner.cache.self_kv.num_blocks == 41  # and the null block
+        assert engine.m.kv_blocks_total._value.get() == 40
+        assert engine.m.kv_block_size._value.get() == BLOCK
+        assert engine.m.kv_bytes_per_token._value.get() == kv_block_bytes(mt, BLOCK) // BLOCK
+    finally:
+        engine.stop()
+
+
+def test_a_request_larger_than_the_pool_is_refused(mt):
+    """One whose beams at their longest need more blocks than the pool has could never finish: refused at once
+    (a 400 over HTTP), not preempted forever."""
+    engine = small_pool_engine(mt, blocks=40)
+
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="KV-cache blocks"):
+            engine.submit(engine.translator.job("hello world", num_beams=4, max_tokens=60))
+        engine.submit(engine.translator.job("hello world", num_beams=4, max_tokens=40))  # 4 x 10 blocks: fits
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.stop()

@@ -1,0 +1,30 @@
+"""Planted bugs of the KV caches' bookkeeping: a translator's block pool sized by memory, its preemption and
+replay (part of `tests/tools/planted_bugs.py`'s list)."""
+
+from __future__ import annotations
+
+from tests.tools.planted_bug import Bug
+
+PREEMPTION_TEST = "tests/engine/test_translation_preemption.py::test_preempted_requests_finish_as_alone"
+
+CACHE_BUGS = [
+    Bug("translation-preempted-without-replay", "model/decoding/seq2seq_runner.py",
+        "        seq.resume_at = seq.next_position", "        seq.resume_at = 0",
+        (PREEMPTION_TEST,)),
+    Bug("translation-replay-feeds-the-last-greedy-token", "model/decoding/seq2seq_runner.py",
+        "tokens.append(s.generated[position - 1] if position else", "tokens.append(s.generated[-1] if s.generated else",
+        (PREEMPTION_TEST,)),
+    Bug("translation-replay-feeds-the-beams-last-tokens", "model/decoding/seq2seq_runner.py",
+        "beam_tokens.append(s.search.tokens_at(position) if s.replaying else s.search.last_tokens)",
+        "beam_tokens.append(s.search.last_tokens)",
+        (PREEMPTION_TEST,)),
+    Bug("translation-pool-ignores-the-memory-budget", "service/engine/translation.py",
+        "reuse_sources=reuse_sources, num_blocks=num_blocks, block_size=kv_block_size)",
+        "reuse_sources=reuse_sources, block_size=kv_block_size)",
+        ("tests/engine/test_translation_preemption.py::test_the_pool_is_sized_by_memory",
+         PREEMPTION_TEST)),
+    Bug("translation-request-larger-than-the-pool-admitted", "service/engine/translation.py",
+        "        if self.runner.blocks_needed(job) > self.runner.blocks.num_usable:",
+        "        if False:",
+        ("tests/engine/test_translation_preemption.py::test_a_request_larger_than_the_pool_is_refused",)),
+]
