@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     max_queue: int = Field(256, ge=0, description="waiting requests per model before 429; 0: no waiting room, a request is taken only when free rows take it at once")
     max_model_len: int | None = Field(None, ge=2, description="cap on prompt + completion tokens (default: the model's context, at most 4096; the KV cache holds this many positions per running request); a translator's source tokens and target tokens, each (default: the model's)")
     kv_cache_memory: str | None = Field(
-        None, description="KV cache of each language model: bytes (2GB, 512MiB) or a fraction of the memory free on "
+        None, description="KV cache of each language model (a translator: its decoder's): bytes (2GB, 512MiB) or a fraction of the memory free on "
         "its device (0.3); default: every running request's whole context, at most 0.4 of the free memory")
     kv_block_size: int = Field(16, ge=1, le=1024, description="positions per KV-cache block")
     prefix_cache: bool = Field(True, description="language models: requests share the KV blocks of a common "

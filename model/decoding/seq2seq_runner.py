@@ -204,13 +204,20 @@ class Seq2SeqRunner:
         output token but the last): more than the pool has, and it could never finish."""
         return job.num_beams * self.blocks.blocks_for(job.max_new_tokens)
 
-    def reserve(self, seq: TranslationSequence) -> bool:
+    def blocks_for_next_step(self, seqs: Sequence[TranslationSequence]) -> int:
+        """The blocks `seqs` take at their next step: one for each row whose next position starts a block."""
+        bs = self.blocks.block_size
+        return sum(len(s.rows) for s in seqs if s.rows and len(self.tables[s.rows[0]].blocks) * bs <= s.step_position)
+
+    def reserve(self, seq: TranslationSequence, spare: int = 0) -> bool:
         """Claim the decoder rows, the blocks of their first position (a preempted sequence: of every position
         it replays) and the cross slot `seq` needs (the slot of an identical source encoded before, if any:
-        `seq.encoded` is then already True); False when they are not free now."""
+        `seq.encoded` is then already True), leaving `spare` blocks free (those the running requests take at
+        their next step, which would otherwise preempt the request just admitted); False when they are not free
+        now."""
         positions = seq.resume_at + 1
         if self.rows.num_free < seq.job.num_beams or \
-                self.blocks.num_free < seq.job.num_beams * self.blocks.blocks_for(positions):
+                self.blocks.num_free < seq.job.num_beams * self.blocks.blocks_for(positions) + spare:
             return False
         slot = self._slot_of_source.get(source_key(seq.job)) if self.reuse_sources else None
         if slot is not None:

@@ -92,7 +92,7 @@ class TranslationEngine(Scheduler):
         return req.job.num_beams
 
     def _reserve(self, req: TranslationRequest) -> bool:
-        if not self.runner.reserve(req):
+        if not self.runner.reserve(req, spare=self.runner.blocks_for_next_step(self.running)):
             return False
         if req.encoded:  # an identical source's encoder output, still in its cross slot
             self.m.encoder_reuses.inc()

@@ -85,3 +85,22 @@ def test_a_request_larger_than_the_pool_is_refused(mt):
         asyncio.run(scenario())
     finally:
         engine.stop()
+
+
+def test_the_servers_settings_size_a_translators_pool(tmp_path):
+    """--kv-cache-memory and --kv-block-size reach a translator the server loads, and /metrics reports its pool."""
+    from service.registry import ModelRegistry
+    from service.settings import Settings
+
+    d = factories.tiny_mt_dir(tmp_path / "mt")
+    block_bytes = kv_block_bytes(checkpoint.load(d), BLOCK)
+    registry = ModelRegistry(Settings(kv_cache_memory=f"{60 * block_bytes}B", kv_block_size=BLOCK, warmup=False),
+                             Metrics())
+    registry.load_model("mt", d)
+    try:
+        engine = registry.models["mt"].engine
+        assert engine.runner.blocks.num_usable == 60 and engine.runner.blocks.block_size == BLOCK
+        text = registry.metrics.render().decode()
+        assert 'tserve_kv_cache_blocks_total{model="mt"} 60.0' in text
+    finally:
+        registry.unload_model("mt")
