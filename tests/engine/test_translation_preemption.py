@@ -34,13 +34,16 @@ def small_pool_engine(loaded, blocks: int, max_rows: int = 16) -> TranslationEng
 
 
 def test_preempted_requests_finish_as_alone(mt):
-    """24 greedy and beam requests at once on a pool that holds a few of them at their longest: requests are
-    preempted (the pool is what limits them, not the rows), and every one ends with the ids it gives alone;
-    greedy ones streamed each token once (the streamed ids are compared)."""
+    """24 greedy and beam requests (three with a glossary term) at once on a pool that holds a few of them at
+    their longest: requests are preempted (the pool is what limits them, not the rows), and every one ends with
+    the ids it gives alone; greedy ones streamed each token once (the streamed ids are compared)."""
     engine = small_pool_engine(mt, blocks=40)
     texts = lexicon_sentences(24, seed=5, min_words=4, max_words=14)
     jobs = [engine.translator.job(t, num_beams=(1, 4, 2)[i % 3], max_tokens=12 + (i * 5) % 28)
             for i, t in enumerate(texts)]
+    for job in jobs[1:10:3]:  # 4-beam jobs with a glossary term: the constrained search replays too
+        first = job_tokens(mt, job)[0]
+        job.constraints, job.constraint_terms = [[first]], [mt.tokenizer.decode([first]).strip()]
     expected = [job_tokens(mt, j) for j in jobs]
     assert_varied(expected)
 
