@@ -18,7 +18,7 @@ from tests.helpers import factories
 from tests.helpers.beam_parity import BeamParity, hf_beam_hypotheses, spelled_otherwise
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences, sentences_where_beams_matter
 from tests.helpers.hooked_server import slow_steps
-from tests.helpers.one_request import job_tokens
+from tests.helpers.one_request import assert_translations_as_alone, job_tokens
 from tests.helpers.polling import until
 
 
@@ -78,9 +78,7 @@ def test_forty_mixed_requests_equal_each_alone(quantize, mt, mt_int8, mt_int4):
         results = asyncio.run(all_at_once())
     finally:
         engine.stop()
-    for job, result, ref in zip(jobs, results, expected, strict=True):
-        assert result.token_ids == ref, job
-        assert result.text == mt.tokenizer.decode(ref)
+    assert_translations_as_alone(mt, jobs, results, expected)
     assert engine.rows_in_use == 0 and engine.runner.cross_slots_held == 0
 
 

@@ -15,7 +15,7 @@ from service.metrics import Metrics
 from service.tasks.translation import collect_translation
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences
-from tests.helpers.one_request import job_tokens
+from tests.helpers.one_request import assert_translations_as_alone, job_tokens
 
 BLOCK = 4  # positions per block: outputs of 10-40 tokens cross several blocks
 
@@ -54,9 +54,7 @@ def test_preempted_requests_finish_as_alone(mt):
         results = asyncio.run(all_at_once())
     finally:
         engine.stop()
-    for job, result, ref in zip(jobs, results, expected, strict=True):
-        assert result.token_ids == ref, job
-        assert result.text == mt.tokenizer.decode(ref)
+    assert_translations_as_alone(mt, jobs, results, expected)
     assert engine.m.preemptions._value.get() >= 3
     assert engine.rows_in_use == 0 and engine.runner.blocks.num_in_use == 0
 

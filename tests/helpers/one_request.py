@@ -25,3 +25,11 @@ def mt_tokens(loaded: LoadedModel, source: Sequence[int], num_beams: int = 1, ma
 def job_tokens(loaded: LoadedModel, job: TranslationJob) -> list[int]:
     """What one translation job gives alone."""
     return run_jobs(loaded, [job])[0].output_ids
+
+
+def assert_translations_as_alone(loaded: LoadedModel, jobs: Sequence[TranslationJob], results: Sequence,
+                                 expected: Sequence[list[int]]) -> None:
+    """Each engine result (streamed ids and text) is what its job gives alone."""
+    for job, result, ref in zip(jobs, results, expected, strict=True):
+        assert result.token_ids == ref, job
+        assert result.text == loaded.tokenizer.decode(ref)
