@@ -248,16 +248,21 @@ class Seq2SeqRunner:
     def grow(self, seq: TranslationSequence) -> bool:
         """Room in every row of `seq` for the position its next step writes; False when the pool is dry (the
         blocks found so far stay with their rows)."""
-        position, grown, ok = seq.step_position, [], True
+        grown: list[int] = []
+        ok = self._grow_rows(seq, grown)
+        self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
+        return ok
+
+    def _grow_rows(self, seq: TranslationSequence, grown: list[int]) -> bool:
+        """`grow` without telling the cache: the rows that took a block are appended to `grown`."""
+        position = seq.step_position
         for row in seq.rows:
             table = self.tables[row]
             if len(table.blocks) * self.blocks.block_size <= position:
                 if not self.blocks.grow(table, position + 1):
-                    ok = False
-                    break
+                    return False
                 grown.append(row)
-        self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
-        return ok
+        return True
 
     def preempt(self, seq: TranslationSequence) -> None:
         """Give back its rows, blocks and cross slot (an encoder output kept for reuse stays findable), keeping
@@ -319,8 +324,9 @@ class Seq2SeqRunner:
         rows, crosses, tokens, positions, spans = [], [], [], [], []
         beam_rows: list[int] = []
         beam_tokens: list[Tensor] = []
+        grown: list[int] = []
         for s in seqs:
-            if not self.grow(s):  # (the engine makes room first, preempting where it must)
+            if not self._grow_rows(s, grown):  # (the engine makes room first, preempting where it must)
                 raise RuntimeError("the translation KV cache ran out of blocks")
             n, start, position = len(s.rows), len(rows), s.step_position
             spans.append((start, start + n))
@@ -333,6 +339,7 @@ class Seq2SeqRunner:
             positions += [position] * n
             rows += sorted(s.rows)
             crosses += [s.cross_slot] * n
+        self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
         dev = self.device
         token_ids = torch.tensor(tokens, device=dev)
         if beam_rows:  # the beams' tokens stay on the device: no copy to the host and back
