@@ -10,7 +10,6 @@ with the same generator, so they finish with the tokens they would have had."""
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
@@ -33,7 +32,6 @@ from service.engine.request import EngineRequest, TokenLogprob
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 
-log = logging.getLogger("tserve.engine")
 DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
 
 
@@ -150,12 +148,7 @@ class GenerationEngine(Scheduler):
     def _preempt(self, req: GenerationRequest) -> None:
         """Free its row and blocks and put it back at the head of the queue; it resumes from its tokens."""
         self.runner.release(req)
-        with self._lock:
-            self.running.remove(req)
-            self.waiting.appendleft(req)
-        self.m.preemptions.inc()
-        log.info("request preempted: the KV cache is full", extra={"model": self.name,
-                                                                   "tokens": len(req.token_ids())})
+        self._requeue_preempted(req, len(req.token_ids()))
 
     def _update_gauges(self) -> None:
         super()._update_gauges()

@@ -336,6 +336,15 @@ class Scheduler:
             return False
         return self.capacity - self.rows_in_use - self._rows_needed(req) < self.reserved_rows
 
+    def _requeue_preempted(self, req: EngineRequest, tokens: int) -> None:
+        """A running request whose cache the engine has just given back (the pool ran dry) goes back to the head
+        of the queue, counted and logged; admitted again, it recomputes its `tokens` positions."""
+        with self._lock:
+            self.running.remove(req)
+            self.waiting.appendleft(req)
+        self.m.preemptions.inc()
+        log.info("request preempted: the KV cache is full", extra={"model": self.name, "tokens": tokens})
+
     def _publish(self, req: EngineRequest, event: Event, now: float) -> None:
         """Send a non-final event and record first-token / inter-token latency."""
         if req.last_emit == 0.0:

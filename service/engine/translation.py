@@ -9,7 +9,6 @@ runner's docstring), so they finish with the tokens they would have had and a st
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
@@ -24,8 +23,6 @@ from service.engine.request import EngineRequest
 from service.engine.scheduler import Scheduler
 from service.metrics import Metrics
 from service.runners import Translator
-
-log = logging.getLogger("tserve.engine")
 
 
 class TranslationRequest(EngineRequest, TranslationSequence):
@@ -127,11 +124,7 @@ class TranslationEngine(Scheduler):
         """Free its rows, blocks and cross slot and put it back at the head of the queue; admitted again, it
         replays its positions and goes on."""
         self.runner.preempt(req)
-        with self._lock:
-            self.running.remove(req)
-            self.waiting.appendleft(req)
-        self.m.preemptions.inc()
-        log.info("request preempted: the KV cache is full", extra={"model": self.name, "tokens": req.resume_at})
+        self._requeue_preempted(req, req.resume_at)
 
     def _update_gauges(self) -> None:
         super()._update_gauges()
