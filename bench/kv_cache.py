@@ -10,10 +10,11 @@ new) sent at once; the most that ran at the same time, against what static per-r
 admit in the same memory (the budget divided by a context's bytes). Goal: >= 16x.
 prefix: 16 requests behind one 1,000-token system prompt, 20 new tokens each, sent at once, on a SmolLM2-135M
 shape: TTFT p50 with the prefix cache and with --no-prefix-cache, same run. Goal: >= 5x lower.
-translation-memory: the bundled English -> German translator (256 target positions a row) with
---kv-cache-memory of 8 rows' whole length and 512 rows: 128 four-beam requests sent at once; the most beam rows
-that decoded at the same time against the 8 static rows that memory holds, and whether every translation equals
-the one a pool of every row's whole length gives.
+translation-memory: the bundled English -> German translator with --kv-cache-memory of 8 static rows (a row's
+whole target length and a whole source: what a row cost before its decoder cache and its source's cross-attention
+cache came out of one pool) and 512 rows: 128 four-beam requests sent at once; the most beam rows that decoded at
+the same time against those 8 rows, and whether every translation equals the one a pool of every row's whole
+length gives.
 chat: a 6-turn conversation (a 500-token system prompt; each turn adds the previous answer of 40 tokens and
 a 60-token user message, as token ids): seconds per turn with and without the prefix cache.
 decode: tokens/s of N concurrent greedy requests (200-token prompts, 64 new tokens) on a SmolLM2-135M shape,
@@ -206,12 +207,14 @@ SENTENCES = ("The house is small.", "I would like a cup of coffee, please.", "Wh
 def translation_memory_part(n: int = 128, beams: int = 4, static_rows: int = 8) -> dict:
     from model import checkpoint
     from service.engine import TranslationEngine
+    from model.decoding.seq2seq_runner import row_blocks
     from service.engine.kv_memory import kv_block_bytes
     from service.metrics import Metrics
     from service.tasks.translation import collect_translation
 
     loaded = checkpoint.load(ROOT / "models" / "tserve-en-de", device="cpu", dtype="float32")
-    budget = static_rows * loaded.config.max_target_len * kv_block_bytes(loaded, 16) // 16
+    cfg = loaded.config
+    budget = static_rows * row_blocks(cfg.max_source_len, cfg.max_target_len, 16) * kv_block_bytes(loaded, 16)
     texts = [f"{SENTENCES[i % len(SENTENCES)]} {SENTENCES[(i * 3 + 1) % len(SENTENCES)]}" for i in range(n)]
 
     def run(kv_cache_budget: tuple) -> tuple[list, dict, float]:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model import rope
-from model.kv_cache import CachedDecodeKernel, LayerKV, PagedLayerKV, SharedSources
+from model.kv_cache import CachedDecodeKernel, PagedLayerKV, SharedSources
 from model.norms import RMSNorm
 
 # flash-decode: PyTorch SDPA (FlashAttention) for prefill and encoders, our Triton flash-decoding kernel for
@@ -307,4 +307,4 @@ def _grouped(attend: AttentionFn, q: Tensor, k: Tensor, v: Tensor, mask: Tensor 
 def _direct_decode(q: Tensor, cache: KVWriter, mask: Tensor | None) -> bool:
     """Whether the flash decode kernel can serve this call: one query per sequence and no position bias."""
     biased = mask is not None and mask.is_floating_point()
-    return isinstance(cache, LayerKV | PagedLayerKV) and q.size(2) == 1 and cache.kv_len is not None and not biased
+    return isinstance(cache, PagedLayerKV) and q.size(2) == 1 and cache.kv_len is not None and not biased

@@ -1,14 +1,13 @@
-"""Key/value caches: the paged cache of language models, and the static cache of encoder-decoder models.
+"""Key/value caches: the paged cache of language models and of a translator's decoder, and a translator's
+cross-attention keys/values in the same pool.
 
-`PagedKVCache` (decoder-only models): a pool of fixed-size blocks per layer; each row (a running sequence)
+`PagedKVCache`: a pool of fixed-size blocks per layer; each row (a running sequence)
 reads and writes its positions through its block table (`model.block_pool` decides who holds which block).
 A forward builds one `PagedView` (where each new position is written, which positions each row reads) and
 every layer uses it.
 
-`KVCache` (static): buffers have shape (n_layers, num_slots, n_heads, max_len, d_head) and are allocated once. A running
-sequence owns a slot; new keys/values are written in place at (slot, position), so decode steps have
-static shapes (CUDA-graph friendly) and slots are freed and reused independently. Encoder-decoder models
-keep a second cache of the same kind for cross-attention keys/values, written once per request.
+`PagedCrossKV` (encoder-decoder models): the cross-attention keys/values of each encoded source, written once per
+source into blocks of the same pool as the decoder rows' (a block table per source slot).
 """
 
 from __future__ import annotations
@@ -185,131 +184,71 @@ class PagedLayerKV:
                       lengths, self.view.kv_len)
 
 
-class KVCache(nn.Module):
-    """Per-layer key/value buffers for `num_slots` sequences of up to `max_len` positions."""
+class PagedCrossKV:
+    """Cross-attention keys/values of encoded sources, in the blocks of a translator's `PagedKVCache`: the one pool
+    its decoder rows draw from, so that `--kv-cache-memory` bounds both. Source slot s holds `lengths[s]` positions
+    in the blocks of its table `tables[s]` (padded with the null block); they are written once, when the source is
+    encoded, and read by every decoder step of the requests translating it.
 
-    def __init__(
-        self,
-        n_layers: int,
-        num_slots: int,
-        n_heads: int,
-        max_len: int,
-        d_head: int,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> None:
-        super().__init__()
-        shape = (n_layers, num_slots, n_heads, max_len, d_head)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        # Valid length of each slot: bookkeeping for callers (masks, cross-attention source lengths).
-        self.register_buffer("lengths", torch.zeros(num_slots, dtype=torch.long, device=device), persistent=False)
+    `static_from`: give slot s the blocks static_from + s * max_blocks ... for good (tests, scripts)."""
+
+    def __init__(self, pool: PagedKVCache, num_slots: int, max_len: int, *, static_from: int | None = None) -> None:
+        self.pool, self.max_len = pool, max_len
+        self.max_blocks = -(-max_len // pool.block_size)
+        tables = torch.zeros(num_slots, self.max_blocks, dtype=torch.long)
+        if static_from is not None:
+            if pool.num_blocks < static_from + num_slots * self.max_blocks:
+                raise ValueError("too few blocks for static cross slots")
+            tables += static_from + torch.arange(num_slots * self.max_blocks).view(num_slots, self.max_blocks)
+        self.tables = tables.to(pool.k.device)
+        self.lengths = torch.zeros(num_slots, dtype=torch.long, device=pool.k.device)
+        # On the CPU, the last read's copy: decoder steps read the same sources until a request starts or ends, and
+        # a gather at every step would copy every source's keys and values again (~3 MB a layer for 32 sentences).
+        self._last_read: tuple[tuple[tuple[int, ...], int], list[tuple[Tensor, Tensor]]] | None = None
 
     @property
     def num_slots(self) -> int:
-        return self.k.size(1)
+        return self.tables.size(0)
 
-    @property
-    def max_len(self) -> int:
-        return self.k.size(3)
+    def set_table(self, slot: int, blocks: list[int]) -> None:
+        if len(blocks) > self.max_blocks:
+            raise ValueError(f"a source holds at most {self.max_blocks} blocks")
+        self.tables[slot] = torch.tensor(blocks + [0] * (self.max_blocks - len(blocks)), device=self.tables.device)
+        self._last_read = None
 
-    def view(self, slots: Tensor, positions: Tensor, kv_len: int | None) -> StaticView:
-        """Every layer's view for one forward (the interface `PagedKVCache.view` shares)."""
-        first_slot = consecutive_start(slots) if kv_len is not None else None
-        return StaticView(self, slots, positions, kv_len, first_slot)
+    def write(self, slots: Tensor, kv: list[tuple[Tensor, Tensor]], lengths: Tensor) -> None:
+        """Store every decoder layer's keys and values (B, H, T, D) of right-padded sources of `lengths` at
+        positions 0..T-1 of `slots` (B,) (positions past a slot's table go to the null block)."""
+        bs, T = self.pool.block_size, kv[0][0].size(2)
+        t = torch.arange(T, device=slots.device)
+        flat = (self.tables[slots][:, t // bs] * bs + t % bs).reshape(-1)
+        for layer, (k, v) in enumerate(kv):
+            H, D = k.size(1), k.size(3)
+            for cache, new in ((self.pool.k[layer], k), (self.pool.v[layer], v)):
+                cache.index_copy_(0, flat, new.transpose(1, 2).reshape(-1, H, D).to(cache.dtype))
+        self.lengths[slots] = lengths
+        self._last_read = None
 
-    def layer(self, index: int, slots: Tensor, positions: Tensor, kv_len: int | None,
-              first_slot: int | None = None) -> LayerKV:
-        """Layer `index`'s view for one forward. `first_slot`: `consecutive_start(slots)`, which callers
-        work out once per forward, not once per layer."""
-        return LayerKV(self.k[index], self.v[index], slots, positions, kv_len, first_slot)
+    def read(self, slots: Tensor, length: int) -> list[tuple[Tensor, Tensor]]:
+        """Every decoder layer's keys and values (U, H, length, D) of `slots` (U,), gathered by whole blocks in one
+        copy for all layers; on the CPU that copy is kept while the same slots are read."""
+        key = (tuple(slots.tolist()), length) if slots.device.type == "cpu" else None
+        if key is not None and self._last_read is not None and self._last_read[0] == key:
+            return self._last_read[1]
+        bs, n = self.pool.block_size, -(-length // self.pool.block_size)
+        blocks = self.tables[slots][:, :n].reshape(-1)
+        L, _, H, D = self.pool.k.shape
 
-    def write(self, index: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
-        """Store whole sequences (B, H, T, D) at positions 0..T-1 of `slots` (cross-attention K/V)."""
-        T = k.size(2)
-        self.k[index, slots, :, :T] = k
-        self.v[index, slots, :, :T] = v
+        def gather(t: Tensor) -> Tensor:  # (L, U, H, length, D)
+            out = t.view(L, -1, bs, H, D).index_select(1, blocks).view(L, slots.numel(), n * bs, H, D)
+            out = out[:, :, :length].transpose(2, 3)
+            return out.contiguous() if key is not None else out  # kept: then read contiguously at every step
 
-    def read(self, index: int, slots: Tensor, length: int, first_slot: int | None = None) -> tuple[Tensor, Tensor]:
-        """(B, H, length, D) keys and values of `slots`: a view when they are consecutive from `first_slot`
-        (`consecutive_start(slots)`), else a gather."""
-        if first_slot is not None:
-            rows = slice(first_slot, first_slot + slots.numel())
-            return self.k[index, rows, :, :length], self.v[index, rows, :, :length]
-        return self.k[index, slots, :, :length], self.v[index, slots, :, :length]
-
-    def copy_slots(self, src: Tensor, dst: Tensor, length: int | None = None) -> None:
-        """Copy slots (every layer) from `src` to `dst`, e.g. to reorder beams by their parents: the first
-        `length` positions (default: all), which is all a slot filled so far holds. Reads all sources before
-        writing, so `src` and `dst` may overlap."""
-        n = self.max_len if length is None else length
-        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
-        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
-        self.lengths[dst] = self.lengths[src]
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
-    def bytes_per_token(self) -> int:
-        """Keys and values of one position in every layer: 2 x layers x kv heads x head size x dtype size."""
-        layers, _, heads, _, d_head = self.k.shape
-        return 2 * layers * heads * d_head * self.k.element_size()
-
-
-@dataclass
-class StaticView:
-    cache: KVCache
-    slots: Tensor
-    positions: Tensor
-    kv_len: int | None
-    first_slot: int | None
-
-    def layer(self, index: int) -> LayerKV:
-        return self.cache.layer(index, self.slots, self.positions, self.kv_len, self.first_slot)
-
-
-@dataclass
-class LayerKV:
-    """One layer's view of the cache for one forward: writes new keys/values of `slots` at
-    `positions` (B, T) and returns the keys/values the queries attend over."""
-
-    k_cache: Tensor  # (num_slots, H, max_len, D)
-    v_cache: Tensor
-    slots: Tensor  # (B,)
-    positions: Tensor  # (B, T)
-    kv_len: int | None  # None: attend over the new keys only (prefill from an empty slot)
-    first_slot: int | None = None  # set when `slots` are consecutive: the cache is read through a view
-
-    def store(self, k: Tensor, v: Tensor) -> None:
-        """Write the new keys/values (B, H, T, D) of `slots` at `positions`."""
-        rows = self.slots[:, None].expand_as(self.positions)
-        # Advanced indices (rows, positions) around a slice put the indexed dims first: (B, T, H, D).
-        self.k_cache[rows, :, self.positions] = k.transpose(1, 2).to(self.k_cache.dtype)
-        self.v_cache[rows, :, self.positions] = v.transpose(1, 2).to(self.v_cache.dtype)
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.store(k, v)
-        if self.kv_len is None:
-            return k, v
-        if self.first_slot is not None:  # a view instead of a gathered copy
-            rows = slice(self.first_slot, self.first_slot + self.slots.numel())
-            return self.k_cache[rows, :, : self.kv_len], self.v_cache[rows, :, : self.kv_len]
-        return self.k_cache[self.slots, :, : self.kv_len], self.v_cache[self.slots, :, : self.kv_len]
-
-    def decode(self, kernel: CachedDecodeKernel, q: Tensor) -> Tensor:
-        """One query per row over [0, position] of its own slot: a slot is one block of the whole cache length."""
-        return kernel(q, self.k_cache, self.v_cache, self.slots[:, None], self.positions[:, -1] + 1, self.kv_len)
-
-
-def consecutive_start(slots: Tensor) -> int | None:
-    """The first slot when `slots` are s, s+1, ... on the CPU. Reading the cache through a slice then costs
-    nothing, where a gather copies every key and value. (On CUDA the gather stays: it needs no host sync
-    and keeps shapes static for CUDA graphs.)"""
-    if slots.device.type != "cpu":
-        return None
-    values = slots.tolist()
-    return values[0] if values == list(range(values[0], values[0] + len(values))) else None
+        k, v = gather(self.pool.k), gather(self.pool.v)
+        layers = [(k[i], v[i]) for i in range(L)]
+        if key is not None:
+            self._last_read = (key, layers)
+        return layers
 
 
 @dataclass
@@ -319,7 +258,6 @@ class SharedSources:
     where a per-row read copies every source's keys and values once per beam."""
 
     slots: Tensor  # (U,) the distinct cross slots, in order of first use
-    first_slot: int | None  # `consecutive_start(slots)`
     query_rows: Tensor  # (U, G) the rows of each source; B (one padding query) where a source has fewer
     row_positions: Tensor  # (B,) each row's place in the flattened (U * G) queries
 
@@ -341,7 +279,7 @@ class SharedSources:
             for g, row in enumerate(rows):
                 positions[row] = u * width + g
         slots = torch.tensor(list(rows_of))
-        return SharedSources(slots, consecutive_start(slots),
+        return SharedSources(slots,
                              torch.tensor([rows + [n_rows] * (width - len(rows)) for rows in rows_of.values()]),
                              torch.tensor(positions))
 

@@ -2,9 +2,9 @@
 
 Training: `forward(src, src_lengths, tgt)` -> logits (teacher forcing).
 Inference: `start(src, src_lengths, cache, cross_slots)` encodes right-padded sources and stores every
-decoder layer's cross-attention keys/values once per request; `decode_step(...)` then advances each
-running hypothesis by one token against its self-attention slot and its request's cross slot. Beams of
-one request share the cross slot.
+decoder layer's cross-attention keys/values once per source, in its cross slot's blocks; `decode_step(...)` then
+advances each running hypothesis by one token against its self-attention row and its request's cross slot. Beams
+of one request share the cross slot. Both live in one block pool (`model.kv_cache`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from torch import Tensor, nn
 from model.attention import Rotary, causal_mask, padding_mask
 from model.config import Seq2SeqConfig
 from model.decoder import _init_weights
-from model.kv_cache import KVCache, PagedKVCache, SharedSources, consecutive_start
+from model.kv_cache import PagedCrossKV, PagedKVCache, SharedSources
 from model.layers import Block, make_norm, sinusoidal_table
 from model.relative_positions import RelativePositionBias
 
 
 @dataclass
 class Seq2SeqCache:
-    self_kv: PagedKVCache  # decoder self-attention, one row (and its block table) per running hypothesis
-    cross_kv: KVCache  # encoder output projected per decoder layer, one slot per request
+    self_kv: PagedKVCache  # the pool; decoder self-attention: one row (and its block table) per running hypothesis
+    cross_kv: PagedCrossKV  # encoder outputs projected per decoder layer, in the same pool: a table per source slot
 
 
 @dataclass
@@ -178,32 +178,30 @@ class Seq2Seq(nn.Module):
         num_blocks: int | None = None,
         block_size: int = 16,
     ) -> Seq2SeqCache:
-        """Decoder self-attention: a paged cache of `num_slots` rows (`num_blocks` blocks shared through the rows'
-        tables, or, None, each row's whole length for good); cross-attention: a static slot per request."""
+        """One pool of `num_blocks` blocks for the decoder self-attention of `num_slots` rows and the
+        cross-attention keys/values of `num_cross_slots` sources (default `num_slots`), each reached through its
+        block table. `num_blocks` None: every row and every source slot its whole length for good (a static cache)."""
         cfg, p = self.cfg, self.tok_emb.weight  # not lm_head's: an int8 output layer has no float weight
         kw = dict(dtype=dtype or p.dtype, device=p.device)
-        n_dec = cfg.n_decoder_layers
         target_len = max_target_len or cfg.max_target_len
+        source_len = max_source_len or cfg.max_source_len
+        num_cross_slots = num_cross_slots or num_slots
         static = num_blocks is None
+        row_blocks = -(-target_len // block_size)
         if static:
-            num_blocks = 1 + num_slots * -(-target_len // block_size)
-        return Seq2SeqCache(
-            PagedKVCache(n_dec, num_blocks, block_size, cfg.n_heads, cfg.d_head, num_rows=num_slots,
-                         max_len=target_len, static_rows=static, **kw),
-            KVCache(
-                n_dec, num_cross_slots or num_slots, cfg.n_heads, max_source_len or cfg.max_source_len,
-                cfg.d_head, **kw,
-            ),
-        )
+            num_blocks = 1 + num_slots * row_blocks + num_cross_slots * -(-source_len // block_size)
+        pool = PagedKVCache(cfg.n_decoder_layers, num_blocks, block_size, cfg.n_heads, cfg.d_head,
+                            num_rows=num_slots, max_len=target_len, static_rows=static, **kw)
+        cross = PagedCrossKV(pool, num_cross_slots, source_len,
+                             static_from=1 + num_slots * row_blocks if static else None)
+        return Seq2SeqCache(pool, cross)
 
     @torch.inference_mode()
     def start(self, src: Tensor, src_lengths: Tensor, cache: Seq2SeqCache, cross_slots: Tensor) -> None:
         """Encode sources (B, S) and store each decoder layer's cross K/V in `cross_slots` (B,)."""
         memory, _ = self.encode(src, src_lengths)
-        for i, block in enumerate(self.decoder):
-            k, v = block.cross_attn.project_kv(memory)
-            cache.cross_kv.write(i, cross_slots, k, v)
-        cache.cross_kv.lengths[cross_slots] = src_lengths
+        cache.cross_kv.write(cross_slots, [block.cross_attn.project_kv(memory) for block in self.decoder],
+                             src_lengths)
 
     @torch.inference_mode()
     def decode_step(
@@ -227,9 +225,8 @@ class Seq2Seq(nn.Module):
         mask = self._self_mask("dec", positions, kv_len, causal_mask(positions, kv_len), x.dtype)
         shared = SharedSources.of(cross_slots)
         if shared is not None:  # beams: each source read once, its rows attend as one query block
-            cross_slots, first_cross = shared.slots, shared.first_slot
-        else:
-            first_cross = consecutive_start(cross_slots)
+            cross_slots = shared.slots
+        context_kv = cache.cross_kv.read(cross_slots, src_len)
         context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
         view = cache.self_kv.view(slots, positions, kv_len)
         for i, block in enumerate(self.decoder):
@@ -238,7 +235,7 @@ class Seq2Seq(nn.Module):
                 mask=mask,
                 rotary=rotary,
                 cache=view.layer(i),
-                context_kv=cache.cross_kv.read(i, cross_slots, src_len, first_cross),
+                context_kv=context_kv[i],
                 context_mask=context_mask,
                 shared_sources=shared,
             )

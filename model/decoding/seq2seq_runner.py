@@ -2,16 +2,18 @@
 the one-call way to use it.
 
 A request is started by running its encoder (batched with the other starts) and writing its cross-attention
-keys/values once into a cross slot. Every decoder step then advances all running requests together: a
-greedy request is one row of the batch, a beam request `num_beams` rows. A row's self-attention keys/values
+keys/values once into the blocks of a cross slot. Every decoder step then advances all running requests
+together: a greedy request is one row of the batch, a beam request `num_beams` rows. A row's self-attention keys/values
 live in the blocks of its table (`model.block_pool`); when beams are reordered by parent, a beam that takes
 over another parent's cache forks the parent's table: the full blocks are shared and only the last, partial
 block is copied (copy-on-write). Every row's scores go through the logits pipeline; beam search is the
 one-request `BeamSearch` fed with this request's rows, so its result does not depend on what else runs.
 
-The block pool may be smaller than every row's whole length (`num_blocks`). A request is then admitted with
-the blocks of its first position, grows a block at a time, and may be preempted (`preempt`) when the pool runs
-dry: its blocks and rows go back, its decoding state (greedy tokens, beams) stays. Admitted again, it first
+Decoder rows and encoded sources draw blocks from one pool, which may be smaller than every row's and every
+source's whole length (`num_blocks`). A request is then admitted with the blocks of its source and of its first
+position and grows a block at a time. When the pool runs dry, encoder outputs kept for reuse that no running
+request reads give their blocks up first (unread the longest first); then a request may be preempted (`preempt`):
+its blocks and rows go back, its decoding state (greedy tokens, beams) stays. Admitted again, it first
 replays: one position per step, each row is fed the token it had at that position and its logits are
 dropped, until its cache holds what it held; then it goes on where it stopped, with nothing emitted twice.
 """
@@ -131,8 +133,8 @@ class Seq2SeqRunner:
         """`max_len`: the most source tokens, and target positions, a row's cache holds (default: the model's
         own limits, which for a 1024-position model with many rows is gigabytes). `reuse_sources`: a source
         identical to one encoded before reads that encoder output (its cross slot) instead of encoding again.
-        `num_blocks`: the decoder's block pool, the null block included (default: every row's whole length,
-        so that nothing is ever preempted)."""
+        `num_blocks`: the block pool of decoder rows and encoded sources, the null block included (default: every
+        row's whole target length and as many whole sources, so that nothing is ever preempted)."""
         self.model, self.cfg, self.gen = loaded.model, loaded.config, loaded.generation
         self.max_source_len = min(self.cfg.max_source_len, max_len or self.cfg.max_source_len)
         self.max_target_len = min(self.cfg.max_target_len, max_len or self.cfg.max_target_len)
@@ -149,9 +151,10 @@ class Seq2SeqRunner:
         self._readers: collections.Counter[int] = collections.Counter()
         self._idle_slots: collections.OrderedDict[int, None] = collections.OrderedDict()
         if num_blocks is None:  # every row's whole length: a translation never waits for blocks once admitted
-            num_blocks = 1 + num_rows * -(-self.max_target_len // block_size)
+            num_blocks = 1 + num_rows * row_blocks(self.max_source_len, self.max_target_len, block_size)
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=False)
         self.tables: dict[int, BlockTable] = {}  # cache row -> its blocks
+        self.source_tables: dict[int, BlockTable] = {}  # cross slot -> the blocks of its encoder output
         # Hypothesis buffers as wide as the longest possible output, so that any beam requests can be stacked.
         self.width = self.max_target_len + 1
         lengths = dict(max_target_len=self.max_target_len, max_source_len=self.max_source_len,
@@ -200,9 +203,9 @@ class Seq2SeqRunner:
     # Rows
     # ----------------------------------------------------------------------------------------------
     def blocks_needed(self, job: TranslationJob) -> int:
-        """The blocks a request holds at its longest (each row the positions it feeds: the start token and every
-        output token but the last): more than the pool has, and it could never finish."""
-        return job.num_beams * self.blocks.blocks_for(job.max_new_tokens)
+        """The blocks a request holds at its longest (its source's, and each row the positions it feeds: the start
+        token and every output token but the last): more than the pool has, and it could never finish."""
+        return self.blocks.blocks_for(len(job.source_ids)) + job.num_beams * self.blocks.blocks_for(job.max_new_tokens)
 
     def blocks_for_next_step(self, seqs: Sequence[TranslationSequence]) -> int:
         """The blocks `seqs` take at their next step: one for each row whose next position starts a block."""
@@ -211,24 +214,30 @@ class Seq2SeqRunner:
 
     def reserve(self, seq: TranslationSequence, spare: int = 0) -> bool:
         """Claim the decoder rows, the blocks of their first position (a preempted sequence: of every position
-        it replays) and the cross slot `seq` needs (the slot of an identical source encoded before, if any:
-        `seq.encoded` is then already True), leaving `spare` blocks free (those the running requests take at
-        their next step, which would otherwise preempt the request just admitted); False when they are not free
-        now."""
+        it replays) and the cross slot `seq` needs with its source's blocks (or the slot of an identical source
+        encoded before, if any: `seq.encoded` is then already True), leaving `spare` blocks free (those the
+        running requests take at their next step, which would otherwise preempt the request just admitted);
+        False when they are not free now, even with the encoder outputs no running request reads given up."""
         positions = seq.resume_at + 1
-        if self.rows.num_free < seq.job.num_beams or \
-                self.blocks.num_free < seq.job.num_beams * self.blocks.blocks_for(positions) + spare:
+        if self.rows.num_free < seq.job.num_beams:
             return False
         slot = self._slot_of_source.get(source_key(seq.job)) if self.reuse_sources else None
+        need = seq.job.num_beams * self.blocks.blocks_for(positions) + spare
+        if slot is None:
+            if not self.cross_slots.num_free and not self._idle_slots:
+                return False
+            need += self.blocks.blocks_for(len(seq.job.source_ids))
+        if not self._free_blocks(need, keep=slot):
+            return False
         if slot is not None:
             self._idle_slots.pop(slot, None)
-        elif self.cross_slots.num_free:
-            slot = self.cross_slots.allocate(1)[0]
-        elif self._idle_slots:  # the encoder output unread the longest gives way
-            slot, _ = self._idle_slots.popitem(last=False)
-            del self._slot_of_source[self._source_of_slot.pop(slot)]
         else:
-            return False
+            if not self.cross_slots.num_free:  # the encoder output unread the longest gives way
+                self._forget_source(next(iter(self._idle_slots)))
+            slot = self.cross_slots.allocate(1)[0]
+            self.source_tables[slot] = table = BlockTable()
+            self.blocks.grow(table, len(seq.job.source_ids))
+            self.cache.cross_kv.set_table(slot, table.blocks)
         seq.encoded = slot in self._source_of_slot
         self._readers[slot] += 1
         seq.rows = self.rows.allocate(seq.job.num_beams)
@@ -240,14 +249,46 @@ class Seq2SeqRunner:
         self.cache.self_kv.set_tables(seq.rows, [self.tables[row].blocks for row in seq.rows])
         return True
 
+    def _free_blocks(self, n: int, keep: int | None = None) -> bool:
+        """At least `n` free blocks, giving up encoder outputs that no running request reads (unread the longest
+        first; not `keep`'s) where needed; False, and nothing given up, when even that is too few."""
+        if self.blocks.num_free >= n:
+            return True
+        kept = self.blocks_kept - (len(self.source_tables[keep].blocks) if keep in self._idle_slots else 0)
+        if self.blocks.num_free + kept < n:
+            return False
+        for slot in [slot for slot in self._idle_slots if slot != keep]:
+            if self.blocks.num_free >= n:
+                break
+            self._forget_source(slot)
+        return True
+
+    def _forget_source(self, slot: int) -> None:
+        """An encoder output no running request reads goes: its blocks and its slot are free again."""
+        del self._idle_slots[slot]
+        del self._slot_of_source[self._source_of_slot.pop(slot)]
+        self.blocks.release(self.source_tables.pop(slot))
+        self.cross_slots.free([slot])
+
+    @property
+    def blocks_kept(self) -> int:
+        """Blocks of encoder outputs kept for reuse that no running request reads (given up when needed)."""
+        return sum(len(self.source_tables[slot].blocks) for slot in self._idle_slots)
+
+    @property
+    def blocks_in_use(self) -> int:
+        """Blocks the running requests hold: their rows' and the sources they read."""
+        return self.blocks.num_in_use - self.blocks_kept
+
     @property
     def cross_slots_held(self) -> int:
         """Cross slots a running request reads (encoder outputs kept for reuse and read by none not counted)."""
         return len(self._readers)
 
     def grow(self, seq: TranslationSequence) -> bool:
-        """Room in every row of `seq` for the position its next step writes; False when the pool is dry (the
-        blocks found so far stay with their rows)."""
+        """Room in every row of `seq` for the position its next step writes; False when the pool is dry even
+        with the encoder outputs no running request reads given up (the blocks found so far stay with their
+        rows)."""
         grown: list[int] = []
         ok = self._grow_rows(seq, grown)
         self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
@@ -259,7 +300,8 @@ class Seq2SeqRunner:
         for row in seq.rows:
             table = self.tables[row]
             if len(table.blocks) * self.blocks.block_size <= position:
-                if not self.blocks.grow(table, position + 1):
+                need = self.blocks.blocks_for(position + 1) - len(table.blocks)
+                if not (self._free_blocks(need) and self.blocks.grow(table, position + 1)):
                     return False
                 grown.append(row)
         return True
@@ -283,8 +325,9 @@ class Seq2SeqRunner:
             if self._readers[slot] == 0:
                 del self._readers[slot]
                 if slot in self._source_of_slot:
-                    self._idle_slots[slot] = None  # kept for the next identical source
+                    self._idle_slots[slot] = None  # kept for the next identical source, until its blocks are needed
                 else:
+                    self.blocks.release(self.source_tables.pop(slot))
                     self.cross_slots.free([slot])
 
     # ----------------------------------------------------------------------------------------------
@@ -448,6 +491,12 @@ class Seq2SeqRunner:
             ids = seq.search.best()
             seq.finish_reason = "stop" if ids and ids[-1] == self.eos else "length"
         return seq.finish_reason
+
+
+def row_blocks(max_source_len: int, max_target_len: int, block_size: int) -> int:
+    """The blocks one decoder row and one source take at their longest: what each row of a pool that never
+    preempts is given."""
+    return -(-max_source_len // block_size) + -(-max_target_len // block_size)
 
 
 def static_decode(model, cache, *, scratch: int, max_batch: int, use_graphs: bool) -> BucketedDecode:  # noqa: ANN001

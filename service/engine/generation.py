@@ -57,7 +57,7 @@ class GenerationEngine(Scheduler):
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
         context = min(context, loaded.config.max_seq_len)
-        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_slots, context)
+        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_slots, -(-context // kv_block_size))
         self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
                                     compile=compile, max_grammar_compile_ms=max_grammar_compile_ms,
                                     num_blocks=num_blocks, block_size=kv_block_size, prefix_caching=prefix_caching,

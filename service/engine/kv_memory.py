@@ -1,4 +1,4 @@
-"""How many KV-cache blocks a language model or a translator's decoder gets: `--kv-cache-memory` in bytes or as
+"""How many KV-cache blocks a language model or a translator (its decoder rows and encoded sources) gets: `--kv-cache-memory` in bytes or as
 a fraction of the memory free on the model's device, divided by what a block costs (every layer's keys and
 values of its positions)."""
 
@@ -29,7 +29,7 @@ def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
     """What one block of the pool holds: keys and values of its positions in every layer that caches them (a
     translator's decoder layers; grouped-query models: their kv heads only)."""
     cfg = loaded.config
-    if hasattr(cfg, "n_decoder_layers"):  # a translator: its decoder's self-attention (`Seq2Seq.new_cache`)
+    if hasattr(cfg, "n_decoder_layers"):  # a translator: its decoder layers' self- and cross-attention (`Seq2Seq.new_cache`)
         layers, heads = cfg.n_decoder_layers, cfg.n_heads
     else:
         layers, heads = cfg.n_layers, cfg.kv_heads
@@ -37,15 +37,15 @@ def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
 
 
 def kv_cache_blocks(loaded: LoadedModel, budget: tuple[int | None, float | None], block_size: int, rows: int,
-                    context: int, least: int | None = None) -> int:
+                    row_blocks: int, least: int | None = None) -> int:
     """Blocks of the pool (the null block included) for `budget`: (bytes, None) or (None, a fraction of the free
-    memory); (None, None): every row's whole context, at most `DEFAULT_FRACTION` of the free memory. At least
-    `least` blocks (default: one context's worth), or the model could not run."""
+    memory); (None, None): `row_blocks` (what a row takes at its longest) for every row, at most
+    `DEFAULT_FRACTION` of the free memory. At least `least` blocks (default: one row's), or the model could not
+    run."""
     block_bytes = kv_block_bytes(loaded, block_size)
-    per_context = -(-context // block_size)
     size, fraction = budget
     if size is None and fraction is None:
-        size = min(rows * per_context * block_bytes, int(DEFAULT_FRACTION * free_memory(loaded.device)))
+        size = min(rows * row_blocks * block_bytes, int(DEFAULT_FRACTION * free_memory(loaded.device)))
     elif size is None:
         size = int(fraction * free_memory(loaded.device))
-    return 1 + max(per_context if least is None else least, size // block_bytes)
+    return 1 + max(row_blocks if least is None else least, size // block_bytes)

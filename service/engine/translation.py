@@ -2,9 +2,10 @@
 the model work (encoder into cross slots, one decoder batch for every running row, beam reordering) and the
 next-token rules; this engine schedules requests onto it and hands each token to the output stage (`output.py`).
 
-The decoder's KV blocks come from a pool sized by `--kv-cache-memory` (default: every row's whole length, at
-most a share of the free memory). Admission counts rows and the blocks of a request's first position; when the
-pool runs dry mid-decode, the newest running requests are preempted and later replay their positions (the
+The decoder rows' KV blocks and the encoded sources' cross-attention blocks come from one pool sized by
+`--kv-cache-memory` (default: every row's whole length and a whole source per row, at most a share of the free
+memory). Admission counts rows and the blocks of a request's source and first position; when the pool runs dry
+mid-decode, encoder outputs kept for reuse give way first, then the newest running requests are preempted and later replay their positions (the
 runner's docstring), so they finish with the tokens they would have had and a stream repeats nothing."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from model.checkpoint import LoadedModel
 from model.decoding import Seq2SeqRunner, TranslationJob, TranslationSequence, translate
-from model.decoding.seq2seq_runner import REPLAYED
+from model.decoding.seq2seq_runner import REPLAYED, row_blocks
 from model.tokenizer import IncrementalDetokenizer
 from service.engine.kv_memory import kv_cache_blocks
 from service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
@@ -40,17 +41,20 @@ class TranslationEngine(Scheduler):
                  kv_block_size: int = 16) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
         self.loaded, self.tokenizer, self.cfg, self.device = loaded, loaded.tokenizer, loaded.config, loaded.device
-        target_len = min(loaded.config.max_target_len, max_len or loaded.config.max_target_len)
-        # At least the blocks of one request with the checkpoint's beams at its longest.
-        least = loaded.generation.num_beams * -(-target_len // kv_block_size)
-        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_rows, target_len, least=least)
+        cfg, bs = loaded.config, kv_block_size
+        target_len = min(cfg.max_target_len, max_len or cfg.max_target_len)
+        source_len = min(cfg.max_source_len, max_len or cfg.max_source_len)
+        # At least the blocks of one request with the checkpoint's beams and its longest source, at its longest.
+        least = -(-source_len // bs) + loaded.generation.num_beams * -(-target_len // bs)
+        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, bs, max_rows, row_blocks(source_len, target_len, bs),
+                                     least=least)
         self.runner = Seq2SeqRunner(loaded, num_rows=max_rows, cuda_graphs=cuda_graphs, max_len=max_len,
                                     reuse_sources=reuse_sources, num_blocks=num_blocks, block_size=kv_block_size)
         self.translator = Translator(loaded, self.runner.max_source_len, self.runner.max_target_len)
         self.rows, self.cross_slots = self.runner.rows, self.runner.cross_slots
-        self_kv, cross_kv = self.runner.cache.self_kv, self.runner.cache.cross_kv
-        self.m.kv_bytes_per_token.set(self_kv.bytes_per_token())
-        self.m.kv_bytes.set(self_kv.nbytes() + cross_kv.nbytes())
+        pool = self.runner.cache.self_kv  # (the encoded sources' blocks too)
+        self.m.kv_bytes_per_token.set(pool.bytes_per_token())
+        self.m.kv_bytes.set(pool.nbytes())
         self.m.kv_blocks_total.set(self.runner.blocks.num_usable)
         self.m.kv_block_size.set(kv_block_size)
 
@@ -121,14 +125,15 @@ class TranslationEngine(Scheduler):
                 self._preempt(next(r for r in reversed(order) if r.rows))
 
     def _preempt(self, req: TranslationRequest) -> None:
-        """Free its rows, blocks and cross slot and put it back at the head of the queue; admitted again, it
+        """Free its rows, blocks and cross slot (its encoder output, kept for reuse, stays until its blocks are
+        needed) and put it back at the head of the queue; admitted again, it
         replays its positions and goes on."""
         self.runner.preempt(req)
         self._requeue_preempted(req, req.resume_at)
 
     def _update_gauges(self) -> None:
         super()._update_gauges()
-        self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)
+        self.m.kv_blocks_in_use.set(self.runner.blocks_in_use)
 
     def _decode_forward(self, reqs: list[TranslationRequest]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         logits, spans = self.runner.decode(reqs)

@@ -17,7 +17,6 @@ import torch
 
 from model import checkpoint
 from model.decoding import BeamSearch, BeamSettings, SamplingParams
-from model.kv_cache import KVCache, consecutive_start
 from service.engine import (
     DynamicBatcher,
     GenerationEngine,
@@ -304,18 +303,6 @@ def test_beam_search_keeps_going_while_a_running_beam_can_still_win():
     assert taken == 3
     assert search.best() == [t1, t1, eos]
     assert math.isclose(search.best_score, (math.log(0.35) + math.log(0.9) + math.log(0.95)) / 3, rel_tol=1e-5)
-
-
-def test_consecutive_slots_are_read_through_a_view():
-    """Consecutive slots on the CPU read the cache through a slice (no copy); any other order gathers."""
-    assert consecutive_start(torch.tensor([3, 4, 5])) == 3 and consecutive_start(torch.tensor([0])) == 0
-    assert consecutive_start(torch.tensor([3, 5])) is None and consecutive_start(torch.tensor([4, 3])) is None
-    cache = KVCache(1, 6, 2, 8, 4)
-    slots, positions = torch.tensor([2, 3]), torch.tensor([[0], [0]])
-    k, _ = cache.layer(0, slots, positions, kv_len=1, first_slot=consecutive_start(slots)).update(
-        torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4))
-    assert k.data_ptr() == cache.k[0, 2].data_ptr()  # a view of the cache, not a copy
-    assert torch.equal(k, cache.k[0, 2:4, :, :1]) and torch.all(k == 1)
 
 
 def test_batcher_stop_finishes_the_queued_items():

@@ -173,7 +173,8 @@ def test_an_identical_source_reads_the_encoder_output_of_the_first(mt, monkeypat
             jobs = [translation_job(mt, encode(t), num_beams=n) for t, n in batch]
             outputs = [r.output_ids for r in run_jobs(mt, jobs, runner=runner)]
             assert outputs == [alone[key] for key in batch]
-        assert sum(encoder) == encoded and runner.cross_slots_held == 0
+        assert sum(encoder) == encoded and runner.cross_slots_held == 0 and runner.blocks_in_use == 0
+        assert runner.blocks.num_in_use == runner.blocks_kept if reuse else runner.blocks.num_in_use == 0
         monkeypatch.undo()
     runner = Seq2SeqRunner(mt, num_rows=1, cuda_graphs=False)
     encoder = counting_encoder(runner, monkeypatch)

@@ -166,8 +166,9 @@ def test_max_model_len_sizes_a_translators_cache_and_limits(tmp_path):
     capped = TranslationEngine("nllb", nllb, max_rows=2, max_queue=4, timeout_s=60.0, metrics=Metrics(), max_len=8)
     assert full.runner.max_target_len == 64 and capped.runner.max_target_len == 8
     assert capped.runner.cache.cross_kv.max_len == 8
-    # Blocks of 16 positions for each of the 2 rows' whole length, and the null block.
-    assert full.runner.cache.self_kv.num_blocks == 1 + 2 * 4 and capped.runner.cache.self_kv.num_blocks == 1 + 2 * 1
+    # Blocks of 16 positions for each of the 2 rows' whole target length and a whole source, and the null block.
+    assert full.runner.cache.self_kv.num_blocks == 1 + 2 * (4 + 4)
+    assert capped.runner.cache.self_kv.num_blocks == 1 + 2 * (1 + 1)
     languages = ("eng_Latn", "deu_Latn")
     text = "the quick brown fox jumps over the lazy dog and the king"
     assert len(capped.translator.encode_source(text, languages)) > 8

@@ -37,7 +37,7 @@ def test_preempted_requests_finish_as_alone(mt):
     """24 greedy and beam requests (three with a glossary term) at once on a pool that holds a few of them at
     their longest: requests are preempted (the pool is what limits them, not the rows), and every one ends with
     the ids it gives alone; greedy ones streamed each token once (the streamed ids are compared)."""
-    engine = small_pool_engine(mt, blocks=40)
+    engine = small_pool_engine(mt, blocks=60)
     texts = lexicon_sentences(24, seed=5, min_words=4, max_words=14)
     jobs = [engine.translator.job(t, num_beams=(1, 4, 2)[i % 3], max_tokens=12 + (i * 5) % 28)
             for i, t in enumerate(texts)]
@@ -56,16 +56,20 @@ def test_preempted_requests_finish_as_alone(mt):
         engine.stop()
     assert_translations_as_alone(mt, jobs, results, expected)
     assert engine.m.preemptions._value.get() >= 3
-    assert engine.rows_in_use == 0 and engine.runner.blocks.num_in_use == 0
+    assert engine.rows_in_use == 0 and engine.runner.blocks_in_use == 0 and engine.runner.cross_slots_held == 0
+    # What is left: encoder outputs kept for an identical source, each holding exactly its source's blocks.
+    runner = engine.runner
+    assert runner.blocks.num_in_use == runner.blocks_kept == sum(
+        runner.blocks.blocks_for(len(source)) for source in runner._slot_of_source)
 
 
 def test_the_pool_is_sized_by_memory(mt):
     """The budget sets the blocks (not rows x the longest output), and /metrics reports them."""
-    engine = small_pool_engine(mt, blocks=40, max_rows=64)
+    engine = small_pool_engine(mt, blocks=60, max_rows=64)
     try:
-        assert engine.runner.blocks.num_usable == 40
-        assert engine.runner.cache.self_kv.num_blocks == 41  # and the null block
-        assert engine.m.kv_blocks_total._value.get() == 40
+        assert engine.runner.blocks.num_usable == 60
+        assert engine.runner.cache.self_kv.num_blocks == 61  # and the null block
+        assert engine.m.kv_blocks_total._value.get() == 60
         assert engine.m.kv_block_size._value.get() == BLOCK
         assert engine.m.kv_bytes_per_token._value.get() == kv_block_bytes(mt, BLOCK) // BLOCK
     finally:
@@ -75,12 +79,12 @@ def test_the_pool_is_sized_by_memory(mt):
 def test_a_request_larger_than_the_pool_is_refused(mt):
     """One whose beams at their longest need more blocks than the pool has could never finish: refused at once
     (a 400 over HTTP), not preempted forever."""
-    engine = small_pool_engine(mt, blocks=40)
+    engine = small_pool_engine(mt, blocks=60)
 
     async def scenario() -> None:
         with pytest.raises(ValueError, match="KV-cache blocks"):
             engine.submit(engine.translator.job("hello world", num_beams=4, max_tokens=60))
-        engine.submit(engine.translator.job("hello world", num_beams=4, max_tokens=40))  # 4 x 10 blocks: fits
+        engine.submit(engine.translator.job("hello world", num_beams=4, max_tokens=40))  # a block of source, 4 x 10: fits
 
     try:
         asyncio.run(scenario())
@@ -105,3 +109,43 @@ def test_the_servers_settings_size_a_translators_pool(tmp_path):
         assert 'tserve_kv_cache_blocks_total{model="mt"} 60.0' in text
     finally:
         registry.unload_model("mt")
+
+
+def test_kept_encoder_outputs_give_their_blocks_up_the_oldest_first(mt, monkeypatch):
+    """Encoded sources take blocks of the same pool as decoder rows. One kept for an identical source holds them
+    until a running request needs them; then the output unread the longest goes first, and the request goes on
+    (run alone here, it could not be preempted). A source whose output went is encoded again, one still kept is
+    not, and every translation equals its source's alone."""
+    from model.decoding import Seq2SeqRunner, translation_job
+    from model.decoding.seq2seq_runner import run_jobs
+    from tests.engine.test_paged_engine import counting_encoder
+
+    encode = mt.tokenizer.encode
+    short = [encode(t) for t in dict.fromkeys(lexicon_sentences(12, seed=3, min_words=1, max_words=2))][:3]
+    long = encode(max(lexicon_sentences(20, seed=4, min_words=10, max_words=14), key=lambda t: len(job_tokens(
+        mt, translation_job(mt, encode(t), num_beams=1)))))
+    alone = {tuple(s): job_tokens(mt, translation_job(mt, s, num_beams=1)) for s in [*short, long]}
+    def blocks_for(n: int) -> int:
+        return -(-n // BLOCK)
+
+    src_blocks = [blocks_for(len(s)) for s in short]
+    long_peak = blocks_for(len(long)) + blocks_for(len(alone[tuple(long)]))  # its source, and its row at its end
+    # Room for the long translation at its peak and the last short source: the two older ones must give way.
+    runner = Seq2SeqRunner(mt, num_rows=4, cuda_graphs=False, block_size=BLOCK,
+                           num_blocks=1 + long_peak + src_blocks[2])
+    assert long_peak - src_blocks[0] - src_blocks[1] >= blocks_for(len(long)) + 1  # admitted with all three kept
+    encoder = counting_encoder(runner, monkeypatch)
+
+    def translate(source: list[int]) -> None:
+        (seq,) = run_jobs(mt, [translation_job(mt, source, num_beams=1)], runner=runner)
+        assert seq.output_ids == alone[tuple(source)]
+
+    for source in short:
+        translate(source)
+    assert runner.blocks_kept == sum(src_blocks) and runner.blocks_in_use == 0
+    translate(long)
+    assert sum(encoder) == 4 and runner.blocks_kept == src_blocks[2] + blocks_for(len(long))
+    translate(short[2])  # still kept: read, not encoded
+    assert sum(encoder) == 4
+    translate(short[0])  # given up: encoded again
+    assert sum(encoder) == 5

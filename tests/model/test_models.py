@@ -7,7 +7,7 @@ import torch
 
 from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig, load_config
 from model.decoder import Decoder
-from model.kv_cache import KVCache, SharedSources, SlotAllocator, consecutive_start
+from model.kv_cache import PagedCrossKV, PagedKVCache, SharedSources, SlotAllocator
 from model.layers import set_attention_backend
 from model.seq2seq import Seq2Seq
 from model.vit import ViT
@@ -204,12 +204,7 @@ def test_moe_routes_to_top_k_experts():
     torch.testing.assert_close(moe(x), expected, atol=1e-6, rtol=1e-5)
 
 
-def test_kv_cache_slots_and_copy():
-    cache = KVCache(2, 4, 2, 8, 3)
-    cache.k[:, 1] = 1.0
-    cache.lengths[1] = 5
-    cache.copy_slots(torch.tensor([1, 1]), torch.tensor([2, 3]))
-    assert torch.all(cache.k[:, 2:] == 1.0) and cache.lengths.tolist() == [0, 5, 5, 5]
+def test_slot_allocator_hands_out_the_lowest_free_slots():
     alloc = SlotAllocator(3)
     assert alloc.allocate(2) == [0, 1] and alloc.num_free == 1
     alloc.free([0])
@@ -220,15 +215,24 @@ def test_kv_cache_slots_and_copy():
         alloc.free([5])
 
 
-def test_reading_consecutive_cross_slots_is_a_view_of_exactly_those_slots():
-    """The decoder reads the cross-attention cache of consecutive slots through a slice, not a gather: the
-    slice starts at the first slot asked for, wherever that is."""
-    cache = KVCache(2, 6, 2, 5, 3)
-    cache.k.copy_(torch.randn_like(cache.k))
-    cache.v.copy_(torch.randn_like(cache.v))
-    slots = torch.tensor([3, 4])
-    k, v = cache.read(1, slots, 4, consecutive_start(slots))
-    assert k.data_ptr() == cache.k[1, 3].data_ptr()  # a view
-    assert torch.equal(k, cache.k[1, [3, 4], :, :4]) and torch.equal(v, cache.v[1, [3, 4], :, :4])
-    gathered = cache.read(1, torch.tensor([4, 1]), 4)  # not consecutive: a gather, in the order asked
-    assert torch.equal(gathered[0], cache.k[1, [4, 1], :, :4])
+def test_cross_keys_and_values_live_in_their_slots_blocks_of_the_pool():
+    """A source's cross-attention keys/values are written into the blocks of its slot's table (anywhere in the
+    pool the decoder rows draw from) and read back in the order asked, each slot its own; after a new table or
+    a new write, the cache is read again, not the copy kept from the last read."""
+    pool = PagedKVCache(2, 12, 4, 2, 3, num_rows=1, max_len=8)
+    cross = PagedCrossKV(pool, 3, 10)
+    cross.set_table(0, [7, 2, 9])
+    cross.set_table(2, [4, 11])
+    k, v = torch.randn(2, 2, 2, 10, 3), torch.randn(2, 2, 2, 10, 3)  # (layers, sources, H, T, D)
+    cross.write(torch.tensor([0, 2]), [(k[i], v[i]) for i in range(2)], torch.tensor([10, 6]))
+    assert cross.lengths.tolist() == [10, 0, 6]
+    assert torch.equal(pool.k[1, 2 * 4:3 * 4], k[1, 0, :, 4:8].transpose(0, 1))  # positions 4-7: block 2
+    read = cross.read(torch.tensor([2, 0]), 6)
+    for layer in range(2):
+        assert torch.equal(read[layer][0], k[layer, [1, 0], :, :6])
+        assert torch.equal(read[layer][1], v[layer, [1, 0], :, :6])
+    assert cross.read(torch.tensor([2, 0]), 6) is read  # the same sources: the copy kept
+    cross.write(torch.tensor([2]), [(k[i, :1] + 1, v[i, :1]) for i in range(2)], torch.tensor([6]))
+    assert torch.equal(cross.read(torch.tensor([2, 0]), 6)[0][0][0], k[0, 0, :, :6] + 1)
+    cross.set_table(2, [7, 2])  # now it reads slot 0's first blocks
+    assert torch.equal(cross.read(torch.tensor([2, 0]), 6)[1][0][0], k[1, 0, :, :6])

@@ -1,11 +1,13 @@
-"""Planted bugs of the KV caches' bookkeeping: a translator's block pool sized by memory, its preemption and
-replay (part of `tests/tools/planted_bugs.py`'s list)."""
+"""Planted bugs of the KV caches' bookkeeping: a translator's block pool sized by memory (decoder rows and encoded
+sources), its preemption and replay (part of `tests/tools/planted_bugs.py`'s list)."""
 
 from __future__ import annotations
 
 from tests.tools.planted_bug import Bug
 
 PREEMPTION_TEST = "tests/engine/test_translation_preemption.py::test_preempted_requests_finish_as_alone"
+KEPT_SOURCES_TEST = "tests/engine/test_translation_preemption.py::test_kept_encoder_outputs_give_their_blocks_up_the_oldest_first"
+CROSS_TEST = "tests/model/test_models.py::test_cross_keys_and_values_live_in_their_slots_blocks_of_the_pool"
 
 CACHE_BUGS = [
     Bug("translation-preempted-without-replay", "model/decoding/seq2seq_runner.py",
@@ -34,4 +36,28 @@ CACHE_BUGS = [
         "        if self.runner.blocks_needed(job) > self.runner.blocks.num_usable:",
         "        if False:",
         ("tests/engine/test_translation_preemption.py::test_a_request_larger_than_the_pool_is_refused",)),
+    Bug("kept-encoder-outputs-never-give-their-blocks-up", "model/decoding/seq2seq_runner.py",
+        "        if self.blocks.num_free + kept < n:", "        if self.blocks.num_free < n:",
+        (KEPT_SOURCES_TEST,)),
+    Bug("the-newest-kept-encoder-output-gives-way-first", "model/decoding/seq2seq_runner.py",
+        "for slot in [slot for slot in self._idle_slots if slot != keep]:",
+        "for slot in reversed([slot for slot in self._idle_slots if slot != keep]):",
+        (KEPT_SOURCES_TEST,)),
+    Bug("admission-ignores-the-sources-blocks", "model/decoding/seq2seq_runner.py",
+        "            need += self.blocks.blocks_for(len(seq.job.source_ids))", "            need += 0",
+        (PREEMPTION_TEST,)),
+    Bug("a-source-nobody-keeps-keeps-its-blocks", "model/decoding/seq2seq_runner.py",
+        "                    self.blocks.release(self.source_tables.pop(slot))\n                    self.cross_slots",
+        "                    self.source_tables.pop(slot)\n                    self.cross_slots",
+        ("tests/engine/test_paged_engine.py::test_an_identical_source_reads_the_encoder_output_of_the_first",)),
+    Bug("cross-attention-reads-a-stale-copy-after-a-write", "model/kv_cache.py",
+        "        self.lengths[slots] = lengths\n        self._last_read = None", "        self.lengths[slots] = lengths",
+        (CROSS_TEST,)),
+    Bug("cross-attention-reads-a-stale-copy-after-a-new-table", "model/kv_cache.py",
+        "device=self.tables.device)\n        self._last_read = None", "device=self.tables.device)",
+        (CROSS_TEST,)),
+    Bug("sources-written-past-their-blocks", "model/kv_cache.py",
+        "flat = (self.tables[slots][:, t // bs] * bs + t % bs).reshape(-1)",
+        "flat = (self.tables[slots][:, :1] * bs + t).reshape(-1)",
+        (CROSS_TEST,)),
 ]
