@@ -169,7 +169,8 @@ def test_soak_mixed_load_with_disconnects(checkpoints, tmp_path):
             assert not tally.failures, tally.failures[:5]
             assert tally.ok > 100 and tally.disconnected > 0
             gauges = [(m, model) for model in ("lm", "mt") for m in ("tserve_kv_slots_in_use", "tserve_queue_depth",
-                                                                     "tserve_running_requests")]
+                                                                     "tserve_running_requests",
+                                                                     "tserve_kv_cache_blocks_in_use")]
             gauges += [(m, "vit") for m in ("tserve_queue_depth", "tserve_running_requests")]
             for _ in range(100):  # everything settles: no row, queue or running request left
                 if all(srv.metric(*g) == 0 for g in gauges):
