@@ -206,8 +206,8 @@ SENTENCES = ("The house is small.", "I would like a cup of coffee, please.", "Wh
 
 def translation_memory_part(n: int = 128, beams: int = 4, static_rows: int = 8) -> dict:
     from model import checkpoint
-    from service.engine import TranslationEngine
     from model.decoding.seq2seq_runner import row_blocks
+    from service.engine import TranslationEngine
     from service.engine.kv_memory import kv_block_bytes
     from service.metrics import Metrics
     from service.tasks.translation import collect_translation
