@@ -204,6 +204,8 @@ class PagedCrossKV:
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=pool.k.device)
         # On the CPU, the last read's copy: decoder steps read the same sources until a request starts or ends, and
         # a gather at every step would copy every source's keys and values again (~3 MB a layer for 32 sentences).
+        # On CUDA (a gather is cheap there, and CUDA graphs replay it) each layer gathers its own when it attends.
+        self.keep_reads = pool.k.device.type == "cpu"
         self._last_read: tuple[tuple[tuple[int, ...], int], list[tuple[Tensor, Tensor]]] | None = None
 
     @property
@@ -229,26 +231,27 @@ class PagedCrossKV:
         self.lengths[slots] = lengths
         self._last_read = None
 
-    def read(self, slots: Tensor, length: int) -> list[tuple[Tensor, Tensor]]:
-        """Every decoder layer's keys and values (U, H, length, D) of `slots` (U,), gathered by whole blocks in one
-        copy for all layers; on the CPU that copy is kept while the same slots are read."""
-        key = (tuple(slots.tolist()), length) if slots.device.type == "cpu" else None
+    def reader(self, slots: Tensor, length: int) -> Callable[[int], tuple[Tensor, Tensor]]:
+        """Layer i -> its keys and values (U, H, length, D) of `slots` (U,), gathered by whole blocks. With
+        `keep_reads` (the CPU) one copy for every layer, kept while the same slots are read; else each layer's own
+        gather when it attends (inside a CUDA graph: the memory of one layer's copy, not of all)."""
+        key = (tuple(slots.tolist()), length) if self.keep_reads else None
         if key is not None and self._last_read is not None and self._last_read[0] == key:
-            return self._last_read[1]
+            return self._last_read[1].__getitem__
         bs, n = self.pool.block_size, -(-length // self.pool.block_size)
         blocks = self.tables[slots][:, :n].reshape(-1)
         L, _, H, D = self.pool.k.shape
 
-        def gather(t: Tensor) -> Tensor:  # (L, U, H, length, D)
-            out = t.view(L, -1, bs, H, D).index_select(1, blocks).view(L, slots.numel(), n * bs, H, D)
-            out = out[:, :, :length].transpose(2, 3)
-            return out.contiguous() if key is not None else out  # kept: then read contiguously at every step
+        def gather(t: Tensor) -> Tensor:  # (..., positions, H, D) -> (..., U, H, length, D)
+            out = t.view(*t.shape[:-3], -1, bs, H, D).index_select(-4, blocks)
+            return out.view(*t.shape[:-3], slots.numel(), n * bs, H, D)[..., :length, :, :].transpose(-3, -2)
 
-        k, v = gather(self.pool.k), gather(self.pool.v)
+        if key is None:
+            return lambda layer: (gather(self.pool.k[layer]), gather(self.pool.v[layer]))
+        k, v = gather(self.pool.k).contiguous(), gather(self.pool.v).contiguous()  # read at every step: contiguous
         layers = [(k[i], v[i]) for i in range(L)]
-        if key is not None:
-            self._last_read = (key, layers)
-        return layers
+        self._last_read = (key, layers)
+        return layers.__getitem__
 
 
 @dataclass

@@ -226,7 +226,7 @@ class Seq2Seq(nn.Module):
         shared = SharedSources.of(cross_slots)
         if shared is not None:  # beams: each source read once, its rows attend as one query block
             cross_slots = shared.slots
-        context_kv = cache.cross_kv.read(cross_slots, src_len)
+        context_kv = cache.cross_kv.reader(cross_slots, src_len)
         context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
         view = cache.self_kv.view(slots, positions, kv_len)
         for i, block in enumerate(self.decoder):
@@ -235,7 +235,7 @@ class Seq2Seq(nn.Module):
                 mask=mask,
                 rotary=rotary,
                 cache=view.layer(i),
-                context_kv=context_kv[i],
+                context_kv=context_kv(i),
                 context_mask=context_mask,
                 shared_sources=shared,
             )

@@ -218,6 +218,8 @@ class Seq2SeqRunner:
         encoded before, if any: `seq.encoded` is then already True), leaving `spare` blocks free (those the
         running requests take at their next step, which would otherwise preempt the request just admitted);
         False when they are not free now, even with the encoder outputs no running request reads given up."""
+        if len(seq.job.source_ids) > self.max_source_len:  # (before anything is claimed)
+            raise ValueError(f"a source of {len(seq.job.source_ids)} tokens; this runner holds {self.max_source_len}")
         positions = seq.resume_at + 1
         if self.rows.num_free < seq.job.num_beams:
             return False

@@ -149,3 +149,12 @@ def test_kept_encoder_outputs_give_their_blocks_up_the_oldest_first(mt, monkeypa
     assert sum(encoder) == 4
     translate(short[0])  # given up: encoded again
     assert sum(encoder) == 5
+
+
+def test_a_source_longer_than_the_runner_holds_claims_nothing(mt):
+    from model.decoding import Seq2SeqRunner, TranslationSequence, translation_job
+
+    runner = Seq2SeqRunner(mt, num_rows=2, cuda_graphs=False, max_len=16, block_size=BLOCK)
+    with pytest.raises(ValueError, match="20 tokens"):
+        runner.reserve(TranslationSequence(translation_job(mt, list(range(5, 25)), num_beams=1)))
+    assert runner.blocks.num_in_use == 0 and runner.cross_slots.num_used == 0 and runner.rows.num_used == 0

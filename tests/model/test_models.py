@@ -227,12 +227,14 @@ def test_cross_keys_and_values_live_in_their_slots_blocks_of_the_pool():
     cross.write(torch.tensor([0, 2]), [(k[i], v[i]) for i in range(2)], torch.tensor([10, 6]))
     assert cross.lengths.tolist() == [10, 0, 6]
     assert torch.equal(pool.k[1, 2 * 4:3 * 4], k[1, 0, :, 4:8].transpose(0, 1))  # positions 4-7: block 2
-    read = cross.read(torch.tensor([2, 0]), 6)
+    read = cross.reader(torch.tensor([2, 0]), 6)
     for layer in range(2):
-        assert torch.equal(read[layer][0], k[layer, [1, 0], :, :6])
-        assert torch.equal(read[layer][1], v[layer, [1, 0], :, :6])
-    assert cross.read(torch.tensor([2, 0]), 6) is read  # the same sources: the copy kept
+        assert torch.equal(read(layer)[0], k[layer, [1, 0], :, :6])
+        assert torch.equal(read(layer)[1], v[layer, [1, 0], :, :6])
+    assert cross.reader(torch.tensor([2, 0]), 6)(1) is read(1)  # the same sources: the copy kept
     cross.write(torch.tensor([2]), [(k[i, :1] + 1, v[i, :1]) for i in range(2)], torch.tensor([6]))
-    assert torch.equal(cross.read(torch.tensor([2, 0]), 6)[0][0][0], k[0, 0, :, :6] + 1)
+    assert torch.equal(cross.reader(torch.tensor([2, 0]), 6)(0)[0][0], k[0, 0, :, :6] + 1)
     cross.set_table(2, [7, 2])  # now it reads slot 0's first blocks
-    assert torch.equal(cross.read(torch.tensor([2, 0]), 6)[1][0][0], k[1, 0, :, :6])
+    assert torch.equal(cross.reader(torch.tensor([2, 0]), 6)(1)[0][0], k[1, 0, :, :6])
+    cross.keep_reads = False  # (CUDA's way) each layer gathers its own, nothing kept
+    assert torch.equal(cross.reader(torch.tensor([0, 2]), 6)(1)[1], v[1, [0, 0], :, :6])
