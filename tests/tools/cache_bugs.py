@@ -61,4 +61,8 @@ CACHE_BUGS = [
         "flat = (self.tables[slots][:, t // bs] * bs + t % bs).reshape(-1)",
         "flat = (self.tables[slots][:, :1] * bs + t).reshape(-1)",
         (CROSS_TEST,)),
+    Bug("a-too-long-source-claims-blocks-first", "model/decoding/seq2seq_runner.py",
+        "        if len(seq.job.source_ids) > self.max_source_len:  # (before anything is claimed)",
+        "        if False:",
+        ("tests/engine/test_translation_preemption.py::test_a_source_longer_than_the_runner_holds_claims_nothing",)),
 ]
