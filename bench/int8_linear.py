@@ -5,7 +5,8 @@
 
 Columns: float32 `nn.Linear`; `Int8Linear` with 8-bit activations (`full`, one GEMM; only where the kernel
 sums in int32, else marked overflow), with split activations (two 7-bit halves, one GEMM of twice the rows)
-and with 7-bit ones (`7bit`, one GEMM); and PyTorch's own dynamic Linear (7-bit activations, one scale per
+with 7-bit ones (`7bit`, one GEMM) and with 8-bit ones on 7-bit weights (`7bit-weights`, one GEMM); and
+PyTorch's own dynamic Linear (7-bit activations, one scale per
 batch, no per-row mapping). Shapes: opus-mt-en-de's (512 wide,
 2048 feed-forward) and the bundled translator's (256, 768); rows: one decode step of 1 to 64 requests, and a
 prefill. Reported: microseconds per call, the median of `--repeats` timed loops."""
@@ -53,12 +54,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     full_ok = full_range_activations()
     print(f"torch {torch.__version__}, {args.threads} threads, ATen {torch.backends.cpu.get_cpu_capability()}, "
           f"8-bit activations {'take' if full_ok else 'overflow'} this process's int8 kernel")
-    print("| shape | rows | float32 | int8 full | int8 split | int8 7bit | PyTorch 7-bit per batch | split / 7bit |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape | rows | float32 | int8 full | int8 split | int8 7bit | int8 7bit-weights | PyTorch 7-bit per batch "
+          "| split / 7bit |")
+    print("|---|---|---|---|---|---|---|---|---|")
     table = []
     for name, (k, n) in SHAPES.items():
         linear = nn.Linear(k, n)
-        full, split, seven = (Int8Linear(linear, a) for a in ("full", "split", "7bit"))
+        full, split, seven, seven_w = (Int8Linear(linear, a) for a in ("full", "split", "7bit", "7bit-weights"))
         dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), {nn.Linear}, dtype=torch.qint8)
         for rows in args.rows:
             x = torch.randn(rows, k)
@@ -67,12 +69,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f8 = per_call_us(full, x, args.repeats, calls) if full_ok else float("nan")
             sp = per_call_us(split, x, args.repeats, calls)
             s7 = per_call_us(seven, x, args.repeats, calls)
+            w7 = per_call_us(seven_w, x, args.repeats, calls)
             d7 = per_call_us(dynamic, x, args.repeats, calls)
             f8_text = f"{f8:.0f}" if full_ok else "overflow"
-            print(f"| {name} | {rows} | {f32:.0f} | {f8_text} | {sp:.0f} | {s7:.0f} | {d7:.0f} | {sp / s7:.2f}x |",
-                  flush=True)
+            print(f"| {name} | {rows} | {f32:.0f} | {f8_text} | {sp:.0f} | {s7:.0f} | {w7:.0f} | {d7:.0f} | "
+                  f"{sp / s7:.2f}x |", flush=True)
             table.append({"shape": name, "rows": rows, "float32": f32, "full": f8, "split": sp, "7bit": s7,
-                          "dynamic7": d7})
+                          "7bit-weights": w7, "dynamic7": d7})
     return table
 
 

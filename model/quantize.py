@@ -21,6 +21,9 @@ How many bits a row gets depends on the GEMM's kernel (`ACTIVATIONS`):
   (`W c = 128 W hi + W lo`). 7-bit inputs never saturate, so this is exact on every kernel, and gives more
   levels than `full`; it costs a GEMM of twice the rows (2-3x `7bit`'s time on an AVX2 kernel).
 - `7bit`: one GEMM with 7-bit activations: any kernel, fastest there, least accurate.
+- `7bit-weights`: one GEMM with 8-bit activations and weights of 7 bits (-63..63, one scale per output
+  channel): 255 x 63 x 2 fits the int16 sum, so it is exact on every kernel, at `7bit`'s speed; the rounding
+  error moves from the activations to the weights.
 - `auto`: `full` where a probe GEMM shows that the kernel does not saturate, `split` elsewhere. The probe
   asks the kernel itself, so it follows whatever fbgemm chose (`FBGEMM_ENABLE_INSTRUCTIONS=AVX2` forces
   the AVX2 kernels on any CPU).
@@ -48,7 +51,8 @@ INT4_GROUP_SIZES = (32, 64, 128)
 _INT4_N_MULTIPLE = 16  # the packed layout takes output features in tiles of 16
 
 
-ACTIVATIONS = ("auto", "full", "split", "7bit")
+ACTIVATIONS = ("auto", "full", "split", "7bit", "7bit-weights")
+_WEIGHT_LEVELS = {"7bit-weights": 63}  # the largest weight code (else 127)
 _SPLIT = 128  # a 14-bit code is 128 x its high half (0..127) + its low half (0..127)
 _SPLIT_LEVELS = (_SPLIT - 1) * _SPLIT  # the largest code: a row's maximum
 
@@ -85,13 +89,14 @@ def _quantize_weight(weight: Tensor, scales: Tensor) -> Tensor:
 
 class Int8Linear(nn.Module):
     """`nn.Linear`'s forward with an int8 weight (one scale per output channel) and int8 activations (one
-    scale per row; `activations`: `full`, `split` or `7bit`, see the module's docstring)."""
+    scale per row; `activations`: `full`, `split`, `7bit` or `7bit-weights`, see the module's docstring)."""
 
     def __init__(self, linear: nn.Linear, activations: str) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
-        qweight = _quantize_weight(weight, (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double())
+        levels = _WEIGHT_LEVELS.get(activations, 127)
+        qweight = _quantize_weight(weight, (weight.abs().amax(dim=1) / levels).clamp_min(1e-12).double())
         # Packed for the default engine (fbgemm on x86). oneDNN's GEMM uses AMX where the CPU has it and is 2x
         # faster from about 32 rows, but 1.2-1.8x slower below 16 (one request's decode steps); one engine for
         # every row count, since the two round their outputs differently and a row must get the same numbers

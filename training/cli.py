@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
                    help="int8 / int4: evaluate the quantized model (--quantize int8 / int4); stored beside the "
                         "float32 figures")
-    e.add_argument("--int8-activations", default="auto", choices=("auto", "full", "split", "7bit"),
+    e.add_argument("--int8-activations", default="auto", choices=("auto", "full", "split", "7bit", "7bit-weights"),
                    help="with --quantize int8: how activations are quantized (as `tserve serve --int8-activations`); "
                         "full and split figures are stored apart")
     e.set_defaults(func=run_eval)

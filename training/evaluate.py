@@ -37,7 +37,8 @@ PROBES = {"en": ["Good morning.", "Where is the station?", "I don't know.", "Tha
                  "Das Wetter ist heute schön.", "Öffnen Sie die Datei.", "Speichern Sie das Dokument."]}
 # metrics.json's key for the int8 figures of each kind of activations: 8-bit ones (what a CPU with VNNI or AMX
 # runs) keep the key they always had.
-QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit", "int4": "int4"}
+QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit", "7bit-weights": "int8_7bit_weights",
+                     "int4": "int4"}
 LM_PROMPTS = ["The king said", "It is a truth universally acknowledged", "Love is"]
 
 

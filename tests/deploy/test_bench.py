@@ -190,8 +190,10 @@ def test_embeddings_benchmark_scores_every_model(tmp_path, capsys):
 def test_int8_linear_benchmark_times_every_activation_scheme(capsys):
     table = bench_script("int8_linear").main(["--rows", "1", "4", "--repeats", "1", "--calls", "2"])
     assert len(table) == 2 * 3
-    assert all(r["float32"] > 0 and r["split"] > 0 and r["7bit"] > 0 and r["dynamic7"] > 0 for r in table)
-    assert "| shape | rows | float32 | int8 full | int8 split | int8 7bit |" in capsys.readouterr().out
+    assert all(r["float32"] > 0 and r["split"] > 0 and r["7bit"] > 0 and r["7bit-weights"] > 0 and r["dynamic7"] > 0
+               for r in table)
+    assert "| shape | rows | float32 | int8 full | int8 split | int8 7bit | int8 7bit-weights |" in \
+        capsys.readouterr().out
 
 
 def test_load_benchmark_runs_a_llama_family_shape_against_transformers(tmp_path, capsys, monkeypatch):
