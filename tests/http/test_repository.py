@@ -127,7 +127,8 @@ def test_unloading_drains_refuses_and_gives_the_memory_back(setup):
             chunks: list[str] = []
 
             async def stream() -> None:
-                body = {"model": "big", "prompt": "Good", "max_tokens": 100, "stream": True, "ignore_eos": True}
+                body = {"model": "big", "prompt": "Good", "max_tokens": 100, "stream": True, "ignore_eos": True,
+                        "stream_options": {"include_usage": True}}
                 async with c.stream("POST", srv.url + "/v1/completions", json=body, headers=U) as r:
                     async for line in r.aiter_lines():
                         if line.startswith("data: "):
@@ -145,7 +146,9 @@ def test_unloading_drains_refuses_and_gives_the_memory_back(setup):
 
     chunks, refused, unloaded = asyncio.run(go())
     assert refused in (503, 404) and unloaded == 200
-    assert chunks[-1] == "data: [DONE]" and len(chunks) > 50  # the running stream finished
+    # The running stream finished: all 100 tokens (a chunk may carry several: bytes of one character wait for
+    # the rest of it), then the usage chunk and [DONE].
+    assert chunks[-1] == "data: [DONE]" and json.loads(chunks[-2][6:])["usage"]["completion_tokens"] == 100
     assert states(srv)["big"] == "UNAVAILABLE"
     complete(srv, "big", 404)
     # The model's objects are freed (test below); how much of their memory the allocator hands back varies.
