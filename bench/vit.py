@@ -6,8 +6,10 @@
 tserve: 1 client sending one PNG at a time, and --clients concurrent clients (dynamic batching), through
 `/v1/classifications` (decode, preprocessing, batching, JSON). What a user would deploy instead: `transformers`'
 `pipeline("image-classification")` behind a minimal FastAPI app on uvicorn (`bench/hf_pipeline_server.py`),
-driven by the same clients with the same PNGs. And `transformers`' `ViTForImageClassification` in process on
-preprocessed tensors at batch 1 and batch --hf-batch (no decoding, no HTTP: a bound no service reaches).
+driven by the same clients with the same PNGs; both servers run at once and take turns (--rounds, each row
+the median round), so that a drifting machine moves both alike. And `transformers`' `ViTForImageClassification`
+in process on preprocessed tensors at batch 1 and batch --hf-batch (no decoding, no HTTP: a bound no service
+reaches).
 Reported: images per second.
 """
 
@@ -16,10 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,13 +112,9 @@ async def http_clients(url: str, images: list[bytes], clients: int) -> Row:
                    time.perf_counter() - start)
 
 
-async def _clients(url: str, images: list[bytes], clients: int, system: str) -> Row:
-    row = await http_clients(url, images, clients)
-    return Row(f"{system}, {clients} client{'s' if clients > 1 else ''}", row.images, row.seconds)
-
-
-def pipeline_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: Path) -> list[Row]:
-    """The same clients against `transformers`' pipeline behind FastAPI + uvicorn, in its own process."""
+@contextlib.contextmanager
+def pipeline_server(d: Path, args: argparse.Namespace, work: Path) -> Iterator[str]:
+    """`transformers`' pipeline behind FastAPI + uvicorn, in its own process; yields its URL."""
     import os
     import socket
     import subprocess
@@ -138,24 +138,51 @@ def pipeline_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: 
             if proc.poll() is not None or time.perf_counter() > deadline:
                 raise RuntimeError(f"the pipeline server did not start: {(work / 'pipeline.log').read_text()[-2000:]}")
             time.sleep(0.2)
-        asyncio.run(http_clients(url, images[:4], 1))  # warm-up
-        return [asyncio.run(_clients(url, images, c, "HF pipeline + FastAPI")) for c in (1, args.clients)]
+        yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
 
 
-def tserve_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: Path) -> list[Row]:
+@contextlib.contextmanager
+def tserve_server(d: Path, args: argparse.Namespace, work: Path) -> Iterator[str]:
     from tests.helpers.server import ServerProcess
 
     server = ServerProcess(["--model", f"vit={d}", "--batch-max-size", str(args.hf_batch)], work / "server.log",
                            env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
     try:
-        asyncio.run(http_clients(server.url, images[:4], 1))  # warm-up
-        return [asyncio.run(http_clients(server.url, images, c)) for c in (1, args.clients)]
+        yield server.url
     finally:
         server.stop()
+
+
+def service_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: Path) -> tuple[list[Row], list[str]]:
+    """The pipeline server and tserve, both running, driven in turns: each round runs 1 client and then
+    --clients clients against each, the order of the two systems swapped every round, so that a machine
+    whose speed drifts (a shared host) moves both alike. Each system's row is its median round; the lines
+    returned give every round's ratios."""
+    with pipeline_server(d, args, work) as pipeline_url, tserve_server(d, args, work) as tserve_url:
+        urls = {"HF pipeline + FastAPI": pipeline_url, "tserve HTTP": tserve_url}
+        for url in urls.values():
+            asyncio.run(http_clients(url, images[:4], 1))  # warm-up
+        runs: dict[tuple[str, int], list[Row]] = {}
+        for r in range(args.rounds):
+            for clients in (1, args.clients):
+                for system in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
+                    row = asyncio.run(http_clients(urls[system], images, clients))
+                    runs.setdefault((system, clients), []).append(row)
+    rows, lines = [], []
+    for (system, clients), got in runs.items():
+        median = sorted(got, key=lambda row: row.images_per_s)[len(got) // 2]
+        rows.append(Row(f"{system}, {clients} client{'s' if clients > 1 else ''}", median.images, median.seconds))
+    rows.sort(key=lambda row: not row.system.startswith("HF"))  # the pipeline's rows first, as in the table
+    for clients in (1, args.clients):
+        pairs = zip(runs[("tserve HTTP", clients)], runs[("HF pipeline + FastAPI", clients)], strict=True)
+        ratios = [t.images_per_s / p.images_per_s for t, p in pairs]
+        lines.append(f"tserve / pipeline, {clients} client{'s' if clients > 1 else ''}, each round: "
+                     + ", ".join(f"{x:.2f}x" for x in ratios))
+    return rows, lines
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
@@ -165,14 +192,16 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="turns of the two servers (each row: the median)")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.images, args.clients, args.hf_batch = 8, 4, 4
+        args.images, args.clients, args.hf_batch, args.rounds = 8, 4, 4, 2
     shape = SHAPES["tiny" if args.tiny else "vit-s16"]
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-vit-"))
     d = make_vit(shape, work / "vit")
     images = pngs(args.images, shape["image_size"])
-    rows = hf_rows(d, shape, args) + pipeline_rows(d, images, args, work) + tserve_rows(d, images, args, work)
+    served, round_lines = service_rows(d, images, args, work)
+    rows = hf_rows(d, shape, args) + served
     from training.common import cpu_description
 
     print(f"\nCPU: {cpu_description()}")
@@ -185,6 +214,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     print(f"\ntserve / HF pipeline + FastAPI: 1 client "
           f"{by['tserve HTTP, 1 client'] / by['HF pipeline + FastAPI, 1 client']:.2f}x, {clients} "
           f"{by[f'tserve HTTP, {clients}'] / by[f'HF pipeline + FastAPI, {clients}']:.2f}x")
+    print("\n".join(round_lines))
     print(f"tserve 1 client / HF batch 1: {by['tserve HTTP, 1 client'] / by['HF, batch 1']:.2f}x; "
           f"tserve {args.clients} clients / HF batch {args.hf_batch}: "
           f"{by[f'tserve HTTP, {args.clients} clients'] / by[f'HF, batch {args.hf_batch}']:.2f}x")

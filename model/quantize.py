@@ -131,16 +131,16 @@ class Int8Linear(nn.Module):
         """W c for each row's 14-bit code c = round((x - min) / span * _SPLIT_LEVELS) = 128 hi + lo, as
         128 W hi + W lo from one GEMM over the rows [lo; hi]. Each non-constant row's maximum has hi = 127 and
         every minimum is 0, so the GEMM's one 7-bit scale is exactly 1 and the integer halves are its int8
-        inputs as they are. Six passes over the rows, written straight into the GEMM's input."""
+        inputs as they are. Five passes over the rows, written straight into the GEMM's input."""
         n = rows.shape[0]
         halves = rows.new_empty(2 * n, self.in_features)
         low_half, high_half = halves[:n], halves[n:]
         # x - min first: exactly 0 at each row's minimum (and everywhere in a constant row, whose step is huge).
         torch.sub(rows, low, out=low_half).mul_(_SPLIT_LEVELS / span).round_()  # the code, for now
-        torch.mul(low_half, 1 / _SPLIT, out=high_half).floor_()
+        torch.div(low_half, _SPLIT, rounding_mode="floor", out=high_half)
         low_half.sub_(high_half, alpha=_SPLIT)
         products = torch.ops.quantized.linear_dynamic(halves, self._packed, reduce_range=True)
-        return products[n:].mul_(_SPLIT).add_(products[:n])
+        return torch.add(products[:n], products[n:], alpha=_SPLIT)  # 128 x is exact: one rounding, as before
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
