@@ -11,17 +11,22 @@ Each system translates the same sentences (18-30 words) to at most --max-tokens 
 CTranslate2 in batches of --batch; tserve as batches of --batch inputs per `/v1/translations` request, and as
 --clients concurrent clients sending one sentence each. Reported: generated target tokens per second (each
 system's own count of the tokens it produced), and tserve's ratio to CTranslate2 of the same precision.
+CTranslate2 and tserve (both its servers up at once) take --rounds turns, the order reversed every other round:
+each row is a system's median round, and each round's ratios are printed under the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,29 +143,35 @@ def hf_rows(d: Path, texts: list[str], args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def ct2_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) -> list[Row]:
+def ct2_translators(d: Path, args: argparse.Namespace, work: Path) -> dict:
+    """CTranslate2 translators of the checkpoint, float32 and int8 (its own converter), each warmed up."""
     import ctranslate2
-    from transformers import AutoTokenizer
 
-    nllb = args.model == "nllb"
-    tok = AutoTokenizer.from_pretrained(d, **({"src_lang": SOURCE} if nllb else {}))
-    pieces = [tok.convert_ids_to_tokens(tok(t).input_ids) for t in texts]
-    prefix = {"target_prefix": [[TARGET]] * len(texts)} if nllb else {}
-    rows = []
+    translators = {}
     for precision in ("float32", "int8"):
         out = work / f"ct2-{precision}"
         ctranslate2.converters.TransformersConverter(str(d)).convert(
             str(out), quantization=None if precision == "float32" else "int8", force=True)
-        translator = ctranslate2.Translator(str(out), device="cpu", compute_type=precision, inter_threads=1,
-                                            intra_threads=args.threads)
-        translator.translate_batch(pieces[:2], beam_size=1, max_decoding_length=4)  # warm-up
-        for beams in args.beams:
-            start = time.perf_counter()
-            results = translator.translate_batch(pieces, beam_size=beams, max_decoding_length=args.max_tokens,
-                                                 max_batch_size=args.batch, **prefix)
-            tokens = sum(len(r.hypotheses[0]) for r in results)  # eos is not part of a hypothesis
-            rows.append(Row(f"CTranslate2 {precision}", beams, tokens, time.perf_counter() - start))
-    return rows
+        translators[precision] = ctranslate2.Translator(str(out), device="cpu", compute_type=precision,
+                                                        inter_threads=1, intra_threads=args.threads)
+    return translators
+
+
+def ct2_pieces(d: Path, texts: list[str], args: argparse.Namespace) -> list[list[str]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(d, **({"src_lang": SOURCE} if args.model == "nllb" else {}))
+    return [tok.convert_ids_to_tokens(tok(t).input_ids) for t in texts]
+
+
+def ct2_run(translator, pieces: list[list[str]], beams: int, args: argparse.Namespace,  # noqa: ANN001
+            precision: str) -> Row:
+    prefix = {"target_prefix": [[TARGET]] * len(pieces)} if args.model == "nllb" else {}
+    start = time.perf_counter()
+    results = translator.translate_batch(pieces, beam_size=beams, max_decoding_length=args.max_tokens,
+                                         max_batch_size=args.batch, **prefix)
+    tokens = sum(len(r.hypotheses[0]) for r in results)  # eos is not part of a hypothesis
+    return Row(f"CTranslate2 {precision}", beams, tokens, time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -199,28 +210,63 @@ async def tserve_clients(url: str, texts: list[str], beams: int, args: argparse.
         return Row(f"tserve {label} HTTP, {args.clients} clients", beams, tokens, time.perf_counter() - start)
 
 
-def tserve_rows(d: Path, texts: list[str], args: argparse.Namespace, work: Path) -> list[Row]:
+@contextlib.contextmanager
+def tserve_servers(d: Path, args: argparse.Namespace, work: Path) -> Iterator[dict[str, str]]:
+    """A float32 and an int8 server of the checkpoint, both running; yields their URLs by precision."""
     from tests.helpers.server import ServerProcess
 
     rows_needed = max(args.batch, args.clients) * max(args.beams)
-    rows = []
-    for precision in ("float32", "int8"):
-        # The cache is allocated per row up front: NLLB's 1024 positions for 128 rows would take 26 GB.
-        cap = ["--max-model-len", "128"] if args.model == "nllb" else []
-        server = ServerProcess(["--model", f"mt={d}", "--max-running-requests", str(rows_needed), "--max-prompts",
-                                str(max(args.batch, 32)), "--quantize", "none" if precision == "float32" else "int8",
-                                # the warm-up and every mode send the same sentences: each must run the model
-                                "--translation-memory-max-entries", "0", *cap],
-                               work / f"server-{precision}.log",
-                               env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
-        try:
+    # Both servers are up at once: each KV-cache pool is sized for this benchmark's rows (64 target and at most
+    # a few hundred source positions each), not the default share of the free memory.
+    cap = ["--max-model-len", "128"] if args.model == "nllb" else ["--kv-cache-memory", "3GB"]
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for precision in ("float32", "int8"):
+            server = ServerProcess(["--model", f"mt={d}", "--max-running-requests", str(rows_needed), "--max-prompts",
+                                    str(max(args.batch, 32)), "--quantize", "none" if precision == "float32" else "int8",
+                                    # the warm-up and every mode send the same sentences: each must run the model
+                                    "--translation-memory-max-entries", "0", *cap],
+                                   work / f"server-{precision}.log",
+                                   env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
+            stack.callback(server.stop)
+            urls[precision] = server.url
+        for url in urls.values():
             for beams in args.beams:
-                asyncio.run(tserve_batches(server.url, texts[: args.batch], beams, args, precision))  # warm-up
-                rows.append(asyncio.run(tserve_batches(server.url, texts, beams, args, precision)))
-                rows.append(asyncio.run(tserve_clients(server.url, texts, beams, args, precision)))
-        finally:
-            server.stop()
-    return rows
+                asyncio.run(tserve_batches(url, sentences(args.batch, seed=1), beams, args, "warm-up"))
+        yield urls
+
+
+def measured_rounds(d: Path, texts: list[str], args: argparse.Namespace, work: Path) -> dict:
+    """CTranslate2 and tserve in turns: each round runs every system at each beam count, the order of the
+    systems reversed every other round, so that a machine whose speed drifts moves them alike. Returns each
+    (system, beams)'s runs."""
+    runs: dict[tuple[str, int], list[Row]] = {}
+    with contextlib.ExitStack() as stack:
+        systems = []
+        if "ct2" not in args.skip:
+            pieces = ct2_pieces(d, texts, args)
+            for precision, translator in ct2_translators(d, args, work).items():
+                translator.translate_batch(pieces[:2], beam_size=1, max_decoding_length=4)  # warm-up
+                systems.append(lambda b, t=translator, p=precision: ct2_run(t, pieces, b, args, p))
+        if "tserve" not in args.skip:
+            urls = stack.enter_context(tserve_servers(d, args, work))
+            for precision, url in urls.items():
+                systems.append(lambda b, u=url, p=precision: asyncio.run(tserve_batches(u, texts, b, args, p)))
+                systems.append(lambda b, u=url, p=precision: asyncio.run(tserve_clients(u, texts, b, args, p)))
+        for r in range(args.rounds):
+            for beams in args.beams:
+                for system in (systems if r % 2 == 0 else systems[::-1]):
+                    row = system(beams)
+                    runs.setdefault((row.system, beams), []).append(row)
+    return runs
+
+
+def round_ratios(runs: dict, beams: int, precision: str) -> list[float]:
+    """Each round's tserve (its better mode) / CTranslate2 at one precision."""
+    ct2 = runs.get((f"CTranslate2 {precision}", beams), [])
+    ours = [rows for (system, b), rows in runs.items() if b == beams and system.startswith(f"tserve {precision}")]
+    return [max(mode[i].tokens_per_s for mode in ours) / ct2[i].tokens_per_s
+            for i in range(len(ct2)) if ours]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,9 +298,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--threads", type=int, default=2, help="threads of every system")
     ap.add_argument("--skip", nargs="*", default=[], choices=["hf", "ct2", "tserve"])
     ap.add_argument("--model", choices=["opus-mt", "nllb"], default="opus-mt", help="the family and its shape")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of CTranslate2 and tserve (each row: the median)")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.sentences, args.batch, args.clients, args.max_tokens = 8, 4, 4, 8
+        args.sentences, args.batch, args.clients, args.max_tokens, args.rounds = 8, 4, 4, 8, 2
     shape = SHAPES["tiny" if args.tiny else args.model]
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-mt-"))
     if args.model == "nllb":  # 2.4 GB of random weights: kept under runs/ for the next run
@@ -265,10 +312,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     rows: list[Row] = []
     if "hf" not in args.skip:
         rows += hf_rows(d, texts, args)
-    if "ct2" not in args.skip:
-        rows += ct2_rows(d, texts, args, work)
-    if "tserve" not in args.skip:
-        rows += tserve_rows(d, texts, args, work)
+    runs = measured_rounds(d, texts, args, work)
+    for got in runs.values():  # each system's median round
+        rows.append(sorted(got, key=lambda row: row.tokens_per_s)[len(got) // 2])
     family = "NLLB-200 (English -> German)" if args.model == "nllb" else "Marian"
     from training.common import cpu_description
 
@@ -276,6 +322,13 @@ def main(argv: list[str] | None = None) -> list[Row]:
     print(f"{family} {shape}, random weights; {args.sentences} sentences of 18-30 words, at most {args.max_tokens} "
           f"new tokens, {args.threads} threads per system; target tokens/s\n")
     print_table(rows, args.beams)
+    print()
+    for beams in args.beams:
+        for precision in ("float32", "int8"):
+            ratios = round_ratios(runs, beams, precision)
+            if ratios:
+                print(f"{'greedy' if beams == 1 else f'{beams} beams'}, tserve / CTranslate2 {precision}, each round: "
+                      + ", ".join(f"{x:.2f}x" for x in ratios) + f"; median {statistics.median(ratios):.2f}x")
     return rows
 
 

@@ -20,6 +20,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import statistics
 import sys
 import tempfile
 import time
@@ -181,7 +182,7 @@ def service_rows(d: Path, images: list[bytes], args: argparse.Namespace, work: P
         pairs = zip(runs[("tserve HTTP", clients)], runs[("HF pipeline + FastAPI", clients)], strict=True)
         ratios = [t.images_per_s / p.images_per_s for t, p in pairs]
         lines.append(f"tserve / pipeline, {clients} client{'s' if clients > 1 else ''}, each round: "
-                     + ", ".join(f"{x:.2f}x" for x in ratios))
+                     + ", ".join(f"{x:.2f}x" for x in ratios) + f"; median {statistics.median(ratios):.2f}x")
     return rows, lines
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -100,6 +101,8 @@ def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
     assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in table  # the table names its CPU
     assert "| decoding | HF generate | CTranslate2 float32 | CTranslate2 int8 |" in table
     assert "| greedy |" in table and "| 4 beams |" in table
+    # both took two turns, and each turn's ratio is printed
+    assert re.search(r"4 beams, tserve / CTranslate2 int8, each round: [\d.]+x, [\d.]+x; median [\d.]+x", table)
 
 
 @pytest.mark.slow
@@ -120,6 +123,8 @@ def test_vit_benchmark_runs_every_column_on_tiny_shapes(capsys):
     assert all(r.images >= 8 and r.seconds > 0 for r in rows)
     out = capsys.readouterr().out
     assert "tserve 1 client / HF batch 1:" in out and "tserve / HF pipeline + FastAPI: 1 client" in out
+    each_round = re.search(r"tserve / pipeline, 4 clients, each round: ([\d.]+)x, ([\d.]+)x; median ([\d.]+)x", out)
+    assert each_round, out  # both servers took two turns
     assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in out
 
 

@@ -206,7 +206,7 @@ BUGS = [
         '_WEIGHT_LEVELS = {"7bit-weights": 63}', '_WEIGHT_LEVELS = {"7bit-weights": 127}',
         ("tests/model/test_quantize.py::test_the_avx2_kernel_gets_split_activations_which_it_computes_as_accurately",)),
     Bug("int8-split-activations-lose-their-low-half", "model/quantize.py",
-        "return products[n:].mul_(_SPLIT).add_(products[:n])", "return products[n:].mul_(_SPLIT)",
+        "torch.add(products[:n], products[n:], alpha=_SPLIT)", "products[n:].mul(_SPLIT)",
         ("tests/model/test_quantize.py::test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row",)),
     Bug("gqa-kv-head-mapping-off-by-one", "model/attention.py",
         "k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
