@@ -216,9 +216,12 @@ def tserve_servers(d: Path, args: argparse.Namespace, work: Path) -> Iterator[di
     from tests.helpers.server import ServerProcess
 
     rows_needed = max(args.batch, args.clients) * max(args.beams)
-    # Both servers are up at once: each KV-cache pool is sized for this benchmark's rows (64 target and at most
-    # a few hundred source positions each), not the default share of the free memory.
-    cap = ["--max-model-len", "128"] if args.model == "nllb" else ["--kv-cache-memory", "3GB"]
+    # Both servers are up at once: on the real shapes each KV-cache pool is sized for this benchmark's rows (at
+    # most 64 target and about 80 source positions each: 0.6 GB on opus-mt's shape, 2.5 GB on NLLB's), not by
+    # the default (every row's whole length: 6.4 GB each on opus-mt's shape). NLLB's 1024 positions are capped.
+    cap = ["--max-model-len", "128"] if args.model == "nllb" else []
+    if not args.tiny:
+        cap += ["--kv-cache-memory", "5GB" if args.model == "nllb" else "3GB"]
     with contextlib.ExitStack() as stack:
         urls = {}
         for precision in ("float32", "int8"):
