@@ -7,6 +7,9 @@ Backends are chosen by name and all compute softmax(q k^T / sqrt(d_head) + mask)
   CUDA, a fused kernel on CPU).
 - `flash`: our own Triton kernels (`model.kernels.flash`); CUDA only, imported lazily when asked for. Its
   decode kernel reads each sequence's keys straight from the KV cache up to that sequence's own length.
+- `flash-decode`: `sdpa`, except one-token steps over the paged cache: `flash`'s decode kernel (CUDA).
+- `cpu-decode`: `sdpa`, except one-token steps over the paged cache: our C++ kernel
+  (`model.kernels.cpu_decode`), which reads each row's positions through its block table with no gather (CPU).
 
 Asking for weights always works: the call then runs on the `math` path whatever backend serves traffic.
 
@@ -29,14 +32,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model import rope
-from model.kv_cache import CachedDecodeKernel, PagedLayerKV, SharedSources
+from model.kernels import cpu_decode
+from model.kv_cache import CachedDecodeKernel, PagedLayerKV, PagedSourceKV, SharedSources
 from model.norms import RMSNorm
 
 # flash-decode: PyTorch SDPA (FlashAttention) for prefill and encoders, our Triton flash-decoding kernel for
 # one-token steps straight from the cache (no gather of the rows, no padding mask). What `auto` picks on CUDA:
 # on an H100, SDPA's prefill was 1.6x our Triton prefill kernel, and our decode kernel 2.6x SDPA over a padded
 # cache (docs/BENCHMARKS.md, GPU).
-BACKENDS = ("math", "sdpa", "flash", "flash-decode")
+# cpu-decode: the same on the CPU with our C++ kernel; in process on the opus-mt shape (32 rows, int8) a decode
+# step's self-attention took a third of the time of SDPA after a gather of the rows' blocks (docs/BENCHMARKS.md).
+BACKENDS = ("math", "sdpa", "flash", "flash-decode", "cpu-decode")
 TRITON_BACKENDS = ("flash", "flash-decode")
 
 
@@ -101,7 +107,7 @@ def get_backend(name: str) -> AttentionFn:
     """Resolve a backend name to its function; `flash` is imported only when asked for."""
     if name == "math":
         return math_attention
-    if name in ("sdpa", "auto", "flash-decode"):
+    if name in ("sdpa", "auto", "flash-decode", "cpu-decode"):
         return sdpa_attention
     if name == "flash":
         return _flash_module().flash_attention
@@ -110,16 +116,18 @@ def get_backend(name: str) -> AttentionFn:
 
 def get_cached_decode(name: str) -> CachedDecodeFn | None:
     """A backend's kernel for one-token decode straight from the KV cache, if it has one."""
+    if name == "cpu-decode":
+        return cpu_decode.paged_decode
     return _flash_module().flash_decode if name in TRITON_BACKENDS else None
 
 
 def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
     """Turn `auto` into a concrete backend and check the choice is usable on `device`. `auto`: `flash-decode` on
-    CUDA where Triton is installed, else `sdpa`."""
+    CUDA where Triton is installed, `cpu-decode` on the CPU where its kernel builds, else `sdpa`."""
     on_cuda = torch.device(device).type == "cuda"
     if name == "auto":
         if not on_cuda:
-            return "sdpa"
+            return "cpu-decode" if torch.device(device).type == "cpu" and cpu_decode.available() else "sdpa"
         try:
             _flash_module()
         except ValueError:
@@ -127,6 +135,9 @@ def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
         return "flash-decode"
     if name in TRITON_BACKENDS and not on_cuda:
         raise ValueError(f"attention backend {name!r} runs on CUDA only; use 'sdpa' or 'math' on CPU")
+    if name == "cpu-decode" and (torch.device(device).type != "cpu" or not cpu_decode.available()):
+        raise ValueError("attention backend 'cpu-decode' runs on the CPU and needs its C++ kernel built (a C++ "
+                         "compiler; see the log); use 'sdpa'")
     get_backend(name)
     get_cached_decode(name)  # the Triton kernels import, or a clear error
     return name
@@ -240,7 +251,7 @@ class Attention(nn.Module):
         rotary: Rotary | None = None,
         cache: KVWriter | None = None,
         context: Tensor | None = None,
-        context_kv: tuple[Tensor, Tensor] | None = None,
+        context_kv: tuple[Tensor, Tensor] | PagedSourceKV | None = None,
         shared_sources: SharedSources | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
@@ -252,6 +263,9 @@ class Attention(nn.Module):
         """
         if self.cross and shared_sources is not None and not need_weights:
             return self._attend_shared(x, context_kv, mask, shared_sources), None
+        if isinstance(context_kv, PagedSourceKV):  # one token per row, its source read in place by the kernel
+            out = context_kv.decode(self._cached_decode, self._heads(self.q(x)))
+            return self.proj(out.transpose(1, 2).reshape(x.size(0), 1, -1)), None
         if self.cross:
             q = self._heads(self.q(x))
             k, v = context_kv if context_kv is not None else self.project_kv(context)

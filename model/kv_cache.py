@@ -231,6 +231,13 @@ class PagedCrossKV:
         self.lengths[slots] = lengths
         self._last_read = None
 
+    def in_place(self, slots: Tensor) -> Callable[[int], PagedSourceKV]:
+        """Layer i -> the sources of rows' `slots` (B,) as they lie in the pool, for a decode kernel that reads
+        blocks itself (`PagedSourceKV`)."""
+        tables, lengths = self.tables[slots], self.lengths[slots]
+        return lambda layer: PagedSourceKV(self.pool.k[layer], self.pool.v[layer], tables, lengths,
+                                           self.pool.block_size)
+
     def reader(self, slots: Tensor, length: int) -> Callable[[int], tuple[Tensor, Tensor]]:
         """Layer i -> its keys and values (U, H, length, D) of `slots` (U,), gathered by whole blocks. With
         `keep_reads` (the CPU) one copy for every layer, kept while the same slots are read; else each layer's own
@@ -252,6 +259,24 @@ class PagedCrossKV:
         layers = [(k[i], v[i]) for i in range(L)]
         self._last_read = (key, layers)
         return layers.__getitem__
+
+
+@dataclass
+class PagedSourceKV:
+    """One decoder layer's cross-attention keys/values of each row's source, left where they are in the pool's
+    blocks: a decode kernel reads row b's `lengths[b]` positions through `tables[b]` (its source's table), so
+    no step copies a source."""
+
+    k_cache: Tensor  # (num_blocks * block_size, H, D)
+    v_cache: Tensor
+    tables: Tensor  # (B, max_blocks)
+    lengths: Tensor  # (B,)
+    block_size: int
+
+    def decode(self, kernel: CachedDecodeKernel, q: Tensor) -> Tensor:
+        """Each row's query (B, H, 1, D) over its source's positions."""
+        blocks = lambda t: t.view(-1, self.block_size, *t.shape[1:]).transpose(1, 2)  # noqa: E731
+        return kernel(q, blocks(self.k_cache), blocks(self.v_cache), self.tables, self.lengths, None)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from model.attention import Attention, KVWriter, Rotary
 from model.config import BlockConfig
-from model.kv_cache import SharedSources
+from model.kv_cache import PagedSourceKV, SharedSources
 from model.norms import RMSNorm
 
 
@@ -146,7 +146,7 @@ class Block(nn.Module):
         rotary: Rotary | None = None,
         cache: KVWriter | None = None,
         context: Tensor | None = None,
-        context_kv: tuple[Tensor, Tensor] | None = None,
+        context_kv: tuple[Tensor, Tensor] | PagedSourceKV | None = None,
         context_mask: Tensor | None = None,
         shared_sources: SharedSources | None = None,
         need_weights: bool = False,

@@ -223,11 +223,14 @@ class Seq2Seq(nn.Module):
         positions = positions[:, None]
         x, rotary = self._embed(tokens[:, None], positions, "dec")
         mask = self._self_mask("dec", positions, kv_len, causal_mask(positions, kv_len), x.dtype)
-        shared = SharedSources.of(cross_slots)
-        if shared is not None:  # beams: each source read once, its rows attend as one query block
-            cross_slots = shared.slots
-        context_kv = cache.cross_kv.reader(cross_slots, src_len)
-        context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
+        if self.decoder[0].cross_attn.backend == "cpu-decode":  # its kernel reads each source from the pool
+            shared, context_mask, context_kv = None, None, cache.cross_kv.in_place(cross_slots)
+        else:
+            shared = SharedSources.of(cross_slots)
+            if shared is not None:  # beams: each source read once, its rows attend as one query block
+                cross_slots = shared.slots
+            context_kv = cache.cross_kv.reader(cross_slots, src_len)
+            context_mask = padding_mask(cache.cross_kv.lengths[cross_slots], src_len)
         view = cache.self_kv.view(slots, positions, kv_len)
         for i, block in enumerate(self.decoder):
             x, _, _ = block(

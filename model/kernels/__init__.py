@@ -1,1 +1,2 @@
-"""Custom GPU kernels (Triton): imported only when the `flash` attention backend is asked for."""
+"""Our own kernels: the Triton ones of the `flash` attention backends (CUDA; imported only when asked for) and the
+C++ decode-attention kernel of `cpu-decode` (built on first use)."""

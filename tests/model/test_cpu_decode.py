@@ -1,0 +1,136 @@
+"""The CPU decode-attention kernel (`cpu-decode`, what `auto` is on the CPU): against SDPA over the gathered
+blocks on random block tables, mixed lengths and grouped heads; a row's result alone and in a batch; bad block
+tables refused; and the language model's and the translator's decode steps on it against `sdpa`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.attention import get_cached_decode, resolve_backend
+from model.checkpoint import load
+from model.config import DecoderConfig
+from model.decoder import Decoder
+from model.decoding import SamplingParams, generate, translate
+from model.kernels import cpu_decode
+from model.tokenizer import load_tokenizer
+from tests.helpers.fixture_training import assert_varied, cycle_prompts, lexicon_sentences
+
+
+def paged(B: int, KV: int, D: int, block: int, max_blocks: int, seed: int):
+    """A pool of random keys/values (positions, KV, D) and B rows, each on its own shuffled blocks."""
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = 1 + B * max_blocks
+    k, v = (torch.randn(num_blocks * block, KV, D, generator=g) for _ in range(2))
+    tables = (1 + torch.randperm(B * max_blocks, generator=g)).view(B, max_blocks)
+    return k, v, tables
+
+
+def blocks(t: torch.Tensor, block: int) -> torch.Tensor:
+    return t.view(-1, block, *t.shape[1:]).transpose(1, 2)  # (num_blocks, KV, block, D), as the cache hands out
+
+
+def reference(q, k, v, tables, lengths, block):  # noqa: ANN001, ANN201
+    """SDPA over each row's blocks gathered, its first `lengths[b]` positions, kv heads repeated per group."""
+    B, H, _, D = q.shape
+    out = []
+    for b in range(B):
+        rows = torch.cat([torch.arange(i * block, (i + 1) * block) for i in tables[b].tolist()])[: lengths[b]]
+        kb, vb = (t[rows].transpose(0, 1).repeat_interleave(H // t.size(1), dim=0) for t in (k, v))
+        out.append(F.scaled_dot_product_attention(q[b], kb, vb))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("B,H,KV,D,block,lengths", [
+    (5, 4, 4, 64, 16, [1, 16, 17, 40, 64]),  # one position, whole blocks, a block and one, ...
+    (3, 8, 2, 32, 4, [7, 30, 2]),  # grouped query heads, small blocks
+    (1, 6, 3, 80, 8, [45]),  # one row: the heads are split between threads
+    (33, 2, 1, 16, 16, list(range(1, 34))),  # more rows than a thread takes at once
+])
+def test_kernel_equals_sdpa_over_the_gathered_blocks(B, H, KV, D, block, lengths):
+    max_blocks = -(-max(lengths) // block) + 1  # a spare block: the length, not the table, ends a row
+    k, v, tables = paged(B, KV, D, block, max_blocks, seed=B)
+    q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor(lengths)
+    got = cpu_decode.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths)
+    torch.testing.assert_close(got, reference(q, k, v, tables, lengths, block), atol=1e-5, rtol=1e-5)
+
+
+def test_a_rows_result_is_the_same_alone_and_in_any_batch():
+    k, v, tables = paged(9, 4, 64, 16, 4, seed=3)
+    q = torch.randn(9, 8, 1, 64, generator=torch.Generator().manual_seed(4))
+    lengths = torch.tensor([50, 3, 64, 17, 33, 1, 60, 48, 20])
+    batch = cpu_decode.paged_decode(q, blocks(k, 16), blocks(v, 16), tables, lengths)
+    for b in (0, 4, 8):
+        alone = cpu_decode.paged_decode(q[b:b + 1], blocks(k, 16), blocks(v, 16), tables[b:b + 1], lengths[b:b + 1])
+        assert torch.equal(alone, batch[b:b + 1])
+
+
+@pytest.mark.parametrize("bad", [-1, 1 + 2 * 4])
+def test_a_block_id_outside_the_cache_is_refused(bad):
+    k, v, tables = paged(2, 2, 16, 4, 4, seed=5)
+    tables[1, 2] = bad
+    q = torch.zeros(2, 2, 1, 16)
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        cpu_decode.paged_decode(q, blocks(k, 4), blocks(v, 4), tables, torch.tensor([3, 12]))
+
+
+def test_auto_is_cpu_decode_on_the_cpu():
+    assert resolve_backend("auto", "cpu") == "cpu-decode"
+    assert get_cached_decode("cpu-decode") is cpu_decode.paged_decode
+    with pytest.raises(ValueError, match="CPU"):
+        resolve_backend("cpu-decode", "meta")
+
+
+@pytest.mark.parametrize("grouping", [{}, {"n_kv_heads": 1}, {"n_kv_heads": 2, "head_dim": 24, "qk_norm": True}])
+def test_lm_decode_step_with_mixed_lengths_equals_sdpa(grouping):
+    cfg = DecoderConfig(vocab_size=50, d_model=32, n_heads=4 if grouping else 2, d_ff=64, n_layers=2,
+                        max_seq_len=80, positions="rope" if grouping else "learned", **grouping)
+    torch.manual_seed(0)
+    ref = Decoder(cfg, backend="sdpa").eval()
+    ours = Decoder(cfg, backend="cpu-decode").eval()
+    ours.load_state_dict(ref.state_dict())
+    prompts = [[1, 2, 3], list(range(5, 45)), [7]]
+    lengths = torch.tensor([len(p) for p in prompts])
+    tokens = torch.zeros(3, 40, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p)
+    slots = torch.tensor([4, 0, 2])
+    outs = []
+    for model in (ref, ours):
+        cache = model.new_cache(5, 80)
+        model.prefill(tokens, lengths, cache, slots)
+        outs.append(model.decode_step(torch.tensor([9, 8, 7]), lengths, cache, slots))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+def _twins(path):  # noqa: ANN001, ANN202
+    """The checkpoint on `sdpa` and a copy on `cpu-decode`."""
+    ref = load(path, backend="sdpa")
+    ours = type(ref.model)(ref.config, backend="cpu-decode").eval()
+    ours.load_state_dict(ref.model.state_dict())
+    return ref, dataclasses.replace(ref, model=ours)
+
+
+def test_lm_generation_equals_sdpa(tiny_lm):
+    ref, ours = _twins(tiny_lm)  # trained: each prompt has its own continuation (fixture_training)
+    tok = load_tokenizer(tiny_lm)
+    prompts = [tok.encode(p) for p in cycle_prompts(4, seed=2)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    got = [s.generated for s in generate(ours, prompts, params)]
+    assert_varied(got, min_distinct=1.0)
+    assert got == [s.generated for s in generate(ref, prompts, params)]
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_translation_equals_sdpa(tiny_mt, beams):
+    """Self-attention from the rows' blocks and cross-attention from each source's blocks, read in place."""
+    ref, ours = _twins(tiny_mt)  # trained: each source has its own translation (fixture_training)
+    tok = load_tokenizer(tiny_mt)
+    sources = [tok.encode(t) for t in lexicon_sentences(4, seed=9, max_words=10)]
+    got = [s.output_ids for s in translate(ours, sources, beams, 20)]
+    assert_varied(got, min_distinct=1.0)
+    assert got == [s.output_ids for s in translate(ref, sources, beams, 20)]
