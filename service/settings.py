@@ -38,8 +38,9 @@ class Settings(BaseSettings):
         "two 7-bit halves (split: any CPU, twice the GEMM rows), 7-bit (7bit: any CPU, fastest there, least "
         "accurate) or 8-bit with 7-bit weights (7bit-weights: any CPU, 7bit's speed); auto: full where the CPU's "
         "int8 kernel allows it, split elsewhere")
-    attention_backend: Literal["auto", "math", "sdpa", "flash", "flash-decode"] = Field(
-        "auto", description="attention kernels (auto: flash-decode on CUDA, sdpa elsewhere)")
+    attention_backend: Literal["auto", "math", "sdpa", "flash", "flash-decode", "cpu-decode"] = Field(
+        "auto", description="attention kernels (auto: flash-decode on CUDA, cpu-decode on the CPU where its C++ "
+        "kernel builds, else sdpa)")
     cuda_graphs: bool = Field(
         True, description="on CUDA, replay LM decode steps from CUDA graphs captured per batch-size bucket")
     compile: bool = Field(False, description="compile the LM decode step with torch.compile (slower start-up)")

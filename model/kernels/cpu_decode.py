@@ -20,7 +20,6 @@ import platform
 from pathlib import Path
 from types import ModuleType
 
-import torch
 from torch import Tensor
 
 log = logging.getLogger("tserve.kernels")
