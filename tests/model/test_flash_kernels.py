@@ -146,7 +146,7 @@ def test_flash_is_refused_off_cuda(monkeypatch):
     for name in ("flash", "flash-decode"):
         with pytest.raises(ValueError, match="CUDA"):
             resolve_backend(name, "cpu")
-    assert resolve_backend("auto", "cpu") == "sdpa"
+    assert resolve_backend("auto", "cpu") == "cpu-decode"  # (not a Triton backend)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v = (torch.zeros(1, 1, 2, 16) for _ in range(3))
     with pytest.raises(ValueError, match="CUDA"):

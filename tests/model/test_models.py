@@ -98,10 +98,10 @@ def test_backends_agree_for_whole_models():
     torch.testing.assert_close(sdpa, math, atol=1e-5, rtol=1e-5)
 
 
-def _seq2seq(**kw):
+def _seq2seq(backend: str = "auto", **kw):
     torch.manual_seed(0)
     return Seq2Seq(Seq2SeqConfig(vocab_size=53, n_encoder_layers=2, n_decoder_layers=2, max_source_len=24,
-                                 max_target_len=24, **SMALL, **kw)).eval()
+                                 max_target_len=24, **SMALL, **kw), backend=backend).eval()
 
 
 @pytest.mark.parametrize("variant", [dict(), dict(norm_placement="pre", final_norm=True, positions="learned"),
@@ -126,10 +126,12 @@ def test_seq2seq_cached_equals_teacher_forcing_with_padding(variant):
     torch.testing.assert_close(alone[0], full[1], atol=1e-5, rtol=1e-5)
 
 
-def test_rows_sharing_a_source_attend_to_it_as_one_query_block():
-    """Beams read their source's cross-attention keys once (`SharedSources`): rows of unequal groups,
-    interleaved, each with its own target, get exactly their own teacher-forced logits."""
-    model = _seq2seq()
+@pytest.mark.parametrize("backend", ["sdpa", "cpu-decode"])
+def test_rows_sharing_a_source_attend_to_it_as_one_query_block(backend):
+    """Beams read their source's cross-attention keys once (`SharedSources`; on `cpu-decode` each row reads its
+    source in place): rows of unequal groups, interleaved, each with its own target, get exactly their own
+    teacher-forced logits."""
+    model = _seq2seq(backend)
     with torch.no_grad():  # sharp cross-attention: each row's output depends on its own query
         for block in model.decoder:
             block.cross_attn.q.weight.mul_(30)

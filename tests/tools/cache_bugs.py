@@ -1,5 +1,6 @@
 """Planted bugs of the KV caches' bookkeeping: a translator's block pool sized by memory (decoder rows and encoded
-sources), its preemption and replay (part of `tests/tools/planted_bugs.py`'s list)."""
+sources), its preemption and replay; and of the CPU kernel that reads the cache in place (part of
+`tests/tools/planted_bugs.py`'s list)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from tests.tools.planted_bug import Bug
 PREEMPTION_TEST = "tests/engine/test_translation_preemption.py::test_preempted_requests_finish_as_alone"
 KEPT_SOURCES_TEST = "tests/engine/test_translation_preemption.py::test_kept_encoder_outputs_give_their_blocks_up_the_oldest_first"
 CROSS_TEST = "tests/model/test_models.py::test_cross_keys_and_values_live_in_their_slots_blocks_of_the_pool"
+CPU_KERNEL_TESTS = tuple(f"tests/model/test_cpu_decode.py::test_kernel_equals_sdpa_over_the_gathered_blocks[{case}]"
+                         for case in ("5-4-4-64-16-lengths0", "3-8-2-32-4-lengths1"))
+CPU_TRANSLATION_TESTS = ("tests/model/test_cpu_decode.py::test_translation_equals_sdpa[1]",
+                         "tests/model/test_models.py::test_rows_sharing_a_source_attend_to_it_as_one_query_block[cpu-decode]")
 
 CACHE_BUGS = [
     Bug("translation-preempted-without-replay", "model/decoding/seq2seq_runner.py",
@@ -65,4 +70,21 @@ CACHE_BUGS = [
         "        if len(seq.job.source_ids) > self.max_source_len:  # (before anything is claimed)",
         "        if False:",
         ("tests/engine/test_translation_preemption.py::test_a_source_longer_than_the_runner_holds_claims_nothing",)),
+    Bug("cpu-decode-reads-keys-one-position-late", "model/kernels/paged_decode.cpp",
+        "t % block_size;\n        const float* kp", "(t + 1) % block_size;\n        const float* kp",
+        CPU_KERNEL_TESTS),
+    Bug("cpu-decode-leaves-the-softmax-unnormalised", "model/kernels/paged_decode.cpp",
+        "const float inv = 1.0f / total[j];", "const float inv = 1.0f;",
+        CPU_KERNEL_TESTS + CPU_TRANSLATION_TESTS),
+    Bug("cpu-decode-query-heads-read-another-kv-head", "model/kernels/paged_decode.cpp",
+        "const float* kh = kp + (j / group) * D;", "const float* kh = kp + (j % group) * D;",
+        CPU_KERNEL_TESTS + ("tests/model/test_cpu_decode.py::test_lm_decode_step_with_mixed_lengths_equals_sdpa[grouping1]",)),
+    Bug("cpu-decode-sources-lose-their-last-position", "model/kv_cache.py",
+        "tables, lengths = self.tables[slots], self.lengths[slots]",
+        "tables, lengths = self.tables[slots], self.lengths[slots] - 1",
+        CPU_TRANSLATION_TESTS),
+    Bug("auto-is-sdpa-on-the-cpu", "model/attention.py",
+        'return "cpu-decode" if torch.device(device).type == "cpu" and cpu_decode.available() else "sdpa"',
+        'return "sdpa"',
+        ("tests/model/test_cpu_decode.py::test_auto_is_cpu_decode_on_the_cpu",)),
 ]
