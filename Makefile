@@ -12,9 +12,9 @@ $(BIN)/.installed: pyproject.toml
 	# Install the CPU build of torch first so the range in pyproject.toml is already satisfied.
 	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
-	# The CPU decode-attention kernel (model/kernels/paged_decode.cpp), built now rather than by the first server
-	# or test that asks for it; without a C++ compiler the `sdpa` backend serves and this says why.
-	$(BIN)/python -c "from model.kernels import cpu_decode; cpu_decode.available()"
+	# The CPU kernels (model/kernels/*.cpp: decode attention, int8 row mapping), built now rather than by the first
+	# server or test that asks for them; without a C++ compiler PyTorch's paths serve and this says why.
+	$(BIN)/python -c "from model.kernels import cpu; cpu.available()"
 	touch $@
 
 setup: $(BIN)/.installed

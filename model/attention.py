@@ -9,7 +9,7 @@ Backends are chosen by name and all compute softmax(q k^T / sqrt(d_head) + mask)
   decode kernel reads each sequence's keys straight from the KV cache up to that sequence's own length.
 - `flash-decode`: `sdpa`, except one-token steps over the paged cache: `flash`'s decode kernel (CUDA).
 - `cpu-decode`: `sdpa`, except one-token steps over the paged cache: our C++ kernel
-  (`model.kernels.cpu_decode`), which reads each row's positions through its block table with no gather (CPU).
+  (`model.kernels.cpu`), which reads each row's positions through its block table with no gather (CPU).
 
 Asking for weights always works: the call then runs on the `math` path whatever backend serves traffic.
 
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model import rope
-from model.kernels import cpu_decode
+from model.kernels import cpu as cpu_kernels
 from model.kv_cache import CachedDecodeKernel, PagedLayerKV, PagedSourceKV, SharedSources
 from model.norms import RMSNorm
 
@@ -117,7 +117,7 @@ def get_backend(name: str) -> AttentionFn:
 def get_cached_decode(name: str) -> CachedDecodeFn | None:
     """A backend's kernel for one-token decode straight from the KV cache, if it has one."""
     if name == "cpu-decode":
-        return cpu_decode.paged_decode
+        return cpu_kernels.paged_decode
     return _flash_module().flash_decode if name in TRITON_BACKENDS else None
 
 
@@ -127,7 +127,7 @@ def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
     on_cuda = torch.device(device).type == "cuda"
     if name == "auto":
         if not on_cuda:
-            return "cpu-decode" if torch.device(device).type == "cpu" and cpu_decode.available() else "sdpa"
+            return "cpu-decode" if torch.device(device).type == "cpu" and cpu_kernels.available() else "sdpa"
         try:
             _flash_module()
         except ValueError:
@@ -135,7 +135,7 @@ def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
         return "flash-decode"
     if name in TRITON_BACKENDS and not on_cuda:
         raise ValueError(f"attention backend {name!r} runs on CUDA only; use 'sdpa' or 'math' on CPU")
-    if name == "cpu-decode" and (torch.device(device).type != "cpu" or not cpu_decode.available()):
+    if name == "cpu-decode" and (torch.device(device).type != "cpu" or not cpu_kernels.available()):
         raise ValueError("attention backend 'cpu-decode' runs on the CPU and needs its C++ kernel built (a C++ "
                          "compiler; see the log); use 'sdpa'")
     get_backend(name)

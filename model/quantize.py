@@ -46,6 +46,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from model.kernels import cpu as cpu_kernels
+
 QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
 _INT4_N_MULTIPLE = 16  # the packed layout takes output features in tiles of 16
@@ -113,6 +115,23 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
+        kernels = cpu_kernels.extension() if rows.dtype == torch.float32 else None
+        if kernels is None:
+            return self._forward_in_steps(rows).reshape(*x.shape[:-1], self.out_features)
+        # Our kernels' two passes (`model/kernels/int8_rows.cpp`): the same values as `_forward_in_steps`.
+        split = self.activations == "split"
+        gemm_in, low, span = kernels.int8_rows_in(rows.contiguous(), split)
+        product = torch.ops.quantized.linear_dynamic(gemm_in, self._packed, reduce_range=self._reduce_range)
+        out = kernels.int8_rows_out(product, low, span, self.weight_row_sums, self.bias, split)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def _reduce_range(self) -> bool:
+        """7-bit activations for the GEMM: `7bit`, and `split`'s halves (each 7 bits)."""
+        return self.activations in ("7bit", "split")
+
+    def _forward_in_steps(self, rows: Tensor) -> Tensor:
+        """The forward as PyTorch calls (where our kernels are not built): rows (N, in) -> (N, out)."""
         # amin + amax: two passes, yet several times faster than `torch.aminmax` over the last dimension.
         low, high = rows.amin(dim=-1, keepdim=True), rows.amax(dim=-1, keepdim=True)
         span = (high - low).clamp_(min=1e-12)
@@ -122,10 +141,9 @@ class Int8Linear(nn.Module):
             # (x - min) / span puts each row's own extremes exactly at 0 and 1 (a constant row is all 0), so
             # the GEMM's one scale is 1/255 (1/127 with 7-bit activations).
             product = torch.ops.quantized.linear_dynamic((rows - low).div_(span), self._packed,
-                                                         reduce_range=self.activations == "7bit")
+                                                         reduce_range=self._reduce_range)
         out = low * self.weight_row_sums if self.bias is None else torch.addcmul(self.bias, low, self.weight_row_sums)
-        out.addcmul_(product, span)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out.addcmul_(product, span)
 
     def _split_product(self, rows: Tensor, low: Tensor, span: Tensor) -> Tensor:
         """W c for each row's 14-bit code c = round((x - min) / span * _SPLIT_LEVELS) = 128 hi + lo, as

@@ -108,7 +108,3 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
                     static_cast<float>(scale), span);
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "one-token attention from a paged KV cache (float32, CPU)");
-}

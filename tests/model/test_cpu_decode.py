@@ -15,7 +15,7 @@ from model.checkpoint import load
 from model.config import DecoderConfig
 from model.decoder import Decoder
 from model.decoding import SamplingParams, generate, translate
-from model.kernels import cpu_decode
+from model.kernels import cpu as cpu_kernels
 from model.tokenizer import load_tokenizer
 from tests.helpers.fixture_training import assert_varied, cycle_prompts, lexicon_sentences
 
@@ -55,7 +55,7 @@ def test_kernel_equals_sdpa_over_the_gathered_blocks(B, H, KV, D, block, lengths
     k, v, tables = paged(B, KV, D, block, max_blocks, seed=B)
     q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(1))
     lengths = torch.tensor(lengths)
-    got = cpu_decode.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths)
+    got = cpu_kernels.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths)
     torch.testing.assert_close(got, reference(q, k, v, tables, lengths, block), atol=1e-5, rtol=1e-5)
 
 
@@ -63,9 +63,9 @@ def test_a_rows_result_is_the_same_alone_and_in_any_batch():
     k, v, tables = paged(9, 4, 64, 16, 4, seed=3)
     q = torch.randn(9, 8, 1, 64, generator=torch.Generator().manual_seed(4))
     lengths = torch.tensor([50, 3, 64, 17, 33, 1, 60, 48, 20])
-    batch = cpu_decode.paged_decode(q, blocks(k, 16), blocks(v, 16), tables, lengths)
+    batch = cpu_kernels.paged_decode(q, blocks(k, 16), blocks(v, 16), tables, lengths)
     for b in (0, 4, 8):
-        alone = cpu_decode.paged_decode(q[b:b + 1], blocks(k, 16), blocks(v, 16), tables[b:b + 1], lengths[b:b + 1])
+        alone = cpu_kernels.paged_decode(q[b:b + 1], blocks(k, 16), blocks(v, 16), tables[b:b + 1], lengths[b:b + 1])
         assert torch.equal(alone, batch[b:b + 1])
 
 
@@ -75,12 +75,12 @@ def test_a_block_id_outside_the_cache_is_refused(bad):
     tables[1, 2] = bad
     q = torch.zeros(2, 2, 1, 16)
     with pytest.raises(RuntimeError, match="block id out of range"):
-        cpu_decode.paged_decode(q, blocks(k, 4), blocks(v, 4), tables, torch.tensor([3, 12]))
+        cpu_kernels.paged_decode(q, blocks(k, 4), blocks(v, 4), tables, torch.tensor([3, 12]))
 
 
 def test_auto_is_cpu_decode_on_the_cpu():
     assert resolve_backend("auto", "cpu") == "cpu-decode"
-    assert get_cached_decode("cpu-decode") is cpu_decode.paged_decode
+    assert get_cached_decode("cpu-decode") is cpu_kernels.paged_decode
     with pytest.raises(ValueError, match="CPU"):
         resolve_backend("cpu-decode", "meta")
 

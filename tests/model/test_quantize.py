@@ -101,6 +101,24 @@ def test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row(activations)
     assert error.max() < ROW_ERROR[activations], error
 
 
+@pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_our_row_kernels_give_the_values_of_pytorchs_calls(activations, bias):
+    """`Int8Linear`'s forward on our C++ row mapping (model/kernels/int8_rows.cpp) equals, bit for bit, the
+    chain of PyTorch calls it replaces, for wide and narrow layers, one row and many, a constant row among
+    them. (`full` only where this process's kernel takes 8-bit activations.)"""
+    if activations == "full" and not full_range_activations():
+        return  # refused here (the test above)
+    torch.manual_seed(1)
+    for in_features, out_features in ((512, 1536), (2048, 512), (64, 200)):
+        layer = Int8Linear(nn.Linear(in_features, out_features, bias=bias), activations)
+        for n in (1, 7, 32):
+            x = torch.randn(n, in_features) * torch.rand(n, 1) * 3
+            x[-1] = 0.25
+            with torch.inference_mode():
+                assert torch.equal(layer(x), layer._forward_in_steps(x)), (in_features, n)
+
+
 PROBE = """
 import json, torch
 from torch import nn

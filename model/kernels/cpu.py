@@ -1,0 +1,69 @@
+"""Our C++ kernels for the CPU, built on first use by PyTorch's extension builder (g++ and ninja, into
+`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions; about 40 s once, by `make setup`, then loaded from
+there). Where they cannot be built (no compiler) a warning says why and the PyTorch paths serve instead.
+
+- `paged_decode.cpp`: one-token attention straight from the paged KV cache. A decode step of `sdpa` first
+  gathers every running row's self-attention blocks into one tensor (a copy of the keys and values, every
+  layer) and then runs PyTorch's CPU flash kernel, built for blocks of queries: with one query per row it reads
+  at a third of the memory bandwidth (docs/BENCHMARKS.md). This kernel reads each row's positions through its
+  block table, all heads of a position as one contiguous run, in one pass over the keys and one over the values:
+  float32, one row at a time (a row's result does not depend on the batch). It is the `cpu-decode` attention
+  backend (`model.attention`), what `auto` is on the CPU where it builds.
+- `int8_rows.cpp`: the per-row mapping around an int8 GEMM (`model.quantize.Int8Linear`) in one pass in and one
+  out, bitwise equal to the chain of PyTorch calls it replaces.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import platform
+from pathlib import Path
+from types import ModuleType
+
+from torch import Tensor
+
+log = logging.getLogger("tserve.kernels")
+
+_SOURCES = [Path(__file__).with_name(name) for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp")]
+
+
+@functools.cache
+def extension() -> ModuleType | None:
+    """The built kernels, or None (logged once) where they cannot be built."""
+    from torch.utils import cpp_extension  # noqa: PLC0415 (the builder, only when asked for)
+
+    # AVX2 and FMA: every x86-64 CPU this serves has them; the loops vectorise to 8 floats. No contraction into
+    # fused multiply-adds: int8_rows.cpp must round as the PyTorch calls it replaces do.
+    flags = ["-O3", "-fopenmp-simd", "-ffp-contract=off"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags += ["-mavx2", "-mfma"]
+    try:
+        return cpp_extension.load("tserve_cpu_kernels", [str(s) for s in _SOURCES], extra_cflags=flags,
+                                  verbose=False)
+    except Exception as exc:  # noqa: BLE001 - no compiler, no headers: the PyTorch paths serve instead
+        log.warning("the CPU kernels could not be built; decode steps use sdpa and int8 layers PyTorch's calls",
+                    extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return None
+
+
+def available() -> bool:
+    """Whether the kernels are built (building them now if needed)."""
+    return extension() is not None
+
+
+def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, lengths: Tensor,
+                 bound: int | None = None) -> Tensor:
+    """q (B, H, 1, D); k/v blocks (num_blocks, KV, block_len, D), views of the flat cache (positions, KV, D);
+    tables (B, W) block ids; lengths (B,): row b attends over its positions [0, lengths[b]). -> (B, H, 1, D).
+    (`bound`, an upper bound of the lengths, is for kernels that size their launch by it.)"""
+    ext = extension()
+    if ext is None:
+        raise RuntimeError("the CPU kernels are not built")
+    B, H, _, D = q.shape
+    block_len, KV = k_blocks.size(2), k_blocks.size(1)
+    flat = lambda t: t.transpose(1, 2).reshape(-1, KV, D)  # noqa: E731 - the cache itself: a view, no copy
+    out = ext.paged_decode(q.reshape(B, H, D).contiguous().float(), flat(k_blocks), flat(v_blocks),
+                           tables, lengths, block_len, 1.0 / math.sqrt(D))
+    return out.view(B, H, 1, D).to(q.dtype)
