@@ -41,6 +41,17 @@ COPY service ./service
 COPY training ./training
 RUN pip install --no-cache-dir .
 
+# Our CPU kernels (model/kernels/*.cpp), built here with g++ into the virtual environment, which the final stage
+# copies: it imports the build as it is and needs no compiler. Built from / so that the installed package (not
+# /src) is the one built, as the final stage will name it.
+ENV TORCH_EXTENSIONS_DIR=/opt/venv/torch-extensions
+WORKDIR /
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/* \
+    && python -m model.kernels --require
+
 # The checkpoints, readable by the unprivileged user whatever their modes in the build context.
 COPY models /opt/models
 RUN chmod -R a+rX,go-w /opt/models
@@ -68,6 +79,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    TORCH_EXTENSIONS_DIR=/opt/venv/torch-extensions \
     TSERVE_HOST=0.0.0.0 \
     TSERVE_PORT=8000 \
     TSERVE_MODELS_DIR=/app/models \

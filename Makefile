@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# The CPU kernels (model/kernels/*.cpp: decode attention, int8 row mapping), built now rather than by the first
 	# server or test that asks for them; without a C++ compiler PyTorch's paths serve and this says why.
-	$(BIN)/python -c "from model.kernels import cpu; cpu.available()"
+	$(BIN)/python -m model.kernels
 	touch $@
 
 setup: $(BIN)/.installed

@@ -1,6 +1,8 @@
-"""Our C++ kernels for the CPU, built on first use by PyTorch's extension builder (g++ and ninja, into
-`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions; about 40 s once, by `make setup`, then loaded from
-there). Where they cannot be built (no compiler) a warning says why and the PyTorch paths serve instead.
+"""Our C++ kernels for the CPU, built on first use by PyTorch's extension builder (g++ and ninja, about 40 s once:
+`make setup` does it) into `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a directory named by a
+hash of the sources, their place on disk, the flags and torch's version: each checkout has its own build, and a
+build that is there is imported as it is (no compiler needed: the Docker image ships one). Where they cannot be
+built (no compiler) a warning says why and the PyTorch paths serve instead.
 
 - `paged_decode.cpp`: one-token attention straight from the paged KV cache. A decode step of `sdpa` first
   gathers every running row's self-attention blocks into one tensor (a copy of the keys and values, every
@@ -16,12 +18,16 @@ there). Where they cannot be built (no compiler) a warning says why and the PyTo
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
 import logging
 import math
+import os
 import platform
 from pathlib import Path
 from types import ModuleType
 
+import torch
 from torch import Tensor
 
 log = logging.getLogger("tserve.kernels")
@@ -29,19 +35,47 @@ log = logging.getLogger("tserve.kernels")
 _SOURCES = [Path(__file__).with_name(name) for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp")]
 
 
-@functools.cache
-def extension() -> ModuleType | None:
-    """The built kernels, or None (logged once) where they cannot be built."""
-    from torch.utils import cpp_extension  # noqa: PLC0415 (the builder, only when asked for)
-
+def _flags() -> list[str]:
     # AVX2 and FMA: every x86-64 CPU this serves has them; the loops vectorise to 8 floats. No contraction into
     # fused multiply-adds: int8_rows.cpp must round as the PyTorch calls it replaces do.
     flags = ["-O3", "-fopenmp-simd", "-ffp-contract=off"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        flags += ["-mavx2", "-mfma"]
+    return flags + (["-mavx2", "-mfma"] if platform.machine() in ("x86_64", "AMD64") else [])
+
+
+def _build_name(flags: list[str]) -> str:
+    digest = hashlib.sha256(f"{_SOURCES[0].parent.resolve()}|{' '.join(flags)}|{torch.__version__}".encode())
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
+    return f"tserve_cpu_kernels_{digest.hexdigest()[:16]}"
+
+
+def _import_built(name: str, library: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def extension() -> ModuleType | None:
+    """The built kernels, or None (logged once) where they cannot be built."""
+    flags = _flags()
+    name = _build_name(flags)
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    directory = Path(root) / name
+    library = directory / f"{name}.so"
+    if library.is_file():
+        try:
+            return _import_built(name, library)
+        except ImportError:  # a build cut short: build it again
+            pass
+    from torch.utils import cpp_extension  # noqa: PLC0415 (the builder, only when needed)
+
     try:
-        return cpp_extension.load("tserve_cpu_kernels", [str(s) for s in _SOURCES], extra_cflags=flags,
-                                  verbose=False)
+        directory.mkdir(parents=True, exist_ok=True)
+        log.info("building the CPU kernels (once)", extra={"directory": str(directory)})
+        return cpp_extension.load(name, [str(s) for s in _SOURCES], extra_cflags=flags,
+                                  build_directory=str(directory), verbose=False)
     except Exception as exc:  # noqa: BLE001 - no compiler, no headers: the PyTorch paths serve instead
         log.warning("the CPU kernels could not be built; decode steps use sdpa and int8 layers PyTorch's calls",
                     extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -67,3 +101,4 @@ def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, 
     out = ext.paged_decode(q.reshape(B, H, D).contiguous().float(), flat(k_blocks), flat(v_blocks),
                            tables, lengths, block_len, 1.0 / math.sqrt(D))
     return out.view(B, H, 1, D).to(q.dtype)
+

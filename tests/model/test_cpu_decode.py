@@ -134,3 +134,23 @@ def test_translation_equals_sdpa(tiny_mt, beams):
     got = [s.output_ids for s in translate(ours, sources, beams, 20)]
     assert_varied(got, min_distinct=1.0)
     assert got == [s.output_ids for s in translate(ref, sources, beams, 20)]
+
+
+def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path):
+    """The build directory is named by the sources, their place, the flags and torch's version; a process that
+    finds the build imports it without PyTorch's builder (what the Docker image, which has no compiler, does)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    flags = cpu_kernels._flags()
+    name = cpu_kernels._build_name(flags)
+    assert cpu_kernels.available()
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    assert (root / name / f"{name}.so").is_file()
+    assert cpu_kernels._build_name([*flags, "-DOTHER"]) != name
+    no_builder = ("import sys\nfrom torch.utils import cpp_extension\ncpp_extension.load = None\n"
+                  "from model.kernels import cpu\nsys.exit(0 if cpu.available() else 1)\n")
+    root_dir = Path(__file__).resolve().parents[2]
+    assert subprocess.run([sys.executable, "-c", no_builder], cwd=root_dir, timeout=120).returncode == 0
