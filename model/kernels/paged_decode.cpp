@@ -1,6 +1,7 @@
 // One-token attention straight from a paged KV cache, on the CPU: each (row, head) reads its own positions
 // through its block table (no gather of the rows' blocks into one tensor), scores them, and sums the values
-// under an online softmax in one pass over the keys and one over the values. Float32 throughout.
+// under an online softmax in one pass over the keys and one over the values. Float32 arithmetic; the cache may
+// hold bfloat16 or float16, each value widened as it is read.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -15,7 +16,8 @@ namespace {
 // tables: (B, W) int64 block ids; lengths: (B,) int64. out: (B, H, D).
 // A task is one row's run of `span` kv heads (all of them when there are rows enough for every thread): it reads
 // each position's keys of those heads as one contiguous run, which the prefetcher streams.
-void paged_decode_rows(const float* q, const float* k, const float* v, const int64_t* tables,
+template <typename kv_t>
+void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64_t* tables,
                        const int64_t* lengths, float* out, int64_t B, int64_t H, int64_t KV, int64_t D,
                        int64_t W, int64_t block_size, int64_t max_len, float scale, int64_t span) {
   const int64_t group = H / KV;  // query heads per kv head
@@ -38,13 +40,13 @@ void paged_decode_rows(const float* q, const float* k, const float* v, const int
       std::fill(best.begin(), best.end(), -std::numeric_limits<float>::infinity());
       for (int64_t t = 0; t < len; ++t) {
         const int64_t pos = table[t / block_size] * block_size + t % block_size;
-        const float* kp = k + (pos * KV + first) * D;
+        const kv_t* kp = k + (pos * KV + first) * D;
         for (int64_t j = 0; j < nq; ++j) {
-          const float* kh = kp + (j / group) * D;
+          const kv_t* kh = kp + (j / group) * D;
           const float* qh = qb + j * D;
           float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qh[d] * kh[d];
+          for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(kh[d]);
           s *= scale;
           scores[j * len + t] = s;
           best[j] = std::max(best[j], s);
@@ -62,13 +64,13 @@ void paged_decode_rows(const float* q, const float* k, const float* v, const int
       std::fill(ob, ob + nq * D, 0.0f);
       for (int64_t t = 0; t < len; ++t) {
         const int64_t pos = table[t / block_size] * block_size + t % block_size;
-        const float* vp = v + (pos * KV + first) * D;
+        const kv_t* vp = v + (pos * KV + first) * D;
         for (int64_t j = 0; j < nq; ++j) {
-          const float* vh = vp + (j / group) * D;
+          const kv_t* vh = vp + (j / group) * D;
           float* o = ob + j * D;
           const float p = scores[j * len + t];
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += p * vh[d];
+          for (int64_t d = 0; d < D; ++d) o[d] += p * static_cast<float>(vh[d]);
         }
       }
       for (int64_t j = 0; j < nq; ++j) {
@@ -86,8 +88,8 @@ void paged_decode_rows(const float* q, const float* k, const float* v, const int
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
                            torch::Tensor lengths, int64_t block_size, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes(), "q (B, H, D), k/v (positions, KV, D)");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
-              v.scalar_type() == torch::kFloat, "float32 only");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat && v.scalar_type() == k.scalar_type(),
+              "q float32, k and v of one type");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "contiguous tensors only");
   TORCH_CHECK(tables.scalar_type() == torch::kLong && lengths.scalar_type() == torch::kLong, "int64 tables");
   tables = tables.contiguous();
@@ -103,8 +105,10 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   // Whole rows per task when there are at least two rows a thread; else runs of kv heads, halved until there are.
   int64_t span = KV;
   while (span % 2 == 0 && B * (KV / span) < 2 * at::get_num_threads()) span /= 2;
-  paged_decode_rows(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), tables.data_ptr<int64_t>(),
-                    lengths.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV, D, W, block_size, max_len,
-                    static_cast<float>(scale), span);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
+    paged_decode_rows<scalar_t>(q.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                                tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), out.data_ptr<float>(), B, H,
+                                KV, D, W, block_size, max_len, static_cast<float>(scale), span);
+  });
   return out;
 }

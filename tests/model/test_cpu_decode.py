@@ -59,6 +59,21 @@ def test_kernel_equals_sdpa_over_the_gathered_blocks(B, H, KV, D, block, lengths
     torch.testing.assert_close(got, reference(q, k, v, tables, lengths, block), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_half_precision_cache_is_read_in_float32(dtype):
+    """A bfloat16 or float16 cache (a model served in that dtype): each key and value widened as it is read,
+    the arithmetic in float32, as SDPA over the same values in float32 computes it."""
+    k, v, tables = paged(4, 2, 32, 8, 5, seed=6)
+    k, v = k.to(dtype), v.to(dtype)
+    q = torch.randn(4, 4, 1, 32, generator=torch.Generator().manual_seed(7))
+    lengths = torch.tensor([33, 1, 20, 8])
+    got = cpu_kernels.paged_decode(q, blocks(k, 8), blocks(v, 8), tables, lengths)
+    torch.testing.assert_close(got, reference(q, k.float(), v.float(), tables, lengths, 8), atol=1e-5, rtol=1e-5)
+    half = cpu_kernels.paged_decode(q.to(dtype), blocks(k, 8), blocks(v, 8), tables, lengths)  # out in dtype
+    widened = cpu_kernels.paged_decode(q.to(dtype).float(), blocks(k, 8), blocks(v, 8), tables, lengths)
+    assert half.dtype == dtype and torch.equal(half, widened.to(dtype))
+
+
 def test_a_rows_result_is_the_same_alone_and_in_any_batch():
     k, v, tables = paged(9, 4, 64, 16, 4, seed=3)
     q = torch.randn(9, 8, 1, 64, generator=torch.Generator().manual_seed(4))
