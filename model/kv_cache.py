@@ -12,6 +12,7 @@ source into blocks of the same pool as the decoder rows' (a block table per sour
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -139,6 +140,15 @@ class PagedView:
     def layer(self, index: int) -> PagedLayerKV:
         return PagedLayerKV(self, self.cache.k[index], self.cache.v[index])
 
+    # What a decode kernel reads, the same in every layer: built once per forward, by its first layer.
+    @functools.cached_property
+    def row_tables(self) -> Tensor:
+        return self.cache.tables[self.rows]  # (B, max_blocks)
+
+    @functools.cached_property
+    def lengths(self) -> Tensor:
+        return self.positions[:, -1] + 1  # (B,) each row's positions [0, position] after this forward's
+
 
 @dataclass
 class PagedLayerKV:
@@ -179,9 +189,8 @@ class PagedLayerKV:
         """One query per row over its own positions [0, position], read block by block by `kernel`."""
         bs = self.view.cache.block_size
         blocks = lambda t: t.view(-1, bs, *t.shape[1:]).transpose(1, 2)  # noqa: E731 (num_blocks, H, bs, D)
-        lengths = self.view.positions[:, -1] + 1
-        return kernel(q, blocks(self.k_cache), blocks(self.v_cache), self.view.cache.tables[self.view.rows],
-                      lengths, self.view.kv_len)
+        return kernel(q, blocks(self.k_cache), blocks(self.v_cache), self.view.row_tables, self.view.lengths,
+                      self.view.kv_len)
 
 
 class PagedCrossKV:
