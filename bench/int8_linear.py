@@ -3,8 +3,8 @@
     python bench/int8_linear.py                              # this CPU's kernels
     python -m tests.helpers.avx2_only bench/int8_linear.py   # fbgemm (and ATen) held to AVX2
 
-Columns: float32 `nn.Linear`; `Int8Linear` with 8-bit activations (`full`, one GEMM; only where the kernel
-sums in int32, else marked overflow), with split activations (two 7-bit halves, one GEMM of twice the rows)
+Columns: float32 `nn.Linear`; `Int8Linear` with 8-bit activations (`full`, one GEMM: PyTorch's where it sums in
+int32, else our exact kernel, model/kernels/int8_gemm.cpp; marked overflow where neither serves), with split activations (two 7-bit halves, one GEMM of twice the rows)
 with 7-bit ones (`7bit`, one GEMM) and with 8-bit ones on 7-bit weights (`7bit-weights`, one GEMM); and
 PyTorch's own dynamic Linear (7-bit activations, one scale per
 batch, no per-row mapping). Shapes: opus-mt-en-de's (512 wide,
@@ -24,7 +24,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.quantize import Int8Linear, full_range_activations  # noqa: E402
+from model.kernels import cpu as cpu_kernels  # noqa: E402
+from model.quantize import Int8Linear, exact_gemm_for_full, full_range_activations  # noqa: E402
 
 SHAPES = {"opus-mt 512x2048": (512, 2048), "opus-mt 2048x512": (2048, 512), "bundled 256x768": (256, 768)}
 
@@ -51,9 +52,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    full_ok = full_range_activations()
+    full_ok = full_range_activations() or cpu_kernels.available()
+    full_on = "our exact kernel" if exact_gemm_for_full() else "PyTorch's kernel" if full_ok else "nothing: overflow"
     print(f"torch {torch.__version__}, {args.threads} threads, ATen {torch.backends.cpu.get_cpu_capability()}, "
-          f"8-bit activations {'take' if full_ok else 'overflow'} this process's int8 kernel")
+          f"8-bit activations (full) on {full_on}")
     print("| shape | rows | float32 | int8 full | int8 split | int8 7bit | int8 7bit-weights | PyTorch 7-bit per batch "
           "| split / 7bit |")
     print("|---|---|---|---|---|---|---|---|---|")

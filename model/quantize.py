@@ -14,9 +14,12 @@ Two things follow:
   float32's, against 78% with PyTorch's default (one 7-bit scale per batch; docs/BENCHMARKS.md).
 
 How many bits a row gets depends on the GEMM's kernel (`ACTIVATIONS`):
-- `full`: one GEMM with 8-bit activations. Only where the kernel sums in int32 (VNNI, AMX). Without VNNI,
-  fbgemm multiplies u8 by s8 in pairs summed into a saturating int16 (`vpmaddubsw`): 255 x 127 x 2
-  overflows it, which is why PyTorch's own dynamic Linear passes `reduce_range=True` (7-bit activations).
+- `full`: one GEMM with 8-bit activations. PyTorch's kernel takes them where it sums in int32 (VNNI, AMX).
+  Without VNNI, fbgemm multiplies u8 by s8 in pairs summed into a saturating int16 (`vpmaddubsw`):
+  255 x 127 x 2 overflows it, which is why PyTorch's own dynamic Linear passes `reduce_range=True` (7-bit
+  activations). There `full` runs on our exact AVX2 kernel instead (`model/kernels/int8_gemm.cpp`: weights
+  widened to int16 in registers, pairs summed in int32 by `vpmaddwd`), at about one 7-bit GEMM's speed;
+  refused only where that kernel is not built.
 - `split`: each row's 14-bit code `c = 128 hi + lo` as two 7-bit halves, both rows of one GEMM
   (`W c = 128 W hi + W lo`). 7-bit inputs never saturate, so this is exact on every kernel, and gives more
   levels than `full`; it costs a GEMM of twice the rows (2-3x `7bit`'s time on an AVX2 kernel).
@@ -24,9 +27,9 @@ How many bits a row gets depends on the GEMM's kernel (`ACTIVATIONS`):
 - `7bit-weights`: one GEMM with 8-bit activations and weights of 7 bits (-63..63, one scale per output
   channel): 255 x 63 x 2 fits the int16 sum, so it is exact on every kernel, at `7bit`'s speed; the rounding
   error moves from the activations to the weights.
-- `auto`: `full` where a probe GEMM shows that the kernel does not saturate, `split` elsewhere. The probe
-  asks the kernel itself, so it follows whatever fbgemm chose (`FBGEMM_ENABLE_INSTRUCTIONS=AVX2` forces
-  the AVX2 kernels on any CPU).
+- `auto`: `full` (on PyTorch's kernel where a probe GEMM shows that it does not saturate, else on ours),
+  `split` where neither can take 8 bits. The probe asks the kernel itself, so it follows whatever fbgemm
+  chose (`FBGEMM_ENABLE_INSTRUCTIONS=AVX2` forces the AVX2 kernels on any CPU).
 On the bundled translator's 200-sentence slice, the 4-beam translations equal to float32's: `full` 92.5%,
 `split` 95%, `7bit` 87.5% (docs/BENCHMARKS.md).
 
@@ -57,6 +60,7 @@ ACTIVATIONS = ("auto", "full", "split", "7bit", "7bit-weights")
 _WEIGHT_LEVELS = {"7bit-weights": 63}  # the largest weight code (else 127)
 _SPLIT = 128  # a 14-bit code is 128 x its high half (0..127) + its low half (0..127)
 _SPLIT_LEVELS = (_SPLIT - 1) * _SPLIT  # the largest code: a row's maximum
+_LEVELS = 255  # the largest 8-bit code
 
 
 @functools.cache
@@ -71,15 +75,21 @@ def full_range_activations() -> bool:
     return abs(float(got[0, 0]) - k) < 0.5
 
 
+def exact_gemm_for_full() -> bool:
+    """Whether `full` runs on our exact kernel: PyTorch's would overflow and ours is built."""
+    return not full_range_activations() and cpu_kernels.available()
+
+
 def resolve_activations(activations: str) -> str:
-    """`auto` made `full` or `split` for this process's kernel; `full` refused where it would overflow."""
+    """`auto` made `full` or `split` for this process's kernels; `full` refused where it would overflow."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"int8 activations must be one of {ACTIVATIONS}, got {activations!r}")
+    full = full_range_activations() or cpu_kernels.available()
     if activations == "auto":
-        return "full" if full_range_activations() else "split"
-    if activations == "full" and not full_range_activations():
+        return "full" if full else "split"
+    if activations == "full" and not full:
         raise ValueError("8-bit int8 activations overflow this CPU's int8 kernel (it sums pairs in int16: no "
-                         "VNNI or AMX); use 'auto' or 'split'")
+                         "VNNI or AMX) and our exact kernel is not built; use 'auto' or 'split'")
     return activations
 
 
@@ -93,29 +103,41 @@ class Int8Linear(nn.Module):
     """`nn.Linear`'s forward with an int8 weight (one scale per output channel) and int8 activations (one
     scale per row; `activations`: `full`, `split`, `7bit` or `7bit-weights`, see the module's docstring)."""
 
-    def __init__(self, linear: nn.Linear, activations: str) -> None:
+    def __init__(self, linear: nn.Linear, activations: str, exact: bool | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
         levels = _WEIGHT_LEVELS.get(activations, 127)
-        qweight = _quantize_weight(weight, (weight.abs().amax(dim=1) / levels).clamp_min(1e-12).double())
-        # Packed for the default engine (fbgemm on x86). oneDNN's GEMM uses AMX where the CPU has it and is 2x
-        # faster from about 32 rows, but 1.2-1.8x slower below 16 (one request's decode steps); one engine for
-        # every row count, since the two round their outputs differently and a row must get the same numbers
-        # in any batch.
-        self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        scales = (weight.abs().amax(dim=1) / levels).clamp_min(1e-12).double()
+        qweight = _quantize_weight(weight, scales)
+        # `full` where PyTorch's kernel would overflow: our exact kernel, on its own layout of the int8 weights
+        # (`exact` forces the choice, for tests on any CPU).
+        self.exact = activations == "full" and (not full_range_activations() if exact is None else exact)
+        if self.exact:
+            kernels = cpu_kernels.extension()
+            if kernels is None:
+                resolve_activations("full")  # raises: the error says why
+            self.register_buffer("panels", kernels.int8_pack_panels(qweight.int_repr()), persistent=False)
+            self.register_buffer("coefficients", (scales / _LEVELS).float(), persistent=False)
+        else:
+            # Packed for the default engine (fbgemm on x86). oneDNN's GEMM uses AMX where the CPU has it and is
+            # 2x faster from about 32 rows, but 1.2-1.8x slower below 16 (one request's decode steps); one engine
+            # for every row count, since the two round their outputs differently and a row must get the same
+            # numbers in any batch.
+            self._packed = torch.ops.quantized.linear_prepack(qweight, None)
         # Σ_k W[n, k] of the int8 weight as the GEMM sees it: the term that restores each row's minimum.
         self.register_buffer("weight_row_sums", qweight.dequantize().sum(dim=1).unsqueeze(0), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float(),
                              persistent=False)
         self.activations = activations
 
-    def int8_weight(self) -> Tensor:
-        return torch.ops.quantized.linear_unpack(self._packed)[0]
-
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         kernels = cpu_kernels.extension() if rows.dtype == torch.float32 else None
+        if self.exact:  # the kernel is built (checked at construction)
+            out = kernels.int8_linear_exact(rows.contiguous(), self.panels, self.coefficients, self.weight_row_sums,
+                                            self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)
         if kernels is None:
             return self._forward_in_steps(rows).reshape(*x.shape[:-1], self.out_features)
         # Our kernels' two passes (`model/kernels/int8_rows.cpp`): the same values as `_forward_in_steps`.
@@ -135,7 +157,9 @@ class Int8Linear(nn.Module):
         # amin + amax: two passes, yet several times faster than `torch.aminmax` over the last dimension.
         low, high = rows.amin(dim=-1, keepdim=True), rows.amax(dim=-1, keepdim=True)
         span = (high - low).clamp_(min=1e-12)
-        if self.activations == "split":
+        if self.exact:
+            product = self._exact_product(rows, low, span)
+        elif self.activations == "split":
             product, span = self._split_product(rows, low, span), span / _SPLIT_LEVELS
         else:
             # (x - min) / span puts each row's own extremes exactly at 0 and 1 (a constant row is all 0), so
@@ -160,9 +184,25 @@ class Int8Linear(nn.Module):
         products = torch.ops.quantized.linear_dynamic(halves, self._packed, reduce_range=True)
         return torch.add(products[:n], products[n:], alpha=_SPLIT)  # 128 x is exact: one rounding, as before
 
+    def _exact_product(self, rows: Tensor, low: Tensor, span: Tensor) -> Tensor:
+        """What our exact kernel computes, as PyTorch calls (its reference): each row's 8-bit codes, their exact
+        integer products with the int8 weights (float64 holds every int32 sum exactly), rounded to float32 once
+        and scaled per output column."""
+        codes = (rows - low).div_(span).mul_(_LEVELS).round_().clamp_(0, _LEVELS)
+        return (codes.double() @ self.int8_weight().double().T).float().mul_(self.coefficients)
+
+    def int8_weight(self) -> Tensor:
+        """The (out, in) int8 weight, from whichever kernel's layout holds it."""
+        if not self.exact:
+            return torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()
+        panels, pairs = self.panels.size(0), self.panels.size(1)  # (panels, pairs, 16 columns, 2)
+        weight = self.panels.permute(0, 2, 1, 3).reshape(panels * self.panels.size(2), 2 * pairs)
+        return weight[: self.out_features, : self.in_features]
+
     def extra_repr(self) -> str:
+        gemm = ", gemm=exact" if self.exact else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activations={self.activations}")
+                f"activations={self.activations}{gemm}")
 
 
 class Int4Linear(nn.Module):

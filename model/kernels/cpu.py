@@ -13,6 +13,8 @@ built (no compiler) a warning says why and the PyTorch paths serve instead.
   backend (`model.attention`), what `auto` is on the CPU where it builds.
 - `int8_rows.cpp`: the per-row mapping around an int8 GEMM (`model.quantize.Int8Linear`) in one pass in and one
   out, bitwise equal to the chain of PyTorch calls it replaces.
+- `int8_gemm.cpp`: a whole int8 layer with 8-bit activations, exact on AVX2 (int32 pair sums, `vpmaddwd`), where
+  PyTorch's int8 GEMM would saturate (CPUs without VNNI): `--int8-activations full` there.
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ from torch import Tensor
 
 log = logging.getLogger("tserve.kernels")
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp")]
+_SOURCES = [Path(__file__).with_name(name) for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp")]
 
 
 def _flags() -> list[str]:
     # AVX2 and FMA: every x86-64 CPU this serves has them; the loops vectorise to 8 floats. No contraction into
-    # fused multiply-adds: int8_rows.cpp must round as the PyTorch calls it replaces do.
-    flags = ["-O3", "-fopenmp-simd", "-ffp-contract=off"]
+    # fused multiply-adds: int8_rows.cpp must round as the PyTorch calls it replaces do. OpenMP: `at::parallel_for`
+    # is a header template that runs on one thread unless it is compiled with it; the library it links is
+    # PyTorch's own libgomp (already loaded, same soname), so the kernels share PyTorch's threads and their count.
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
     return flags + (["-mavx2", "-mfma"] if platform.machine() in ("x86_64", "AMD64") else [])
 
 
@@ -74,7 +78,7 @@ def extension() -> ModuleType | None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         log.info("building the CPU kernels (once)", extra={"directory": str(directory)})
-        return cpp_extension.load(name, [str(s) for s in _SOURCES], extra_cflags=flags,
+        return cpp_extension.load(name, [str(s) for s in _SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                   build_directory=str(directory), verbose=False)
     except Exception as exc:  # noqa: BLE001 - no compiler, no headers: the PyTorch paths serve instead
         log.warning("the CPU kernels could not be built; decode steps use sdpa and int8 layers PyTorch's calls",

@@ -1,6 +1,8 @@
 // The CPU kernels' Python module (`model.kernels.cpu`).
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <atomic>
 #include <vector>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
@@ -8,9 +10,23 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
 std::vector<torch::Tensor> int8_rows_in(torch::Tensor x, bool split);
 torch::Tensor int8_rows_out(torch::Tensor product, torch::Tensor low, torch::Tensor span, torch::Tensor row_sums,
                             c10::optional<torch::Tensor> bias, bool split);
+torch::Tensor int8_pack_panels(torch::Tensor weight);
+torch::Tensor int8_linear_exact(torch::Tensor x, torch::Tensor panels, torch::Tensor coefficients,
+                                torch::Tensor row_sums, c10::optional<torch::Tensor> bias);
+
+// How many of PyTorch's threads a parallel loop of `n` items runs on, as the kernels' loops do (1 where the module
+// was compiled without OpenMP: `at::parallel_for` is a header template, serial unless compiled with it).
+int64_t parallel_threads(int64_t n) {
+  std::atomic<int64_t> seen{0};
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) { seen.fetch_or(int64_t{1} << at::get_thread_num()); });
+  return __builtin_popcountll(static_cast<uint64_t>(seen.load()));
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("parallel_threads", &parallel_threads, "the threads a parallel loop of n items runs on");
   m.def("paged_decode", &paged_decode, "one-token attention from a paged KV cache (float32)");
   m.def("int8_rows_in", &int8_rows_in, "each row mapped onto [0, 1] (or its 14-bit code's halves) for an int8 GEMM");
   m.def("int8_rows_out", &int8_rows_out, "an int8 GEMM's product mapped back to each row's range, plus the bias");
+  m.def("int8_pack_panels", &int8_pack_panels, "int8 weights (N, K) as the exact GEMM's panels of 16 columns");
+  m.def("int8_linear_exact", &int8_linear_exact, "an int8 linear layer with 8-bit activations, exact on AVX2");
 }

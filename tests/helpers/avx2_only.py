@@ -17,7 +17,6 @@ AVX2_ONLY = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN (mkldnn) GEMMs and convolutions
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # MKL, float32 matrix products
     "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",  # fbgemm, the int8 GEMM: pairs summed in saturating int16
-    "TSERVE_INT8_ACTIVATIONS": "split",  # servers started by the tests: the activations such a CPU gets
     # torch.compile's kernels apart from those compiled for this CPU's own ISA: inductor's cache would hand
     # kernels built for AVX-512 to an AVX2 process, whose outputs are then NaN.
     "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor-avx2-{os.getuid()}"),

@@ -18,7 +18,6 @@ from torch import nn
 from model.checkpoint import load
 from model.quantize import (
     Int8Linear,
-    full_range_activations,
     is_int8_linear,
     linear_weight_bytes,
     quantize_int8,
@@ -82,11 +81,7 @@ ROW_ERROR = {"full": 0.02, "split": 0.006, "7bit": 0.035, "7bit-weights": 0.02}
 def test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row(activations):
     """Activations are quantized per row: a small row next to one with a 1000x outlier keeps its own steps
     (one scale per batch would flatten it to a few levels), and every row equals itself computed alone.
-    `full` only where this process's kernel takes 8-bit activations (else it is refused)."""
-    if activations == "full" and not full_range_activations():
-        with pytest.raises(ValueError, match="overflow"):
-            resolve_activations("full")
-        return
+    (`full` runs on our exact kernel where PyTorch's would overflow: tests/model/test_int8_gemm.py.)"""
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
     layer = Int8Linear(linear, activations)
@@ -106,12 +101,10 @@ def test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row(activations)
 def test_our_row_kernels_give_the_values_of_pytorchs_calls(activations, bias):
     """`Int8Linear`'s forward on our C++ row mapping (model/kernels/int8_rows.cpp) equals, bit for bit, the
     chain of PyTorch calls it replaces, for wide and narrow layers, one row and many, a constant row among
-    them. (`full` only where this process's kernel takes 8-bit activations.)"""
-    if activations == "full" and not full_range_activations():
-        return  # refused here (the test above)
+    them. (`full` on PyTorch's kernel; on ours: tests/model/test_int8_gemm.py.)"""
     torch.manual_seed(1)
     for in_features, out_features in ((512, 1536), (2048, 512), (64, 200)):
-        layer = Int8Linear(nn.Linear(in_features, out_features, bias=bias), activations)
+        layer = Int8Linear(nn.Linear(in_features, out_features, bias=bias), activations, exact=False)
         for n in (1, 7, 32):
             x = torch.randn(n, in_features) * torch.rand(n, 1) * 3
             x[-1] = 0.25
@@ -127,20 +120,23 @@ from tests.model.test_quantize import _long_tailed_rows, _relative_errors
 torch.manual_seed(0)
 linear = nn.Linear(64, 48)
 rows = _long_tailed_rows()
-print(json.dumps({"auto": resolve_activations("auto"), **{name: _relative_errors(Int8Linear(linear, name), linear,
-                  rows).max().item() for name in ("full", "split", "7bit", "7bit-weights")}}))
+layers = {name: Int8Linear(linear, name) for name in ("full", "split", "7bit", "7bit-weights")}
+layers["full on PyTorch's kernel"] = Int8Linear(linear, "full", exact=False)
+print(json.dumps({"auto": resolve_activations("auto"), "full is exact": layers["full"].exact,
+                  **{name: _relative_errors(layer, linear, rows).max().item() for name, layer in layers.items()}}))
 """
 
 
-def test_the_avx2_kernel_gets_split_activations_which_it_computes_as_accurately():
-    """With fbgemm forced onto its AVX2 kernels (what a CPU without VNNI runs), the probe picks `split`;
-    8-bit activations would overflow there (the error this guards against), and split ones give the same
-    accuracy as on any other kernel."""
+def test_the_avx2_kernel_gets_full_activations_from_our_exact_gemm():
+    """With fbgemm forced onto its AVX2 kernels (what a CPU without VNNI runs), 8-bit activations overflow
+    PyTorch's int8 GEMM (the error this guards against), so `auto` is `full` on our exact kernel
+    (tests/model/test_int8_gemm.py), as accurate as `full` anywhere; the other schemes stay within theirs."""
     env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": AVX2_ONLY["FBGEMM_ENABLE_INSTRUCTIONS"]}
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["auto"] == "split"
-    assert got["full"] > 0.05  # int16 saturation: the overflow is real on this kernel
+    assert got["auto"] == "full" and got["full is exact"]
+    assert got["full on PyTorch's kernel"] > 0.05  # int16 saturation: the overflow is real on this kernel
+    assert got["full"] < ROW_ERROR["full"]
     assert got["split"] < ROW_ERROR["split"] and got["7bit"] < ROW_ERROR["7bit"]
     assert got["7bit-weights"] < ROW_ERROR["7bit-weights"]  # 8-bit activations that cannot overflow there
 

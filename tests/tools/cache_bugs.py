@@ -1,6 +1,6 @@
 """Planted bugs of the KV caches' bookkeeping: a translator's block pool sized by memory (decoder rows and encoded
-sources), its preemption and replay; and of the CPU kernel that reads the cache in place (part of
-`tests/tools/planted_bugs.py`'s list)."""
+sources), its preemption and replay; and of our CPU kernels: the decode attention that reads the cache in place,
+the int8 row mapping and exact GEMM, the threads they run on (part of `tests/tools/planted_bugs.py`'s list)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ CPU_KERNEL_TESTS = tuple(f"tests/model/test_cpu_decode.py::test_kernel_equals_sd
                          for case in ("5-4-4-64-16-lengths0", "3-8-2-32-4-lengths1"))
 CPU_TRANSLATION_TESTS = ("tests/model/test_cpu_decode.py::test_translation_equals_sdpa[1]",
                          "tests/model/test_models.py::test_rows_sharing_a_source_attend_to_it_as_one_query_block[cpu-decode]")
+
+EXACT_LAYER_TEST = "tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement"
 
 CACHE_BUGS = [
     Bug("translation-preempted-without-replay", "model/decoding/seq2seq_runner.py",
@@ -95,4 +97,22 @@ CACHE_BUGS = [
         "b != nullptr ? std::fma(lo, sums[m], b[m]) : lo * sums[m]", "lo * sums[m]",
         ("tests/model/test_quantize.py::test_our_row_kernels_give_the_values_of_pytorchs_calls[True-7bit]",
          "tests/model/test_quantize.py::test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row[7bit]")),
+    Bug("cpu-kernels-on-one-thread", "model/kernels/cpu.py",
+        'flags = ["-O3", "-fopenmp", "-ffp-contract=off"]', 'flags = ["-O3", "-fopenmp-simd", "-ffp-contract=off"]',
+        ("tests/model/test_int8_gemm.py::test_the_kernels_run_on_pytorchs_threads",)),
+    Bug("int8-exact-gemm-sums-saturate", "model/kernels/int8_gemm.cpp",
+        "lo = _mm256_add_epi32(lo, _mm256_madd_epi16(a, w0));", "lo = _mm256_adds_epi16(lo, _mm256_madd_epi16(a, w0));",
+        ("tests/model/test_int8_gemm.py::test_sums_past_int16_are_exact",)),
+    Bug("int8-exact-gemm-tiles-read-the-first-rows", "model/kernels/int8_gemm.cpp",
+        "kTiles[rows](codes.data() + r0 * stride,", "kTiles[rows](codes.data(),",
+        (EXACT_LAYER_TEST, "tests/model/test_int8_gemm.py::test_every_row_is_its_own_and_close_to_float[512-2048]")),
+    Bug("int8-exact-gemm-codes-truncated", "model/kernels/int8_gemm.cpp",
+        "std::nearbyint((row[k] - lo) / span * kLevels)", "std::floor((row[k] - lo) / span * kLevels)",
+        (EXACT_LAYER_TEST,)),
+    Bug("int8-exact-gemm-bias-of-the-next-column", "model/kernels/int8_gemm.cpp",
+        "std::fma(lo, sums[n0 + c], b[n0 + c])", "std::fma(lo, sums[n0 + c], b[n0 + (c + 1) % cols])",
+        (EXACT_LAYER_TEST,)),
+    Bug("int8-auto-is-split-beside-the-exact-kernel", "model/quantize.py",
+        "full = full_range_activations() or cpu_kernels.available()", "full = full_range_activations()",
+        ("tests/model/test_quantize.py::test_the_avx2_kernel_gets_full_activations_from_our_exact_gemm",)),
 ]
