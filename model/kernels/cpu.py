@@ -34,7 +34,9 @@ from torch import Tensor
 
 log = logging.getLogger("tserve.kernels")
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp")]
+_SOURCES = [Path(__file__).with_name(name)
+            for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp")]
+_HEADERS = [Path(__file__).with_name("int8_row_range.h")]
 
 
 def _flags() -> list[str]:
@@ -48,7 +50,7 @@ def _flags() -> list[str]:
 
 def _build_name(flags: list[str]) -> str:
     digest = hashlib.sha256(f"{_SOURCES[0].parent.resolve()}|{' '.join(flags)}|{torch.__version__}".encode())
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     return f"tserve_cpu_kernels_{digest.hexdigest()[:16]}"
 

@@ -18,8 +18,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
+
+#include "int8_row_range.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -30,7 +31,6 @@ namespace {
 constexpr int64_t kCols = 16;  // output columns per packed panel: two vectors of 8 int32 sums
 constexpr int kMaxRows = 6;    // rows per register tile: 6 x 2 accumulators + 2 weight vectors + 1 broadcast
 constexpr float kLevels = 255.0f;
-constexpr float kMinSpan = 1e-12f;
 
 // Rows [0, rows) of `codes` (int16, `pairs` x 2 a row) times one panel of weights ((pairs, kCols, 2) int8) ->
 // sums (rows, kCols) int32.
@@ -127,16 +127,11 @@ torch::Tensor int8_linear_exact(torch::Tensor x, torch::Tensor panels, torch::Te
   std::vector<int16_t> codes(M * stride, 0);
   std::vector<float> lows(M), spans(M);
   const float* xs = x.data_ptr<float>();
-  at::parallel_for(0, M, std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, M, tserve::grain_rows(K), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = xs + r * K;
-      float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-      for (int64_t k = 0; k < K; ++k) {
-        lo = std::min(lo, row[k]);
-        hi = std::max(hi, row[k]);
-      }
-      const float span = std::max(hi - lo, kMinSpan);
+      float lo, span;
+      tserve::row_range(row, K, lo, span);
       int16_t* code = codes.data() + r * stride;
       for (int64_t k = 0; k < K; ++k) {
         code[k] = static_cast<int16_t>(std::min(kLevels, std::max(0.0f, std::nearbyint((row[k] - lo) / span * kLevels))));

@@ -6,18 +6,16 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
+
+#include "int8_row_range.h"
 
 namespace {
 
 constexpr float kSplit = 128.0f;  // a 14-bit code is 128 x its high half + its low half
 constexpr float kSplitLevels = 127.0f * 128.0f;
-constexpr float kMinSpan = 1e-12f;
-
-int64_t grain_rows(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
+using tserve::grain_rows;
 
 }  // namespace
 
@@ -34,13 +32,8 @@ std::vector<torch::Tensor> int8_rows_in(torch::Tensor x, bool split) {
   at::parallel_for(0, N, grain_rows(K), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = xs + r * K;
-      float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-      for (int64_t k = 0; k < K; ++k) {
-        lo = std::min(lo, row[k]);
-        hi = std::max(hi, row[k]);
-      }
-      const float s = std::max(hi - lo, kMinSpan);  // (high - low).clamp_(min=1e-12)
+      float lo, s;
+      tserve::row_range(row, K, lo, s);
       lows[r] = lo;
       if (!split) {
         float* out = in + r * K;
