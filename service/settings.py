@@ -34,10 +34,10 @@ class Settings(BaseSettings):
         32, description="with --quantize int4: weights per scale and zero, 32, 64 or 128 (smaller: more accurate, "
         "more bytes)")
     int8_activations: Literal["auto", "full", "split", "7bit", "7bit-weights"] = Field(
-        "auto", description="with --quantize int8: activations as one 8-bit GEMM (full: needs VNNI or AMX), as "
-        "two 7-bit halves (split: any CPU, twice the GEMM rows), 7-bit (7bit: any CPU, fastest there, least "
-        "accurate) or 8-bit with 7-bit weights (7bit-weights: any CPU, 7bit's speed); auto: full where the CPU's "
-        "int8 kernel allows it, split elsewhere")
+        "auto", description="with --quantize int8: activations as one 8-bit GEMM (full: PyTorch's kernel with "
+        "VNNI or AMX, our exact AVX2 kernel elsewhere), as two 7-bit halves (split: any CPU, twice the GEMM rows), "
+        "7-bit (7bit: any CPU, least accurate) or 8-bit with 7-bit weights (7bit-weights: any CPU, 7bit's "
+        "speed); auto: full where PyTorch's or our kernel takes it, split elsewhere")
     attention_backend: Literal["auto", "math", "sdpa", "flash", "flash-decode", "cpu-decode"] = Field(
         "auto", description="attention kernels (auto: flash-decode on CUDA, cpu-decode on the CPU where its C++ "
         "kernel builds, else sdpa)")

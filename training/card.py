@@ -132,8 +132,8 @@ def render_card(directory: str | Path) -> str:
         lines.append("")
         if any(k.startswith("int8") for k in metrics):
             lines += ["`int8.*`: the same evaluation with `--quantize int8` and 8-bit activations, what a CPU with "
-                      "VNNI or AMX runs; `int8_split.*`: with split activations (two 7-bit halves), what a CPU "
-                      "with AVX2 only runs; `int8_7bit.*`: with 7-bit activations; `int8_7bit_weights.*`: with "
+                      "VNNI or AMX runs, and one with AVX2 only on our exact kernel; `int8_split.*`: with split "
+                      "activations (two 7-bit halves); `int8_7bit.*`: with 7-bit activations; `int8_7bit_weights.*`: with "
                       "8-bit activations on 7-bit weights (`--int8-activations`).", ""]
         if "int4" in metrics:
             lines += ["`int4.*`: the same evaluation with `--quantize int4` (group-wise int4 weights, 32 a group).",
