@@ -24,8 +24,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.kernels import cpu as cpu_kernels  # noqa: E402
-from model.quantize import Int8Linear, exact_gemm_for_full, full_range_activations  # noqa: E402
+from model.quantize import Int8Linear, full_activations_kernel  # noqa: E402
 
 SHAPES = {"opus-mt 512x2048": (512, 2048), "opus-mt 2048x512": (2048, 512), "bundled 256x768": (256, 768)}
 
@@ -52,8 +51,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    full_ok = full_range_activations() or cpu_kernels.available()
-    full_on = "our exact kernel" if exact_gemm_for_full() else "PyTorch's kernel" if full_ok else "nothing: overflow"
+    full_kernel = full_activations_kernel()
+    full_ok = full_kernel is not None
+    full_on = {"pytorch": "PyTorch's kernel", "exact": "our exact kernel", None: "nothing: overflow"}[full_kernel]
     print(f"torch {torch.__version__}, {args.threads} threads, ATen {torch.backends.cpu.get_cpu_capability()}, "
           f"8-bit activations (full) on {full_on}")
     print("| shape | rows | float32 | int8 full | int8 split | int8 7bit | int8 7bit-weights | PyTorch 7-bit per batch "
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     table = []
     for name, (k, n) in SHAPES.items():
         linear = nn.Linear(k, n)
-        full, split, seven, seven_w = (Int8Linear(linear, a) for a in ("full", "split", "7bit", "7bit-weights"))
+        split, seven, seven_w = (Int8Linear(linear, a) for a in ("split", "7bit", "7bit-weights"))
+        full = Int8Linear(linear, "full") if full_ok else None
         dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), {nn.Linear}, dtype=torch.qint8)
         for rows in args.rows:
             x = torch.randn(rows, k)

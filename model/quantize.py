@@ -75,16 +75,19 @@ def full_range_activations() -> bool:
     return abs(float(got[0, 0]) - k) < 0.5
 
 
-def exact_gemm_for_full() -> bool:
-    """Whether `full` runs on our exact kernel: PyTorch's would overflow and ours is built."""
-    return not full_range_activations() and cpu_kernels.available()
+def full_activations_kernel() -> str | None:
+    """The kernel that takes `full` (8-bit) activations in this process: "pytorch" where its GEMM sums in int32,
+    else "exact" (ours) where it is built; None where neither can."""
+    if full_range_activations():
+        return "pytorch"
+    return "exact" if cpu_kernels.available() else None
 
 
 def resolve_activations(activations: str) -> str:
     """`auto` made `full` or `split` for this process's kernels; `full` refused where it would overflow."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"int8 activations must be one of {ACTIVATIONS}, got {activations!r}")
-    full = full_range_activations() or cpu_kernels.available()
+    full = full_activations_kernel() is not None
     if activations == "auto":
         return "full" if full else "split"
     if activations == "full" and not full:
@@ -112,11 +115,14 @@ class Int8Linear(nn.Module):
         qweight = _quantize_weight(weight, scales)
         # `full` where PyTorch's kernel would overflow: our exact kernel, on its own layout of the int8 weights
         # (`exact` forces the choice, for tests on any CPU).
-        self.exact = activations == "full" and (not full_range_activations() if exact is None else exact)
+        if activations == "full" and exact is None:
+            resolve_activations("full")  # refused where no kernel takes 8 bits
+            exact = full_activations_kernel() == "exact"
+        self.exact = activations == "full" and bool(exact)
         if self.exact:
             kernels = cpu_kernels.extension()
             if kernels is None:
-                resolve_activations("full")  # raises: the error says why
+                raise RuntimeError("the CPU kernels are not built")
             self.register_buffer("panels", kernels.int8_pack_panels(qweight.int_repr()), persistent=False)
             self.register_buffer("coefficients", (scales / _LEVELS).float(), persistent=False)
         else:
