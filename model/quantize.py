@@ -140,12 +140,12 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         kernels = cpu_kernels.extension() if rows.dtype == torch.float32 else None
-        if self.exact:  # the kernel is built (checked at construction)
+        if kernels is None:  # not built, or rows that are not float32: the same values as PyTorch calls
+            return self._forward_in_steps(rows).reshape(*x.shape[:-1], self.out_features)
+        if self.exact:
             out = kernels.int8_linear_exact(rows.contiguous(), self.panels, self.coefficients, self.weight_row_sums,
                                             self.bias)
             return out.reshape(*x.shape[:-1], self.out_features)
-        if kernels is None:
-            return self._forward_in_steps(rows).reshape(*x.shape[:-1], self.out_features)
         # Our kernels' two passes (`model/kernels/int8_rows.cpp`): the same values as `_forward_in_steps`.
         split = self.activations == "split"
         gemm_in, low, span = kernels.int8_rows_in(rows.contiguous(), split)

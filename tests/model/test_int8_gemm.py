@@ -75,6 +75,19 @@ def test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement():
                 assert torch.equal(layer(x), layer._forward_in_steps(x)), (k, rows)
 
 
+def test_a_layer_on_the_exact_kernel_takes_rows_that_are_not_float32():
+    """The kernel takes float32 rows; others (float64 here) get the layer's PyTorch statement, which agrees
+    with the kernel's float32 result to within float32's rounding of the input."""
+    torch.manual_seed(4)
+    linear = nn.Linear(64, 48)
+    layer = Int8Linear(linear, "full", exact=True)
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        wide, narrow = layer(x.double()), layer(x)
+    assert wide.dtype == torch.float64
+    torch.testing.assert_close(wide.float(), narrow, rtol=0, atol=1e-3 * narrow.abs().max().item())
+
+
 def test_the_kernels_run_on_pytorchs_threads():
     """The kernels' parallel loops (decode attention, the int8 row mapping, this GEMM) run on as many threads as
     PyTorch is given: 2 when it has 2, 1 when it has 1 (`at::parallel_for` compiled without OpenMP runs on one,

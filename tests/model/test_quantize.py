@@ -96,6 +96,21 @@ def test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row(activations)
     assert error.max() < ROW_ERROR[activations], error
 
 
+def test_full_is_refused_where_no_kernel_takes_8_bits(monkeypatch):
+    """Where PyTorch's int8 GEMM would overflow and our exact kernel is not built (no compiler), `full` is
+    refused with a clear error, by the resolver and by the layer, and `auto` falls back to `split`."""
+    import model.quantize as quantize
+
+    monkeypatch.setattr(quantize, "full_range_activations", lambda: False)
+    monkeypatch.setattr(quantize.cpu_kernels, "available", lambda: False)
+    assert quantize.full_activations_kernel() is None
+    assert resolve_activations("auto") == "split"
+    with pytest.raises(ValueError, match="overflow"):
+        resolve_activations("full")
+    with pytest.raises(ValueError, match="overflow"):
+        Int8Linear(nn.Linear(64, 48), "full")
+
+
 @pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_our_row_kernels_give_the_values_of_pytorchs_calls(activations, bias):
