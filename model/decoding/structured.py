@@ -23,8 +23,9 @@ import torch
 from torch import Tensor
 
 try:
+    # Not `llguidance.torch`: it compiles a kernel with torch.compile at import, which loads dynamo and inductor
+    # (seconds of start-up for every server) for a mask fill that is one call into the matcher.
     import llguidance
-    import llguidance.torch as llg_torch
     from llguidance.gbnf_to_lark import any_to_lark  # GBNF / EBNF (`::=`) to Lark; Lark as it is
 except ImportError:  # pragma: no cover - a dependency of the project; kept optional for model-only installs
     llguidance = None
@@ -150,7 +151,10 @@ class GrammarState:
 
     def fill_mask(self, bitmask: Tensor, row: int) -> None:
         """Write the allowed next tokens into row `row` of an int32 (rows, words) CPU bitmask."""
-        llg_torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        words = bitmask[row]
+        if bitmask.dtype != torch.int32 or not words.is_contiguous() or words.device.type != "cpu":
+            raise ValueError("a grammar mask is a contiguous int32 CPU tensor")
+        self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
 
     def advance(self, token: int) -> None:
         """Take the token the sequence chose (it was allowed by the mask)."""
