@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test test-avx2 test-fast serve lint clean mutation planted-bugs
+.PHONY: setup test test-avx2 test-slow serve lint clean mutation planted-bugs
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,17 +19,26 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# The tests run in parallel, one pytest-xdist worker per core, each module in one worker (its servers and models
+# start once). Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every server process a test starts
+# would otherwise compile the project again, and pytest would rewrite its plugins' asserts in every worker.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
+XDIST ?= -n auto --dist loadfile
+
+# Every area, each planted bug of `make planted-bugs` caught natively; the long tail (tests marked `slow`:
+# whole test splits, benchmarks, Ray Serve, torch.compile) is `make test-slow`.
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
-# The suite again on the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs it:
-# PyTorch's ATen kernels, oneDNN and fbgemm are each held to AVX2, and int8 layers take the activations such
-# a CPU gets (tests/helpers/avx2_only.py). CI runs it after `make test`; see docs/TESTING.md.
+test-slow: setup
+	$(PYTEST) -m slow $(XDIST) $(PYTEST_ARGS)
+
+# The tests whose outcome can change with the CPU's kernels (marked `kernels`: quantization, our kernels, parity
+# with `transformers`, trained-fixture equality, HTML placement, speculative acceptance), slow ones included,
+# again on the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs them: PyTorch's
+# ATen kernels, oneDNN and fbgemm are each held to AVX2 (tests/helpers/avx2_only.py). See docs/TESTING.md.
 test-avx2: setup
-	$(BIN)/python -m tests.helpers.avx2_only -m pytest $(PYTEST_ARGS)
-
-test-fast: setup
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.helpers.avx2_only -m pytest -m kernels $(XDIST) $(PYTEST_ARGS)
 
 serve: setup
 	$(BIN)/tserve serve $(SERVE_ARGS)

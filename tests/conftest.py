@@ -15,7 +15,9 @@ import torch
 
 from tests.helpers import factories  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Two threads at most, as on the 2-core machines the suite is timed on; one in each pytest-xdist worker, so
+# that the workers (one per core) do not oversubscribe the cores.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 
 CUDA = torch.cuda.is_available()
 if not CUDA:

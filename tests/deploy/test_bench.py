@@ -167,7 +167,6 @@ def test_int4_linear_benchmark_times_every_format(capsys):
     assert "| in x out | float32 µs | int8 µs | int4 µs |" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_speculative_benchmark_times_both_ways_and_the_step_costs(capsys):
     rows, costs, drafts = bench_script("speculative").main(["--tiny"])
     assert [r.workload for r in rows] == ["copy", "continue", "sampled"]

@@ -16,6 +16,9 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import lexicon_sentences
 from tests.helpers.one_request import job_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def mt(tmp_path_factory):

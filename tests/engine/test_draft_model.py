@@ -19,6 +19,9 @@ from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.kv_rows import row_keys
 from tests.helpers.one_request import lm_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):

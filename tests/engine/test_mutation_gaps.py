@@ -32,6 +32,9 @@ from tests.helpers.hooked_server import slow_steps
 from tests.helpers.one_request import job_tokens, lm_tokens
 from tests.helpers.polling import until
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):

@@ -17,6 +17,9 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.one_request import lm_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):

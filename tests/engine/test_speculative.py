@@ -22,6 +22,9 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT, cycle_prompts
 from tests.helpers.one_request import lm_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 SIGNIFICANCE = 1e-3  # of each chi-square test (Bonferroni-split over the positions compared)
 
 

@@ -17,6 +17,9 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences
 from tests.helpers.one_request import assert_translations_as_alone, job_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 BLOCK = 4  # positions per block: outputs of 10-40 tokens cross several blocks
 
 

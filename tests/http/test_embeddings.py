@@ -18,6 +18,9 @@ from model.checkpoint import load
 from tests.helpers import factories
 from tests.helpers.server import ServerProcess
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 TEXTS = ["Good morning, my friend.", "Where is the station?", "the cat sat on the mat", "Hello"]
 
 

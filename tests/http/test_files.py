@@ -22,6 +22,9 @@ from tests.helpers.fixture_training import LEXICON, assert_greedy_margins
 from tests.helpers.office_files import FORMATS, build, read_back
 from tests.helpers.server import ServerProcess
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 TARGET = [[LEXICON[w] for w in s] for s in SENTENCES]
 
 

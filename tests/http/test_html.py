@@ -17,6 +17,9 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import LEXICON, assert_greedy_margins
 from tests.helpers.server import ServerProcess
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "models" / "tserve-en-de"
 

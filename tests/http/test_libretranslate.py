@@ -21,6 +21,9 @@ from tests.helpers.fixture_training import LEXICON, assert_greedy_margins
 from tests.helpers.server import ServerProcess
 from tests.http.test_html import BUNDLED, assert_same_markup
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 KEY = "lt-key-0123456789"
 GERMAN = "der schnelle braune Fuchs springt"
 ENGLISH = "the quick brown fox jumps"

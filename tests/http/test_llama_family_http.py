@@ -20,7 +20,7 @@ from tests.helpers.one_request import lm_tokens
 from tests.helpers.server import ServerProcess, concurrently
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.parametrize("family", FAMILIES)
+pytestmark = [pytest.mark.kernels, pytest.mark.parametrize("family", FAMILIES)]
 
 
 @pytest.fixture(scope="module")

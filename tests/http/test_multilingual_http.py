@@ -14,6 +14,9 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences
 from tests.helpers.server import ServerProcess, concurrently
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 transformers = pytest.importorskip("transformers")
 
 EN = ["the quick brown fox", "good morning where is the station", "the king is nice today", "three daughters"]

@@ -18,6 +18,9 @@ from model.checkpoint import load
 from training import data as data_mod
 from training.evaluate import SLICE_KEYS, evaluate_loaded, task_of
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ["tserve-vit-fashion", "tserve-vit-digits", "tserve-lm", "tserve-en-de", "tserve-de-en"]
 TOLERANCE = {"accuracy": 1e-6, "bleu": 0.05, "chrf": 0.05, "perplexity": 0.01}

@@ -11,6 +11,9 @@ import torch
 from model.decoding import BeamSearch, BeamSettings
 from model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 V, EOS, START = 12, 0, 1
 
 

@@ -19,6 +19,9 @@ from model.kernels import cpu as cpu_kernels
 from model.tokenizer import load_tokenizer
 from tests.helpers.fixture_training import assert_varied, cycle_prompts, lexicon_sentences
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 def paged(B: int, KV: int, D: int, block: int, max_blocks: int, seed: int):
     """A pool of random keys/values (positions, KV, D) and B rows, each on its own shuffled blocks."""

@@ -11,6 +11,9 @@ from model.cuda_graphs import BucketedDecode, default_buckets
 from model.decoder import Decoder
 from tests.helpers.kv_rows import row_keys
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 def test_default_buckets():
     assert default_buckets(1) == [1]

@@ -23,6 +23,9 @@ from model.decoding import (
 from model.decoding.logits import filter_top_k_top_p
 from tests.helpers.one_request import lm_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 @dataclass
 class Row:

@@ -17,6 +17,9 @@ from tests.helpers.fixture_training import (
 )
 from tests.helpers.one_request import lm_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -10,6 +10,9 @@ import pytest
 from model.html_markup import Atom, Span, parse_html, render_block, words
 from tests.http.test_html import HELP_PAGE, assert_same_markup
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 PAGES = [
     HELP_PAGE,
     '<p>Click <b>Save</b> to keep your <a href="x.html?a=1&amp;b=2">changes</a>.</p>',

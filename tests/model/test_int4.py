@@ -13,6 +13,9 @@ from model.checkpoint import load
 from model.quantize import INT4_GROUP_SIZES, Int4Linear, _int4_groups, linear_weight_bytes, quantize_int4
 from tests.model.test_quantize import _logits, lm_perplexities, translator_agreement
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.mark.parametrize("which", ["lm", "mt", "vit"])
 def test_every_linear_layer_holds_int4_weights_and_logits_stay_close(which, tiny_lm, tiny_mt, tiny_vit):
@@ -44,6 +47,22 @@ def test_an_int4_layer_computes_the_weight_its_codes_encode(in_features, out_fea
         got = layer(x)
         expected = x.bfloat16().float() @ weight.t() + linear.bias
     torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(("in_features", "group_size"), [(256, 32), (512, 128)])
+def test_int4_weights_are_closer_than_16_even_levels_between_each_groups_extremes(in_features, group_size):
+    """The least-squares refit of scale and offset (model/quantize.py) starts from 16 levels between each group's
+    extremes and only improves on them: about 7% less weight error on random layers. Fewer levels, or a refit
+    that drifts, would show here before the test split's translations (marked slow) could tell."""
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, 64)
+    weight = linear.weight.detach()
+    groups = weight.reshape(64, in_features // group_size, group_size)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    step = (high - low) / 15
+    even = (torch.round((groups - low) / step) * step + low).reshape(weight.shape)
+    ours = Int4Linear(linear, group_size).dequantized_weight()
+    assert (ours - weight).norm() < 0.98 * (even - weight).norm()
 
 
 def test_an_int4_row_is_the_same_alone_and_in_any_batch():

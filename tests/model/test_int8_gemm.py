@@ -12,7 +12,7 @@ from torch import nn
 from model.kernels import cpu as cpu_kernels
 from model.quantize import Int8Linear, _quantize_weight
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built (no compiler)")
+pytestmark = [pytest.mark.kernels, pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built (no compiler)")]
 
 
 def _pieces(weight: torch.Tensor, bias: torch.Tensor | None):  # noqa: ANN202

@@ -16,6 +16,9 @@ from model.decoding import SamplingParams, generate
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.one_request import lm_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 transformers = pytest.importorskip("transformers")
 
 TEXTS = ["The quick brown fox", "Guten Morgen. Wo ist der Bahnhof?", "Töchter über König ☃ 🦊 naïve café",

@@ -12,6 +12,9 @@ from model.layers import set_attention_backend
 from model.seq2seq import Seq2Seq
 from model.vit import ViT
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 SMALL = dict(d_model=32, n_heads=4, d_ff=64)
 
 DECODER_VARIANTS = [

@@ -11,6 +11,9 @@ from torch import nn
 from model.checkpoint import load
 from model.packed_linear import PackedLinear, pack_linears
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 def _inputs(loaded, which: str) -> tuple:  # noqa: ANN001
     if which == "lm":

@@ -14,6 +14,9 @@ from model.decoding import DecoderRunner, SamplingParams, TextSequence
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 BS = 4  # small blocks: short prompts span several
 
 

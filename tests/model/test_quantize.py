@@ -26,6 +26,9 @@ from model.quantize import (
 from tests.helpers.avx2_only import AVX2_ONLY
 from training import data as data_mod
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -94,6 +97,18 @@ def test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row(activations)
         assert torch.equal(layer(rows.view(1, 5, 64)), batch.view(1, 5, 48))
     error = _relative_errors(layer, linear, rows)
     assert error.max() < ROW_ERROR[activations], error
+
+
+@pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
+def test_each_row_of_an_int8_weight_spans_its_levels(activations):
+    """Every output row's largest weight takes the largest code: 127 levels each side, and 63 for
+    `7bit-weights` (so that 8-bit activations cannot overflow an AVX2 kernel's int16 pair sums). Fewer levels
+    would cost accuracy that only the test-split comparisons (marked slow) can measure."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    codes = Int8Linear(linear, activations).int8_weight()
+    largest = 63 if activations == "7bit-weights" else 127
+    assert torch.equal(codes.abs().amax(dim=1), torch.full((48,), largest, dtype=codes.dtype))
 
 
 def test_full_is_refused_where_no_kernel_takes_8_bits(monkeypatch):

@@ -20,6 +20,9 @@ from model.decoding.structured import Constraint, GrammarError, masks_for
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 KINDS = ["gpt2", "qwen2", "mistral"]
 
 

@@ -17,6 +17,9 @@ from tests.helpers.beam_parity import BeamParity
 from tests.helpers.factories import hf_t5_dir
 from tests.helpers.fixture_training import LEXICON, assert_varied, lexicon_sentences
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 transformers = pytest.importorskip("transformers")
 
 

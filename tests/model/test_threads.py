@@ -40,8 +40,17 @@ def _extra_threads_while_alive(work) -> int:  # noqa: ANN001 - a callable
     return gained
 
 
-needs_threads = pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
-                                   reason="needs /proc and at least two torch threads")
+needs_threads = pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                                   reason="needs /proc and at least two cores")
+
+
+@pytest.fixture(autouse=True)
+def two_torch_threads():
+    """Two torch threads, as a server has on two cores (a pytest-xdist worker runs with one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 @needs_threads

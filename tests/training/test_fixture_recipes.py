@@ -18,6 +18,9 @@ from tests.helpers.fixture_training import (
 )
 from tests.helpers.one_request import lm_tokens
 
+# The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 
 def cycle_continuation_rate(loaded, prompts: int = 12, words: int = 4) -> float:  # noqa: ANN001
     """How many prompts cut from the cycle are continued greedily with the cycle's next `words` words."""
