@@ -264,3 +264,20 @@ def test_int8_vit_accuracy_within_0_3_points():
     int8 = evaluate_loaded(_bundled("tserve-vit-fashion", "int8"), path, limit=1000, full=False)
     print(f"accuracy float32 {fp32['accuracy']}, int8 {int8['accuracy']}")
     assert abs(int8["accuracy"] - fp32["accuracy"]) <= 0.003
+
+
+# int4 on the same splits, beside int8 (not in test_int4.py): one worker then translates with float32 once for both.
+@pytest.mark.slow
+def test_int4_language_model_perplexity_within_3_percent():
+    fp32, int4 = lm_perplexities("int4")
+    assert int4 == pytest.approx(fp32, rel=0.03)
+
+
+@pytest.mark.slow
+def test_int4_translator_on_the_test_split():
+    """chrF within 1.0 of float32. Identical 4-beam translations on the whole test split: 65.0% measured (the
+    goal of 80% is missed, docs/BENCHMARKS.md); at least 60% guards against a worse quantizer."""
+    identical, chrf_fp32, chrf_int4 = translator_agreement("int4")
+    print(f"chrF float32 {chrf_fp32}, int4 {chrf_int4}; identical {identical:.1%}")
+    assert abs(chrf_int4 - chrf_fp32) <= 1.0
+    assert identical >= 0.60

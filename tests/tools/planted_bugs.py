@@ -101,7 +101,7 @@ BUGS = [
         "    scale = ((groups.amax(dim=-1) - offset) / 15).clamp_min(1e-12)",
         "    scale = ((groups.amax(dim=-1) - offset) / 7).clamp_min(1e-12)",
         ("tests/model/test_int4.py::test_int4_codes_are_fitted_not_only_spread_between_the_extremes",
-         "tests/model/test_int4.py::test_int4_translator_on_the_test_split")),
+         "tests/model/test_quantize.py::test_int4_translator_on_the_test_split")),
     Bug("int4-scale-and-zero-swapped", "model/quantize.py",
         "torch.stack([scales, zeros], dim=-1)", "torch.stack([zeros, scales], dim=-1)",
         ("tests/model/test_int4.py::test_an_int4_layer_computes_the_weight_its_codes_encode",
