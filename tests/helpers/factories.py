@@ -233,8 +233,12 @@ def json_records(n: int = 80, seed: int = 0, broken: float = 0.25) -> str:
 
 
 def json_lm_dir(d: Path, seed: int = 0) -> Path:
-    """Our decoder with the tiny LM's tokenizer, trained on `json_records`: asked with `Record: `, it writes
-    station records, valid JSON most of the time and broken some of the time."""
+    """Our decoder with the tiny LM's tokenizer, trained on `json_records` (committed, `RECIPES["json-lm"]`):
+    asked with `Record: `, it writes station records, valid JSON most of the time and broken some of the time."""
+    return _committed("json-lm", d, seed)
+
+
+def _json_lm(d: Path, seed: int) -> Path:
     write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
     tok = load_tokenizer(d)
     torch.manual_seed(seed)
@@ -334,6 +338,7 @@ RECIPES: dict[str, Callable[[Path], Path]] = {
        ("llama", "mistral", "qwen2", "qwen3")},
     "hf-nllb": lambda d: _nllb(d),
     "hf-t5": lambda d: _t5(d),
+    "json-lm": lambda d: _json_lm(d, 0),
 }
 
 
