@@ -157,6 +157,7 @@ def soak(url: str, expected: dict, clients: int, seconds: float, seed: int) -> T
     return tally
 
 
+@pytest.mark.slow  # two rounds of 12 s under 60 clients: `make test-slow`
 def test_soak_mixed_load_with_disconnects(checkpoints, tmp_path):
     srv = start(checkpoints, tmp_path / "server.log")
     try:
