@@ -113,6 +113,11 @@ BUGS = [
         "while not self.idle and time.perf_counter() < deadline",
         "while False and not self.idle and time.perf_counter() < deadline",
         ("tests/engine/test_engine.py::test_graceful_stop_drains_running_requests",)),
+    Bug("queue-depth-counted-unlocked", "service/engine/scheduler.py",
+        "        with self._lock:  # submitters append to the deque from the event loop's thread while this iterates it\n"
+        "            return self._groups_waiting()",
+        "        return self._groups_waiting()",
+        ("tests/engine/test_worker_behaviour.py::test_the_queue_is_counted_safely_while_requests_arrive",)),
     Bug("drain-reads-the-queue-unlocked", "service/engine/scheduler.py",
         "        with self._lock:\n            return not self.running and not self.waiting",
         "        return not self.running and not self.waiting",
