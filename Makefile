@@ -20,10 +20,10 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 # The tests run in parallel, one pytest-xdist worker per core, each module in one worker (its servers and models
-# start once). Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every server process a test starts
+# start once), the longest modules first (tests/conftest.py's order, not xdist's). Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every server process a test starts
 # would otherwise compile the project again, and pytest would rewrite its plugins' asserts in every worker.
 PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
-XDIST ?= -n auto --dist loadfile
+XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 
 # Every area, each planted bug of `make planted-bugs` caught natively; the long tail (tests marked `slow`:
 # whole test splits, benchmarks, Ray Serve, torch.compile) is `make test-slow`.

@@ -68,7 +68,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
+# The modules that take longest (docs/TESTING.md, "Where the time goes"), started first: pytest-xdist hands each
+# worker a module at a time in this order (the Makefile turns its own reordering off), so that no long module is
+# left to run alone at the end while the other workers idle.
+LONGEST_FIRST = (
+    "tests/model/test_quantize.py", "tests/training/test_fixture_recipes.py", "tests/deploy/test_ray_serve.py",
+    "tests/model/test_flash_kernels.py", "tests/deploy/test_bench.py", "tests/http/test_files.py",
+    "tests/http/test_llama_family_http.py", "tests/http/test_http.py", "tests/training/test_gpu_session_train.py",
+    "tests/engine/test_engine.py", "tests/http/test_pivot_http.py", "tests/http/test_multilingual_http.py",
+    "tests/http/test_documents.py", "tests/http/test_reliability.py", "tests/model/test_structured_output.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
     if CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
