@@ -87,6 +87,7 @@ def test_linear_paths_benchmark_times_both_paths(capsys):
     assert "| rows | in → out |" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # HF, CTranslate2 and tserve servers in turns: `make test-slow`
 def test_translation_benchmark_runs_every_column_on_tiny_shapes(capsys):
     pytest.importorskip("ctranslate2")
     rows = bench_script("translation").main(["--tiny"])
@@ -115,6 +116,7 @@ def test_translation_benchmark_runs_nllb_with_the_target_language_forced(capsys)
     assert "NLLB-200 (English -> German)" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # HF, CTranslate2 and tserve servers in turns: `make test-slow`
 def test_vit_benchmark_runs_every_column_on_tiny_shapes(capsys):
     rows = bench_script("vit").main(["--tiny"])
     assert [r.system for r in rows] == ["HF, batch 1", "HF, batch 4", "HF pipeline + FastAPI, 1 client",
