@@ -20,25 +20,30 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 # The tests run in parallel, one pytest-xdist worker per core, each module in one worker (its servers and models
-# start once), the longest modules first (tests/conftest.py's order, not xdist's). Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every server process a test starts
-# would otherwise compile the project again, and pytest would rewrite its plugins' asserts in every worker.
+# start once), the longest modules first (tests/conftest.py's order, not xdist's). Bytecode is cached even where
+# PYTHONDONTWRITEBYTECODE is set: every server process a test starts would otherwise compile the project again,
+# and pytest would rewrite its plugins' asserts in every worker.
 PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
+AVX2_PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.helpers.avx2_only -m pytest
 XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 
 # Every area, each planted bug of `make planted-bugs` caught natively; the long tail (tests marked `slow`:
-# whole test splits, benchmarks, Ray Serve, torch.compile) is `make test-slow`.
+# whole test splits, benchmarks, Ray Serve, torch.compile, the soak) is `make test-slow`.
 test: setup
 	$(PYTEST) -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
+# The tests of `make test` whose outcome can change with the CPU's kernels (marked `kernels`: quantization, our
+# kernels, parity with `transformers`, trained-fixture equality, HTML placement, speculative acceptance) again on
+# the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs them: PyTorch's ATen kernels,
+# oneDNN and fbgemm are each held to AVX2 (tests/helpers/avx2_only.py). See docs/TESTING.md.
+test-avx2: setup
+	$(AVX2_PYTEST) -m "kernels and not slow" $(XDIST) $(PYTEST_ARGS)
+
+# The long tail natively, then its kernel-dependent tests (int8 and int4 on whole test splits, torch.compile, the
+# fixture recipes) on AVX2-only kernels: with `make test` and `make test-avx2`, every test on both paths it had.
 test-slow: setup
 	$(PYTEST) -m slow $(XDIST) $(PYTEST_ARGS)
-
-# The tests whose outcome can change with the CPU's kernels (marked `kernels`: quantization, our kernels, parity
-# with `transformers`, trained-fixture equality, HTML placement, speculative acceptance), slow ones included,
-# again on the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs them: PyTorch's
-# ATen kernels, oneDNN and fbgemm are each held to AVX2 (tests/helpers/avx2_only.py). See docs/TESTING.md.
-test-avx2: setup
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.helpers.avx2_only -m pytest -m kernels $(XDIST) $(PYTEST_ARGS)
+	$(AVX2_PYTEST) -m "slow and kernels" $(XDIST) $(PYTEST_ARGS)
 
 serve: setup
 	$(BIN)/tserve serve $(SERVE_ARGS)
