@@ -28,6 +28,11 @@ def run(coro):
     ({"Authorization": "Bearer wrong"}, 401),
     ({"Authorization": f"Basic {KEY}"}, 401),
     ({"Authorization": f"Bearer {KEY}"}, 200),
+    # RFC 7235 section 2.1: the scheme is case-insensitive, and clients spell it each their own way.
+    ({"Authorization": f"bearer {KEY}"}, 200),
+    ({"Authorization": f"BEARER {KEY}"}, 200),
+    ({"Authorization": f"bEaReR {KEY}"}, 200),
+    ({"Authorization": f"Bearer{KEY}"}, 401),  # no scheme at all
 ])
 def test_api_key_required(headers, status):
     async def go() -> httpx.Response:

@@ -78,3 +78,42 @@ def test_streams_named_arguments_as_they_come_and_hold_auto_until_known():
     prose = ToolStream(tool_mode([WEATHER], "auto", None))
     assert prose.deltas("Hel", None) == ([{"content": "Hel"}], None)
     assert prose.deltas("lo", "stop") == ([{"content": "lo"}], "stop")
+
+
+def _rebuilt_as_openai_clients_do(deltas: list[dict]) -> list[dict]:
+    """The calls a client rebuilds from a stream's deltas, as OpenAI documents it (and its SDK's stream helper
+    does): a call is keyed by its `index`; the delta that opens it carries `id`, `type` and the function's name,
+    and every later delta of that index appends to its arguments."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for part in delta.get("tool_calls", []):
+            call = calls.get(part["index"])
+            if call is None:
+                assert part["id"] and part["type"] == "function" and part["function"]["name"], part
+                calls[part["index"]] = call = {"id": part["id"], "name": part["function"]["name"], "arguments": ""}
+            call["arguments"] += part["function"].get("arguments", "")
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_several_calls_in_one_streamed_reply_rebuild_by_index(mode):
+    """Parallel calls: each gets its own index, opened once with its own id; a client that rebuilds the stream
+    gets every call with its own arguments, in order."""
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Bern"}}</tool_call>\n'
+            '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>\n'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Ulm"}}</tool_call>')
+    if mode == "required":  # the constrained format: a JSON list of calls
+        text = ('[{"name": "get_weather", "arguments": {"city": "Bern"}}, {"name": "get_time", "arguments": {}}, '
+                '{"name": "get_weather", "arguments": {"city": "Ulm"}}]')
+    stream = ToolStream(tool_mode([WEATHER, TIME], mode, None))
+    deltas, finish = [], None
+    for start in range(0, len(text), 17):  # the text as the engine's events bring it, a few tokens at a time
+        piece = text[start:start + 17]
+        got, finish = stream.deltas(piece, "stop" if start + 17 >= len(text) else None)
+        deltas += got
+    assert finish == "tool_calls"
+    calls = _rebuilt_as_openai_clients_do(deltas)
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Bern"}), ("get_time", {}), ("get_weather", {"city": "Ulm"})]
+    assert len({c["id"] for c in calls}) == 3
+    assert not any("content" in d and d["content"] for d in deltas)
