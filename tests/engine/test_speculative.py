@@ -248,3 +248,46 @@ def test_drafts_take_only_blocks_nobody_needs_and_preempted_requests_finish_the_
         assert engine.m.spec_accepted._value.get() > 0
         assert (engine.m.preemptions._value.get() > 0) == preempts, blocks
         assert engine.runner.blocks.num_in_use == 0
+
+
+# Every sampling and stopping option the API accepts, each on its own and beside the others in one batch: the
+# tokens, text and logprobs with drafts are those without (the contract of speculative decoding).
+def _option_matrix(lm) -> dict[str, SamplingParams]:  # noqa: ANN001
+    eos = lm.tokenizer.eos_id
+    banned = lm.tokenizer.encode(" Hallo", add_special_tokens=False)[0]
+    return {
+        "greedy": SamplingParams(max_tokens=16, temperature=0.0),
+        "logit_bias bans a token the cycle writes": SamplingParams(max_tokens=16, temperature=0.0,
+                                                                   logit_bias={banned: -100.0}),
+        "min_tokens holds back an eos the bias makes likely": SamplingParams(
+            max_tokens=16, temperature=0.0, min_tokens=3, logit_bias={eos: 50.0}),
+        "penalties": SamplingParams(max_tokens=16, temperature=0.0, presence_penalty=0.8, frequency_penalty=0.4),
+        "stop strings": SamplingParams(max_tokens=20, temperature=0.0, stop=["Morgen", "is "]),
+        "seeded sampling, top_k": SamplingParams(max_tokens=16, temperature=0.8, top_k=5, seed=7),
+        "seeded sampling, top_p, logprobs": SamplingParams(max_tokens=16, temperature=1.2, top_p=0.9, seed=11,
+                                                          logprobs=3),
+        "seeded sampling, min_tokens, bias, stop": SamplingParams(
+            max_tokens=16, temperature=0.9, seed=5, min_tokens=4, logit_bias={eos: 6.0}, stop=["Tag"]),
+        "ignore_eos with an eos bias": SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
+                                                      logit_bias={eos: 50.0}),
+    }
+
+
+def test_every_sampling_and_stopping_option_gives_with_drafts_what_it_gives_without(lm):
+    words = CYCLE_TEXT.split()[8:24]
+    prompts = [*mixed_prompts(lm, 2), lm.tokenizer.encode(" ".join(words + words[:10]))]  # the last: drafts kept
+    options = _option_matrix(lm)
+    jobs = [(p, sp) for sp in options.values() for p in prompts]
+    spec_engine = make_engine(lm, speculation=Speculation(num_tokens=4, max_rows=8))
+    fast = run_engine(spec_engine, jobs)
+    plain = run_engine(make_engine(lm), jobs)
+    for k, name in enumerate(options):
+        got, want = fast[k * len(prompts):(k + 1) * len(prompts)], plain[k * len(prompts):(k + 1) * len(prompts)]
+        assert got == want, name
+    assert len({tuple(ids) for ids, _ in plain}) > len(plain) * 0.6  # the options change what is written
+    # min_tokens: the biased eos comes exactly where the ban ends, drafts or not (the cycle's first draft spans
+    # the end of the ban: each of its positions must see its own count of tokens generated).
+    held = plain[2 * len(prompts):3 * len(prompts)]
+    assert all(len(ids) == 3 for ids, _ in held), held
+    m = spec_engine.m
+    assert m.spec_accepted._value.get() > 0 and m.spec_drafted._value.get() > m.spec_accepted._value.get()
