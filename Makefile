@@ -15,6 +15,12 @@ $(BIN)/.installed: pyproject.toml
 	# The CPU kernels (model/kernels/*.cpp: decode attention, int8 row mapping), built now rather than by the first
 	# server or test that asks for them; without a C++ compiler PyTorch's paths serve and this says why.
 	$(BIN)/python -m model.kernels
+	# Bytecode for the project, and pytest's assert-rewritten modules (the tests', and its plugins': schemathesis
+	# alone is 244 modules), compiled once here as pip compiles what it installs, even where
+	# PYTHONDONTWRITEBYTECODE is set: otherwise each test worker and server process would compile them again.
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q model service training tests bench
+	# (A test module that cannot be collected is `make test`'s to report, not the set-up's.)
+	-PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --collect-only -p no:cacheprovider > /dev/null 2>&1
 	touch $@
 
 setup: $(BIN)/.installed

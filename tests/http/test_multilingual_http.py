@@ -114,6 +114,24 @@ def test_alternatives_documents_glossary_and_oip(server, reference):
     assert outputs[0]["data"] == [reference(t, "deu_Latn", "eng_Latn") for t in DE[:2]]
 
 
+def test_the_translation_memory_answers_each_pair_and_option_as_a_fresh_translation_would(server, reference):
+    """One text asked of the multilingual model under every source and target it has, greedy and with beams,
+    twice: the memory (on by default) answers the second round, and every answer, the first or the memory's, is
+    transformers' for that pair and option, never one stored for another pair."""
+    text = "the king is nice today"
+    codes = {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn"}
+    asked = [(s, t, beams) for s in codes for t in codes if s != t for beams in (1, 4)]
+    expected = [reference(text, codes[s], codes[t], beams) for s, t, beams in asked]
+    assert len(set(expected)) >= 4  # the pairs differ in what they give
+    hits = server.metric("tserve_translation_memory_hits_total", "nllb", 0.0)
+    for _ in range(2):
+        got = [post(server, "/v1/translations", {"model": "nllb", "input": text, "source_lang": s, "target_lang": t,
+                                                 "num_beams": beams})["data"][0]["translation"]
+               for s, t, beams in asked]
+        assert got == expected
+    assert server.metric("tserve_translation_memory_hits_total", "nllb") - hits >= len(asked)
+
+
 @pytest.mark.parametrize(("model", "languages", "code", "words"), [
     ("nllb", {"source_lang": "en"}, "missing_language", "give target_lang (one of eng_Latn, deu_Latn, fra_Latn"),
     ("nllb", {"target_lang": "de"}, "missing_language", "give source_lang"),

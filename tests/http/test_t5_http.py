@@ -103,6 +103,24 @@ def test_alternatives_documents_and_glossary(server, reference):
     assert "Welt" in glossary["translation"]
 
 
+def test_the_translation_memory_answers_each_target_as_a_fresh_translation_would(server, reference):
+    """The target is a tag in front of the source ids, not a forced token: the same text asked into each language,
+    greedy and with beams, twice (the second round from the memory, on by default), is transformers' translation
+    for that target and option every time, never one stored for the other target."""
+    text = "the king is nice today"
+    # `<2fr>`: a tag the fixture has but never learnt, so its output differs from the German the others give.
+    asked = [("en", target, beams) for target in ("de", "fr", "en") for beams in (1, 4)]
+    expected = [reference(text, target, beams) for _, target, beams in asked]
+    assert len(set(expected)) >= 2
+    hits = server.metric("tserve_translation_memory_hits_total", "madlad", 0.0)
+    for _ in range(2):
+        got = [post(server, "/v1/translations", {"model": "madlad", "input": text, "source_lang": source,
+                                                 "target_lang": target, "num_beams": beams})["data"][0]["translation"]
+               for source, target, beams in asked]
+        assert got == expected
+    assert server.metric("tserve_translation_memory_hits_total", "madlad") - hits >= len(asked)
+
+
 def test_attention_and_embeddings(server, checkpoint):
     """Cross-attention over the tagged source as `transformers` computes it; embeddings of the text alone."""
     text = "der schnelle braune Fuchs"
