@@ -10,7 +10,7 @@ For each concurrency level C, C clients each send requests back to back (streami
 length via ignore_eos), so C requests are always in flight. Reported: output tokens/s over the run,
 time to first token (TTFT) and inter-token latency (ITL) percentiles, end-to-end latency; on a CPU, tserve's
 fraction of the memory roofline: the bytes a decode step reads (weights as served, the KV cache of C requests
-at the middle of their output: `bench/roofline.py`'s count) per ITL p50, over the machine's triad bandwidth
+at the middle of their output: `bench/memory_traffic.py`'s count) per ITL p50, over the machine's triad bandwidth
 measured in the same run.
 The `transformers` baseline serves the same prompts the way a plain pipeline server does: one request at a
 time (`hf sequential`), and as static padded batches of C (`hf batch`, which needs all C requests up
@@ -260,7 +260,7 @@ def print_ratios(runs: list[Run]) -> None:
 
 def roofline_fractions(runs: list[Run], path: Path, args: argparse.Namespace, prompt_tokens: int) -> float:
     """Set each tserve run's fraction of the roofline (CPU); returns the triad bandwidth in GB/s."""
-    from bench.roofline import bandwidth, step_bytes
+    from bench.memory_traffic import bandwidth, step_bytes
     from model import checkpoint
 
     triad, _ = bandwidth(args.threads, 512, 3)
