@@ -9,14 +9,16 @@ TORCH_VERSION ?= 2.13.0
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# Install the CPU build of torch first so the range in pyproject.toml is already satisfied.
-	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	# Install the CPU build of torch first so the range in pyproject.toml is already satisfied. No bytecode for all
+	# of the installed packages (--no-compile: torch, ray and transformers hold 8,000 modules, a minute's compiling):
+	# the modules that are imported are compiled when they first are, once (below, and by the first test).
+	$(BIN)/python -m pip install -q --no-compile "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install -q --no-compile -e ".[dev]"
 	# The CPU kernels (model/kernels/*.cpp: decode attention, int8 row mapping), built now rather than by the first
 	# server or test that asks for them; without a C++ compiler PyTorch's paths serve and this says why.
 	$(BIN)/python -m model.kernels
-	# Bytecode for the project, and pytest's assert-rewritten modules (the tests', and its plugins': schemathesis
-	# alone is 244 modules), compiled once here as pip compiles what it installs, even where
+	# Bytecode for the project, for what the tests import of the installed packages, and pytest's assert-rewritten
+	# modules (the tests', and its plugins': schemathesis alone is 244 modules), compiled once here, even where
 	# PYTHONDONTWRITEBYTECODE is set: otherwise each test worker and server process would compile them again.
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q model service training tests bench
 	# (A test module that cannot be collected is `make test`'s to report, not the set-up's.)
@@ -40,17 +42,28 @@ XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 test-data: setup
 	-$(BIN)/python -m training.data > /dev/null
 
+# SLOW=1 folds the long tail of `make test-slow` into the two runs below (`make test SLOW=1` natively, `make
+# test-avx2 SLOW=1` on AVX2 kernels): every test once, as the three targets run it, in two pytest sessions instead
+# of four, so that the slow modules fill the workers' idle time instead of running alone after them. CI does this.
+ifdef SLOW
+TEST_MARKS := not (slow and kernels)
+AVX2_MARKS := kernels
+else
+TEST_MARKS := not slow
+AVX2_MARKS := kernels and not slow
+endif
+
 # Every area, each planted bug of `make planted-bugs` caught natively; the long tail (tests marked `slow`:
 # whole test splits, benchmarks, Ray Serve, torch.compile, the soak) is `make test-slow`.
 test: setup test-data
-	$(PYTEST) -m "not slow" $(XDIST) $(PYTEST_ARGS)
+	$(PYTEST) -m "$(TEST_MARKS)" $(XDIST) $(PYTEST_ARGS)
 
 # The tests of `make test` whose outcome can change with the CPU's kernels (marked `kernels`: quantization, our
 # kernels, parity with `transformers`, trained-fixture equality, HTML placement, speculative acceptance) again on
 # the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs them: PyTorch's ATen kernels,
 # oneDNN and fbgemm are each held to AVX2 (tests/helpers/avx2_only.py). See docs/TESTING.md.
 test-avx2: setup test-data
-	$(AVX2_PYTEST) -m "kernels and not slow" $(XDIST) $(PYTEST_ARGS)
+	$(AVX2_PYTEST) -m "$(AVX2_MARKS)" $(XDIST) $(PYTEST_ARGS)
 
 # The long tail, each test once: natively, but those that depend on the kernels (int8 and int4 on whole test
 # splits, torch.compile, the fixture recipes) on AVX2-only kernels, the path where int8 runs on our own exact GEMM
