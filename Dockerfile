@@ -36,12 +36,10 @@ RUN python -m venv /opt/venv \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY model ./model
-COPY service ./service
-COPY training ./training
+COPY tserve ./tserve
 RUN pip install --no-cache-dir .
 
-# Our CPU kernels (model/kernels/*.cpp), built here with g++ into the virtual environment, which the final stage
+# Our CPU kernels (tserve/model/kernels/*.cpp), built here with g++ into the virtual environment, which the final stage
 # copies: it imports the build as it is and needs no compiler. Built from / so that the installed package (not
 # /src) is the one built, as the final stage will name it.
 ENV TORCH_EXTENSIONS_DIR=/opt/venv/torch-extensions
@@ -50,7 +48,7 @@ WORKDIR /
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/* \
-    && python -m model.kernels --require
+    && python -m tserve.model.kernels --require
 
 # The checkpoints, readable by the unprivileged user whatever their modes in the build context.
 COPY models /opt/models

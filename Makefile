@@ -14,13 +14,13 @@ $(BIN)/.installed: pyproject.toml
 	# the modules that are imported are compiled when they first are, once (below, and by the first test).
 	$(BIN)/python -m pip install -q --no-compile "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install -q --no-compile -e ".[dev]"
-	# The CPU kernels (model/kernels/*.cpp: decode attention, int8 row mapping), built now rather than by the first
+	# The CPU kernels (tserve/model/kernels/*.cpp: decode attention, int8 row mapping), built now rather than by the first
 	# server or test that asks for them; without a C++ compiler PyTorch's paths serve and this says why.
-	$(BIN)/python -m model.kernels
+	$(BIN)/python -m tserve.model.kernels
 	# Bytecode for the project, for what the tests import of the installed packages, and pytest's assert-rewritten
 	# modules (the tests', and its plugins': schemathesis alone is 244 modules), compiled once here, even where
 	# PYTHONDONTWRITEBYTECODE is set: otherwise each test worker and server process would compile them again.
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q model service training tests bench
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q tserve tests bench
 	# (A test module that cannot be collected is `make test`'s to report, not the set-up's.)
 	-PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --collect-only -p no:cacheprovider > /dev/null 2>&1
 	touch $@
@@ -40,7 +40,7 @@ XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 # $TSERVE_DATA_DIR), a few seconds' check after. Without network, the tests that need them skip (or fail under
 # $TSERVE_REQUIRE_DATA), as they would have.
 test-data: setup
-	-$(BIN)/python -m training.data > /dev/null
+	-$(BIN)/python -m tserve.training.data > /dev/null
 
 # SLOW=1 folds the long tail of `make test-slow` into the two runs below (`make test SLOW=1` natively, `make
 # test-avx2 SLOW=1` on AVX2 kernels): every test once, as the three targets run it, in two pytest sessions instead
@@ -88,7 +88,7 @@ planted-bugs: setup
 	$(BIN)/python tests/tools/planted_bugs.py $(PLANTED)
 
 lint: setup
-	$(BIN)/ruff check model service tests bench
+	$(BIN)/ruff check tserve tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     args = ap.parse_args(argv)
     if args.tiny:
         args.chars, args.max_tokens = 1_000, 4
-    from model.segmentation import split_sentences
     from tests.helpers.server import ServerProcess
+    from tserve.model.segmentation import split_sentences
 
     text = document(args.chars)
     sentences = split_sentences(text).segments

@@ -6,7 +6,7 @@
 Texts: `--per-domain` sentences of 6-40 words from each domain's test split (never trained on): Shakespeare,
 Jane Austen and fortune cookies (the LM corpus), LibreOffice help and LibreOffice UI strings (the English side
 of the translation corpus). The packages are fetched from the package registries on first use, as
-`python -m training` does.
+`python -m tserve.training` does.
 
 Reported per model: leave-one-out nearest-neighbour domain accuracy (cosine), the mean cosine within and between
 domains, and a PNG of the first two principal components. Bag-of-words cosine on the same texts is the
@@ -27,9 +27,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the model library and the tests' fixtures come from the repository
 
-import model  # noqa: E402
-from model.embeddings import embed_token_lists, max_input_tokens  # noqa: E402
-from model.segmentation import split_sentences  # noqa: E402
+from tserve import model  # noqa: E402
+from tserve.model.embeddings import embed_token_lists, max_input_tokens  # noqa: E402
+from tserve.model.segmentation import split_sentences  # noqa: E402
 
 COLOURS = [(31, 95, 191), (217, 72, 15), (47, 158, 68), (156, 54, 181), (230, 173, 0), (90, 90, 90)]
 
@@ -48,8 +48,8 @@ def _sentences(text: str) -> list[str]:
 
 def corpus_domains(per_domain: int, seed: int) -> dict[str, list[str]]:
     """Held-out sentences of five domains, `per_domain` each, drawn with `seed`."""
-    from training.data.lm import load_lm_chunks  # noqa: PLC0415 - only the full run needs the corpora
-    from training.data.translation import load_translation_pairs  # noqa: PLC0415
+    from tserve.training.data.lm import load_lm_chunks  # noqa: PLC0415 - only the full run needs the corpora
+    from tserve.training.data.translation import load_translation_pairs  # noqa: PLC0415
 
     pools: dict[str, list[str]] = {"Shakespeare": [], "Jane Austen": [], "fortunes": [], "LibreOffice help": [],
                                    "LibreOffice UI": []}

@@ -39,7 +39,7 @@ def tiny_lm(directory: Path) -> Path:
 
 
 def engine_ms_per_step(engine, batch: int, steps: int) -> float:
-    from model.decoding import SamplingParams
+    from tserve.model.decoding import SamplingParams
 
     params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
 
@@ -57,7 +57,7 @@ def engine_ms_per_step(engine, batch: int, steps: int) -> float:
 
 def model_ms_per_step(engine, batch: int, steps: int) -> float:
     """The runner's forward pass and next-token choice alone, on the engine's own cache rows."""
-    from model.decoding import SamplingParams, TextSequence
+    from tserve.model.decoding import SamplingParams, TextSequence
 
     runner = engine.runner
     seqs = [TextSequence(list(range(1 + i, 17 + i)), SamplingParams(max_tokens=steps, temperature=0.0,
@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from model import checkpoint
-    from service.engine import GenerationEngine
-    from service.metrics import Metrics
-    from training.common import cpu_name
+    from tserve.model import checkpoint
+    from tserve.service.engine import GenerationEngine
+    from tserve.service.metrics import Metrics
+    from tserve.training.common import cpu_name
 
     loaded = checkpoint.load(tiny_lm(Path(tempfile.mkdtemp(prefix="tserve-overhead-"))), device="cpu",
                              dtype="float32")

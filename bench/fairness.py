@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.server import ServerProcess  # noqa: E402
-from training.common import cpu_name  # noqa: E402
+from tserve.training.common import cpu_name  # noqa: E402
 
 
 async def one(client: httpx.AsyncClient, url: str, key: str, max_tokens: int, i: int) -> float:

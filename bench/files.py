@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[tuple[str, float]]:
     if args.tiny:
         args.pages, args.max_tokens, args.model = 1, 4, str(ROOT / "tests" / "fixtures" / "tiny-mt")
     from tests.helpers.server import ServerProcess
-    from training.common import cpu_name
+    from tserve.training.common import cpu_name
 
     data, sentences = build_docx(args.pages)
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-files-"))

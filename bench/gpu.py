@@ -176,10 +176,10 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
              backend: str, name: str = "gpt2") -> None:
     from transformers import AutoModelForCausalLM
 
-    from model import checkpoint
-    from model.decoding import SamplingParams
-    from service.engine import GenerationEngine
-    from service.metrics import Metrics
+    from tserve.model import checkpoint
+    from tserve.model.decoding import SamplingParams
+    from tserve.service.engine import GenerationEngine
+    from tserve.service.metrics import Metrics
 
     d, vocab, eos = lm_checkpoint(name, shape, workdir)
     section = "lm" if name == "gpt2" else f"lm {name}"
@@ -229,11 +229,11 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
                       backend: str) -> None:
     from transformers import MarianConfig, MarianMTModel
 
-    from model import checkpoint
-    from service.engine import TranslationEngine
-    from service.metrics import Metrics
-    from service.runners import TranslationJob
     from tests.helpers import factories
+    from tserve.model import checkpoint
+    from tserve.service.engine import TranslationEngine
+    from tserve.service.metrics import Metrics
+    from tserve.service.runners import TranslationJob
 
     d = workdir / "marian"
     factories.write_marian_tokenizer(d)
@@ -285,7 +285,7 @@ def bench_vit(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pa
               backend: str) -> None:
     from transformers import ViTConfig, ViTForImageClassification
 
-    from model import checkpoint
+    from tserve.model import checkpoint
 
     d = workdir / "vit"
     torch.manual_seed(0)
@@ -310,8 +310,8 @@ def bench_vit(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pa
 def bench_kernels(shape: dict, device: torch.device, table: Table) -> None:
     import torch.nn.functional as F
 
-    from model.attention import math_attention, padding_mask
-    from model.kernels.flash import flash_attention, flash_decode
+    from tserve.model.attention import math_attention, padding_mask
+    from tserve.model.kernels.flash import flash_attention, flash_decode
 
     dtype = torch.bfloat16
     B, H, D = 4, 12, 64
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bf16, fp16 = (torch.bfloat16, torch.float16) if half else (torch.float32, torch.float32)
     import transformers
 
-    from model.attention import resolve_backend
+    from tserve.model.attention import resolve_backend
 
     print(f"device: {torch.cuda.get_device_name(device) if half else 'cpu'}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}; attention backend {args.attention_backend} "

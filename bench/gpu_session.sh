@@ -70,18 +70,18 @@ step_train() {  # the bundled translators and LM, trained on from their weights 
   export TSERVE_DATA_DIR=$runs/data OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
   limit=$(python3 -c "print(int(($minutes + 2) * 60))") || return 1
   for name in en-de de-en; do
-    timeout "$limit" python3 -m training train translation --init-from "models/tserve-$name" --out "$runs/$name" \
+    timeout "$limit" python3 -m tserve.training train translation --init-from "models/tserve-$name" --out "$runs/$name" \
       --device "${TRAIN_DEVICE:-cuda}" --batch "${MT_BATCH:-16000}" --lr "${MT_LR:-1e-3}" --dropout "${MT_DROPOUT:-0.1}" --steps 1000000 \
       --max-minutes "$minutes" >"$runs/$name.log" 2>&1 & pids+=($!)
   done
-  timeout "$limit" python3 -m training train lm --init-from models/tserve-lm --out "$runs/lm" \
+  timeout "$limit" python3 -m tserve.training train lm --init-from models/tserve-lm --out "$runs/lm" \
     --device "${TRAIN_DEVICE:-cuda}" --batch "${LM_BATCH:-64}" --lr "${LM_LR:-1e-3}" --dropout "${LM_DROPOUT:-0.1}" --steps 1000000 \
     --max-minutes "$minutes" >"$runs/lm.log" 2>&1 & pids+=($!)
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   for name in en-de de-en lm; do
     tail -n 3 "$runs/$name.log"
     [ -f "$runs/$name/model.safetensors" ] || { rc=1; continue; }
-    python3 -m training half "$runs/$name" && cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors" || rc=1
+    python3 -m tserve.training half "$runs/$name" && cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors" || rc=1
   done
   tar -czf "$OUT/train-records.tar.gz" -C "$runs" --exclude='*.safetensors' --exclude=data . || rc=1
   return $rc

@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> list[tuple[str, float, float, float, 
     import torch
     from torch import nn
 
-    from model.packed_linear import PackedLinear
-    from model.quantize import Int4Linear, Int8Linear, resolve_activations
-    from training.common import cpu_name
+    from tserve.model.packed_linear import PackedLinear
+    from tserve.model.quantize import Int4Linear, Int8Linear, resolve_activations
+    from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
     shapes = [(64, 96), (96, 200)] if args.tiny else SHAPES

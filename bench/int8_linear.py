@@ -4,7 +4,7 @@
     python -m tests.helpers.avx2_only bench/int8_linear.py   # fbgemm (and ATen) held to AVX2
 
 Columns: float32 `nn.Linear`; `Int8Linear` with 8-bit activations (`full`, one GEMM: PyTorch's where it sums in
-int32, else our exact kernel, model/kernels/int8_gemm.cpp; marked overflow where neither serves), with split activations (two 7-bit halves, one GEMM of twice the rows)
+int32, else our exact kernel, tserve/model/kernels/int8_gemm.cpp; marked overflow where neither serves), with split activations (two 7-bit halves, one GEMM of twice the rows)
 with 7-bit ones (`7bit`, one GEMM) and with 8-bit ones on 7-bit weights (`7bit-weights`, one GEMM); and
 PyTorch's own dynamic Linear (7-bit activations, one scale per
 batch, no per-row mapping). Shapes: opus-mt-en-de's (512 wide,
@@ -24,7 +24,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.quantize import Int8Linear, full_activations_kernel  # noqa: E402
+from tserve.model.quantize import Int8Linear, full_activations_kernel  # noqa: E402
 
 SHAPES = {"opus-mt 512x2048": (512, 2048), "opus-mt 2048x512": (2048, 512), "bundled 256x768": (256, 768)}
 

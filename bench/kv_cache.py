@@ -41,16 +41,41 @@ MEMORY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=24
                     num_key_value_heads=2, vocab_size=1024, max_position_embeddings=32768, tie_word_embeddings=True)
 
 
+class _OldLayout:
+    """Imports of `tserve.X` answered by the top-level `X` of a tree from before the one package (the baseline's
+    model/ and service/ sat at its root): the same module objects, not copies."""
+
+    def find_spec(self, fullname: str, path=None, target=None):  # noqa: ANN001, ANN202
+        import importlib.util
+
+        return importlib.util.spec_from_loader(fullname, self) if fullname.startswith("tserve.") else None
+
+    def create_module(self, spec):  # noqa: ANN001, ANN202
+        import importlib
+
+        return importlib.import_module(spec.name.removeprefix("tserve."))
+
+    def exec_module(self, module) -> None:  # noqa: ANN001
+        pass
+
+
 def _setup(code_root: Path, threads: int) -> None:
     sys.path.insert(0, str(code_root))
+    if not (code_root / "tserve").is_dir():
+        import types
+
+        package = types.ModuleType("tserve")
+        package.__path__ = []  # a package, so that `tserve.X` is looked up by the finders
+        sys.modules["tserve"] = package
+        sys.meta_path.insert(0, _OldLayout())
     import torch
 
     torch.set_num_threads(threads)
 
 
 def _engine(loaded, **kw):  # noqa: ANN001, ANN202
-    from service.engine import GenerationEngine
-    from service.metrics import Metrics
+    from tserve.service.engine import GenerationEngine
+    from tserve.service.metrics import Metrics
 
     engine = GenerationEngine("lm", loaded, metrics=Metrics(), **({"max_queue": 1024, "timeout_s": 3600.0,
                                                                   "cuda_graphs": False} | kw))
@@ -70,7 +95,7 @@ async def _stream(engine, prompt: list[int], params) -> tuple[float, int]:  # no
 
 def _model(size: str, directory: Path, shape: dict | None = None):  # noqa: ANN202
     from bench.load import FAMILY_SIZES, make_family
-    from model import checkpoint
+    from tserve.model import checkpoint
 
     if shape is not None:
         FAMILY_SIZES[size] = ("llama", shape)
@@ -80,7 +105,7 @@ def _model(size: str, directory: Path, shape: dict | None = None):  # noqa: ANN2
 
 # --------------------------------------------------------------------------------------------------
 def memory_part(work: Path, n: int = 700) -> dict:
-    from model.decoding import SamplingParams
+    from tserve.model.decoding import SamplingParams
 
     loaded = _model("qwen2.5-0.5b-cache", work / "memory", MEMORY_SHAPE)
     context, per_token = 32768, 2 * 24 * 2 * 64 * 4
@@ -115,7 +140,7 @@ def memory_part(work: Path, n: int = 700) -> dict:
 
 def prefix_part(work: Path, size: str, requests: int = 16, system_tokens: int = 1000,
                 new_tokens: int = 20) -> list[dict]:
-    from model.decoding import SamplingParams
+    from tserve.model.decoding import SamplingParams
 
     loaded = _model(size, work / size)
     vocab = loaded.config.vocab_size - 1
@@ -150,7 +175,7 @@ async def _answer(engine, prompt: list[int], params, start: float) -> tuple:  # 
 
 
 def chat_part(work: Path, size: str, turns: int = 6, system_tokens: int = 500) -> list[dict]:
-    from model.decoding import SamplingParams
+    from tserve.model.decoding import SamplingParams
 
     loaded = _model(size, work / size)
     vocab = loaded.config.vocab_size - 2
@@ -175,7 +200,7 @@ def chat_part(work: Path, size: str, turns: int = 6, system_tokens: int = 500) -
 def decode_worker(args: argparse.Namespace) -> None:
     """Run in a subprocess with `--code-root` (this tree or the baseline's): one line of JSON."""
     _setup(Path(args.code_root), args.threads)
-    from model.decoding import SamplingParams
+    from tserve.model.decoding import SamplingParams
 
     loaded = _model("smollm2-135m", Path(args.work) / "smollm2")
     n = args.worker_clients
@@ -205,12 +230,12 @@ SENTENCES = ("The house is small.", "I would like a cup of coffee, please.", "Wh
 
 
 def translation_memory_part(n: int = 128, beams: int = 4, static_rows: int = 8) -> dict:
-    from model import checkpoint
-    from model.decoding.seq2seq_runner import row_blocks
-    from service.engine import TranslationEngine
-    from service.engine.kv_memory import kv_block_bytes
-    from service.metrics import Metrics
-    from service.tasks.translation import collect_translation
+    from tserve.model import checkpoint
+    from tserve.model.decoding.seq2seq_runner import row_blocks
+    from tserve.service.engine import TranslationEngine
+    from tserve.service.engine.kv_memory import kv_block_bytes
+    from tserve.service.metrics import Metrics
+    from tserve.service.tasks.translation import collect_translation
 
     loaded = checkpoint.load(ROOT / "models" / "tserve-en-de", device="cpu", dtype="float32")
     cfg = loaded.config
@@ -258,8 +283,8 @@ def translation_worker(args: argparse.Namespace) -> None:
     _setup(Path(args.code_root), args.threads)
     import torch
 
-    from model import checkpoint
-    from model.decoding import Seq2SeqRunner, translate
+    from tserve.model import checkpoint
+    from tserve.model.decoding import Seq2SeqRunner, translate
 
     loaded = checkpoint.load(Path(args.code_root) / "models" / "tserve-en-de", device="cpu", dtype="float32")
     sources = [loaded.tokenizer.encode(SENTENCES[i % len(SENTENCES)]) for i in range(32)]
@@ -331,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
         (decode_worker if args.worker == "lm" else translation_worker)(args)
         return {}
     _setup(ROOT, args.threads)
-    from training.common import cpu_description
+    from tserve.training.common import cpu_description
 
     work = Path(args.work or tempfile.mkdtemp(prefix="tserve-kv-"))
     print(f"CPU: {cpu_description()}; {args.threads} threads\n", flush=True)

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    from model.packed_linear import PackedLinear
-    from training.common import cpu_name
+    from tserve.model.packed_linear import PackedLinear
+    from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

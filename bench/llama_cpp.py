@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> list[tuple[str, str, float, str, floa
 
     from bench.load import make_checkpoint
     from bench.roofline import make_gpt2_small, step_ms
-    from model import checkpoint
-    from training.common import cpu_name
+    from tserve.model import checkpoint
+    from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
     work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-llama-cpp-"))

@@ -261,7 +261,7 @@ def print_ratios(runs: list[Run]) -> None:
 def roofline_fractions(runs: list[Run], path: Path, args: argparse.Namespace, prompt_tokens: int) -> float:
     """Set each tserve run's fraction of the roofline (CPU); returns the triad bandwidth in GB/s."""
     from bench.memory_traffic import bandwidth, step_bytes
-    from model import checkpoint
+    from tserve.model import checkpoint
 
     triad, _ = bandwidth(args.threads, 512, 3)
     loaded = checkpoint.load(path, device="cpu", dtype=args.dtype, quantize=args.quantize, pack_weights=True)
@@ -319,11 +319,11 @@ def main(argv: list[str] | None = None) -> list[Run]:
                                 args.hf_dtype or args.dtype, sequential=args.hf_sequential == "all"))
             print(f"hf, {c}: {runs[-1].tokens_per_s:.1f} tok/s", file=sys.stderr)
     runs.sort(key=lambda r: (r.concurrency, r.name))
-    from training.common import cpu_description
+    from tserve.training.common import cpu_description
 
     triad = None
     if args.device == "cpu" and not args.url:
-        from model.tokenizer import load_tokenizer
+        from tserve.model.tokenizer import load_tokenizer
 
         prompt_tokens = len(load_tokenizer(path).encode(make_prompts(1, args.prompt_words)[0]))
         triad = roofline_fractions(runs, path, args, prompt_tokens)

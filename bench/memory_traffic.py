@@ -29,8 +29,8 @@ def step_bytes(loaded, context: int) -> tuple[int, int]:  # noqa: ANN001 - a Loa
     """(weight bytes, KV bytes) one decode step reads at `context` positions."""
     import torch
 
-    from model.packed_linear import PackedLinear
-    from model.quantize import Int4Linear, Int8Linear
+    from tserve.model.packed_linear import PackedLinear
+    from tserve.model.quantize import Int4Linear, Int8Linear
 
     cfg, model = loaded.config, loaded.model
     weights, head = 0, False

@@ -46,8 +46,8 @@ class Row:
 
 
 def step_ms(loaded, prompt: int, new: int, repeats: int) -> float:  # noqa: ANN001
-    from model.decoding import SamplingParams, generate
-    from model.decoding.lm_runner import DecoderRunner
+    from tserve.model.decoding import SamplingParams, generate
+    from tserve.model.decoding.lm_runner import DecoderRunner
 
     runner = DecoderRunner(loaded, num_slots=1, cuda_graphs=False)
     ids = [[(7 * i + 3) % 200 + 10 for i in range(prompt)]]
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     import torch
 
     from bench.load import make_checkpoint
-    from model import checkpoint
-    from training.common import cpu_name
+    from tserve.model import checkpoint
+    from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
     triad, read = bandwidth(args.threads, args.array_mb, args.repeats)

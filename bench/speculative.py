@@ -47,7 +47,7 @@ class Row:
 
 
 def prompts(loaded, n: int, workload: str) -> list[list[int]]:  # noqa: ANN001
-    from training.data import load_lm_corpus
+    from tserve.training.data import load_lm_corpus
 
     passages = load_lm_corpus()["test"][:n]
     out = []
@@ -61,7 +61,7 @@ def prompts(loaded, n: int, workload: str) -> list[list[int]]:  # noqa: ANN001
 
 def timed(loaded, ids: list[list[int]], params, runner) -> tuple[float, int, int, int]:  # noqa: ANN001
     """Seconds for every prompt one at a time; tokens generated, draft tokens proposed and kept."""
-    from model.decoding import generate
+    from tserve.model.decoding import generate
 
     tokens = drafted = kept = 0
     start = time.perf_counter()
@@ -73,7 +73,7 @@ def timed(loaded, ids: list[list[int]], params, runner) -> tuple[float, int, int
 
 
 def workloads(loaded, n: int, new: int, repeats: int) -> list[Row]:  # noqa: ANN001
-    from model.decoding import DecoderRunner, SamplingParams, Speculation
+    from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation
 
     plain = DecoderRunner(loaded, num_slots=1, cuda_graphs=False)
     spec = DecoderRunner(loaded, num_slots=1, cuda_graphs=False, speculation=Speculation())
@@ -97,8 +97,8 @@ def step_costs(directory: Path, context: int, drafts: tuple[int, ...], repeats: 
     """(tokens fed, ms) of one request's decode step at `context` positions."""
     import torch
 
-    from model import checkpoint
-    from model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence
+    from tserve.model import checkpoint
+    from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence
 
     loaded = checkpoint.load(directory, device="cpu", pack_weights=True)
     runner = DecoderRunner(loaded, num_slots=1, cuda_graphs=False, speculation=Speculation(num_tokens=max(drafts)))
@@ -172,8 +172,8 @@ def gpt2_draft(directory: Path, layers: int, tiny: bool) -> Path:
 def draft_model_steps(target: Path, drafts: dict[str, Path], context: int, new: int, k: int,
                       repeats: int) -> list[DraftRow]:
     """One request decoded without drafts and with each draft model's (best of `repeats`, alternating)."""
-    from model import checkpoint
-    from model.decoding import DecoderRunner, SamplingParams, Speculation, generate
+    from tserve.model import checkpoint
+    from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, generate
 
     loaded = checkpoint.load(target, device="cpu", pack_weights=True)
     prompt = [(7 * i + 3) % 200 + 10 for i in range(context)]
@@ -213,8 +213,8 @@ def main(argv: list[str] | None = None) -> tuple[list[Row], list[tuple[int, floa
     args = ap.parse_args(argv)
     import torch
 
-    from model import checkpoint
-    from training.common import cpu_name
+    from tserve.model import checkpoint
+    from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="tserve-bench-spec-"))

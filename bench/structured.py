@@ -156,11 +156,11 @@ def engine_throughput(requests: int, max_tokens: int, threads: int, size: str = 
     """tokens/s of N concurrent requests, all constrained or all free, on a SmolLM2-135M shape (or `size`, one
     of bench/load.py's FAMILY_SIZES)."""
     from bench.load import make_family
-    from model import checkpoint
-    from model.decoding import SamplingParams
-    from model.decoding.structured import Constraint
-    from service.engine import GenerationEngine
-    from service.metrics import Metrics
+    from tserve.model import checkpoint
+    from tserve.model.decoding import SamplingParams
+    from tserve.model.decoding.structured import Constraint
+    from tserve.service.engine import GenerationEngine
+    from tserve.service.metrics import Metrics
 
     torch.set_num_threads(threads)
     d = Path(tempfile.mkdtemp(prefix="tserve-structured-")) / size
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", default="smollm2-135m", help="the engine part's model shape (bench/load.py's)")
     args = ap.parse_args(argv)
-    from training.common import cpu_name
+    from tserve.training.common import cpu_name
 
     print(f"CPU: {cpu_name()}; {args.threads} threads\n")
     out: dict = {}

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     for got in runs.values():  # each system's median round
         rows.append(sorted(got, key=lambda row: row.tokens_per_s)[len(got) // 2])
     family = "NLLB-200 (English -> German)" if args.model == "nllb" else "Marian"
-    from training.common import cpu_description
+    from tserve.training.common import cpu_description
 
     print(f"\nCPU: {cpu_description()}")
     print(f"{family} {shape}, random weights; {args.sentences} sentences of 18-30 words, at most {args.max_tokens} "

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     images = pngs(args.images, shape["image_size"])
     served, round_lines = service_rows(d, images, args, work)
     rows = hf_rows(d, shape, args) + served
-    from training.common import cpu_description
+    from tserve.training.common import cpu_description
 
     print(f"\nCPU: {cpu_description()}")
     print(f"ViT {shape}, random weights, {args.images} images, {args.threads} threads per system; images/s\n")

@@ -1,4 +1,4 @@
-"""tserve as a Ray Serve application: the same FastAPI app (`service.app.build_app`) in every replica,
+"""tserve as a Ray Serve application: the same FastAPI app (`tserve.service.app.build_app`) in every replica,
 behind Serve's HTTP proxy, with Serve's replica health checks, restarts and autoscaling.
 
 Run it from the repository root:
@@ -41,8 +41,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ray import serve
 from ray.serve import Application
 
-from service.app import build_app
-from service.settings import Settings
+from tserve.service.app import build_app
+from tserve.service.settings import Settings
 
 
 class RayServeOptions(BaseSettings):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from service.app import build_app
-from service.cli import build_parser, settings_from_args
-from service.settings import Settings
+from tserve.service.app import build_app
+from tserve.service.cli import build_parser, settings_from_args
+from tserve.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -63,7 +63,7 @@ def test_quantization_and_speculation_flags_reach_the_settings(monkeypatch):
 
 
 def test_bad_model_flag_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-m", "service", "serve", "--model", "no-equals-sign"],
+    out = subprocess.run([sys.executable, "-m", "tserve", "serve", "--model", "no-equals-sign"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 2
     assert "NAME=PATH" in out.stderr

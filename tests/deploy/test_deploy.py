@@ -25,7 +25,6 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 from packaging.requirements import Requirement  # noqa: E402
 
-from service.settings import Settings  # noqa: E402
 from tests.helpers.deploy_files import (  # noqa: E402
     DEPLOY,
     DOCKERFILE,
@@ -34,6 +33,7 @@ from tests.helpers.deploy_files import (  # noqa: E402
     check_settings,
     metric_catalog,
 )
+from tserve.service.settings import Settings  # noqa: E402
 
 K8S = DEPLOY / "k8s"
 OVERLAYS = ("cpu", "gpu")
@@ -279,11 +279,11 @@ def test_dockerignore_sends_only_what_the_image_needs():
                 if p.strip() and not p.startswith("#")]
     copies = [a for i, a in dockerfile_instructions() if i == "COPY" and not a.startswith("--from")]
     sources = [s for a in copies for s in a.split()[:-1] if not s.startswith("--")]
-    assert set(sources) >= {"pyproject.toml", "README.md", "model", "service", "training", "models"}
+    assert set(sources) >= {"pyproject.toml", "README.md", "tserve", "models"}
     for source in sources:
         assert (ROOT / source).exists() or source == "models", source
         assert not _dockerignored(source, patterns), f"{source} is COPYed but excluded by .dockerignore"
-    for kept in ("models/tserve-lm/model.safetensors", "service/app.py", "model/__init__.py"):
+    for kept in ("models/tserve-lm/model.safetensors", "tserve/service/app.py", "tserve/model/__init__.py"):
         assert not _dockerignored(kept, patterns), kept
     for dropped in (".venv/bin/python", ".git/HEAD", "data/x", "runs/x", "tests/http/test_http.py", "deploy/compose.yaml",
                     "service/__pycache__/app.cpython-311.pyc", ".env"):

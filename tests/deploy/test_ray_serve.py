@@ -21,9 +21,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from service.settings import Settings
 from tests.helpers import factories
 from tests.helpers.server import ROOT, ServerProcess, port_nobody_else_takes
+from tserve.service.settings import Settings
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")

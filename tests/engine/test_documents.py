@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 
-from model import checkpoint
-from service.engine import QueueFull, TranslationEngine
-from service.metrics import Metrics
-from service.tasks.translation import collect_translation
 from tests.helpers import factories
 from tests.helpers.fixture_training import lexicon_sentences
 from tests.helpers.one_request import job_tokens
+from tserve.model import checkpoint
+from tserve.service.engine import QueueFull, TranslationEngine
+from tserve.service.metrics import Metrics
+from tserve.service.tasks.translation import collect_translation
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

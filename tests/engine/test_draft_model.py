@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import checkpoint
-from model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
-from service.engine import GenerationEngine
-from service.metrics import Metrics
-from service.settings import Settings
 from tests.engine.test_speculative import mixed_prompts, run_engine
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.kv_rows import row_keys
 from tests.helpers.one_request import lm_tokens
+from tserve.model import checkpoint
+from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
+from tserve.service.engine import GenerationEngine
+from tserve.service.metrics import Metrics
+from tserve.service.settings import Settings
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

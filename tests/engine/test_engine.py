@@ -10,15 +10,22 @@ import time
 import pytest
 import torch
 
-from model import checkpoint
-from model.decoding import SamplingParams
-from service.engine import DynamicBatcher, GenerationEngine, OutOfMemory, QueueFull, RequestTimeout, Scheduler
-from service.metrics import Metrics
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.hooked_server import slow_steps
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.polling import until
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
+from tserve.service.engine import (
+    DynamicBatcher,
+    GenerationEngine,
+    OutOfMemory,
+    QueueFull,
+    RequestTimeout,
+    Scheduler,
+)
+from tserve.service.metrics import Metrics
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

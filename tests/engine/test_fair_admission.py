@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from model import checkpoint
-from model.decoding import SamplingParams
-from service.engine import Admission, GenerationEngine, admission
-from service.metrics import Metrics
 from tests.helpers import factories
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
+from tserve.service.engine import Admission, GenerationEngine, admission
+from tserve.service.metrics import Metrics
 
 
 @pytest.fixture(scope="module")

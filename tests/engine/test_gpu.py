@@ -9,18 +9,18 @@ import asyncio
 import pytest
 import torch
 
-from model import checkpoint
-from model.attention import math_attention, resolve_backend, sdpa_attention
-from model.config import DecoderConfig
-from model.cuda_graphs import BucketedDecode, default_buckets
-from model.decoder import Decoder
-from model.decoding import SamplingParams, Speculation
-from service.engine import GenerationEngine
-from service.metrics import Metrics
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.kv_rows import row_keys
 from tests.helpers.one_request import job_tokens, lm_tokens
+from tserve.model import checkpoint
+from tserve.model.attention import math_attention, resolve_backend, sdpa_attention
+from tserve.model.config import DecoderConfig
+from tserve.model.cuda_graphs import BucketedDecode, default_buckets
+from tserve.model.decoder import Decoder
+from tserve.model.decoding import SamplingParams, Speculation
+from tserve.service.engine import GenerationEngine
+from tserve.service.metrics import Metrics
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -47,7 +47,7 @@ def lm_dir(tmp_path_factory):
 @pytest.mark.parametrize("T,D,causal", [(1, 64, False), (77, 64, True), (300, 128, True), (513, 80, False)])
 def test_backends_match_math(backend, dtype, T, D, causal):
     assert resolve_backend("auto", CUDA) == "flash-decode"  # Triton is there wherever CUDA torch is
-    from model.kernels.flash import flash_attention  # noqa: PLC0415
+    from tserve.model.kernels.flash import flash_attention  # noqa: PLC0415
 
     fn = {"sdpa": sdpa_attention, "flash": flash_attention}[backend]
     g = torch.Generator().manual_seed(T)
@@ -144,7 +144,7 @@ def test_engine_on_gpu_with_drafts_and_a_small_pool_equals_alone(lm_dir, graphs)
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_translation_engine_on_gpu_equals_one_at_a_time(tmp_path, graphs):
-    from service.engine import TranslationEngine
+    from tserve.service.engine import TranslationEngine
 
     mt = checkpoint.load(factories.tiny_mt_dir(tmp_path / "mt"), device=CUDA, dtype="float32")
     engine = TranslationEngine("mt", mt, max_rows=16, max_queue=64, timeout_s=60.0, metrics=Metrics(),
@@ -180,7 +180,7 @@ def test_vit_on_gpu_matches_cpu(tmp_path, backend):
 def test_t5_on_flash_equals_math(tmp_path):
     """T5's self-attention carries a position bias the Triton kernels do not take: those layers run on SDPA,
     cross-attention on the kernels, and the translations are `math`'s (float32)."""
-    from model.decoding import translate  # noqa: PLC0415
+    from tserve.model.decoding import translate  # noqa: PLC0415
 
     d = factories.hf_t5_dir(tmp_path / "t5")
     flash = checkpoint.load(d, device=CUDA, dtype="float32", backend="flash")

@@ -15,9 +15,14 @@ import time
 import pytest
 import torch
 
-from model import checkpoint
-from model.decoding import BeamSearch, BeamSettings, SamplingParams
-from service.engine import (
+from tests.helpers import factories
+from tests.helpers.fixture_training import CYCLE, cycle_prompts, lexicon_sentences
+from tests.helpers.hooked_server import slow_steps
+from tests.helpers.one_request import job_tokens, lm_tokens
+from tests.helpers.polling import until
+from tserve.model import checkpoint
+from tserve.model.decoding import BeamSearch, BeamSettings, SamplingParams
+from tserve.service.engine import (
     DynamicBatcher,
     GenerationEngine,
     OutOfMemory,
@@ -25,12 +30,7 @@ from service.engine import (
     TranslationEngine,
     request_error,
 )
-from service.metrics import Metrics
-from tests.helpers import factories
-from tests.helpers.fixture_training import CYCLE, cycle_prompts, lexicon_sentences
-from tests.helpers.hooked_server import slow_steps
-from tests.helpers.one_request import job_tokens, lm_tokens
-from tests.helpers.polling import until
+from tserve.service.metrics import Metrics
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -9,13 +9,13 @@ import random
 
 import pytest
 
-from model import checkpoint
-from model.decoding import SamplingParams
-from service.engine import GenerationEngine
-from service.metrics import Metrics
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.one_request import lm_tokens
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
+from tserve.service.engine import GenerationEngine
+from tserve.service.metrics import Metrics
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -158,10 +158,10 @@ def test_an_identical_source_reads_the_encoder_output_of_the_first(mt, monkeypat
     or beams) read the first one's cross slot, and every translation equals its source translated alone. Two
     different sources of the same length never share; with reuse off everything is encoded; a slot no one reads
     gives way to a new source when none is free."""
-    from model.decoding import Seq2SeqRunner, translation_job
-    from model.decoding.seq2seq_runner import run_jobs
     from tests.helpers.fixture_training import lexicon_sentences
     from tests.helpers.one_request import mt_tokens
+    from tserve.model.decoding import Seq2SeqRunner, translation_job
+    from tserve.model.decoding.seq2seq_runner import run_jobs
 
     texts = lexicon_sentences(40, seed=8, min_words=4, max_words=4)
     encode = mt.tokenizer.encode
@@ -187,9 +187,9 @@ def test_an_identical_source_reads_the_encoder_output_of_the_first(mt, monkeypat
 
 
 def test_the_engine_counts_encoder_outputs_reused(mt):
-    from model.decoding import translation_job
-    from service.engine import TranslationEngine
     from tests.helpers.fixture_training import lexicon_sentences
+    from tserve.model.decoding import translation_job
+    from tserve.service.engine import TranslationEngine
 
     engine = TranslationEngine("mt", mt, max_rows=4, max_queue=16, timeout_s=60.0, metrics=Metrics())
     engine.start()

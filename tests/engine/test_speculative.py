@@ -13,14 +13,14 @@ from collections import Counter
 import pytest
 import torch
 
-from model import checkpoint
-from model.decoding import DecoderRunner, SamplingParams, Speculation, generate
-from model.decoding.speculative import JUDGED_EVERY, PAUSE_TOKENS, NgramIndex
-from service.engine import GenerationEngine
-from service.metrics import Metrics
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT, cycle_prompts
 from tests.helpers.one_request import lm_tokens
+from tserve.model import checkpoint
+from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, generate
+from tserve.model.decoding.speculative import JUDGED_EVERY, PAUSE_TOKENS, NgramIndex
+from tserve.service.engine import GenerationEngine
+from tserve.service.metrics import Metrics
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -8,14 +8,14 @@ import asyncio
 
 import pytest
 
-from model import checkpoint
-from service.engine import TranslationEngine
-from service.engine.kv_memory import kv_block_bytes
-from service.metrics import Metrics
-from service.tasks.translation import collect_translation
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences
 from tests.helpers.one_request import assert_translations_as_alone, job_tokens
+from tserve.model import checkpoint
+from tserve.service.engine import TranslationEngine
+from tserve.service.engine.kv_memory import kv_block_bytes
+from tserve.service.metrics import Metrics
+from tserve.service.tasks.translation import collect_translation
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -97,8 +97,8 @@ def test_a_request_larger_than_the_pool_is_refused(mt):
 
 def test_the_servers_settings_size_a_translators_pool(tmp_path):
     """--kv-cache-memory and --kv-block-size reach a translator the server loads, and /metrics reports its pool."""
-    from service.registry import ModelRegistry
-    from service.settings import Settings
+    from tserve.service.registry import ModelRegistry
+    from tserve.service.settings import Settings
 
     d = factories.tiny_mt_dir(tmp_path / "mt")
     block_bytes = kv_block_bytes(checkpoint.load(d), BLOCK)
@@ -119,9 +119,9 @@ def test_kept_encoder_outputs_give_their_blocks_up_the_oldest_first(mt, monkeypa
     until a running request needs them; then the output unread the longest goes first, and the request goes on
     (run alone here, it could not be preempted). A source whose output went is encoded again, one still kept is
     not, and every translation equals its source's alone."""
-    from model.decoding import Seq2SeqRunner, translation_job
-    from model.decoding.seq2seq_runner import run_jobs
     from tests.engine.test_paged_engine import counting_encoder
+    from tserve.model.decoding import Seq2SeqRunner, translation_job
+    from tserve.model.decoding.seq2seq_runner import run_jobs
 
     encode = mt.tokenizer.encode
     short = [encode(t) for t in dict.fromkeys(lexicon_sentences(12, seed=3, min_words=1, max_words=2))][:3]
@@ -155,7 +155,7 @@ def test_kept_encoder_outputs_give_their_blocks_up_the_oldest_first(mt, monkeypa
 
 
 def test_a_source_longer_than_the_runner_holds_claims_nothing(mt):
-    from model.decoding import Seq2SeqRunner, TranslationSequence, translation_job
+    from tserve.model.decoding import Seq2SeqRunner, TranslationSequence, translation_job
 
     runner = Seq2SeqRunner(mt, num_rows=2, cuda_graphs=False, max_len=16, block_size=BLOCK)
     with pytest.raises(ValueError, match="20 tokens"):

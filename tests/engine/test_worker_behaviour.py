@@ -16,14 +16,20 @@ from typing import Any
 
 import pytest
 
-from model import checkpoint
-from model.decoding import SamplingParams
-from service.engine import DynamicBatcher, GenerationEngine, QueueFull, RequestTimeout, TranslationEngine
-from service.metrics import Metrics
-from service.runners import Translator
 from tests.helpers import factories
 from tests.helpers.hooked_server import slow_steps
 from tests.helpers.polling import until
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
+from tserve.service.engine import (
+    DynamicBatcher,
+    GenerationEngine,
+    QueueFull,
+    RequestTimeout,
+    TranslationEngine,
+)
+from tserve.service.metrics import Metrics
+from tserve.service.runners import Translator
 
 STEP_S = 0.02  # engine steps slowed to this: a 60-token request runs for more than a second
 BATCH_S = 0.6  # the batch function's time for a "long" item

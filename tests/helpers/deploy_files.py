@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.metrics import Metrics
-from service.settings import Settings
+from tserve.service.metrics import Metrics
+from tserve.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

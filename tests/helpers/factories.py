@@ -18,15 +18,15 @@ import torch
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from model.checkpoint import GenerationDefaults, save_checkpoint
-from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
-from model.decoder import Decoder
-from model.preprocessing import ImagePreprocessing
-from model.seq2seq import Seq2Seq
-from model.tokenizer import load_tokenizer
-from model.vit import ViT
 from tests.helpers import fixture_training
 from tests.helpers.committed_fixtures import copy_fixture
+from tserve.model.checkpoint import GenerationDefaults, save_checkpoint
+from tserve.model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
+from tserve.model.decoder import Decoder
+from tserve.model.preprocessing import ImagePreprocessing
+from tserve.model.seq2seq import Seq2Seq
+from tserve.model.tokenizer import load_tokenizer
+from tserve.model.vit import ViT
 
 EN = [
     "The quick brown fox jumps over the lazy dog.",
@@ -293,8 +293,8 @@ def aligned_mt_dir(d: Path, seed: int = 0) -> Path:
 
 
 def _aligned_mt(d: Path, seed: int = 0) -> Path:
-    from model.alignment import choose_alignment_heads
-    from model.checkpoint import load
+    from tserve.model.alignment import choose_alignment_heads
+    from tserve.model.checkpoint import load
 
     _tiny_mt(d, seed, train=True, steps=ALIGNED_MT_STEPS)
     loaded = load(d)

@@ -12,13 +12,13 @@ from typing import Any
 import torch
 from fastapi import Request
 
-from model import attention_maps as am
-from service.connection import while_connected
-from service.engine import DynamicBatcher
-from service.errors import OIPError, engine_failure
-from service.schemas import AttentionRequest
-from service.tasks import AttentionResult, ServedModel, register
-from service.tasks.base import bytes_elements
+from tserve.model import attention_maps as am
+from tserve.service.connection import while_connected
+from tserve.service.engine import DynamicBatcher
+from tserve.service.errors import OIPError, engine_failure
+from tserve.service.schemas import AttentionRequest
+from tserve.service.tasks import AttentionResult, ServedModel, register
+from tserve.service.tasks.base import bytes_elements
 
 
 @torch.inference_mode()

@@ -179,7 +179,7 @@ def sentences_where_beams_matter(loaded, n: int, num_beams: int = 4, max_new_tok
     """Up to `n` lexicon sentences (5-10 words, longer than most training ones) whose `num_beams`-beam
     translation differs from the greedy one, for `loaded` (a translator from `model.checkpoint.load`).
     Fails when there is none: the fixture would be too sure of itself to test beam search."""
-    from model.decoding import translate
+    from tserve.model.decoding import translate
 
     out = []
     for text in lexicon_sentences(40, seed=seed, min_words=5, max_words=10):
@@ -198,7 +198,7 @@ def lexicon_alignments(loaded, n: int, seed: int = 3):  # noqa: ANN001, ANN201 -
     i), as `model.alignment.KnownAlignment`s over the translator's tokens."""
     import re  # noqa: PLC0415
 
-    from model.alignment import KnownAlignment, token_spans  # noqa: PLC0415
+    from tserve.model.alignment import KnownAlignment, token_spans  # noqa: PLC0415
 
     tok, eos = loaded.tokenizer, loaded.config.eos_token_id
     out = []

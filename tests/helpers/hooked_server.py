@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-from service.cli import main  # noqa: E402
-from service.engine import (  # noqa: E402
+from tserve.service.cli import main  # noqa: E402
+from tserve.service.engine import (  # noqa: E402
     GenerationEngine,
     GenerationRequest,
     Scheduler,  # noqa: E402
 )
-from service.registry import ModelRegistry  # noqa: E402
-from service.runners import Classifier  # noqa: E402
+from tserve.service.registry import ModelRegistry  # noqa: E402
+from tserve.service.runners import Classifier  # noqa: E402
 
 
 def slow_steps(target: Scheduler | type[Scheduler], seconds: float) -> Scheduler | type[Scheduler]:

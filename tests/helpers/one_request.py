@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from model.checkpoint import LoadedModel
-from model.decoding import SamplingParams, TranslationJob, generate, translate
-from model.decoding.seq2seq_runner import run_jobs
+from tserve.model.checkpoint import LoadedModel
+from tserve.model.decoding import SamplingParams, TranslationJob, generate, translate
+from tserve.model.decoding.seq2seq_runner import run_jobs
 
 
 def lm_tokens(loaded: LoadedModel, prompt: Sequence[int], params: SamplingParams, *, with_eos: bool = True) -> list[int]:

@@ -42,7 +42,7 @@ class ServerProcess:
         self.log_file = log_file
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         hooks = {**(hooks or {}), **({"TSERVE_TEST_STEP_DELAY_S": str(step_delay_s)} if step_delay_s else {})}
-        entry = ["-m", "tests.helpers.hooked_server"] if hooks else ["-m", "service"]
+        entry = ["-m", "tests.helpers.hooked_server"] if hooks else ["-m", "tserve"]
         full_env.update(hooks)
         self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import torch
 
-from model.checkpoint import load
-from model.decoding import translate as translate_ids
 from tests.helpers.server import ServerProcess
+from tserve.model.checkpoint import load
+from tserve.model.decoding import translate as translate_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "models" / "tserve-en-de"

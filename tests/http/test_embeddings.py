@@ -14,9 +14,9 @@ import torch
 import transformers
 from PIL import Image
 
-from model.checkpoint import load
 from tests.helpers import factories
 from tests.helpers.server import ServerProcess
+from tserve.model.checkpoint import load
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -15,12 +15,12 @@ import zipfile
 import httpx
 import pytest
 
-from model.checkpoint import load
 from tests.files.test_formats import MARKED, SENTENCES, TRANSLATED_PARTS
 from tests.helpers import factories
 from tests.helpers.fixture_training import LEXICON, assert_greedy_margins
 from tests.helpers.office_files import FORMATS, build, read_back
 from tests.helpers.server import ServerProcess
+from tserve.model.checkpoint import load
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -8,10 +8,10 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from service.app import build_app
-from service.settings import Settings
 from tests.helpers import factories
 from tests.helpers.server import ServerProcess
+from tserve.service.app import build_app
+from tserve.service.settings import Settings
 
 
 @pytest.fixture(scope="module")

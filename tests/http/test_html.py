@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from model.checkpoint import load
 from tests.helpers import factories
 from tests.helpers.fixture_training import LEXICON, assert_greedy_margins
 from tests.helpers.server import ServerProcess
+from tserve.model.checkpoint import load
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

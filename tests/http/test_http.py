@@ -14,12 +14,12 @@ import pytest
 import torch
 from PIL import Image
 
-from model import attention_maps, checkpoint
-from model.decoding import SamplingParams, translate
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts, lexicon_sentences
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.server import ServerProcess
+from tserve.model import attention_maps, checkpoint
+from tserve.model.decoding import SamplingParams, translate
 
 PROMPTS = cycle_prompts(31)
 MAX_IMAGE_PIXELS = 250_000

@@ -23,11 +23,11 @@ import torch
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from model import checkpoint
-from model.decoding import SamplingParams
 from tests.helpers import factories, fixture_training
 from tests.helpers.one_request import lm_tokens, mt_tokens
 from tests.helpers.server import ServerProcess
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
 
 BATCH_MAX_SIZE = 2
 BATCH_MAX_WAIT_MS = 1000

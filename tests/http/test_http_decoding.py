@@ -9,12 +9,12 @@ import asyncio
 import httpx
 import pytest
 
-from model import checkpoint
-from model.decoding import SamplingParams
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts, sentences_where_beams_matter
 from tests.helpers.one_request import lm_tokens, mt_tokens
 from tests.helpers.server import ServerProcess
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ from urllib.parse import urljoin
 import httpx
 import pytest
 
-from model import checkpoint
-from service.app import build_app
-from service.settings import Settings
 from tests.helpers import factories, fixture_training
 from tests.helpers.server import ServerProcess
+from tserve.model import checkpoint
+from tserve.service.app import build_app
+from tserve.service.settings import Settings
 
 KEY = "sk-limits-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

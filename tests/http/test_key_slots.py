@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from service.app import build_app
-from service.settings import Settings
 from tests.helpers import factories
 from tests.helpers.server import ServerProcess
+from tserve.service.app import build_app
+from tserve.service.settings import Settings
 
 KEY = "sk-slots-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

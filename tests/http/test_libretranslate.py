@@ -13,13 +13,13 @@ import httpx
 import pytest
 from libretranslatepy import LibreTranslateAPI
 
-from model.checkpoint import load
-from service.app import build_app
-from service.settings import Settings
 from tests.helpers import factories
 from tests.helpers.fixture_training import LEXICON, assert_greedy_margins
 from tests.helpers.server import ServerProcess
 from tests.http.test_html import BUNDLED, assert_same_markup
+from tserve.model.checkpoint import load
+from tserve.service.app import build_app
+from tserve.service.settings import Settings
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -11,13 +11,13 @@ import httpx
 import pytest
 import torch
 
-from model import checkpoint
-from model.decoding import SamplingParams
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.llama_family import FAMILIES
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.server import ServerProcess, concurrently
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.kernels, pytest.mark.parametrize("family", FAMILIES)]

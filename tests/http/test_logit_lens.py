@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
-from model.checkpoint import load
 from tests.helpers import factories
 from tests.helpers.server import ServerProcess
+from tserve.model.checkpoint import load
 
 TEXT = "the cat sat on the mat and the dog"
 

@@ -9,10 +9,10 @@ import httpx
 import pytest
 import torch
 
-from model.checkpoint import load
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences
 from tests.helpers.server import ServerProcess, concurrently
+from tserve.model.checkpoint import load
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -222,7 +222,7 @@ def test_attention_and_logit_lens_read_the_languages_asked_for(server, checkpoin
 def test_int8_weights_serve_what_they_compute_alone(checkpoints, tmp_path):
     """`--quantize int8`: a mixed-direction batch answers what the int8 model translates alone, and mostly
     what the float32 model translates."""
-    from model.decoding import translate
+    from tserve.model.decoding import translate
 
     int8, fp32 = load(checkpoints["nllb"], quantize="int8"), load(checkpoints["nllb"])
     tok = int8.tokenizer

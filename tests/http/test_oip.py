@@ -14,12 +14,12 @@ import pytest
 import torch
 from PIL import Image
 
-from model import checkpoint
-from model.decoding import translate
 from tests.helpers import factories
 from tests.helpers.fixture_training import sentences_where_beams_matter
 from tests.helpers.polling import until
 from tests.helpers.server import ServerProcess
+from tserve.model import checkpoint
+from tserve.model.decoding import translate
 
 
 @pytest.fixture(scope="module")

@@ -158,20 +158,20 @@ def test_unloading_drains_refuses_and_gives_the_memory_back(setup):
 def test_the_models_command(setup):
     srv, _ = setup
     env = os.environ | {"TSERVE_URL": srv.url, "TSERVE_ADMIN_KEY": ADMIN}
-    out = subprocess.run([sys.executable, "-m", "service", "models", "list"], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tserve.service", "models", "list"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "lm\tREADY" in out.stdout
-    denied = subprocess.run([sys.executable, "-m", "service", "models", "unload", "lm", "--key", "wrong"], env=env,
+    denied = subprocess.run([sys.executable, "-m", "tserve.service", "models", "unload", "lm", "--key", "wrong"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert denied.returncode == 1 and "401" in denied.stderr
 
 
 def test_a_load_past_max_model_memory_is_refused_before_its_weights_are_read(tmp_path, monkeypatch):
-    from model import checkpoint
-    from service.errors import APIError
-    from service.metrics import Metrics
-    from service.registry import ModelRegistry
-    from service.settings import Settings
+    from tserve.model import checkpoint
+    from tserve.service.errors import APIError
+    from tserve.service.metrics import Metrics
+    from tserve.service.registry import ModelRegistry
+    from tserve.service.settings import Settings
 
     d = factories.tiny_lm_dir(tmp_path / "lm", trained=False, d_model=128, n_heads=4, d_ff=256, n_layers=2)
     loaded = checkpoint.load(d)

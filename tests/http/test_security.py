@@ -7,9 +7,9 @@ import asyncio
 import httpx
 import pytest
 
-from service.app import build_app
-from service.security import KeyChecker
-from service.settings import Settings
+from tserve.service.app import build_app
+from tserve.service.security import KeyChecker
+from tserve.service.settings import Settings
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -113,7 +113,7 @@ def test_key_comparison_is_constant_time(monkeypatch):
     """Whatever the candidate (no common prefix, all but the last character, the key itself), the check
     makes the same calls: hmac.compare_digest on equal-length digests, once per configured key, with no
     early exit. (Proven by construction rather than by timing, which a shared CI machine cannot resolve.)"""
-    import service.security as security
+    import tserve.service.security as security
 
     calls: list[tuple[int, int]] = []
     real = security.hmac.compare_digest
@@ -138,7 +138,7 @@ def test_key_comparison_is_constant_time(monkeypatch):
 def test_prompts_are_logged_only_when_asked(caplog):
     from types import SimpleNamespace
 
-    from service.routes.deps import log_inputs
+    from tserve.service.routes.deps import log_inputs
 
     def request(log_prompts: bool):
         app = SimpleNamespace(state=SimpleNamespace(settings=Settings(log_prompts=log_prompts)))
@@ -155,8 +155,8 @@ def test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority():
     """The middleware says whose each request is for the engines' fair admission: the key (`KEY:N` gives its
     priority N), else the client's address; a body's `priority` may ask for a later turn than its key's, not an
     earlier one, and is taken as asked for a key without a priority."""
-    from service.engine import admission
-    from service.routes.deps import prioritise
+    from tserve.service.engine import admission
+    from tserve.service.routes.deps import prioritise
 
     def who_app(**settings):
         app = build_app(Settings(**settings), load_models=False)

@@ -9,12 +9,12 @@ import concurrent.futures
 import httpx
 import pytest
 
-from model import checkpoint
-from model.decoding import SamplingParams
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.server import ServerProcess, streamed_completion_text
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

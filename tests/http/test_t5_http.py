@@ -9,11 +9,11 @@ import httpx
 import pytest
 import torch
 
-from model.checkpoint import load
-from model.decoding import translate
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied
 from tests.helpers.server import ServerProcess, concurrently
+from tserve.model.checkpoint import load
+from tserve.model.decoding import translate
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

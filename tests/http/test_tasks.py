@@ -11,16 +11,16 @@ import httpx
 import pytest
 import torch
 
-from model import attention_maps as am
-from model.checkpoint import load
-from service.metrics import Metrics
-from service.runners import InvalidInput
-from service.schemas import AttentionRequest
-from service.settings import Settings
-from service.tasks import ServedLanguageModel
 from tests.helpers import factories
 from tests.helpers.feature_extraction_task import embed
 from tests.helpers.server import ServerProcess
+from tserve.model import attention_maps as am
+from tserve.model.checkpoint import load
+from tserve.service.metrics import Metrics
+from tserve.service.runners import InvalidInput
+from tserve.service.schemas import AttentionRequest
+from tserve.service.settings import Settings
+from tserve.service.tasks import ServedLanguageModel
 
 
 @pytest.fixture(scope="module")

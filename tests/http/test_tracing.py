@@ -133,10 +133,10 @@ def test_off_means_no_tracer_and_no_observer(monkeypatch):
     """Without an endpoint nothing is set up: no tracer, and engine requests carry no observer (no cost)."""
     import asyncio
 
-    from service import tracing
-    from service.app import build_app
-    from service.engine import request_observer
-    from service.settings import Settings
+    from tserve.service import tracing
+    from tserve.service.app import build_app
+    from tserve.service.engine import request_observer
+    from tserve.service.settings import Settings
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     app = build_app(Settings(), load_models=False)

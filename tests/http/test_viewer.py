@@ -77,7 +77,7 @@ def test_viewer_page_is_self_contained(server):
 def test_viewer_html_ships_with_the_package():
     from importlib import resources
 
-    static = resources.files("service").joinpath("static")
+    static = resources.files("tserve.service").joinpath("static")
     assert static.joinpath("viewer.html").is_file() and 'id="heatmap"' in static.joinpath("viewer.html").read_text()
     assert all(static.joinpath(name).is_file() for name in ("viewer.js", "lens.js", "document.js"))
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from model.attention import (
+from tserve.model.attention import (
     Attention,
     causal_mask,
     get_backend,
@@ -98,7 +98,7 @@ def test_backend_names():
 @pytest.mark.parametrize("Tq", [1, 6])
 def test_grouped_query_attention_equals_repeated_kv_heads(backend, Tq):
     """Query head j reads kv head j // (H / KV), one query (decode) or many (prefill), with a padding mask."""
-    from model.attention import _grouped
+    from tserve.model.attention import _grouped
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 6, Tq, 8, generator=g)

@@ -7,9 +7,9 @@ import pytest
 import torch
 import transformers
 
-from model import attention_maps as am
-from model.checkpoint import load
 from tests.helpers.one_request import mt_tokens
+from tserve.model import attention_maps as am
+from tserve.model.checkpoint import load
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

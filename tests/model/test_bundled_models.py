@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from model.checkpoint import load
-from training import data as data_mod
-from training.evaluate import SLICE_KEYS, evaluate_loaded, task_of
+from tserve.model.checkpoint import load
+from tserve.training import data as data_mod
+from tserve.training.evaluate import SLICE_KEYS, evaluate_loaded, task_of
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -34,10 +34,10 @@ def test_bundled_checkpoint_reproduces_recorded_metrics(name):
     path = ROOT / "models" / name
     assert (path / "config.json").is_file(), f"{path} is missing: the bundled models are part of the repository"
     metrics_file = path / "metrics.json"
-    assert metrics_file.is_file(), f"{metrics_file} missing: run `python -m training eval {path}`"
+    assert metrics_file.is_file(), f"{metrics_file} missing: run `python -m tserve.training eval {path}`"
     recorded = json.loads(metrics_file.read_text())
     ref = recorded.get("reference_slice")
-    assert ref, f"{metrics_file} has no reference_slice: run a full `python -m training eval {path}`"
+    assert ref, f"{metrics_file} has no reference_slice: run a full `python -m tserve.training eval {path}`"
     loaded = load(path)
     task = task_of(loaded)
     try:

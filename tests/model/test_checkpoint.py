@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import (
+from tserve.model.checkpoint import (
     CheckpointError,
     emulated_bfloat16_note,
     load,
@@ -45,7 +45,7 @@ def test_bfloat16_on_kernels_held_to_avx2_loads_with_a_note_that_it_is_emulated(
     import subprocess
     import sys
 
-    code = ("import logging, sys; from model.checkpoint import cpu_bfloat16_native, load; "
+    code = ("import logging, sys; from tserve.model.checkpoint import cpu_bfloat16_native, load; "
             "logging.basicConfig(stream=sys.stdout, level=logging.WARNING); "
             f"print(cpu_bfloat16_native(), load({str(tiny_lm)!r}, dtype='bfloat16').dtype)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"},

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.decoding import BeamSearch, BeamSettings
-from model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
+from tserve.model.decoding import BeamSearch, BeamSettings
+from tserve.model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

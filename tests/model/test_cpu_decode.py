@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import get_cached_decode, resolve_backend
-from model.checkpoint import load
-from model.config import DecoderConfig
-from model.decoder import Decoder
-from model.decoding import SamplingParams, generate, translate
-from model.kernels import cpu as cpu_kernels
-from model.tokenizer import load_tokenizer
 from tests.helpers.fixture_training import assert_varied, cycle_prompts, lexicon_sentences
+from tserve.model.attention import get_cached_decode, resolve_backend
+from tserve.model.checkpoint import load
+from tserve.model.config import DecoderConfig
+from tserve.model.decoder import Decoder
+from tserve.model.decoding import SamplingParams, generate, translate
+from tserve.model.kernels import cpu as cpu_kernels
+from tserve.model.tokenizer import load_tokenizer
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -169,6 +169,6 @@ def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path):
     assert (root / name / f"{name}.so").is_file()
     assert cpu_kernels._build_name([*flags, "-DOTHER"]) != name
     no_builder = ("import sys\nfrom torch.utils import cpp_extension\ncpp_extension.load = None\n"
-                  "from model.kernels import cpu\nsys.exit(0 if cpu.available() else 1)\n")
+                  "from tserve.model.kernels import cpu\nsys.exit(0 if cpu.available() else 1)\n")
     root_dir = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", no_builder], cwd=root_dir, timeout=120).returncode == 0

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.config import DecoderConfig
-from model.cuda_graphs import BucketedDecode, default_buckets
-from model.decoder import Decoder
 from tests.helpers.kv_rows import row_keys
+from tserve.model.config import DecoderConfig
+from tserve.model.cuda_graphs import BucketedDecode, default_buckets
+from tserve.model.decoder import Decoder
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -93,9 +93,9 @@ def test_batches_above_the_largest_bucket_run_eagerly(lm):
 
 
 def test_padded_translation_step_equals_unpadded_step():
-    from model.config import Seq2SeqConfig
-    from model.decoding.seq2seq_runner import static_decode
-    from model.seq2seq import Seq2Seq
+    from tserve.model.config import Seq2SeqConfig
+    from tserve.model.decoding.seq2seq_runner import static_decode
+    from tserve.model.seq2seq import Seq2Seq
 
     torch.manual_seed(0)
     cfg = Seq2SeqConfig(vocab_size=60, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,

@@ -13,15 +13,15 @@ import torch
 
 pytest.importorskip("triton")
 
-from model.attention import get_backend, math_attention, padding_mask, resolve_backend  # noqa: E402
-from model.checkpoint import load  # noqa: E402
-from model.config import DecoderConfig, ViTConfig  # noqa: E402
-from model.decoder import Decoder  # noqa: E402
-from model.decoding import SamplingParams, generate, translate  # noqa: E402
-from model.kernels import flash  # noqa: E402
-from model.tokenizer import load_tokenizer  # noqa: E402
-from model.vit import ViT  # noqa: E402
 from tests.helpers.fixture_training import assert_varied, cycle_prompts, lexicon_sentences  # noqa: E402
+from tserve.model.attention import get_backend, math_attention, padding_mask, resolve_backend  # noqa: E402
+from tserve.model.checkpoint import load  # noqa: E402
+from tserve.model.config import DecoderConfig, ViTConfig  # noqa: E402
+from tserve.model.decoder import Decoder  # noqa: E402
+from tserve.model.decoding import SamplingParams, generate, translate  # noqa: E402
+from tserve.model.kernels import flash  # noqa: E402
+from tserve.model.tokenizer import load_tokenizer  # noqa: E402
+from tserve.model.vit import ViT  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from model.checkpoint import load
-from model.decoding import (
+from tests.helpers.one_request import lm_tokens
+from tserve.model.checkpoint import load
+from tserve.model.decoding import (
     BeamSearch,
     BeamSettings,
     LogitsPipeline,
@@ -20,8 +21,7 @@ from model.decoding import (
     token_logprobs,
     translate,
 )
-from model.decoding.logits import filter_top_k_top_p
-from tests.helpers.one_request import lm_tokens
+from tserve.model.decoding.logits import filter_top_k_top_p
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -240,8 +240,8 @@ def test_beam_searches_advanced_together_equal_each_alone():
 
 
 def test_the_library_loads_and_decodes_without_the_server(tiny_lm, tiny_mt):
-    """`import model; model.load(...)` and `model.decoding` as README shows them."""
-    import model
+    """`from tserve import model; model.load(...)` and `model.decoding` as README shows them."""
+    from tserve import model
 
     lm = model.load(tiny_lm, device="cpu", dtype="float32")
     assert lm.dtype == torch.float32 and lm.task == "text-generation"
@@ -261,8 +261,8 @@ def test_a_rows_logits_barely_depend_on_its_batch(tiny_lm):
     """What README promises about batch invariance in float32 on a CPU: a request's logits alone and among
     7 others (other prompts and lengths: padded prefill, decode over a longer attended length) differ by at
     most 1e-4 at every step; tokens are then the same unless two candidates are closer than that."""
-    from model.decoding import DecoderRunner, TextSequence
     from tests.helpers.fixture_training import cycle_prompts
+    from tserve.model.decoding import DecoderRunner, TextSequence
 
     lm = load(tiny_lm)
     prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(8, seed=2)]
@@ -291,7 +291,7 @@ def test_a_rows_logits_barely_depend_on_its_batch(tiny_lm):
 def test_the_runner_keeps_penalty_counts_and_checks_prompts(tiny_lm):
     """The token counts the penalties read are the counts of the generated tokens (kept up to date step by
     step); a one-token prompt runs, an empty one is refused."""
-    from model.decoding import DecoderRunner
+    from tserve.model.decoding import DecoderRunner
 
     lm = load(tiny_lm)
     params = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, ignore_eos=True)
@@ -308,7 +308,7 @@ def test_the_runner_keeps_penalty_counts_and_checks_prompts(tiny_lm):
 
 
 def test_beam_settings_come_from_the_checkpoint(tiny_mt):
-    from model.decoding import Seq2SeqRunner, translation_job
+    from tserve.model.decoding import Seq2SeqRunner, translation_job
 
     mt = load(tiny_mt)
     mt.generation.length_penalty, mt.generation.early_stopping = 0.7, "never"

@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.checkpoint import load
-from model.decoding import SamplingParams, translate
 from tests.helpers.beam_parity import BeamParity, hf_beam_hypotheses
 from tests.helpers.fixture_training import (
     assert_varied,
@@ -16,6 +14,8 @@ from tests.helpers.fixture_training import (
     sentences_where_beams_matter,
 )
 from tests.helpers.one_request import lm_tokens
+from tserve.model.checkpoint import load
+from tserve.model.decoding import SamplingParams, translate
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from model.html_markup import Atom, Span, parse_html, render_block, words
 from tests.http.test_html import HELP_PAGE, assert_same_markup
+from tserve.model.html_markup import Atom, Span, parse_html, render_block, words
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from huggingface_hub import constants
 
-from model import checkpoint, hub
-from model.checkpoint import CheckpointError
 from tests.helpers import factories
 from tests.helpers.server import ServerProcess
+from tserve.model import checkpoint, hub
+from tserve.model.checkpoint import CheckpointError
 
 MAIN = "a" * 40
 V1 = "b" * 40
@@ -207,7 +207,7 @@ def fake_hub(hf_env, tiny_qwen2):
 
 def test_download_fetches_safetensors_json_and_tokenizer_files_only(fake_hub, tiny_qwen2, caplog, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_test_token")
-    caplog.set_level(logging.INFO, logger="model.hub")
+    caplog.set_level(logging.INFO, logger="tserve.model.hub")
     path = hub.resolve("org/tiny-qwen2@main")
     assert path == Path(constants.HF_HUB_CACHE) / "models--org--tiny-qwen2" / "snapshots" / MAIN
     assert sorted(p.name for p in path.iterdir()) == sorted(p.name for p in tiny_qwen2.iterdir())

@@ -9,9 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from model.checkpoint import load
-from model.quantize import INT4_GROUP_SIZES, Int4Linear, _int4_groups, linear_weight_bytes, quantize_int4
 from tests.model.test_quantize import _logits
+from tserve.model.checkpoint import load
+from tserve.model.quantize import (
+    INT4_GROUP_SIZES,
+    Int4Linear,
+    _int4_groups,
+    linear_weight_bytes,
+    quantize_int4,
+)
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -1,4 +1,4 @@
-"""Our exact int8 GEMM (model/kernels/int8_gemm.cpp): what `--int8-activations full` runs on a CPU whose PyTorch
+"""Our exact int8 GEMM (tserve/model/kernels/int8_gemm.cpp): what `--int8-activations full` runs on a CPU whose PyTorch
 int8 kernel would overflow with 8-bit activations (AVX2 without VNNI). Its integer sums are exact where
 `vpmaddubsw`'s int16 pairs saturate, every row's result is its own (alone = in any batch, bitwise), the layer
 equals its statement as PyTorch calls bit for bit. (That `auto` picks it there: tests/model/test_quantize.py.)"""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from model.kernels import cpu as cpu_kernels
-from model.quantize import Int8Linear, _quantize_weight
+from tserve.model.kernels import cpu as cpu_kernels
+from tserve.model.quantize import Int8Linear, _quantize_weight
 
 pytestmark = [pytest.mark.kernels, pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built (no compiler)")]
 

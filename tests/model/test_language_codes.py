@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.language_codes import model_code, short_code
+from tserve.model.language_codes import model_code, short_code
 
 NLLB = ["eng_Latn", "deu_Latn", "zho_Hans", "zho_Hant", "arb_Arab", "ace_Arab", "ace_Latn", "nob_Latn"]
 M2M100 = ["__en__", "__de__", "__zh__", "__ar__", "__no__"]

@@ -9,12 +9,12 @@ import shutil
 import pytest
 import torch
 
-from model.checkpoint import CheckpointError, load
-from model.config import DecoderConfig
-from model.decoder import Decoder
-from model.decoding import SamplingParams, generate
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.one_request import lm_tokens
+from tserve.model.checkpoint import CheckpointError, load
+from tserve.model.config import DecoderConfig
+from tserve.model.decoder import Decoder
+from tserve.model.decoding import SamplingParams, generate
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -43,9 +43,9 @@ def test_logits_equal_transformers(hf_family):
 def test_served_models_compute_gate_and_fc1_as_one_product_with_the_same_outputs(hf_family):
     """Loaded to serve (packed or quantized), a gated MLP's two input projections are one linear layer; each
     output is the same dot product, so int8 logits (integer sums) are bit for bit those of the two layers."""
-    from model.layers import MLP  # noqa: PLC0415
-    from model.packed_linear import pack_linears  # noqa: PLC0415
-    from model.quantize import quantize_int8, resolve_activations  # noqa: PLC0415
+    from tserve.model.layers import MLP  # noqa: PLC0415
+    from tserve.model.packed_linear import pack_linears  # noqa: PLC0415
+    from tserve.model.quantize import quantize_int8, resolve_activations  # noqa: PLC0415
 
     _, d = hf_family
     tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))

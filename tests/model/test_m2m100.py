@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.checkpoint import load
-from model.decoding import translate
 from tests.helpers.beam_parity import BeamParity, hf_beam_hypotheses
 from tests.helpers.factories import hf_nllb_dir
 from tests.helpers.fixture_training import LEXICON, assert_varied, lexicon_sentences
+from tserve.model.checkpoint import load
+from tserve.model.decoding import translate
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

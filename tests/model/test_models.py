@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig, load_config
-from model.decoder import Decoder
-from model.kv_cache import PagedCrossKV, PagedKVCache, SharedSources, SlotAllocator
-from model.layers import set_attention_backend
-from model.seq2seq import Seq2Seq
-from model.vit import ViT
+from tserve.model.config import BlockConfig, DecoderConfig, Seq2SeqConfig, ViTConfig, load_config
+from tserve.model.decoder import Decoder
+from tserve.model.kv_cache import PagedCrossKV, PagedKVCache, SharedSources, SlotAllocator
+from tserve.model.layers import set_attention_backend
+from tserve.model.seq2seq import Seq2Seq
+from tserve.model.vit import ViT
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

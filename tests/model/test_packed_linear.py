@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from model.checkpoint import load
-from model.packed_linear import PackedLinear, pack_linears
+from tserve.model.checkpoint import load
+from tserve.model.packed_linear import PackedLinear, pack_linears
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

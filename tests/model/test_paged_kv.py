@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import checkpoint
-from model.block_pool import BlockPool
-from model.decoding import DecoderRunner, SamplingParams, TextSequence
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts
+from tserve.model import checkpoint
+from tserve.model.block_pool import BlockPool
+from tserve.model.decoding import DecoderRunner, SamplingParams, TextSequence
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

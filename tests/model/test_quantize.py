@@ -15,16 +15,16 @@ import pytest
 import torch
 from torch import nn
 
-from model.checkpoint import load
-from model.quantize import (
+from tests.helpers.avx2_only import AVX2_ONLY
+from tserve.model.checkpoint import load
+from tserve.model.quantize import (
     Int8Linear,
     is_int8_linear,
     linear_weight_bytes,
     quantize_int8,
     resolve_activations,
 )
-from tests.helpers.avx2_only import AVX2_ONLY
-from training import data as data_mod
+from tserve.training import data as data_mod
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -114,7 +114,7 @@ def test_each_row_of_an_int8_weight_spans_its_levels(activations):
 def test_full_is_refused_where_no_kernel_takes_8_bits(monkeypatch):
     """Where PyTorch's int8 GEMM would overflow and our exact kernel is not built (no compiler), `full` is
     refused with a clear error, by the resolver and by the layer, and `auto` falls back to `split`."""
-    import model.quantize as quantize
+    import tserve.model.quantize as quantize
 
     monkeypatch.setattr(quantize, "full_range_activations", lambda: False)
     monkeypatch.setattr(quantize.cpu_kernels, "available", lambda: False)
@@ -129,7 +129,7 @@ def test_full_is_refused_where_no_kernel_takes_8_bits(monkeypatch):
 @pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_our_row_kernels_give_the_values_of_pytorchs_calls(activations, bias):
-    """`Int8Linear`'s forward on our C++ row mapping (model/kernels/int8_rows.cpp) equals, bit for bit, the
+    """`Int8Linear`'s forward on our C++ row mapping (tserve/model/kernels/int8_rows.cpp) equals, bit for bit, the
     chain of PyTorch calls it replaces, for wide and narrow layers, one row and many, a constant row among
     them. (`full` on PyTorch's kernel; on ours: tests/model/test_int8_gemm.py.)"""
     torch.manual_seed(1)
@@ -145,7 +145,7 @@ def test_our_row_kernels_give_the_values_of_pytorchs_calls(activations, bias):
 PROBE = """
 import json, torch
 from torch import nn
-from model.quantize import Int8Linear, resolve_activations
+from tserve.model.quantize import Int8Linear, resolve_activations
 from tests.model.test_quantize import _long_tailed_rows, _relative_errors
 torch.manual_seed(0)
 linear = nn.Linear(64, 48)
@@ -197,7 +197,7 @@ def _data_or_skip(fetch):  # noqa: ANN001, ANN202
 @functools.cache
 def _float32_translations() -> tuple[list[str], list[str], list[str]]:
     """The en-de test split (all 2,214 sentences, 4 beams): sources, references and float32's translations."""
-    from training.evaluate import translate
+    from tserve.training.evaluate import translate
 
     pairs = _data_or_skip(lambda: data_mod.load_translation_pairs()["test"])
     sources, refs = [p.en for p in pairs], [p.de for p in pairs]
@@ -208,7 +208,7 @@ def translator_agreement(quantize: str, activations: str = "auto") -> tuple[floa
     """On the whole en-de test split, 4 beams: the share of translations identical to float32's, float32's chrF
     and the quantized model's. The whole split, not a slice: one sentence is 0.05% of it, so that the rounding
     of another CPU's float32 kernels, which can flip a few beam searches either way, cannot cross a bound."""
-    from training.evaluate import bleu_chrf, translate
+    from tserve.training.evaluate import bleu_chrf, translate
 
     sources, refs, fp32 = _float32_translations()
     quantized = translate(_bundled("tserve-en-de", quantize, activations), sources)
@@ -218,7 +218,7 @@ def translator_agreement(quantize: str, activations: str = "auto") -> tuple[floa
 
 def lm_perplexities(quantize: str) -> tuple[float, float]:
     """The bundled LM's perplexity on 20 test chunks, float32 and quantized."""
-    from training.evaluate import evaluate_loaded
+    from tserve.training.evaluate import evaluate_loaded
 
     path = ROOT / "models" / "tserve-lm"
     fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-lm"), path, limit=20, full=False))
@@ -257,7 +257,7 @@ def test_int8_language_model_perplexity_within_2_percent():
 
 @pytest.mark.slow
 def test_int8_vit_accuracy_within_0_3_points():
-    from training.evaluate import evaluate_loaded
+    from tserve.training.evaluate import evaluate_loaded
 
     path = ROOT / "models" / "tserve-vit-fashion"
     fp32 = _data_or_skip(lambda: evaluate_loaded(_bundled("tserve-vit-fashion"), path, limit=1000, full=False))

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from model.segmentation import split_document, split_sentences
+from tserve.model.segmentation import split_document, split_sentences
 
 DOCUMENT = """  Click Save to keep your changes. The file is stored in the current folder!
 

@@ -1,4 +1,4 @@
-"""Structured output in the runner (model/decoding/structured.py): the grammar's mask on each constrained row,
+"""Structured output in the runner (tserve/model/decoding/structured.py): the grammar's mask on each constrained row,
 advanced with every token, on every tokenizer kind a served LM has: byte-level BPE from vocab.json + merges
 (GPT-2), byte-level BPE in tokenizer.json (Qwen2) and SentencePiece with byte fallback (Mistral)."""
 
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from model import checkpoint
-from model.checkpoint import LoadedModel
-from model.decoding import SamplingParams, generate
-from model.decoding.lm_runner import DecoderRunner
-from model.decoding.structured import Constraint, GrammarError, masks_for
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts
+from tserve.model import checkpoint
+from tserve.model.checkpoint import LoadedModel
+from tserve.model.decoding import SamplingParams, generate
+from tserve.model.decoding.lm_runner import DecoderRunner
+from tserve.model.decoding.structured import Constraint, GrammarError, masks_for
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.attention import BACKENDS
-from model.checkpoint import load
-from model.decoding import translate
-from model.layers import set_attention_backend
-from model.relative_positions import relative_buckets
 from tests.helpers.beam_parity import BeamParity
 from tests.helpers.factories import hf_t5_dir
 from tests.helpers.fixture_training import LEXICON, assert_varied, lexicon_sentences
+from tserve.model.attention import BACKENDS
+from tserve.model.checkpoint import load
+from tserve.model.decoding import translate
+from tserve.model.layers import set_attention_backend
+from tserve.model.relative_positions import relative_buckets
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

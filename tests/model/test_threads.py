@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from model.preprocessing import ImagePreprocessing
+from tserve.model.preprocessing import ImagePreprocessing
 
 
 def _threads() -> int:

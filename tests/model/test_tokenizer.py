@@ -11,7 +11,7 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from model.tokenizer import (
+from tserve.model.tokenizer import (
     HFTokenizer,
     IncrementalDetokenizer,
     MarianTokenizer,

@@ -39,8 +39,8 @@ KILLED = {"killed", "timeout", "caught by type check"}
 
 
 def module_of(name: str) -> str:
-    """model.kv_cache.xǁKVCacheǁwrite__mutmut_3 -> model.kv_cache"""
-    return ".".join(name.split(".")[:2])
+    """tserve.model.kv_cache.xǁKVCacheǁwrite__mutmut_3 -> model.kv_cache"""
+    return ".".join(name.removeprefix("tserve.").split(".")[:2])
 
 
 def generate() -> list[str]:

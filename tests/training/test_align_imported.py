@@ -1,4 +1,4 @@
-"""`python -m training align` on imported multilingual translators (NLLB-200, MADLAD-400-shaped T5): the pairs are
+"""`python -m tserve.training align` on imported multilingual translators (NLLB-200, MADLAD-400-shaped T5): the pairs are
 encoded in the languages asked for (the source code first / the target's tag in front), the choice is written
 into the checkpoint's generation_config.json (where Whisper's checkpoints keep theirs) and read back on load,
 so that HTML tag placement uses it."""
@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from model.alignment import KnownAlignment, default_heads
-from model.checkpoint import load
 from tests.helpers import factories
 from tests.helpers.fixture_training import LEXICON
-from training import alignment
-from training.data.pairs import TranslationPair
+from tserve.model.alignment import KnownAlignment, default_heads
+from tserve.model.checkpoint import load
+from tserve.training import alignment
+from tserve.training.data.pairs import TranslationPair
 
 pytest.importorskip("transformers")
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from model.checkpoint import load
-from model.decoding import SamplingParams, translate
 from tests.helpers import factories
 from tests.helpers.fixture_training import (
     CYCLE_TEXT,
@@ -17,6 +15,8 @@ from tests.helpers.fixture_training import (
     sentences_where_beams_matter,
 )
 from tests.helpers.one_request import lm_tokens
+from tserve.model.checkpoint import load
+from tserve.model.decoding import SamplingParams, translate
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from tests.helpers.factories import DE, EN
-from training.data.sources import (
+from tserve.training.data.sources import (
     LM_CHUNK_CHARS,
     LM_TEST_FRAC,
     LM_VALID_FRAC,

@@ -16,22 +16,22 @@ import sacrebleu
 import torch
 from PIL import Image
 
-from model.attention import Attention
-from model.checkpoint import load
-from model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
-from model.decoder import Decoder
-from model.decoding import SamplingParams
-from model.preprocessing import ImagePreprocessing
-from model.seq2seq import Seq2Seq
-from model.tokenizer import load_tokenizer
-from model.vit import ViT
 from tests.helpers.factories import DE, EN
 from tests.helpers.one_request import lm_tokens
-from training import bpe, cli, evaluate, lm, translation, vit
-from training.card import render_card
-from training.common import RunOptions, count_parameters, planned_steps, set_dropout
-from training.data import TranslationPair
-from training.loop import LoopConfig, learning_rate, train_loop
+from tserve.model.attention import Attention
+from tserve.model.checkpoint import load
+from tserve.model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
+from tserve.model.decoder import Decoder
+from tserve.model.decoding import SamplingParams
+from tserve.model.preprocessing import ImagePreprocessing
+from tserve.model.seq2seq import Seq2Seq
+from tserve.model.tokenizer import load_tokenizer
+from tserve.model.vit import ViT
+from tserve.training import bpe, cli, evaluate, lm, translation, vit
+from tserve.training.card import render_card
+from tserve.training.common import RunOptions, count_parameters, planned_steps, set_dropout
+from tserve.training.data import TranslationPair
+from tserve.training.loop import LoopConfig, learning_rate, train_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -352,7 +352,7 @@ def test_lm_training_continues_from_a_checkpoint(tiny_lm_run, tmp_path):
     assert [row["step"] for row in info["validation"]] == [0, 1, 2, 3, 4, 5]
     assert info["kept_step"] == info["validation"][losses.index(min(losses))]["step"]
     kept = load(tmp_path)
-    from training.lm import eval_windows, mean_nll, token_stream
+    from tserve.training.lm import eval_windows, mean_nll, token_stream
     val = eval_windows(token_stream(kept.tokenizer, corpus["valid"]), cfg.context, cfg.val_windows)
     assert mean_nll(kept.model, val)[0] == pytest.approx(min(losses), abs=1e-4)
     assert (tmp_path / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
@@ -512,8 +512,8 @@ def test_count_parameters_counts_tied_weights_once():
 
 
 def test_plan_loop_applies_the_command_line():
-    from training.common import plan_loop
-    from training.loop import LoopConfig
+    from tserve.training.common import plan_loop
+    from tserve.training.loop import LoopConfig
 
     loop = plan_loop(LoopConfig(lr=2e-3, warmup_steps=500, eval_every=1000), RunOptions(out=Path("x"), lr=1e-4,
                      epochs=2, max_minutes=3.0), None, 10.0, 640, 64)

@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from training import data
+from tserve.training import data
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,9 @@
+"""tserve: an HTTP inference service for transformer models, in one package.
+
+- :mod:`tserve.model`: pure PyTorch (configs, layers, attention backends, kernels, KV cache, checkpoints and
+  importers, decoding); no web code.
+- :mod:`tserve.service`: the FastAPI service (routes, engines, tasks, settings, the command line).
+- :mod:`tserve.training`: data preparation, trainers, evaluation and model cards.
+
+`python -m tserve` is the `tserve` command.
+"""

@@ -1,0 +1,219 @@
+"""Model configurations: plain dataclasses that round-trip through JSON.
+
+One config per architecture. Every option that changes the maths of a layer lives here, so that a
+checkpoint's `config.json` fully describes the network and importers only have to fill fields in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+Norm = Literal["layernorm", "rmsnorm"]
+NormPlacement = Literal["pre", "post"]
+# `gelu_tanh` is GPT-2's "gelu_new"; `silu` is Marian's "swish"; `swiglu` is a gated MLP (Llama's) and
+# `gated_gelu_tanh` the same with GPT-2's GELU (T5 v1.1's "gated-gelu").
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "gated_gelu_tanh"]
+# `relative`: no position added to the inputs; T5's learned relative position bias on the attention scores.
+Positions = Literal["learned", "sinusoidal", "rope", "relative"]
+
+_NORMS = ("layernorm", "rmsnorm")
+_PLACEMENTS = ("pre", "post")
+_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "gated_gelu_tanh")
+_POSITIONS = ("learned", "sinusoidal", "rope", "relative")
+
+
+@dataclass
+class BlockConfig:
+    """Options shared by every transformer stack (decoder, encoder-decoder, ViT)."""
+
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    norm: Norm = "layernorm"
+    norm_placement: NormPlacement = "pre"
+    norm_eps: float = 1e-5
+    activation: Activation = "gelu"
+    bias: bool = True
+    dropout: float = 0.0
+    # Grouped-query attention: keys/values have `n_kv_heads` heads, each shared by n_heads / n_kv_heads query
+    # heads (None: as many as the queries). `head_dim` None: d_model // n_heads.
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    # Biases per projection where a family differs from `bias` (None: `bias`). Qwen2: q/k/v only.
+    qkv_bias: bool | None = None
+    out_bias: bool | None = None
+    mlp_bias: bool | None = None
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's queries and keys, before the rotation
+    # Mixture of experts: 0 = dense MLP; otherwise each token is routed to `moe_top_k` of `n_experts` MLPs.
+    n_experts: int = 0
+    moe_top_k: int = 2
+
+    architecture: ClassVar[str] = ""
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
+        _check_choice("norm", self.norm, _NORMS)
+        _check_choice("norm_placement", self.norm_placement, _PLACEMENTS)
+        _check_choice("activation", self.activation, _ACTIVATIONS)
+        if self.n_experts and not 1 <= self.moe_top_k <= self.n_experts:
+            raise ValueError(f"moe_top_k must be in [1, n_experts={self.n_experts}], got {self.moe_top_k}")
+        positions = getattr(self, "positions", None)
+        if positions is not None:
+            _check_choice("positions", positions, _POSITIONS)
+            if positions == "rope" and self.d_head % 2:
+                raise ValueError("rope positions need an even head size")
+
+    # --- JSON round trip -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"architecture": self.architecture, **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BlockConfig:
+        data = dict(data)
+        arch = data.pop("architecture", cls.architecture)
+        target = CONFIG_CLASSES.get(arch) if cls is BlockConfig else cls
+        if target is None:
+            raise ValueError(f"unknown architecture {arch!r}; expected one of {sorted(CONFIG_CLASSES)}")
+        if target.architecture != arch:
+            raise ValueError(f"config says architecture {arch!r}, expected {target.architecture!r}")
+        names = {f.name for f in dataclasses.fields(target)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown {arch} config fields: {unknown}")
+        return target(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> BlockConfig:
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+
+@dataclass
+class DecoderConfig(BlockConfig):
+    """GPT-style causal language model."""
+
+    vocab_size: int = 8192
+    n_layers: int = 4
+    max_seq_len: int = 512
+    positions: Positions = "learned"
+    rope_base: float = 10000.0
+    # {"rope_type": "llama3" | "linear" | "dynamic", "factor": ..., ...}: model.rope says what each reads.
+    rope_scaling: dict[str, Any] | None = None
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model)
+    final_norm: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    architecture: ClassVar[str] = "decoder"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rope_scaling is not None:
+            from tserve.model.rope import check_scaling  # noqa: PLC0415 (rope imports torch; configs stay light)
+
+            check_scaling(self.rope_scaling)
+
+
+@dataclass
+class Seq2SeqConfig(BlockConfig):
+    """Vaswani encoder-decoder (Marian / opus-mt layout) with a shared source/target vocabulary."""
+
+    vocab_size: int = 8192
+    n_encoder_layers: int = 4
+    n_decoder_layers: int = 4
+    max_source_len: int = 256
+    max_target_len: int = 256
+    positions: Positions = "sinusoidal"
+    rope_base: float = 10000.0
+    # Sinusoidal tables: Marian's frequencies or fairseq's (M2M100 / NLLB), and the row of position 0
+    # (fairseq starts at padding index + 1).
+    sinusoid: Literal["marian", "fairseq"] = "marian"
+    position_offset: int = 0
+    # Relative positions (T5): buckets of the learned bias and the distance past which all share one.
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    tie_embeddings: bool = True  # encoder, decoder and output projection share one matrix
+    scale_embeddings: bool = True
+    final_norm: bool = False  # a last norm on each stack's output (pre-norm models want it)
+    final_logits_bias: bool = False
+    output_scale: float = 1.0  # the decoder's output is multiplied by this before the output layer (tied T5)
+    decoder_start_token_id: int = 0
+    eos_token_id: int = 1
+    pad_token_id: int = 0
+
+    architecture: ClassVar[str] = "seq2seq"
+
+
+@dataclass
+class ViTConfig(BlockConfig):
+    """Vision Transformer classifier: patch embedding, class token, learned positions, linear head."""
+
+    image_size: int = 28
+    patch_size: int = 4
+    n_channels: int = 1
+    n_layers: int = 4
+    n_classes: int = 10
+    norm_eps: float = 1e-6
+    activation: Activation = "gelu"
+
+    architecture: ClassVar[str] = "vit"
+
+    @property
+    def grid_size(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        return self.grid_size**2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+
+
+CONFIG_CLASSES: dict[str, type[BlockConfig]] = {
+    c.architecture: c for c in (DecoderConfig, Seq2SeqConfig, ViTConfig)
+}
+
+
+def load_config(path: str | Path) -> BlockConfig:
+    """Read any of our configs from a `config.json`."""
+    return BlockConfig.from_json(Path(path).read_text())
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+__all__ = [
+    "BlockConfig",
+    "DecoderConfig",
+    "Seq2SeqConfig",
+    "ViTConfig",
+    "CONFIG_CLASSES",
+    "load_config",
+]

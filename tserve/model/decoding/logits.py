@@ -1,0 +1,189 @@
+"""The logits pipeline: every rule that shapes next-token scores, in one ordered list, applied to a
+(rows, vocab) tensor whose rows may belong to different requests with different parameters.
+
+Order (vLLM's and OpenAI's): the constraints first, then the sampling shape.
+    constraints   presence/frequency penalties, logit_bias, eos ban (min_tokens / ignore_eos), the
+                  checkpoint's banned ids, forced eos at the length limit, a grammar's token mask
+    shape         temperature, top-k, top-p (sampled rows only)
+Reported logprobs and beam search read the scores after the constraints. Every processor looks at its
+rows' parameters on the host first and costs nothing when no row uses it; none changes its input in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from tserve.model.decoding.params import SamplingParams
+from tserve.model.decoding.structured import disallowed
+
+
+class DecodingRow(Protocol):
+    """What the processors need to know about the request a row belongs to."""
+
+    params: SamplingParams
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens generated so far (the index of the token being chosen)."""
+
+    def token_counts(self, vocab_size: int, device: torch.device) -> Tensor:
+        """(vocab,) how often each token was generated so far (for the penalties)."""
+
+
+class LogitsPipeline:
+    """The rules of one model: its eos token and its checkpoint's banned ids / forced eos; the rest comes
+    from each row's `SamplingParams`."""
+
+    def __init__(self, eos_token_id: int | Sequence[int] | None, banned_token_ids: Sequence[int] = (),
+                 force_eos_at_max: bool = False) -> None:
+        # Every id that ends a sequence (generation_config.json may name several); the first is forced.
+        self.eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) \
+            else list(eos_token_id)
+        self.banned = list(banned_token_ids)
+        self.force_eos_at_max = force_eos_at_max and bool(self.eos_ids)
+        self.constraints = [self.penalties, self.logit_bias, self.ban_eos, self.ban_ids, self.force_eos,
+                            self.force_first, self.grammar]
+        self.shaping = [self.temperature, self.top_k_top_p]
+
+    def __call__(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """Scores to sample from: constraints, then shape."""
+        return self.shape(self.constrain(scores, rows), rows)
+
+    def constrain(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """The constraints only (float32): what logprobs report and beam search reads."""
+        scores = scores.float()  # a no-op for float32 logits; every processor keeps the dtype
+        for processor in self.constraints:
+            scores = processor(scores, rows)
+        return scores
+
+    def shape(self, constrained: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        for processor in self.shaping:
+            constrained = processor(constrained, rows)
+        return constrained
+
+    # ----------------------------------------------------------------------------------------------
+    # Constraints
+    # ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def penalties(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """OpenAI: logit -= frequency * count + presence * (count > 0)."""
+        idx = [i for i, r in enumerate(rows) if r.params.penalized]
+        if not idx:
+            return scores
+        dev, V = scores.device, scores.size(-1)
+        counts = torch.stack([rows[i].token_counts(V, dev) for i in idx])
+        presence = torch.tensor([rows[i].params.presence_penalty for i in idx], device=dev)
+        frequency = torch.tensor([rows[i].params.frequency_penalty for i in idx], device=dev)
+        penalty = frequency[:, None] * counts + presence[:, None] * (counts > 0).to(scores.dtype)
+        return scores.index_add(0, torch.tensor(idx, device=dev), -penalty)
+
+    @staticmethod
+    def logit_bias(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        entries = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias.items()]
+        if not entries:
+            return scores
+        dev = scores.device
+        i, t, b = zip(*entries, strict=True)
+        return scores.index_put((torch.tensor(i, device=dev), torch.tensor(t, device=dev)),
+                                torch.tensor(b, device=dev, dtype=scores.dtype), accumulate=True)
+
+    def ban_eos(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """No eos before min_tokens, nor ever with ignore_eos."""
+        if not self.eos_ids:
+            return scores
+        idx = [i for i, r in enumerate(rows) if r.params.ignore_eos or r.num_generated < r.params.min_tokens]
+        if not idx:
+            return scores
+        dev = scores.device
+        rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)
+        return scores.index_put((torch.tensor(rows_, device=dev), torch.tensor(ids, device=dev)),
+                                torch.tensor(float("-inf"), device=dev))
+
+    def ban_ids(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """Ids the checkpoint never generates (Marian: pad)."""
+        if not self.banned:
+            return scores
+        return scores.index_fill(-1, torch.tensor(self.banned, device=scores.device), float("-inf"))
+
+    def force_eos(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """Marian's forced_eos_token_id: at a row's last position only eos may come (scored 0, as
+        transformers does)."""
+        if not self.force_eos_at_max:
+            return scores
+        last = [r.num_generated == r.params.max_tokens - 1 for r in rows]
+        if not any(last):
+            return scores
+        only_eos = torch.full_like(scores[0], float("-inf"))
+        only_eos[self.eos_ids[0]] = 0.0
+        return torch.where(torch.tensor(last, device=scores.device)[:, None], only_eos, scores)
+
+    @staticmethod
+    def force_first(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """A row's forced first token (a multilingual translator's target language, `forced_bos_token_id`):
+        at its first step only that token may come, scored 0, as transformers does."""
+        forced = [(i, t) for i, r in enumerate(rows)
+                  if (t := getattr(r, "forced_first_token", None)) is not None and r.num_generated == 0]
+        if not forced:
+            return scores
+        dev = scores.device
+        idx, tokens = (torch.tensor(x, device=dev) for x in zip(*forced, strict=True))
+        only = torch.full((len(forced), scores.size(-1)), float("-inf"), device=dev, dtype=scores.dtype)
+        only[torch.arange(len(forced), device=dev), tokens] = 0.0
+        return scores.index_copy(0, idx, only)
+
+    def grammar(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        """Structured output: a row with a grammar may take only the tokens its bitmask allows (`token_mask`,
+        set by the runner for this step). Where nothing else is left (the grammar is complete but eos is
+        banned by min_tokens), eos is: the grammar wins."""
+        masked = [(i, m) for i, r in enumerate(rows) if (m := getattr(r, "token_mask", None)) is not None]
+        if not masked:
+            return scores
+        dev = scores.device
+        idx = torch.tensor([i for i, _ in masked], device=dev)
+        banned = disallowed(torch.stack([m for _, m in masked]).to(dev), scores.size(-1))
+        rows_scores = scores.index_select(0, idx).masked_fill(banned, float("-inf"))
+        if self.eos_ids:
+            dead = torch.isinf(rows_scores).all(-1, keepdim=True) & ~banned[:, self.eos_ids]
+            rows_scores[:, self.eos_ids] = torch.where(dead, 0.0, rows_scores[:, self.eos_ids])
+        return scores.index_copy(0, idx, rows_scores)
+
+    # ----------------------------------------------------------------------------------------------
+    # Shape (sampled rows only: a greedy row takes the argmax of its constrained scores)
+    # ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def temperature(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        temps = [1.0 if r.params.greedy else r.params.temperature for r in rows]
+        if all(t == 1.0 for t in temps):
+            return scores
+        return scores / torch.tensor(temps, device=scores.device)[:, None]
+
+    @staticmethod
+    def top_k_top_p(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+        idx = [i for i, r in enumerate(rows) if r.params.filtered]
+        if not idx:
+            return scores
+        dev = scores.device
+        rows_t = torch.tensor(idx, device=dev)
+        top_k = torch.tensor([max(rows[i].params.top_k, 0) for i in idx], device=dev)
+        top_p = torch.tensor([rows[i].params.top_p for i in idx], device=dev)
+        return scores.index_copy(0, rows_t, filter_top_k_top_p(scores[rows_t], top_k, top_p))
+
+
+def filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Mask (-inf) tokens outside each row's top-k and nucleus top-p. top_k 0 = off, top_p 1 = off.
+    The most likely token is always kept."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    V = logits.size(-1)
+    ranks = torch.arange(V, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, V)[:, None]
+    remove = ranks >= k
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    # Remove a token when the mass of the tokens before it already reaches top_p.
+    remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

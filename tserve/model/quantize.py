@@ -1,0 +1,345 @@
+"""int8 weights for the linear layers of any of the three model kinds, on PyTorch's own dynamic-quantization
+GEMM (fbgemm / oneDNN): each `nn.Linear` becomes an `Int8Linear` that holds its weight as int8 with one scale
+per output channel. Embeddings, norms and the KV cache stay in float32. CPU only: PyTorch has no CUDA kernel
+for these ops (on a GPU, bfloat16 is the smaller type to use).
+
+Activations are quantized per row (per token), not per batch. `quantized::linear_dynamic` picks one scale for
+its whole input; fed each row mapped onto [0, 1] (`(x - min) / (max - min)`), every input it sees spans
+exactly [0, 1], so that one scale is always 1/255 (1/127 with 7-bit activations) and each row gets all the
+levels over its own range. The affine map is undone on the output: `W x = span * (W x01) + min * rowsum(W)`.
+Two things follow:
+- a row's result no longer depends on the other rows of the batch: a request's int8 output is the same alone
+  and beside others (with one scale per batch, one long-tailed row coarsened every row's steps);
+- accuracy: on the bundled translator's 200-sentence test slice, 92.5% of the 4-beam translations equal
+  float32's, against 78% with PyTorch's default (one 7-bit scale per batch; docs/BENCHMARKS.md).
+
+How many bits a row gets depends on the GEMM's kernel (`ACTIVATIONS`):
+- `full`: one GEMM with 8-bit activations. PyTorch's kernel takes them where it sums in int32 (VNNI, AMX).
+  Without VNNI, fbgemm multiplies u8 by s8 in pairs summed into a saturating int16 (`vpmaddubsw`):
+  255 x 127 x 2 overflows it, which is why PyTorch's own dynamic Linear passes `reduce_range=True` (7-bit
+  activations). There `full` runs on our exact AVX2 kernel instead (`tserve/model/kernels/int8_gemm.cpp`: weights
+  widened to int16 in registers, pairs summed in int32 by `vpmaddwd`), at about one 7-bit GEMM's speed;
+  refused only where that kernel is not built.
+- `split`: each row's 14-bit code `c = 128 hi + lo` as two 7-bit halves, both rows of one GEMM
+  (`W c = 128 W hi + W lo`). 7-bit inputs never saturate, so this is exact on every kernel, and gives more
+  levels than `full`; it costs a GEMM of twice the rows (2-3x `7bit`'s time on an AVX2 kernel).
+- `7bit`: one GEMM with 7-bit activations: any kernel, fastest there, least accurate.
+- `7bit-weights`: one GEMM with 8-bit activations and weights of 7 bits (-63..63, one scale per output
+  channel): 255 x 63 x 2 fits the int16 sum, so it is exact on every kernel, at `7bit`'s speed; the rounding
+  error moves from the activations to the weights.
+- `auto`: `full` (on PyTorch's kernel where a probe GEMM shows that it does not saturate, else on ours),
+  `split` where neither can take 8 bits. The probe asks the kernel itself, so it follows whatever fbgemm
+  chose (`FBGEMM_ENABLE_INSTRUCTIONS=AVX2` forces the AVX2 kernels on any CPU).
+On the bundled translator's 200-sentence slice, the 4-beam translations equal to float32's: `full` 92.5%,
+`split` 95%, `7bit` 87.5% (docs/BENCHMARKS.md).
+
+int4 weights (`Int4Linear`) are group-wise: each run of `group_size` (32, 64 or 128) weights along a row has its
+own scale and minimum (asymmetric: 16 levels between the group's extremes), an eighth of float32's bytes plus
+4 bytes per group. The GEMM is PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`), vectorised for
+bfloat16 activations on AVX2 and AVX-512 alike (with float32 or float16 ones it falls back to a scalar loop tens
+of times slower), so each layer takes its input in bfloat16 and gives float32 back. Rows are computed
+independently: a row's result is the same alone and in any batch (tested)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from tserve.model.kernels import cpu as cpu_kernels
+
+QUANTIZATIONS = ("none", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128)
+_INT4_N_MULTIPLE = 16  # the packed layout takes output features in tiles of 16
+
+
+ACTIVATIONS = ("auto", "full", "split", "7bit", "7bit-weights")
+_WEIGHT_LEVELS = {"7bit-weights": 63}  # the largest weight code (else 127)
+_SPLIT = 128  # a 14-bit code is 128 x its high half (0..127) + its low half (0..127)
+_SPLIT_LEVELS = (_SPLIT - 1) * _SPLIT  # the largest code: a row's maximum
+_LEVELS = 255  # the largest 8-bit code
+
+
+@functools.cache
+def full_range_activations() -> bool:
+    """Whether this process's int8 GEMM takes 8-bit activations without overflow: one dot product whose
+    u8 x s8 pairs sum past int16 (2 x 255 x 127), compared with its exact value."""
+    k, n = 256, 8
+    weight = _quantize_weight(torch.ones(n, k), torch.full((n,), 1 / 127, dtype=torch.double))
+    packed = torch.ops.quantized.linear_prepack(weight, None)
+    # Row 0 quantizes to 255 everywhere (scale 1/255, zero point 0); row 1 sets the minimum.
+    got = torch.ops.quantized.linear_dynamic(torch.tensor([[1.0] * k, [0.0] * k]), packed, reduce_range=False)
+    return abs(float(got[0, 0]) - k) < 0.5
+
+
+def full_activations_kernel() -> str | None:
+    """The kernel that takes `full` (8-bit) activations in this process: "pytorch" where its GEMM sums in int32,
+    else "exact" (ours) where it is built; None where neither can."""
+    if full_range_activations():
+        return "pytorch"
+    return "exact" if cpu_kernels.available() else None
+
+
+def resolve_activations(activations: str) -> str:
+    """`auto` made `full` or `split` for this process's kernels; `full` refused where it would overflow."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"int8 activations must be one of {ACTIVATIONS}, got {activations!r}")
+    full = full_activations_kernel() is not None
+    if activations == "auto":
+        return "full" if full else "split"
+    if activations == "full" and not full:
+        raise ValueError("8-bit int8 activations overflow this CPU's int8 kernel (it sums pairs in int16: no "
+                         "VNNI or AMX) and our exact kernel is not built; use 'auto' or 'split'")
+    return activations
+
+
+def _quantize_weight(weight: Tensor, scales: Tensor) -> Tensor:
+    with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, not removed
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+
+
+class Int8Linear(nn.Module):
+    """`nn.Linear`'s forward with an int8 weight (one scale per output channel) and int8 activations (one
+    scale per row; `activations`: `full`, `split`, `7bit` or `7bit-weights`, see the module's docstring)."""
+
+    def __init__(self, linear: nn.Linear, activations: str, exact: bool | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        levels = _WEIGHT_LEVELS.get(activations, 127)
+        scales = (weight.abs().amax(dim=1) / levels).clamp_min(1e-12).double()
+        qweight = _quantize_weight(weight, scales)
+        # `full` where PyTorch's kernel would overflow: our exact kernel, on its own layout of the int8 weights
+        # (`exact` forces the choice, for tests on any CPU).
+        if activations == "full" and exact is None:
+            resolve_activations("full")  # refused where no kernel takes 8 bits
+            exact = full_activations_kernel() == "exact"
+        self.exact = activations == "full" and bool(exact)
+        if self.exact:
+            kernels = cpu_kernels.extension()
+            if kernels is None:
+                raise RuntimeError("the CPU kernels are not built")
+            self.register_buffer("panels", kernels.int8_pack_panels(qweight.int_repr()), persistent=False)
+            self.register_buffer("coefficients", (scales / _LEVELS).float(), persistent=False)
+        else:
+            # Packed for the default engine (fbgemm on x86). oneDNN's GEMM uses AMX where the CPU has it and is
+            # 2x faster from about 32 rows, but 1.2-1.8x slower below 16 (one request's decode steps); one engine
+            # for every row count, since the two round their outputs differently and a row must get the same
+            # numbers in any batch.
+            self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        # Σ_k W[n, k] of the int8 weight as the GEMM sees it: the term that restores each row's minimum.
+        self.register_buffer("weight_row_sums", qweight.dequantize().sum(dim=1).unsqueeze(0), persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float(),
+                             persistent=False)
+        self.activations = activations
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        kernels = cpu_kernels.extension() if rows.dtype == torch.float32 else None
+        if kernels is None:  # not built, or rows that are not float32: the same values as PyTorch calls
+            return self._forward_in_steps(rows).reshape(*x.shape[:-1], self.out_features)
+        if self.exact:
+            out = kernels.int8_linear_exact(rows.contiguous(), self.panels, self.coefficients, self.weight_row_sums,
+                                            self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)
+        # Our kernels' two passes (`tserve/model/kernels/int8_rows.cpp`): the same values as `_forward_in_steps`.
+        split = self.activations == "split"
+        gemm_in, low, span = kernels.int8_rows_in(rows.contiguous(), split)
+        product = torch.ops.quantized.linear_dynamic(gemm_in, self._packed, reduce_range=self._reduce_range)
+        out = kernels.int8_rows_out(product, low, span, self.weight_row_sums, self.bias, split)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def _reduce_range(self) -> bool:
+        """7-bit activations for the GEMM: `7bit`, and `split`'s halves (each 7 bits)."""
+        return self.activations in ("7bit", "split")
+
+    def _forward_in_steps(self, rows: Tensor) -> Tensor:
+        """The forward as PyTorch calls (where our kernels are not built): rows (N, in) -> (N, out)."""
+        # amin + amax: two passes, yet several times faster than `torch.aminmax` over the last dimension.
+        low, high = rows.amin(dim=-1, keepdim=True), rows.amax(dim=-1, keepdim=True)
+        span = (high - low).clamp_(min=1e-12)
+        if self.exact:
+            product = self._exact_product(rows, low, span)
+        elif self.activations == "split":
+            product, span = self._split_product(rows, low, span), span / _SPLIT_LEVELS
+        else:
+            # (x - min) / span puts each row's own extremes exactly at 0 and 1 (a constant row is all 0), so
+            # the GEMM's one scale is 1/255 (1/127 with 7-bit activations).
+            product = torch.ops.quantized.linear_dynamic((rows - low).div_(span), self._packed,
+                                                         reduce_range=self._reduce_range)
+        out = low * self.weight_row_sums if self.bias is None else torch.addcmul(self.bias, low, self.weight_row_sums)
+        return out.addcmul_(product, span)
+
+    def _split_product(self, rows: Tensor, low: Tensor, span: Tensor) -> Tensor:
+        """W c for each row's 14-bit code c = round((x - min) / span * _SPLIT_LEVELS) = 128 hi + lo, as
+        128 W hi + W lo from one GEMM over the rows [lo; hi]. Each non-constant row's maximum has hi = 127 and
+        every minimum is 0, so the GEMM's one 7-bit scale is exactly 1 and the integer halves are its int8
+        inputs as they are. Five passes over the rows, written straight into the GEMM's input."""
+        n = rows.shape[0]
+        halves = rows.new_empty(2 * n, self.in_features)
+        low_half, high_half = halves[:n], halves[n:]
+        # x - min first: exactly 0 at each row's minimum (and everywhere in a constant row, whose step is huge).
+        torch.sub(rows, low, out=low_half).mul_(_SPLIT_LEVELS / span).round_()  # the code, for now
+        torch.div(low_half, _SPLIT, rounding_mode="floor", out=high_half)
+        low_half.sub_(high_half, alpha=_SPLIT)
+        products = torch.ops.quantized.linear_dynamic(halves, self._packed, reduce_range=True)
+        return torch.add(products[:n], products[n:], alpha=_SPLIT)  # 128 x is exact: one rounding, as before
+
+    def _exact_product(self, rows: Tensor, low: Tensor, span: Tensor) -> Tensor:
+        """What our exact kernel computes, as PyTorch calls (its reference): each row's 8-bit codes, their exact
+        integer products with the int8 weights (float64 holds every int32 sum exactly), rounded to float32 once
+        and scaled per output column."""
+        codes = (rows - low).div_(span).mul_(_LEVELS).round_().clamp_(0, _LEVELS)
+        return (codes.double() @ self.int8_weight().double().T).float().mul_(self.coefficients)
+
+    def int8_weight(self) -> Tensor:
+        """The (out, in) int8 weight, from whichever kernel's layout holds it."""
+        if not self.exact:
+            return torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()
+        panels, pairs = self.panels.size(0), self.panels.size(1)  # (panels, pairs, 16 columns, 2)
+        weight = self.panels.permute(0, 2, 1, 3).reshape(panels * self.panels.size(2), 2 * pairs)
+        return weight[: self.out_features, : self.in_features]
+
+    def extra_repr(self) -> str:
+        gemm = ", gemm=exact" if self.exact else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"activations={self.activations}{gemm}")
+
+
+class Int4Linear(nn.Module):
+    """`nn.Linear`'s forward with group-wise int4 weights (see the module's docstring): bfloat16 activations
+    into PyTorch's CPU int4 GEMM, float32 out. Layers whose sizes the packed layout does not take are padded
+    with zero weights: output features to a multiple of 16 (the extra outputs dropped), input features to a
+    multiple of the group size (the input padded with zeros)."""
+
+    def __init__(self, linear: nn.Linear, group_size: int) -> None:
+        super().__init__()
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+        self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
+        weight = linear.weight.detach().float()
+        self._k_pad = -self.in_features % group_size
+        n_pad = -self.out_features % _INT4_N_MULTIPLE
+        weight = torch.nn.functional.pad(weight, (0, self._k_pad, 0, n_pad))
+        codes, scales, zeros = _int4_groups(weight, group_size)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2),
+                             persistent=False)
+        # [groups, out, 2]: the kernel computes each weight as (code - 8) * scale + zero.
+        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1)
+                             .contiguous().to(torch.bfloat16), persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float(),
+                             persistent=False)
+
+    def dequantized_weight(self) -> Tensor:
+        """The float32 weight the kernel multiplies by (what the codes, scales and zeros encode)."""
+        eye = torch.eye(self.in_features + self._k_pad, dtype=torch.bfloat16)
+        columns = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_and_zeros)
+        return columns.t()[: self.out_features, : self.in_features].float()
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if self._k_pad:
+            rows = torch.nn.functional.pad(rows, (0, self._k_pad))
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), self.packed, self.group_size,
+                                                         self.scales_and_zeros)
+        out = out[:, : self.out_features].float()
+        if self.bias is not None:
+            out += self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def weight_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size() + \
+            self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"group_size={self.group_size}")
+
+
+def _int4_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes 0..15 (int32, [out, in]), and each group's scale and zero ([out, groups]) such that
+    (code - 8) * scale + zero approximates the weight. Start from 16 levels between the group's extremes, then
+    twice fit scale and offset to the codes by least squares and re-round (on the bundled translator: 6% less
+    weight error than the extremes alone, 4-beam translations equal to float32's 57% -> 66%)."""
+    out, k = weight.shape
+    groups = weight.reshape(out, k // group_size, group_size)
+    offset = groups.amin(dim=-1)
+    scale = ((groups.amax(dim=-1) - offset) / 15).clamp_min(1e-12)
+    codes = _int4_codes(groups, scale, offset)
+    for _ in range(2):
+        mean_code, mean_weight = codes.mean(dim=-1), groups.mean(dim=-1)
+        centred = codes - mean_code.unsqueeze(-1)
+        fitted = (centred * (groups - mean_weight.unsqueeze(-1))).sum(-1) / centred.square().sum(-1).clamp_min(1e-12)
+        scale = torch.where(fitted > 0, fitted, scale)  # a constant group keeps its (tiny) scale
+        offset = mean_weight - scale * mean_code
+        codes = _int4_codes(groups, scale, offset)
+    # Scales and zeros are stored in bfloat16: the codes are chosen last against the rounded values, so that the
+    # rounding of the scale does not shift every weight of the group.
+    scale = scale.to(torch.bfloat16).float()
+    zero = (offset + 8 * scale).to(torch.bfloat16).float()
+    codes = _int4_codes(groups, scale, zero - 8 * scale)
+    return codes.reshape(out, k).to(torch.int32), scale, zero
+
+
+def _int4_codes(groups: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
+    """The nearest of the 16 levels offset + scale * code to each weight."""
+    return torch.round((groups - offset.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp_(0, 15)
+
+
+def _check_cpu_float32(model: nn.Module, what: str) -> None:
+    first = next(model.parameters())
+    if first.device.type != "cpu" or first.dtype != torch.float32:
+        raise ValueError(f"{what} weights need a float32 model on the CPU (got {first.dtype} on {first.device}): "
+                         f"PyTorch's {what} kernels used here are CPU kernels")
+
+
+def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, make(child))
+    return model
+
+
+def quantize_int8(model: nn.Module, activations: str = "auto") -> nn.Module:
+    """Replace every `nn.Linear` of a float32 CPU `model` in place; returns it. Inference only.
+    `activations`: one of `ACTIVATIONS`."""
+    activations = resolve_activations(activations)
+    _check_cpu_float32(model, "int8")
+    return _replace_linears(model, lambda linear: Int8Linear(linear, activations))
+
+
+def quantize_int4(model: nn.Module, group_size: int = 32) -> nn.Module:
+    """Replace every `nn.Linear` of a float32 CPU `model` with an `Int4Linear` in place; returns it."""
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+    _check_cpu_float32(model, "int4")
+    return _replace_linears(model, lambda linear: Int4Linear(linear, group_size))
+
+
+def is_int8_linear(module: nn.Module) -> bool:
+    return isinstance(module, Int8Linear)
+
+
+def is_quantized_linear(module: nn.Module) -> bool:
+    return isinstance(module, (Int8Linear, Int4Linear))
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the weights of the linear layers, float, int8 or int4 with its scales (a tied output layer
+    counted once per layer)."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            total += m.weight_bytes()
+        elif isinstance(m, Int8Linear):
+            w = m.int8_weight()
+            total += w.numel() * w.element_size()
+        elif isinstance(m, nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total

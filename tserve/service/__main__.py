@@ -1,0 +1,7 @@
+"""`python -m tserve.service serve ...` is `tserve serve ...`."""
+
+import sys
+
+from tserve.service.cli import main
+
+sys.exit(main())

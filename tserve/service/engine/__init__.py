@@ -1,0 +1,24 @@
+"""The workers that hold requests: one scheduler (queue, admission, cancel, timeout, drain, call jobs) with a
+runner per model kind beneath it and an output stage (text, stop strings, logprobs, events) above it."""
+
+from tserve.service.engine.batcher import BatchItem, DynamicBatcher
+from tserve.service.engine.generation import GenerationEngine, GenerationRequest
+from tserve.service.engine.request import (
+    Admission,
+    CallRequest,
+    EngineRequest,
+    Event,
+    OutOfMemory,
+    QueueFull,
+    RequestTimeout,
+    TokenLogprob,
+    admission,
+    request_error,
+    request_observer,
+)
+from tserve.service.engine.scheduler import Scheduler
+from tserve.service.engine.translation import TranslationEngine, TranslationRequest
+
+__all__ = ["Admission", "BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
+           "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Scheduler", "TokenLogprob",
+           "TranslationEngine", "TranslationRequest", "admission", "request_error", "request_observer"]

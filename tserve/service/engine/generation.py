@@ -1,0 +1,231 @@
+"""Continuous batching for a causal language model: a cache row and the KV blocks it fills per request (its
+cached prefix shared with others), every running request advances by one token per step, each chosen with its own parameters and generator, so a request's output
+does not depend on its neighbours. The `DecoderRunner` does the model work and the next-token rules; this
+engine schedules requests onto it and hands each token to the output stage (`output.py`).
+
+Admission counts blocks: a request is admitted when a row and the blocks of its uncached tokens are free. When
+the pool runs dry mid-decode, the newest running requests are preempted: their blocks go back, they return
+to the head of the queue, and when admitted again they recompute what they had from their tokens and go on
+with the same generator, so they finish with the tokens they would have had."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tserve.model.checkpoint import LoadedModel
+from tserve.model.decoding import (
+    DecoderRunner,
+    SamplingParams,
+    Speculation,
+    StopStrings,
+    TextSequence,
+    generate,
+    token_logprobs,
+)
+from tserve.model.decoding.lm_runner import StepLogprobs
+from tserve.model.tokenizer import IncrementalDetokenizer
+from tserve.service.engine.kv_memory import kv_cache_blocks
+from tserve.service.engine.output import text_event, token_logprob
+from tserve.service.engine.request import EngineRequest, TokenLogprob
+from tserve.service.engine.scheduler import Scheduler
+from tserve.service.metrics import Metrics
+
+DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
+
+
+class GenerationRequest(EngineRequest, TextSequence):
+    """A sequence of the runner with a stream: its text is detokenized and checked for stop strings."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, deadline: float,
+                 detokenizer: IncrementalDetokenizer, device: torch.device | str = "cpu") -> None:
+        EngineRequest.__init__(self, deadline)
+        TextSequence.__init__(self, prompt_ids, params, device)
+        self.detok = detokenizer
+        self.input_tokens = len(prompt_ids)
+        self.stops = StopStrings(params.stop)
+
+
+class GenerationEngine(Scheduler):
+    def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
+                 max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
+                 compile: bool = False, max_grammar_compile_ms: float = 2000.0, kv_cache_budget: tuple[int | None, float | None] = (None, None),
+                 kv_block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None,
+                 draft: LoadedModel | None = None) -> None:
+        super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
+        self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
+        context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
+        context = min(context, loaded.config.max_seq_len)
+        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_slots, -(-context // kv_block_size))
+        self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
+                                    compile=compile, max_grammar_compile_ms=max_grammar_compile_ms,
+                                    num_blocks=num_blocks, block_size=kv_block_size, prefix_caching=prefix_caching,
+                                    speculation=speculation, draft=draft)
+        self._drafted = self._accepted = 0  # since start, for the acceptance-rate gauge
+        self.max_len, self.device = self.runner.max_len, loaded.device
+        self.prefix_caching = prefix_caching
+        self.m.kv_bytes_per_token.set(self.runner.cache.bytes_per_token())
+        self.m.kv_bytes.set(self.runner.cache.nbytes())
+        self.m.kv_blocks_total.set(self.runner.blocks.num_usable)
+        self.m.kv_block_size.set(kv_block_size)
+
+    # ----------------------------------------------------------------------------------------------
+    # Event-loop side
+    # ----------------------------------------------------------------------------------------------
+    def check_limits(self, prompt_len: int, max_tokens: int) -> None:
+        self.runner.check(prompt_len, max_tokens)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> GenerationRequest:
+        """Queue a request (raises QueueFull or ValueError). Must be called on the event loop."""
+        self.check_limits(len(prompt_ids), params.max_tokens)
+        req = GenerationRequest(prompt_ids, params, time.perf_counter() + self.timeout_s,
+                                IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids), self.device)
+        self._enqueue(req)
+        return req
+
+    def submit_job(self, job: tuple[list[int], SamplingParams]) -> GenerationRequest:
+        return self.submit(*job)
+
+    @property
+    def slots_in_use(self) -> int:
+        return self.runner.slots.num_used
+
+    def warm_up(self) -> None:
+        """One short prompt through this engine's runner (before `start`), so that the first real request
+        does not pay for lazy initialisation."""
+        generate(self.loaded, [self.tokenizer.encode("Hello") or [0]], SamplingParams(max_tokens=2, temperature=0.0),
+                 runner=self.runner)
+
+    @torch.inference_mode()
+    def score_prompt(self, prompt_ids: list[int], k: int) -> list[TokenLogprob | None]:
+        """Log-probabilities of each prompt token given the ones before it (for `echo` with `logprobs`).
+        The first token has none. A forward pass without the cache, run as a call job of this engine."""
+        tokens = torch.tensor([prompt_ids], device=self.device)
+        logits = self.model(tokens)[0, :-1].float()
+        chosen, top_v, top_i = (t.tolist() for t in token_logprobs(logits, tokens[0, 1:], k))
+        out: list[TokenLogprob | None] = [None]
+        for tok, c, tv, ti in zip(prompt_ids[1:], chosen, top_v, top_i, strict=True):
+            top = dict(zip(self.tokenizer.tokens(ti), tv, strict=True))
+            out.append(TokenLogprob(self.tokenizer.tokens([tok])[0], c, top))
+        return out
+
+    # ----------------------------------------------------------------------------------------------
+    # Worker thread
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def rows_in_use(self) -> int:
+        return self.runner.slots.num_used
+
+    def _reserve(self, req: GenerationRequest) -> bool:
+        if not self.runner.admit(req):
+            return False
+        if self.prefix_caching:
+            (self.m.prefix_hits if req.table.num_cached_tokens else self.m.prefix_misses).inc()
+            self.m.prefix_cached_tokens.inc(req.table.num_cached_tokens)
+        return True
+
+    def _release(self, req: GenerationRequest) -> None:
+        self.runner.release(req)
+
+    def _make_room(self, reqs: list[GenerationRequest], drafts: dict[int, list[int]]) -> list[GenerationRequest]:
+        """A block for every running request's next position, oldest first; when none is free, the newest
+        request holding blocks is preempted (it may be the one asking). Then blocks for the drafts (`drafts` by
+        id) from what is left: a draft that does not fit is dropped, never a reason to preempt. Returns the
+        requests that keep running."""
+        asking = set(reqs)
+        order = [r for r in self.running if r in asking]  # admission order
+        for req in order:
+            while req.table is not None and not self.runner.grow(req):
+                victim = next(r for r in reversed(order) if r.table is not None)
+                self._preempt(victim)
+        running = [r for r in order if r.table is not None]
+        for req in running:
+            if drafts.get(id(req)) and not self.runner.grow(req, len(drafts[id(req)])):
+                drafts[id(req)] = []
+        return running
+
+    def _preempt(self, req: GenerationRequest) -> None:
+        """Free its row and blocks and put it back at the head of the queue; it resumes from its tokens."""
+        self.runner.release(req)
+        self._requeue_preempted(req, len(req.token_ids()))
+
+    def _update_gauges(self) -> None:
+        super()._update_gauges()
+        self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)
+
+    def _prefill(self, reqs: list[GenerationRequest]) -> None:
+        self._isolated(reqs, self._prefill_forward, self._choose_and_emit)
+
+    def _decode(self) -> None:
+        reqs = [r for r in self.running if r.next_token is not None]
+        drafts = {id(r): d for r, d in zip(reqs, self.runner.drafts(reqs), strict=True)}
+        reqs = self._make_room(reqs, drafts)
+        if not reqs:
+            return
+        if not any(drafts[id(r)] for r in reqs):
+            self._isolated(reqs, self._decode_forward, self._choose_and_emit)
+            return
+
+        def forward(rows: list[GenerationRequest]) -> torch.Tensor:
+            self.m.batch_size.observe(len(rows))
+            return self.runner.decode_ahead(rows, [drafts[id(r)] for r in rows])
+
+        self._isolated(reqs, forward, lambda rows, logits: self._emit_ahead(rows, [drafts[id(r)] for r in rows],
+                                                                              logits))
+
+    def _prefill_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
+        self.m.batch_size.observe(len(reqs))
+        return self.runner.prefill(reqs)
+
+    def _decode_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
+        self.m.batch_size.observe(len(reqs))
+        return self.runner.decode(reqs)
+
+    def _choose_and_emit(self, reqs: list[GenerationRequest], logits: torch.Tensor) -> None:
+        tokens, logprobs = self.runner.choose(reqs, logits)
+        now = time.perf_counter()
+        row = {id(r): i for i, r in enumerate(reqs)}
+        self._each(reqs, lambda req: self._emit(req, tokens[row[id(req)]], self._logprob(req, row[id(req)],
+                                                                                         tokens, logprobs), now))
+
+    def _emit_ahead(self, reqs: list[GenerationRequest], drafts: list[list[int]], logits: torch.Tensor) -> None:
+        """A speculative step: each request's kept draft and the model's next token, one event each."""
+        tokens, logprobs, where = self.runner.choose_ahead(reqs, drafts, logits)
+        drafted, kept = sum(map(len, drafts)), sum(len(t) - 1 for t in tokens)
+        self._drafted, self._accepted = self._drafted + drafted, self._accepted + kept
+        self.m.spec_drafted.inc(drafted)
+        self.m.spec_accepted.inc(kept)
+        self.m.spec_acceptance.set(self._accepted / max(self._drafted, 1))
+        for t in tokens:
+            self.m.spec_tokens_per_step.observe(len(t))
+        now = time.perf_counter()
+        row = {id(r): i for i, r in enumerate(reqs)}
+
+        def emit(req: GenerationRequest) -> None:
+            i = row[id(req)]
+            for token, at in zip(tokens[i], where[i], strict=True):
+                if req.finished:  # eos, max_tokens or a stop string among its kept tokens
+                    return
+                lp = None if logprobs is None or req.params.logprobs is None else \
+                    token_logprob(self.tokenizer, req.params.logprobs, token, at, logprobs)
+                self._emit(req, token, lp, now)
+
+        self._each(reqs, emit)
+
+    def _logprob(self, req: GenerationRequest, i: int, tokens: list[int],
+                 logprobs: StepLogprobs | None) -> TokenLogprob | None:
+        if logprobs is None or req.params.logprobs is None:
+            return None
+        return token_logprob(self.tokenizer, req.params.logprobs, tokens[i], i, logprobs)
+
+    def _emit(self, req: GenerationRequest, token: int, lp: TokenLogprob | None, now: float) -> None:
+        """The runner's finish rule, then the output stage (text, stop strings, the event)."""
+        before = len(req.generated)
+        finish = self.runner.append(req, token)
+        is_eos = len(req.generated) == before  # an eos that ends the sequence is not part of the output
+        event = text_event(req.detok, req.stops, token, is_eos, finish, lp)
+        if event.finish_reason == "stop":
+            req.finish_reason = "stop"  # eos, or a stop string: the runner decodes it no further
+        self.m.generated_tokens.inc()
+        self._publish(req, event, now)

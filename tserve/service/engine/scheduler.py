@@ -1,0 +1,401 @@
+"""The scheduler every worker shares (no HTTP in here): waiting and running requests, admission under
+--max-queue, cancel and timeout, drain and stop, the worker thread and its supervisor, call jobs.
+
+A worker thread runs the step loop so that the event loop stays free:
+    1. retire cancelled and timed-out requests (their rows are free for this very step),
+    2. admit waiting requests while their rows fit, in admission order (`_admission_order`: priority, then the
+       clients in turn); call jobs among them run there and then,
+    3. start the admitted requests as one batch (`_prefill`),
+    4. advance every running request by one batched step (`_decode`), which emits events and retires the
+       finished ones.
+Requests join and leave between steps. Subclasses say what a request needs (`_reserve`/`_release`), how
+admitted requests start and how running ones advance: `generation` (causal LM), `translation`
+(encoder-decoder, beams) and `batcher` (one batch function call per step, for classification).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+
+from tserve.model.checkpoint import select_device
+from tserve.service.engine.request import (
+    CallRequest,
+    EngineRequest,
+    Event,
+    QueueFull,
+    RequestTimeout,
+    request_error,
+    step_outbox,
+)
+from tserve.service.metrics import Metrics
+
+log = logging.getLogger("tserve.engine")
+MAX_CLIENTS_REMEMBERED = 4096  # clients whose last admission is kept for the round-robin
+
+
+class Scheduler:
+    reports_cache = True  # rows are KV-cache rows (the kv gauges); the batcher's are not
+    thread_name = "engine"
+
+    def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Metrics, capacity: int) -> None:
+        self.name, self.max_queue, self.timeout_s, self.metrics = name, max_queue, timeout_s, metrics
+        self.capacity = capacity
+        self.device = torch.device("cpu")  # the model's; subclasses set it
+        self.waiting: collections.deque[EngineRequest] = collections.deque()
+        self.running: list[EngineRequest] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._draining = False
+        self._thread: threading.Thread | None = None
+        self.restarts = 0
+        # Rows a client that already has requests running may not take: kept for another client's first request,
+        # which then starts at once instead of waiting for a row to free (--reserved-rows).
+        self.reserved_rows = 0
+        self._admissions = 0
+        self._last_admitted: dict[object, int] = {}  # client -> when it was last admitted (`_admissions`)
+        self.steps = 0  # steps taken so far (each request records the one it finished at)
+        # Tests only: called with each request as it is processed after a step; raising fails that request.
+        self.fault_hook: Callable[[EngineRequest], None] | None = None
+        self.m = metrics.for_model(name)
+        if self.reports_cache:
+            self.m.kv_total.set(capacity)
+
+    # ----------------------------------------------------------------------------------------------
+    # Event-loop side
+    # ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"{self.thread_name}-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Graceful shutdown: refuse new requests, let queued and running ones finish (up to the timeout),
+        then fail whatever is left."""
+        self.refuse_new()
+        deadline = time.perf_counter() + drain_timeout_s
+        while not self.idle and time.perf_counter() < deadline and self._thread is not None:
+            self._wake.set()
+            time.sleep(0.02)
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def refuse_new(self) -> None:
+        """Start shutting down: new requests are refused from now on; queued and running ones go on."""
+        self._draining = True
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting. Read under the lock: a request moving from the queue to the running list
+        (or back, when preempted) is in neither for a moment, and a drain that looked then would stop early."""
+        with self._lock:
+            return not self.running and not self.waiting
+
+    def _enqueue(self, req: EngineRequest, group: object | None = None, turn: int = 0) -> None:
+        """Queue a request (raises QueueFull), as part `turn` of client request `group` when given. Must be
+        called on the event loop."""
+        if group is not None:
+            req.group, req.turn = group, turn
+        req.model = self.name
+        with self._lock:
+            if self._draining:
+                raise QueueFull(f"model {self.name!r} is shutting down")
+            self._purge_cancelled()
+            if self.max_queue == 0:  # no waiting room: only what the free rows take at the next step
+                free = self.capacity - self.rows_in_use - sum(self._rows_needed(r) for r in self.waiting
+                                                              if not isinstance(r, CallRequest))
+                if not isinstance(req, CallRequest) and self._rows_needed(req) > free:
+                    raise QueueFull(f"model {self.name!r} has no free rows and no waiting room; retry later")
+            elif req.group not in (groups := {r.group for r in self.waiting}) and len(groups) >= self.max_queue:
+                raise QueueFull(f"model {self.name!r} has {len(groups)} requests waiting; retry later")
+            self.waiting.append(req)
+            self.m.queue_depth.set(self._groups_waiting())
+        self._wake.set()
+
+    def submit_all(self, jobs: list[Any], *, one_request: bool = False, group: object | None = None,
+                   first_turn: int = 0) -> list[EngineRequest]:
+        """Queue every job or none: when one is refused (QueueFull, ValueError), those already queued are
+        cancelled and the error is raised. `one_request`: the jobs are parts of one client request (a
+        document's sentences): they count once toward --max-queue and are admitted in turns with others;
+        `group` / `first_turn`: parts of a client request submitted in several calls (a pivot's second hop)."""
+        submitted: list[EngineRequest] = []
+        group = group if group is not None else object()
+        try:
+            for turn, job in enumerate(jobs, start=first_turn):
+                if one_request:
+                    submitted.append(self.submit_job(job, group=group, turn=turn))
+                else:
+                    submitted.append(self.submit_job(job))
+        except (QueueFull, ValueError):
+            for req in submitted:
+                req.cancel()
+            raise
+        return submitted
+
+    def submit_job(self, job: Any, **part: Any) -> EngineRequest:
+        """Queue one job; `part` (group=, turn=) is passed on to `_enqueue` by engines that take documents."""
+        raise NotImplementedError
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> CallRequest:
+        """Queue `fn(*args)` as a job of this worker (raises QueueFull); `await worker.result(req)`."""
+        req = CallRequest(fn, args, time.perf_counter() + self.timeout_s)
+        self._enqueue(req)
+        return req
+
+    async def result(self, req: EngineRequest) -> Any:
+        """The result of a call job or batch item once done (its error raised); leaving early cancels it."""
+        async for event in self.stream(req):
+            last = event
+        return last.result
+
+    async def stream(self, req: EngineRequest) -> AsyncIterator[Event]:
+        """Events of one request until it finishes. Leaving early (disconnect) cancels the request."""
+        try:
+            while True:
+                event = await req.events.get()
+                if event.error is not None:
+                    raise event.error
+                yield event
+                if event.finish_reason is not None:
+                    return
+        finally:
+            if not req.finished:
+                req.cancel()
+                self._wake.set()
+            if req.observer is not None:
+                req.observer(req)
+
+    @property
+    def queue_depth(self) -> int:
+        """Client requests waiting (the parts of one count once)."""
+        with self._lock:  # submitters append to the deque from the event loop's thread while this iterates it
+            return self._groups_waiting()
+
+    def _groups_waiting(self) -> int:
+        """`queue_depth` for callers that hold the lock."""
+        return len({r.group for r in self.waiting})
+
+    # ----------------------------------------------------------------------------------------------
+    # Worker thread
+    # ----------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        """Supervisor: if the step loop itself dies, fail what was in flight and start it again."""
+        select_device(self.device)
+        while not self._stop:
+            try:
+                self._run_steps()
+            except Exception as exc:
+                log.exception("engine loop died; restarting it", extra={"model": self.name})
+                self.restarts += 1
+                for req in list(self.running):
+                    self._fail(req, exc)
+        with self._lock:
+            left = list(self.running) + list(self.waiting)
+        for req in left:
+            self._finish(req, Event(error=RuntimeError("server shutting down")))
+
+    def _run_steps(self) -> None:
+        while not self._stop:
+            if not self.running and not self.waiting:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            with torch.inference_mode(), step_outbox():
+                self.step()
+
+    def _fail(self, req: EngineRequest, exc: BaseException) -> None:
+        log.error("request failed", exc_info=exc, extra={"model": self.name})
+        self._finish(req, Event(error=request_error(exc)))
+
+    def _isolated(self, reqs: list, forward: Callable[[list], Any], consume: Callable[[list, Any], None]) -> None:
+        """Run `consume(reqs, forward(reqs))` so that a fault fails only the requests it belongs to: when a
+        batch fails, its requests run again one by one (re-writing a cache position is idempotent), and
+        the one that fails alone is failed. `consume` must isolate its per-request part itself and do its
+        batched part before it emits anything."""
+        try:
+            consume(reqs, forward(reqs))
+        except Exception as exc:
+            if len(reqs) == 1:
+                self._fail(reqs[0], exc)
+                return
+            log.warning("batch failed; running its requests one by one", extra={"model": self.name,
+                                                                                 "size": len(reqs)})
+            for req in reqs:
+                if not req.finished:
+                    self._isolated([req], forward, consume)
+
+    def _each(self, reqs: list, work: Callable[[Any], None]) -> None:
+        """`work(req)` for every request; an exception fails that request alone."""
+        for req in reqs:
+            try:
+                if self.fault_hook is not None:
+                    self.fault_hook(req)
+                work(req)
+            except Exception as exc:
+                self._fail(req, exc)
+
+    def step(self) -> None:
+        self.steps += 1
+        now = time.perf_counter()
+        for req in [r for r in self.running if r.cancelled or now > r.deadline]:
+            self._finish(req, None if req.cancelled else Event(error=RequestTimeout("request timed out")))
+        admitted = self._admit(now)
+        if admitted:  # a long step (a batch, a prefill) shows its requests as running while it runs
+            self._update_gauges()
+        for call in [r for r in admitted if isinstance(r, CallRequest)]:
+            self._run_call(call)
+        admitted = [r for r in admitted if not isinstance(r, CallRequest)]
+        if admitted:
+            self._prefill(admitted)
+        if self.running:
+            self._decode()
+        self._update_gauges()
+
+    def _run_call(self, call: CallRequest) -> None:
+        try:
+            if self.fault_hook is not None:
+                self.fault_hook(call)
+            event = call.run()
+        except Exception as exc:
+            self._fail(call, exc)
+            return
+        self.m.calls.inc()
+        self._finish(call, event)
+
+    def _purge_cancelled(self) -> None:
+        """Drop cancelled requests from anywhere in the queue (call under the lock): behind a head that waits
+        for rows they would otherwise keep counting toward --max-queue."""
+        if any(r.cancelled for r in self.waiting):
+            for r in self.waiting:
+                r.finished = r.finished or r.cancelled
+            self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
+
+    def _admission_order(self) -> collections.deque[EngineRequest]:
+        """The waiting requests in the order they are admitted: lower priority values first; within a priority
+        the clients in turn, the one admitted longest ago (or never) first, so that one client's flood does not
+        hold another's request back by more than a turn; each client's own requests by turn (a document's
+        k-th sentence behind every earlier part of its other requests), then in arrival order."""
+        queues: dict[tuple[int, object], list[EngineRequest]] = {}
+        for req in sorted(self.waiting, key=lambda r: r.turn):  # stable: arrival order within a turn
+            queues.setdefault((req.priority, req.client), []).append(req)
+        order: list[EngineRequest] = []
+        for priority in sorted({p for p, _ in queues}):
+            clients = sorted((q for q in queues if q[0] == priority), key=lambda q: self._last_admitted.get(q[1], -1))
+            lanes = [collections.deque(queues[c]) for c in clients]
+            while lanes:
+                order += [lane.popleft() for lane in lanes]
+                lanes = [lane for lane in lanes if lane]
+        return collections.deque(order)
+
+    def _admit(self, now: float) -> list[EngineRequest]:
+        """Waiting requests in admission order (`_admission_order`) while their rows fit (no overtaking: a large
+        request at the head is not starved by small ones behind it)."""
+        admitted = []
+        with self._lock:
+            self._purge_cancelled()
+            if len({(r.priority, r.client) for r in self.waiting}) > 1 or any(r.turn for r in self.waiting):
+                self.waiting = self._admission_order()
+            kept: collections.deque[EngineRequest] = collections.deque()  # still waiting, in order
+            while self.waiting:
+                req = self.waiting.popleft()
+                if req.cancelled:
+                    req.finished = True
+                elif now > req.deadline:
+                    self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
+                elif not isinstance(req, CallRequest) and self._keeps_reserved_rows(req, admitted):
+                    kept.append(req)  # passed over: the rows left are for other clients, whose requests may follow
+                elif isinstance(req, CallRequest) or self._reserve(req):
+                    admitted.append(req)
+                    req.admitted_ns, req.admitted_step = time.time_ns(), self.steps
+                    self._admissions += 1
+                    self._last_admitted[req.client] = self._admissions
+                else:
+                    kept.append(req)
+                    kept.extend(self.waiting)  # no overtaking: nothing behind a request that does not fit
+                    self.waiting.clear()
+            self.waiting = kept
+            if len(self._last_admitted) > MAX_CLIENTS_REMEMBERED:  # forget the clients not waiting
+                waiting = {r.client for r in self.waiting}
+                self._last_admitted = {c: t for c, t in self._last_admitted.items() if c in waiting}
+            self.running.extend(admitted)
+        return admitted
+
+    def _keeps_reserved_rows(self, req: EngineRequest, admitted: list[EngineRequest]) -> bool:
+        """Whether admitting `req` would take rows reserved for other clients (its own are running, or admitted
+        in this step)."""
+        if not self.reserved_rows or not any(r.client == req.client for r in (*self.running, *admitted)
+                                             if not isinstance(r, CallRequest)):
+            return False
+        return self.capacity - self.rows_in_use - self._rows_needed(req) < self.reserved_rows
+
+    def _requeue_preempted(self, req: EngineRequest, tokens: int) -> None:
+        """A running request whose cache the engine has just given back (the pool ran dry) goes back to the head
+        of the queue, counted and logged; admitted again, it recomputes its `tokens` positions."""
+        with self._lock:
+            self.running.remove(req)
+            self.waiting.appendleft(req)
+        self.m.preemptions.inc()
+        log.info("request preempted: the KV cache is full", extra={"model": self.name, "tokens": tokens})
+
+    def _publish(self, req: EngineRequest, event: Event, now: float) -> None:
+        """Send a non-final event and record first-token / inter-token latency."""
+        if req.last_emit == 0.0:
+            self.m.ttft.observe(now - req.arrival)
+            req.first_token_ns = time.time_ns()
+        else:
+            self.m.itl.observe(now - req.last_emit)
+        req.last_emit = now
+        if event.finish_reason is not None:
+            self._finish(req, event)
+        else:
+            req.emit(event)
+
+    def _finish(self, req: EngineRequest, event: Event | None) -> None:
+        """Retire a request: free its rows and send its last event (None: it was cancelled)."""
+        req.finished, req.finished_step, req.finished_ns = True, self.steps, time.time_ns()
+        if req in self.running:
+            self.running.remove(req)
+        if not isinstance(req, CallRequest):
+            self._release(req)
+        if event is not None:
+            req.emit(event)
+
+    def _update_gauges(self) -> None:
+        m = self.m
+        m.queue_depth.set(self.queue_depth)
+        m.running.set(len(self.running))
+        if self.reports_cache:
+            m.kv_in_use.set(self.rows_in_use)
+
+    # ----------------------------------------------------------------------------------------------
+    # What each kind of model fills in
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def rows_in_use(self) -> int:
+        raise NotImplementedError
+
+    def _rows_needed(self, req: EngineRequest) -> int:
+        """Cache rows `req` takes once admitted."""
+        return 1
+
+    def _reserve(self, req: EngineRequest) -> bool:
+        """Claim the cache rows `req` needs; False when they are not free now."""
+        raise NotImplementedError
+
+    def _release(self, req: EngineRequest) -> None:
+        """Give back whatever `_reserve` claimed (idempotent)."""
+        raise NotImplementedError
+
+    def _prefill(self, reqs: list[EngineRequest]) -> None:
+        raise NotImplementedError
+
+    def _decode(self) -> None:
+        raise NotImplementedError

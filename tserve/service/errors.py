@@ -1,0 +1,137 @@
+"""Errors, in one place: what every failure path (validation, unknown routes, oversized bodies, overload,
+engine failures, internal faults) answers, without stack traces. `engine_failure` is the one map from what
+the engines and the batcher raise to a status, message and code; the shape follows the protocol of the
+route: OpenAI's `{"error": {"message", "type", "code"}}` everywhere, `{"error": "..."}` under `/v2/` (the Open
+Inference Protocol) and on LibreTranslate's routes. Overload is 429 (queue full) or 503 (loading, shutting
+down, out of memory), always with Retry-After."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from tserve.model.decoding.constrained_beam import ConstraintsUnmet
+from tserve.service.engine import OutOfMemory, QueueFull, RequestTimeout
+
+log = logging.getLogger("tserve.errors")
+
+
+class APIError(Exception):
+    """An error with an HTTP status that is reported to the client as-is."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.headers = status, message, type_, code, headers
+
+
+class OIPError(APIError):
+    """A request the Open Inference Protocol refuses; rendered as `{"error": message}` like every error under
+    /v2/."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message, "invalid_request_error" if status < 500 else "server_error")
+
+
+def bad_request(message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, "invalid_request_error", code)
+
+
+def not_found(message: str, code: str = "model_not_found") -> APIError:
+    return APIError(404, message, "invalid_request_error", code)
+
+
+def overloaded(message: str, retry_after: int = 1, status: int = 429) -> APIError:
+    return APIError(status, message, "server_overloaded", "rate_limit_exceeded" if status == 429 else "unavailable",
+                    {"Retry-After": str(retry_after)})
+
+
+def engine_failure(exc: BaseException, what: str, invalid_code: str = "request_too_large") -> APIError:
+    """The error a client gets for what an engine or the batcher raised, at submission or while its request
+    ran (`what`: "generation", "translation", "classification"). Never internals: the kind of failure only."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFull):
+        return overloaded(str(exc))
+    if isinstance(exc, OutOfMemory):
+        return overloaded(str(exc), retry_after=1, status=503)
+    if isinstance(exc, RequestTimeout):
+        return APIError(504, str(exc), "server_error", "timeout")
+    if isinstance(exc, ConstraintsUnmet):  # valid input the model could not satisfy
+        return APIError(422, str(exc), "invalid_request_error", "glossary_unplaceable")
+    if isinstance(exc, ValueError):  # the request cannot run on this server, or a call job refused its input
+        return bad_request(str(exc), getattr(exc, "code", None) or invalid_code)
+    return APIError(500, str(exc) or f"{what} failed", "server_error", f"{what}_failed")
+
+
+def client_closed() -> APIError:
+    """The client went away before the answer (nginx's 499): nobody reads it, the access log and metrics do."""
+    return APIError(499, "client closed the request", "invalid_request_error", "client_closed")
+
+
+def error_body(message: str, type_: str, code: str | None) -> dict:
+    return {"error": {"message": message, "type": type_, "code": code}}
+
+
+OIP_PREFIX = "/v2/"
+LIBRETRANSLATE_PATHS = frozenset({"/translate", "/languages", "/detect", "/frontend/settings", "/translate_file"})
+LIBRETRANSLATE_DOWNLOAD_PREFIX = "/download_file/"
+
+
+def flat_errors(path: str) -> bool:
+    """Whether errors on `path` are `{"error": message}` (the Open Inference Protocol, LibreTranslate's API)."""
+    return path.startswith((OIP_PREFIX, LIBRETRANSLATE_DOWNLOAD_PREFIX)) or path in LIBRETRANSLATE_PATHS
+
+
+def error_response(status: int, message: str, type_: str, code: str | None = None,
+                   headers: dict[str, str] | None = None, request: Request | None = None) -> JSONResponse:
+    """The error in the shape of the request's protocol."""
+    if request is not None and flat_errors(request.url.path):
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
+
+
+def _describe(errors: list[dict]) -> str:
+    parts = []
+    for e in errors[:5]:
+        if e.get("type") == "json_invalid":
+            return f"the body is not valid JSON ({e.get('ctx', {}).get('error', 'decode error')})"
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{where or 'body'}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    def render(request: Request, err: APIError) -> JSONResponse:
+        return error_response(err.status, err.message, err.type, err.code, err.headers, request)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return render(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return render(request, bad_request(_describe(exc.errors()), "invalid_request"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, APIError):  # e.g. the body limit tripped while the body was read
+            return render(request, exc.__cause__)
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return render(request, APIError(exc.status_code, str(exc.detail), type_, None, getattr(exc, "headers", None)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _disconnected(request: Request, __: ClientDisconnect) -> JSONResponse:  # while the body was read
+        return render(request, client_closed())
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        request_id = getattr(request.state, "request_id", None)
+        log.exception("internal error", extra={"request_id": request_id, "path": request.url.path})
+        return render(request, APIError(500, f"internal error (request id {request_id})", "server_error",
+                                        "internal_error"))

@@ -1,0 +1,439 @@
+"""OpenAI-compatible text generation: `/v1/completions` and `/v1/chat/completions`.
+
+Each (prompt, choice) pair becomes one engine request; the engine batches them with everybody else's.
+Streams of several choices are merged in arrival order, as OpenAI does (each chunk names its `index`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from tserve.model.attention_maps import lm_attention_ids
+from tserve.model.decoding import SamplingParams, parse_logit_bias
+from tserve.model.decoding.structured import CompiledGrammar, Constraint, GrammarError
+from tserve.service.connection import run_job, while_connected
+from tserve.service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, TokenLogprob
+from tserve.service.errors import bad_request, engine_failure
+from tserve.service.routes.deps import (
+    SSE_DONE,
+    SSE_HEADERS,
+    attention_selection,
+    check_count,
+    check_max_tokens,
+    log_inputs,
+    new_id,
+    now,
+    served_model,
+    settings,
+    sse,
+)
+from tserve.service.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    NamedToolChoice,
+    SamplingFields,
+)
+from tserve.service.tasks import ServedLanguageModel
+from tserve.service.tool_calls import ToolMode, ToolStream, parse_output, tool_mode
+
+router = APIRouter(tags=["text generation"])
+ANY_OBJECT = '{"type": "object"}'  # response_format json_object
+
+_ERRORS = {200: {"content": {"text/event-stream": {"description": "with stream true: SSE chunks, then [DONE]"}}},
+           400: {"description": "invalid request"}, 404: {"description": "unknown model"},
+           429: {"description": "queue full (Retry-After)"}, 503: {"description": "models loading"}}
+
+
+@dataclass
+class Choice:
+    """The accumulated result of one engine request."""
+
+    index: int
+    request: GenerationRequest
+    prefix: str = ""  # echoed prompt
+    prefix_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    prefix_offsets: list[int] = field(default_factory=list)
+    text: str = ""
+    tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # where each generated token starts in prefix + text
+    finish_reason: str | None = None
+
+    def add(self, event: Event) -> list[int]:
+        """Take one event; return the text offsets of its tokens."""
+        start = [len(self.prefix) + len(self.text)] * len(event.logprobs)
+        self.offsets.extend(start)
+        self.text += event.text
+        self.tokens += len(event.token_ids)
+        self.token_ids += event.token_ids
+        self.logprobs.extend(event.logprobs)
+        self.finish_reason = event.finish_reason or self.finish_reason
+        return start
+
+    def logprobs_dict(self, tokenizer) -> dict[str, Any]:
+        """The completions API's column format for the whole choice (echoed prompt first)."""
+        items = self.prefix_logprobs + self.logprobs
+        prompt_tokens = tokenizer.tokens(self.request.prompt_ids) if self.prefix_logprobs else []
+        return _legacy_logprobs(items, prompt_tokens + [lp.token for lp in self.logprobs],
+                                self.prefix_offsets + self.offsets)
+
+
+# --------------------------------------------------------------------------------------------------
+# Request -> engine requests
+# --------------------------------------------------------------------------------------------------
+def _logit_bias(body: SamplingFields, engine: GenerationEngine) -> dict[int, float]:
+    try:
+        return parse_logit_bias(body.logit_bias, engine.runner.vocab_size)
+    except ValueError as exc:
+        raise bad_request(str(exc), "invalid_logit_bias") from exc
+
+
+def _constraint(body: SamplingFields) -> Constraint | None:
+    """What `response_format` (OpenAI) or `structured_outputs` (vLLM's extension) asks the output to match."""
+    wanted, fmt = body.structured_outputs, body.response_format
+    if wanted is not None and fmt is not None and fmt.type != "text":
+        raise bad_request("give response_format or structured_outputs, not both", "invalid_response_format")
+    if wanted is not None:
+        if wanted.json_ is not None:
+            return Constraint("json", wanted.json_ if isinstance(wanted.json_, str) else json.dumps(wanted.json_))
+        if wanted.json_object:
+            return Constraint("json", ANY_OBJECT)
+        if wanted.regex is not None:
+            return Constraint("regex", wanted.regex)
+        if wanted.choice is not None:
+            return Constraint("choice", json.dumps(wanted.choice))
+        return Constraint("grammar", wanted.grammar)
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint("json", ANY_OBJECT)
+    schema = fmt.json_schema.schema_
+    return Constraint("json", json.dumps(schema if schema is not None else {}))
+
+
+async def _grammar(body: SamplingFields, engine: GenerationEngine,
+                   tools: ToolMode | None = None) -> CompiledGrammar | None:
+    """The request's constraint (its response format's, or its tool choice's), compiled (cached by the model's
+    compiler); a bad one is a 400 with the grammar library's message."""
+    constraint = _constraint(body)
+    if tools is not None and tools.constrained:
+        if constraint is not None:
+            raise bad_request("tool_choice required or a named function cannot be combined with a response "
+                              "format", "invalid_response_format")
+        constraint = tools.constraint
+    if constraint is None:
+        return None
+    try:
+        return await asyncio.to_thread(engine.runner.grammars.compile, constraint)
+    except GrammarError as exc:
+        raise bad_request(str(exc), "invalid_response_format") from exc
+
+
+def _sampling(body: SamplingFields, max_tokens: int, seed_offset: int, logprobs: int | None,
+              logit_bias: dict[int, float], grammar: CompiledGrammar | None = None) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens), temperature=body.temperature,
+        top_p=body.top_p, top_k=max(body.top_k, 0), presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, logit_bias=logit_bias,
+        # Choice j of a seeded request uses seed + j: reproducible, yet the n choices differ.
+        seed=None if body.seed is None else (body.seed + seed_offset) % 2**63,
+        stop=list(body.stop or []), ignore_eos=body.ignore_eos, logprobs=logprobs, grammar=grammar,
+    )
+
+
+def _encode(engine: GenerationEngine, text: str, limit: int, add_special_tokens: bool = True) -> list[int]:
+    if len(text) > limit:
+        raise bad_request(f"the prompt has {len(text)} characters; the limit is {limit}", "input_too_long")
+    ids = engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    if not text or not ids:
+        raise bad_request("the prompt is empty", "empty_prompt")
+    return ids
+
+
+def _submit(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]]) -> list[GenerationRequest]:
+    try:
+        return engine.submit_all(jobs)
+    except (QueueFull, ValueError) as exc:
+        raise engine_failure(exc, "generation", "context_length_exceeded") from exc
+
+
+async def _merged(engine: GenerationEngine, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Event]]:
+    """Events of all choices as they come. Leaving early (client gone) cancels every request."""
+    queue: asyncio.Queue[tuple[Choice, Event | BaseException | None]] = asyncio.Queue()
+
+    async def pump(choice: Choice) -> None:
+        try:
+            async for event in engine.stream(choice.request):
+                queue.put_nowait((choice, event))
+        except Exception as exc:  # surfaces in the consumer
+            queue.put_nowait((choice, exc))
+        finally:
+            queue.put_nowait((choice, None))
+
+    tasks = [asyncio.create_task(pump(c)) for c in choices]
+    try:
+        remaining = len(choices)
+        while remaining:
+            choice, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield choice, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for c in choices:
+            c.request.cancel()
+
+
+async def _collect(request: Request, engine: GenerationEngine, choices: list[Choice]) -> None:
+    """Run every choice to completion; a client that disconnects cancels them."""
+
+    async def consume() -> None:
+        async for choice, event in _merged(engine, choices):
+            choice.add(event)
+
+    try:
+        await while_connected(request, consume())
+    except Exception as exc:
+        raise engine_failure(exc, "generation") from exc
+
+
+async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: dict[str, Any],
+                        render: Callable[[Choice, Event, list[int]], dict[str, Any] | list[dict[str, Any]]],
+                        usage: Callable[[], dict[str, Any]] | None) -> AsyncIterator[str]:
+    """SSE chunks of the merged choices (rendered per API), an engine failure as an error event, the usage
+    chunk when asked for, then [DONE]."""
+    try:
+        async for c, event in _merged(engine, choices):
+            offsets = c.add(event)
+            if not (event.text or event.logprobs or event.finish_reason):
+                continue  # the detokenizer is holding back an unfinished character
+            rendered = render(c, event, offsets)
+            for choice in rendered if isinstance(rendered, list) else [rendered]:
+                yield sse(base | {"choices": [choice]})
+    except Exception as exc:
+        err = engine_failure(exc, "generation")
+        yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
+    else:
+        if usage is not None:
+            yield sse(base | {"choices": [], "usage": usage()})
+    yield SSE_DONE
+
+
+def _usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, Any]:
+    """OpenAI's usage, with the prompt tokens read from the prefix cache (`prompt_tokens_details.cached_tokens`)."""
+    completion_tokens = sum(c.tokens for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(c.request.cached_tokens for c in choices)}}
+
+
+def _streaming(chunks: AsyncIterator[str], choices: list[Choice]) -> StreamingResponse:
+    async def guarded() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:  # the client left before the end (even before the first event): free the slots
+            for c in choices:
+                c.request.cancel()
+
+    return StreamingResponse(guarded(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+# --------------------------------------------------------------------------------------------------
+# Logprob formats
+# --------------------------------------------------------------------------------------------------
+def _legacy_logprobs(items: list[TokenLogprob | None], tokens: list[str], offsets: list[int]) -> dict[str, Any]:
+    return {"tokens": tokens,
+            "token_logprobs": [None if lp is None else lp.logprob for lp in items],
+            "top_logprobs": [None if lp is None else lp.top for lp in items],
+            "text_offset": offsets}
+
+
+def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [entry(lp.token, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top.items()]}
+                        for lp in items]}
+
+
+# --------------------------------------------------------------------------------------------------
+# /v1/completions
+# --------------------------------------------------------------------------------------------------
+@router.post("/v1/completions", responses=_ERRORS, response_model=CompletionResponse,
+             response_model_exclude_unset=True)
+async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    cfg = settings(request)
+    served = served_model(request, body.model, ServedLanguageModel.task, body.priority)
+    engine = served.engine
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    check_count("prompts", len(prompts), cfg.max_prompts)
+    check_count("choices (n)", body.n, cfg.max_n)
+    check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
+    log_inputs(request, prompts)
+    encoded = [_encode(engine, p, cfg.max_input_chars) for p in prompts]
+    bias = _logit_bias(body, engine)
+    grammar = await _grammar(body, engine)
+    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for ids in encoded
+            for j in range(body.n)]
+    for ids, params in jobs[:: body.n]:
+        try:
+            engine.check_limits(len(ids), params.max_tokens)
+        except ValueError as exc:
+            raise bad_request(str(exc), "context_length_exceeded") from exc
+    max_prompt = max(len(ids) for ids in encoded)
+    attention = attention_selection(served, body.return_attention, body.stream, len(jobs),
+                                    body.max_tokens or 16, max_prompt + (body.max_tokens or 16),
+                                    cfg.max_attention_floats)
+    echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
+    if body.echo and body.logprobs is not None:
+        echo_logprobs = [await run_job(request, engine, "generation", "invalid_request", engine.score_prompt, ids,
+                                       body.logprobs) for ids in encoded]
+    requests = _submit(engine, jobs)
+    choices = []
+    for i, req in enumerate(requests):
+        p = i // body.n
+        offsets = [len(engine.tokenizer.decode(encoded[p][:k])) for k in range(len(echo_logprobs[p]))]
+        choices.append(Choice(i, req, prompts[p] if body.echo else "", echo_logprobs[p], offsets))
+    completion_id, created, model = new_id("cmpl"), now(), served.name
+    prompt_tokens = sum(len(ids) for ids in encoded)
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def chunks() -> AsyncIterator[str]:
+            base = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
+            for c in choices:
+                if c.prefix:
+                    lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
+                    yield sse(base | {"choices": [{"text": c.prefix, "index": c.index, "logprobs": lp,
+                                                   "finish_reason": None}]})
+
+            def render(c: Choice, event: Event, offsets: list[int]) -> dict[str, Any]:
+                lp = None
+                if body.logprobs is not None:
+                    lp = _legacy_logprobs(event.logprobs, [x.token for x in event.logprobs], offsets)
+                return {"text": event.text, "index": c.index, "logprobs": lp, "finish_reason": event.finish_reason}
+
+            usage = (lambda: _usage(prompt_tokens * body.n, choices)) if include_usage else None
+            async for chunk in _event_stream(engine, choices, base, render, usage):
+                yield chunk
+
+        return _streaming(chunks(), choices)
+
+    await _collect(request, engine, choices)
+    out = []
+    for c in choices:
+        lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
+        out.append({"text": c.prefix + c.text, "index": c.index, "logprobs": lp, "finish_reason": c.finish_reason})
+    if attention is not None:
+        for item, c in zip(out, choices, strict=True):
+            ids = c.request.prompt_ids + c.token_ids
+            maps = await run_job(request, engine, "attention", "invalid_attention_request", lm_attention_ids,
+                                 served.loaded, ids, *attention, len(c.request.prompt_ids))
+            item["attention"] = {"maps": [m.to_dict() for m in maps]}
+    return {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": out,
+            "usage": _usage(prompt_tokens * body.n, choices)}
+
+
+# --------------------------------------------------------------------------------------------------
+# /v1/chat/completions
+# --------------------------------------------------------------------------------------------------
+def _chat_message(tools: ToolMode, choice: Choice) -> dict[str, Any]:
+    """The assistant's message: its text, or the tool calls it made (a constrained answer cut by max_tokens
+    stays text, with finish_reason length)."""
+    if tools.mode == "none" or (tools.constrained and choice.finish_reason != "stop"):
+        return {"role": "assistant", "content": choice.text}
+    try:
+        content, calls = parse_output(tools, choice.text)
+    except (ValueError, TypeError, KeyError):  # a stop string cut the call short: what came, as text
+        return {"role": "assistant", "content": choice.text}
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [call.openai() for call in calls]
+    return message
+
+@router.post("/v1/chat/completions", responses=_ERRORS, response_model=ChatCompletionResponse,
+             response_model_exclude_unset=True)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    cfg = settings(request)
+    served = served_model(request, body.model, ServedLanguageModel.task, body.priority)
+    engine = served.engine
+    if engine.tokenizer.chat_template is None:
+        raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "no_chat_template")
+    check_count("choices (n)", body.n, cfg.max_n)
+    try:
+        tools = tool_mode([t.model_dump() for t in body.tools or []], body.tool_choice if not isinstance(
+            body.tool_choice, NamedToolChoice) else body.tool_choice.model_dump(), body.parallel_tool_calls)
+    except ValueError as exc:
+        raise bad_request(str(exc), "invalid_tool_choice") from exc
+    try:
+        prompt = engine.tokenizer.apply_chat_template(
+            [m.for_template() for m in body.messages],
+            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None)
+    except ValueError as exc:
+        raise bad_request(str(exc), "invalid_messages") from exc
+    log_inputs(request, [prompt])
+    ids = _encode(engine, prompt, cfg.max_input_chars, add_special_tokens=False)
+    requested = body.max_completion_tokens or body.max_tokens
+    if requested is not None:
+        check_max_tokens(requested, cfg.max_tokens_limit)
+    max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    bias = _logit_bias(body, engine)
+    grammar = await _grammar(body, engine, tools)
+    jobs = [(ids, _sampling(body, max_tokens, j, top, bias, grammar)) for j in range(body.n)]
+    choices = [Choice(i, req) for i, req in enumerate(_submit(engine, jobs))]
+    completion_id, created, model = new_id("chatcmpl"), now(), served.name
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def chunks() -> AsyncIterator[str]:
+            base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
+            for c in choices:
+                yield sse(base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                               "logprobs": None, "finish_reason": None}]})
+
+            streams = {c.index: ToolStream(tools) for c in choices}
+
+            def render(c: Choice, event: Event, _: list[int]) -> list[dict[str, Any]]:
+                lp = _chat_logprobs(event.logprobs) if body.logprobs else None
+                if tools.mode == "none":
+                    delta = {"content": event.text} if event.text or event.finish_reason is None else {}
+                    return [{"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": event.finish_reason}]
+                deltas, finish = streams[c.index].deltas(event.text, event.finish_reason)
+                out = [{"index": c.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+                if finish is not None:
+                    out.append({"index": c.index, "delta": {}, "logprobs": None, "finish_reason": finish})
+                return out
+
+            usage = (lambda: _usage(len(ids) * body.n, choices)) if include_usage else None
+            async for chunk in _event_stream(engine, choices, base, render, usage):
+                yield chunk
+
+        return _streaming(chunks(), choices)
+
+    await _collect(request, engine, choices)
+    out = [{"index": c.index, "message": _chat_message(tools, c),
+            "logprobs": _chat_logprobs(c.logprobs) if body.logprobs else None, "finish_reason": c.finish_reason}
+           for c in choices]
+    for o in out:
+        if o["message"].get("tool_calls"):
+            o["finish_reason"] = "tool_calls"
+    return {"id": completion_id, "object": "chat.completion", "created": created, "model": model, "choices": out,
+            "usage": _usage(len(ids) * body.n, choices)}

@@ -1,0 +1,44 @@
+"""One module per task. `ServedModel` subclasses by the checkpoint task they serve; the registry builds the
+right one for each loaded model. `--task-modules` imports more modules, each of which calls `register` for
+the tasks it adds."""
+
+from __future__ import annotations
+
+import importlib
+
+from tserve.service.tasks.base import AttentionResult, ServedModel
+from tserve.service.tasks.image_classification import ServedClassifier
+from tserve.service.tasks.text_generation import ServedLanguageModel
+from tserve.service.tasks.translation import ServedTranslator
+
+SERVED: dict[str, type[ServedModel]] = {}
+
+
+def register(cls: type[ServedModel]) -> type[ServedModel]:
+    """Serve checkpoints of `cls.task` with `cls` (usable as a class decorator)."""
+    SERVED[cls.task] = cls
+    return cls
+
+
+for _cls in (ServedLanguageModel, ServedTranslator, ServedClassifier):
+    register(_cls)
+
+
+def import_task_modules(modules: list[str]) -> None:
+    """Import each module (dotted path) so that it registers its tasks."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise RuntimeError(f"task module {name!r} cannot be imported: {exc}") from exc
+
+
+def served_class(task: str) -> type[ServedModel]:
+    if task not in SERVED:
+        raise RuntimeError(f"no task module serves {task!r} (tasks: {sorted(SERVED)}); add one with "
+                           "--task-modules")
+    return SERVED[task]
+
+
+__all__ = ["SERVED", "AttentionResult", "ServedClassifier", "ServedLanguageModel", "ServedModel",
+           "ServedTranslator", "import_task_modules", "register", "served_class"]

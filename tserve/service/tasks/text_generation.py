@@ -1,0 +1,126 @@
+"""Text generation (causal LMs): the continuous-batching engine; attention maps of a text; completions over
+the Open Inference Protocol. The main HTTP API is OpenAI's (`service.routes.completions`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Request
+
+from tserve.model import attention_maps as am
+from tserve.model.checkpoint import LoadedModel
+from tserve.model.decoding import SamplingParams, Speculation
+from tserve.model.embeddings import embed_token_lists
+from tserve.service.connection import while_connected
+from tserve.service.engine import GenerationEngine
+from tserve.service.engine.generation import GenerationRequest
+from tserve.service.engine.scheduler import QueueFull
+from tserve.service.errors import OIPError, engine_failure
+from tserve.service.schemas import AttentionRequest
+from tserve.service.settings import Settings
+from tserve.service.tasks.base import AttentionResult, ServedModel, bytes_elements
+
+# OIP parameters of a completion: (type, lowest, highest); OpenAI's defaults (max_tokens 16, temperature 1).
+_OIP_PARAMETERS = {"max_tokens": (int, 1, None), "temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0),
+                   "top_k": (int, 0, None), "seed": (int, 0, 2**63 - 1), "ignore_eos": (bool, None, None)}
+
+
+def speculation(s: Settings) -> Speculation | None:
+    """--speculative (or --draft-model) and its settings as the runner takes them (None: off)."""
+    if s.speculative == "off" and not s.draft_model:
+        return None
+    return Speculation(num_tokens=s.num_speculative_tokens, max_ngram=s.prompt_lookup_max,
+                       min_ngram=min(s.prompt_lookup_min, s.prompt_lookup_max), max_rows=s.speculative_max_rows)
+
+
+class ServedLanguageModel(ServedModel):
+    embeds = "text"
+    task = "text-generation"
+
+    def __init__(self, *args: Any, draft: LoadedModel | None = None, **kwargs: Any) -> None:
+        self.draft = draft  # --draft-model, loaded beside this model
+        super().__init__(*args, **kwargs)
+
+    def build_worker(self) -> GenerationEngine:
+        s = self.settings
+        self.engine = GenerationEngine(self.name, self.loaded, max_slots=s.max_running_requests,
+                                       max_queue=s.max_queue, max_model_len=s.max_model_len,
+                                       timeout_s=s.request_timeout_s, metrics=self.metrics,
+                                       cuda_graphs=s.cuda_graphs, compile=s.compile,
+                                       max_grammar_compile_ms=s.max_grammar_compile_ms,
+                                       kv_cache_budget=s.kv_cache_budget, kv_block_size=s.kv_block_size,
+                                       prefix_caching=s.prefix_cache, speculation=speculation(s), draft=self.draft)
+        self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
+        self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
+        return self.engine
+
+    def warm_up(self) -> None:
+        self.engine.warm_up()
+
+    def attention_maps(self, body: AttentionRequest, context: Any) -> AttentionResult:
+        ids = self.text_ids(body.input)
+        self.bound_weights(body, len(ids))
+        return AttentionResult(am.lm_attention_ids(self.loaded, ids, body.layers, body.heads))
+
+    def lens_inputs(self, body: Any, own_translation: list[int] | None) -> tuple[list[int], list[int] | None]:
+        return self.text_ids(body.input), None
+
+    # ----------------------------------------------------------------------------------------------
+    # Open Inference Protocol: text in, text out (the tensor names of Triton's LLM backends)
+    # ----------------------------------------------------------------------------------------------
+    def oip_metadata(self) -> dict[str, Any]:
+        return {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]},
+                            {"name": "finish_reason", "datatype": "BYTES", "shape": [-1]}]}
+
+    async def oip_infer(self, tensor: dict[str, Any], request: Request) -> list[dict[str, Any]]:
+        """Each prompt's continuation, as `/v1/completions` gives it. Parameters (request or tensor):
+        max_tokens, temperature, top_p, top_k, seed, ignore_eos. Outputs: `text_output` and `finish_reason`
+        ("stop" or "length"), one per prompt."""
+        texts = bytes_elements(tensor, self.settings.max_prompts)
+        params = _oip_sampling(tensor.get("parameters") or {}, self.settings.max_tokens_limit)
+        limit = self.settings.max_input_chars
+        jobs = []
+        for text in texts:
+            ids = self.loaded.tokenizer.encode(text) if text and len(text) <= limit else []
+            if not ids:
+                raise OIPError(400, f"every text_input must be a prompt of 1 to {limit} characters")
+            jobs.append((ids, params))
+        try:
+            reqs = self.engine.submit_all(jobs)
+        except (QueueFull, ValueError) as exc:
+            raise engine_failure(exc, "generation", "context_length_exceeded") from exc
+        try:
+            done = await while_connected(request, asyncio.gather(*(self._completion(r) for r in reqs)))
+        except Exception as exc:
+            raise engine_failure(exc, "generation") from exc
+        finally:
+            for r in reqs:
+                r.cancel()
+        return [{"name": "text_output", "datatype": "BYTES", "shape": [len(done)], "data": [t for t, _ in done]},
+                {"name": "finish_reason", "datatype": "BYTES", "shape": [len(done)], "data": [f for _, f in done]}]
+
+    async def _completion(self, req: GenerationRequest) -> tuple[str, str]:
+        text, finish = "", "length"
+        async for event in self.engine.stream(req):
+            text += event.text
+            finish = event.finish_reason or finish
+        return text, finish
+
+
+def _oip_sampling(parameters: dict[str, Any], max_tokens_limit: int) -> SamplingParams:
+    values = {}
+    for name, value in parameters.items():
+        if name not in _OIP_PARAMETERS:
+            raise OIPError(400, f"unknown parameter {name!r}; expected some of {sorted(_OIP_PARAMETERS)}")
+        kind, low, high = _OIP_PARAMETERS[name]
+        high = max_tokens_limit if name == "max_tokens" else high
+        fits = isinstance(value, bool) if kind is bool else \
+            isinstance(value, int | float if kind is float else int) and not isinstance(value, bool)
+        if not fits or (low is not None and value < low) or (high is not None and value > high):
+            what = "true or false" if kind is bool else \
+                f"{'an integer' if kind is int else 'a number'} from {low}" + (f" to {high}" if high is not None else " up")
+            raise OIPError(400, f"parameter {name} must be {what}, got {value!r}")
+        values[name] = value
+    return SamplingParams(**values)
