@@ -1,4 +1,6 @@
-"""The CLI and the README stay in step with the settings and the routes."""
+"""The CLI and the docs stay in step with the settings and the routes: every setting is in docs/SETTINGS.md,
+every route in docs/API.md; README.md stays a one-page quick start whose links, like every relative link of
+the docs, lead to files that exist."""
 
 from __future__ import annotations
 
@@ -15,13 +17,16 @@ from tserve.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+SETTINGS_DOC = (ROOT / "docs" / "SETTINGS.md").read_text()
+API_DOC = (ROOT / "docs" / "API.md").read_text()
+README_MAX_LINES = 150
 
 
 @pytest.mark.parametrize("name", sorted(Settings.model_fields))
 def test_every_setting_is_documented(name):
-    assert f"TSERVE_{name.upper()}" in README
+    assert f"TSERVE_{name.upper()}" in SETTINGS_DOC
     flag = "--model" if name == "models" else f"--{name.replace('_', '-')}"
-    assert f"`{flag}" in README
+    assert f"`{flag}" in SETTINGS_DOC
 
 
 def test_every_route_is_documented():
@@ -30,13 +35,101 @@ def test_every_route_is_documented():
     assert paths >= {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
                      "/v1/translations", "/v1/classifications"}
     for path in paths:
-        assert path in README, path
+        assert path in API_DOC, path
 
 
 def test_quick_start_is_make_test_and_make_serve():
     quick = README.split("## Quick start", 1)[1].split("##", 1)[0]
     commands = re.findall(r"^(make \w+)", quick, flags=re.M)
     assert commands == ["make test", "make serve"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# README.md is a quick start; its links, and every relative link of the docs, lead somewhere
+# --------------------------------------------------------------------------------------------------------
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks (a `](` inside an example is not a link)."""
+    kept, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def relative_links(page: Path) -> list[str]:
+    """Every link target of a Markdown page that is neither a URL with a scheme nor mail."""
+    targets = LINK.findall(prose(page.read_text()))
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t, flags=re.I)]
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens (a
+    repeated heading gets -1, -2, ...)."""
+    anchors: set[str] = set()
+    for line in prose(page.read_text()).splitlines():
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
+        candidate, n = slug, 0
+        while candidate in anchors:
+            n += 1
+            candidate = f"{slug}-{n}"
+        anchors.add(candidate)
+    return anchors
+
+
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
+
+
+def test_readme_is_a_short_quick_start():
+    lines = README.splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; at most {README_MAX_LINES}"
+
+
+def test_readme_links_every_docs_page_and_each_exists():
+    linked = {(ROOT / target.split("#", 1)[0]).resolve() for target in relative_links(ROOT / "README.md")
+              if target.startswith("docs/") and target.split("#", 1)[0].endswith(".md")}
+    assert linked, "README.md links no docs page"
+    missing = sorted(str(p.relative_to(ROOT)) for p in linked if not p.is_file())
+    assert not missing, f"README.md links docs pages that do not exist: {missing}"
+    unlisted = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.resolve() not in linked)
+    assert not unlisted, f"README.md's map of docs/ leaves out {unlisted}"
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    """Files and images a page links exist (relative to the page), and so do the headings its anchors name."""
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file):
+            broken.append(f"{target}: no heading with that anchor")
+    assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+def test_benchmarks_open_with_the_current_figures():
+    """docs/BENCHMARKS.md opens with the table of the latest figures; the dated runs are in docs/benchmarks/,
+    each page linked from it."""
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    first_section = re.search(r"^## (.+)$", text, flags=re.M)
+    assert first_section and first_section.group(1) == "Current figures"
+    header = next(line for line in text.splitlines() if line.startswith("| workload"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "workload", "figure", "anchor", "ratio", "CPU or GPU", "date", "commit", "command"]
+    linked = {t.split("#", 1)[0] for t in relative_links(ROOT / "docs" / "BENCHMARKS.md")}
+    history = {f"benchmarks/{p.name}" for p in (ROOT / "docs" / "benchmarks").glob("*.md")}
+    assert history and history <= linked, sorted(history - linked)
 
 
 def test_flags_override_environment(monkeypatch):

@@ -1,4 +1,4 @@
-"""What README.md promises about the HTTP API, through one real `tserve serve` process: request ids, the
+"""What docs/API.md promises about the HTTP API, through one real `tserve serve` process: request ids, the
 sampling fields and extensions of `/v1/completions` (top_k, top_p, penalties, min_tokens, ignore_eos, stop
 as a string, n with seed + j, seeded output whatever runs beside it), chat's max_completion_tokens and
 logprobs, translation streaming and the checkpoint's num_beams, and classification batching

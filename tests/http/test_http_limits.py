@@ -1,9 +1,9 @@
-"""Limits, API keys and faults through real `tserve serve` processes, as README.md and docs/RELIABILITY.md
-describe them: --max-model-len, --max-input-chars and --max-tokens-limit each refuse exactly above their
-value (a server without them takes the same requests); API keys guard /v1/attention and the viewer's calls;
-and, with faults injected by tests/helpers/hooked_server.py (no public setting), /readyz while the models load and
-while the server drains after SIGTERM, 504 from --request-timeout-s and 503 + Retry-After when the device
-runs out of memory."""
+"""Limits, API keys and faults through real `tserve serve` processes, as docs/API.md, docs/SETTINGS.md and
+docs/RELIABILITY.md describe them: --max-model-len, --max-input-chars and --max-tokens-limit each refuse exactly
+above their value (a server without them takes the same requests); API keys guard /v1/attention and the viewer's
+calls; and, with faults injected by tests/helpers/hooked_server.py (no public setting), /readyz while the models
+load and while the server drains after SIGTERM, 504 from --request-timeout-s and 503 + Retry-After when the
+device runs out of memory."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_max_tokens_limit_holds_for_translations(limited):
 def test_api_keys_guard_attention_and_the_viewers_calls(limited):
     for path in ("/healthz", "/readyz", "/metrics"):
         assert httpx.get(limited.url + path).status_code == 200, path
-    page = httpx.get(limited.url + "/viewer")  # listed in --public-paths, as README says to do
+    page = httpx.get(limited.url + "/viewer")  # listed in --public-paths, as docs/API.md says to do
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     html = page.text
     assert 'id="api-key"' in html and 'h["Authorization"] = "Bearer " + key' in html
@@ -206,7 +206,7 @@ def test_api_keys_guard_attention_and_the_viewers_calls(limited):
 
 
 def test_viewer_needs_the_key_unless_public():
-    """With the default --public-paths the page itself is behind the key (README: add /viewer to them)."""
+    """With the default --public-paths the page itself is behind the key (docs/API.md: add /viewer to them)."""
     async def go() -> list[int]:
         app = build_app(Settings(api_keys=[KEY]), load_models=False)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:

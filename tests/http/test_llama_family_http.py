@@ -226,7 +226,7 @@ def test_quantized_weights_serve_what_they_compute_alone(quantize, request, chec
 
 
 def test_the_openai_client_chats_and_streams(server, family):
-    """The README's example, with the official client."""
+    """docs/MODELS.md's example, with the official client."""
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     messages = [{"role": "user", "content": "Where is the station?"}]

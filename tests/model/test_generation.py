@@ -240,7 +240,7 @@ def test_beam_searches_advanced_together_equal_each_alone():
 
 
 def test_the_library_loads_and_decodes_without_the_server(tiny_lm, tiny_mt):
-    """`from tserve import model; model.load(...)` and `model.decoding` as README shows them."""
+    """`from tserve import model; model.load(...)` and `model.decoding` as docs/MODELS.md shows them."""
     from tserve import model
 
     lm = model.load(tiny_lm, device="cpu", dtype="float32")
@@ -258,7 +258,7 @@ def test_the_library_loads_and_decodes_without_the_server(tiny_lm, tiny_mt):
 
 
 def test_a_rows_logits_barely_depend_on_its_batch(tiny_lm):
-    """What README promises about batch invariance in float32 on a CPU: a request's logits alone and among
+    """What docs/API.md promises about batch invariance in float32 on a CPU: a request's logits alone and among
     7 others (other prompts and lengths: padded prefill, decode over a longer attended length) differ by at
     most 1e-4 at every step; tokens are then the same unless two candidates are closer than that."""
     from tests.helpers.fixture_training import cycle_prompts
