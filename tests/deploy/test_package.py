@@ -48,3 +48,87 @@ def test_every_file_the_architecture_map_names_exists():
     assert len(paths) > 40
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, f"docs/ARCHITECTURE.md names files that do not exist: {missing}"
+
+
+def _imports(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports anywhere in its text (at the top, inside functions, under
+    TYPE_CHECKING): every edge, so that no lazy import hides a circle. A module's import of its own package
+    (`__init__`) is not an edge."""
+    import ast
+
+    files = {".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): f
+             for package in packages for f in (root / package).rglob("*.py")}
+
+    def known(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, f in files.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in map(known, targets) if t and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_import_circles_in_the_package_the_benchmarks_or_the_tests():
+    graph = _imports(ROOT, ("tserve", "bench", "tests"))
+    assert len(graph) > 250
+    assert _circles(graph) == []
+    # and the test sees a circle where there is one
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_model_library_imports_nothing_of_the_service_or_the_training():
+    graph = _imports(ROOT, ("tserve",))
+    reaching_up = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith("tserve.model")
+                         for t in targets if t.startswith(("tserve.service", "tserve.training")))
+    assert reaching_up == []

@@ -23,25 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-FIXTURES_DIR = Path(__file__).resolve().parents[1] / "fixtures"
-PROVENANCE = "fixture.json"
-
-
-class MissingFixture(FileNotFoundError):
-    pass
-
-
-def copy_fixture(name: str, d: Path) -> Path:
-    """The committed fixture `name` copied into `d` (created), which the caller may then change."""
-    src = FIXTURES_DIR / name
-    if not (src / PROVENANCE).is_file():
-        raise MissingFixture(f"the committed fixture {src} is missing; make it with "
-                             f"`python -m tests.helpers.committed_fixtures {name}`")
-    d.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != PROVENANCE:
-            shutil.copy2(f, d / f.name)
-    return d
+from tests.helpers.factories import RECIPES
+from tests.helpers.fixture_files import FIXTURES_DIR, PROVENANCE
 
 
 def _cpu_name() -> str:
@@ -57,8 +40,6 @@ def _cpu_name() -> str:
 def regenerate(names: list[str]) -> None:
     """Run each fixture's recipe in a scratch directory and replace the committed files with its output."""
     import torch
-
-    from tests.helpers.factories import RECIPES
 
     unknown = sorted(set(names) - set(RECIPES))
     if unknown:

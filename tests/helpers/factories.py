@@ -15,11 +15,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 import torch
-from tokenizers import Tokenizer as HFBackend
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tests.helpers import fixture_training
-from tests.helpers.committed_fixtures import copy_fixture
+from tests.helpers.corpus import DE, EN, train_byte_bpe
+from tests.helpers.fixture_files import copy_fixture
 from tserve.model.checkpoint import GenerationDefaults, save_checkpoint
 from tserve.model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
 from tserve.model.decoder import Decoder
@@ -28,34 +27,10 @@ from tserve.model.seq2seq import Seq2Seq
 from tserve.model.tokenizer import load_tokenizer
 from tserve.model.vit import ViT
 
-EN = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Hello world, this is a small test corpus for tokenizers.",
-    "Good morning. Where is the station? I don't know.",
-    "The weather is nice today, isn't it?",
-    "Once upon a time there was a king who had three daughters.",
-]
-DE = [
-    "Der schnelle braune Fuchs springt über den faulen Hund.",
-    "Hallo Welt, dies ist ein kleiner Testkorpus für Tokenizer.",
-    "Guten Morgen. Wo ist der Bahnhof? Ich weiß es nicht.",
-    "Das Wetter ist heute schön, nicht wahr?",
-    "Es war einmal ein König, der hatte drei Töchter.",
-]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-
-
-def train_byte_bpe(special: list[str], vocab_size: int = 320) -> HFBackend:
-    tok = HFBackend(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator((EN + DE) * 3, trainer)
-    return tok
 
 
 def write_bpe_tokenizer(d: Path, *, add_eos: bool = False, chat_template: str | None = None) -> int:

@@ -3,20 +3,31 @@ the Open Inference Protocol, LibreTranslate's `/translate`, and the language cho
 logit lens and embeddings): how many inputs, each one's characters, max_tokens (the server's limit and the
 model's), num_beams and n, the glossary, and the languages (as users write them, mapped to the model's codes).
 Every rule is here and nowhere else; a broken one is an `InvalidInput` (400), which each API renders in its own
-shape (`service.errors`), and the documents come out ready to submit."""
+shape (`service.errors`). The served translator applies them and cuts what passes into documents ready to submit
+(`ServedTranslator.checked_documents`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tserve.model.html_markup import Markup
 from tserve.model.language_codes import model_code
-from tserve.service.runners import DocumentJob, InvalidInput, Languages
+from tserve.service.runners import InvalidInput, Languages
 
 if TYPE_CHECKING:
+    from tserve.model.checkpoint import LoadedModel
     from tserve.service.settings import Settings
-    from tserve.service.tasks.translation import ServedTranslator
+
+
+class TranslatorLanguages(Protocol):
+    """What the language rules read of a served translator: its name, its codes and its checkpoint's pair."""
+
+    name: str
+    loaded: LoadedModel
+
+    @property
+    def language_codes(self) -> list[str]: ...
 
 MAX_BEAMS = 16  # num_beams and n
 MAX_GLOSSARY_TERM_CHARS = 100
@@ -93,7 +104,7 @@ def check_glossary(glossary: dict[str, str] | None, max_entries: int) -> None:
                                    f"blank: {source!r} -> {target!r}", "invalid_glossary")
 
 
-def resolve_languages(served: ServedTranslator, source: str | None, target: str | None) -> Languages | None:
+def resolve_languages(served: TranslatorLanguages, source: str | None, target: str | None) -> Languages | None:
     """The model's (source, target) codes for languages written as ISO 639-1 / 639-3 / BCP-47 or as its own
     codes: both required by a multilingual model (a tagged one, MADLAD-400, reads any source: the target only);
     for a one-pair model, checked against its pair (None)."""
@@ -125,7 +136,7 @@ def resolve_languages(served: ServedTranslator, source: str | None, target: str 
     return resolved[0], resolved[1]
 
 
-def resolve_source(served: ServedTranslator, source: str) -> str | None:
+def resolve_source(served: TranslatorLanguages, source: str) -> str | None:
     """The model's code for a source language alone (embeddings): checked against a one-pair model's source
     (None), mapped to a multilingual model's code."""
     if not served.language_codes:
@@ -136,23 +147,3 @@ def resolve_source(served: ServedTranslator, source: str) -> str | None:
         raise InvalidInput(f"source_lang {source!r} is not a language of model {served.name!r}; its languages: "
                            f"{', '.join(served.language_codes)}", "unsupported_language")
     return code
-
-
-def documents(served: ServedTranslator, ask: TranslationAsk) -> list[DocumentJob]:
-    """The request checked (`check_options`, `resolve_languages`) and cut into a document job per input (with
-    `html`, per page) whose sentences each fit the model; raises InvalidInput, or ConstraintsUnmet when glossary
-    terms cannot fit in max_tokens."""
-    translator = served.engine.translator
-    check_options(ask, served.settings, translator.max_target_len, served.loaded.generation.num_beams)
-    languages = resolve_languages(served, ask.source_lang, ask.target_lang)
-    if ask.markups is not None:
-        return [translator.markup_document(m, ask.num_beams, ask.max_tokens, ask.glossary, languages)
-                for m in ask.markups]
-    make = translator.html_document if ask.html else translator.document
-    docs = []
-    for i, text in enumerate(ask.texts):
-        try:
-            docs.append(make(text, ask.num_beams, ask.max_tokens, ask.glossary, languages))
-        except InvalidInput as exc:
-            raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
-    return docs

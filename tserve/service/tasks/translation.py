@@ -28,7 +28,7 @@ from tserve.service.errors import OIPError, bad_request, engine_failure
 from tserve.service.runners import DocumentJob, InvalidInput, Languages
 from tserve.service.schemas import AttentionRequest
 from tserve.service.tasks.base import AttentionResult, ServedModel, bytes_elements
-from tserve.service.translation_input import TranslationAsk, documents, resolve_languages, resolve_source
+from tserve.service.translation_input import TranslationAsk, check_options, resolve_languages, resolve_source
 from tserve.service.translation_memory import StoredHypothesis, memory_key, shared_memory, weights_hash
 
 log = logging.getLogger("tserve.translation")
@@ -209,9 +209,28 @@ class ServedTranslator(ServedModel):
         """The request through the one validator (`service.translation_input`): its document jobs, or the HTTP
         error (400; 422 for glossary terms that cannot fit), in the shape of the API that asked."""
         try:
-            return documents(self, ask)
+            return self._documents(ask)
         except (InvalidInput, ConstraintsUnmet) as exc:
             raise engine_failure(exc, "translation", "invalid_value") from exc
+
+    def _documents(self, ask: TranslationAsk) -> list[DocumentJob]:
+        """The request checked (`check_options`, `resolve_languages`) and cut into a document job per input (with
+        `html`, per page) whose sentences each fit the model; raises InvalidInput, or ConstraintsUnmet when
+        glossary terms cannot fit in max_tokens."""
+        translator = self.engine.translator
+        check_options(ask, self.settings, translator.max_target_len, self.loaded.generation.num_beams)
+        languages = resolve_languages(self, ask.source_lang, ask.target_lang)
+        if ask.markups is not None:
+            return [translator.markup_document(m, ask.num_beams, ask.max_tokens, ask.glossary, languages)
+                    for m in ask.markups]
+        make = translator.html_document if ask.html else translator.document
+        docs = []
+        for i, text in enumerate(ask.texts):
+            try:
+                docs.append(make(text, ask.num_beams, ask.max_tokens, ask.glossary, languages))
+            except InvalidInput as exc:
+                raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
+        return docs
 
     def submit(self, docs: list[DocumentJob], group: object | None = None,
                first_turn: int = 0) -> list[list[TranslationRequest]]:
