@@ -132,3 +132,16 @@ def test_the_model_library_imports_nothing_of_the_service_or_the_training():
     reaching_up = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith("tserve.model")
                          for t in targets if t.startswith(("tserve.service", "tserve.training")))
     assert reaching_up == []
+
+
+def test_only_the_task_modules_branch_on_a_task_name():
+    """Routes, the registry and the engine ask a served model what it can do (`drafts`, `has_logit_lens`,
+    `embeds`, ...); they never compare its task with a task's name."""
+    import re
+
+    branch = re.compile(r"\.task\s*(==|!=|not in|in)\s*[(\[{]?\s*[\"']")
+    service = ROOT / "tserve" / "service"
+    found = [f"{f.relative_to(ROOT)}:{i}" for f in sorted(service.rglob("*.py"))
+             if "tasks" not in f.relative_to(service).parts
+             for i, line in enumerate(f.read_text().splitlines(), 1) if branch.search(line)]
+    assert found == []

@@ -110,17 +110,18 @@ class ModelRegistry:
         loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                  int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
                                  pack_weights=True)
+        served_class = tasks.served_class(loaded.task)
         extra = {}
-        if loaded.task == "text-generation" and s.draft_model:
-            extra["draft"] = self._load_draft(device, backend)
-        served = tasks.served_class(loaded.task)(name, loaded, s, self.metrics, **extra)
+        if served_class.drafts and s.draft_model:
+            extra["draft"] = self._load_draft(served_class.task, device, backend)
+        served = served_class(name, loaded, s, self.metrics, **extra)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),
                                          "quantization": loaded.quantization,
                                          "attention_backend": backend, "parameters": loaded.num_parameters()})
         return served
 
-    def _load_draft(self, device: torch.device, backend: str) -> checkpoint.LoadedModel:
+    def _load_draft(self, task: str, device: torch.device, backend: str) -> checkpoint.LoadedModel:
         """--draft-model, loaded as the models it drafts for are (device, dtype, quantization), once: its weights
         are only read, so every language model's engine drafts with the same copy (each with its own cache)."""
         if self._draft is not None:
@@ -130,8 +131,8 @@ class ModelRegistry:
         draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                 int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
                                 pack_weights=True)
-        if draft.task != "text-generation":
-            raise ValueError(f"--draft-model {s.draft_model}: a {draft.task} model, not a language model")
+        if draft.task != task:
+            raise ValueError(f"--draft-model {s.draft_model}: a {draft.task} model, not a {task} model")
         log.info("draft model loaded", extra={"path": str(path), "parameters": draft.num_parameters()})
         self._draft = draft
         return draft

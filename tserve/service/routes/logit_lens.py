@@ -21,8 +21,7 @@ router = APIRouter(tags=["attention"])
 async def logit_lens(body: LogitLensRequest, request: Request) -> Any:
     name = body.model
     if name is None:  # the only model with a lens
-        candidates = [m.name for m in ready_registry(request).models.values()
-                      if m.task in ("text-generation", "translation")]
+        candidates = [m.name for m in ready_registry(request).models.values() if m.has_logit_lens]
         if len(candidates) != 1:
             raise bad_request("say which model with 'model'", "model_required")
         name = candidates[0]

@@ -39,6 +39,8 @@ class ServedModel:
     reads_images: ClassVar[bool] = False  # /v1/attention without 'model' picks it for an 'image'
     scores_targets: ClassVar[bool] = False  # ... and for a 'target'
     generated_attention_modules: ClassVar[int] = 1  # maps per layer of `return_attention` (decoder.self, ...)
+    has_logit_lens: ClassVar[bool] = False  # /v1/logit_lens without 'model' picks it (`lens_inputs`)
+    drafts: ClassVar[bool] = False  # decodes with --draft-model's drafts, a model of its own task
 
     def __init__(self, name: str, loaded: LoadedModel, settings: Settings, metrics: Metrics) -> None:
         self.name, self.loaded, self.settings, self.metrics = name, loaded, settings, metrics

@@ -37,6 +37,8 @@ def speculation(s: Settings) -> Speculation | None:
 class ServedLanguageModel(ServedModel):
     embeds = "text"
     task = "text-generation"
+    has_logit_lens = True
+    drafts = True
 
     def __init__(self, *args: Any, draft: LoadedModel | None = None, **kwargs: Any) -> None:
         self.draft = draft  # --draft-model, loaded beside this model

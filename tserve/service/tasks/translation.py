@@ -179,6 +179,7 @@ def alignment_report(doc: DocumentJob, picks: list[Hypothesis], aligned: list[li
 class ServedTranslator(ServedModel):
     embeds = "text"
     task = "translation"
+    has_logit_lens = True
     scores_targets = True
     generated_attention_modules = 2  # decoder.self and decoder.cross
 
