@@ -10,7 +10,6 @@ from fastapi.responses import Response
 
 from tserve.model import attention_maps as am
 from tserve.service.attention_png import heatmap_grid, image_overlay
-from tserve.service.connection import run_job
 from tserve.service.errors import bad_request
 from tserve.service.routes.deps import ready_registry, served_model
 from tserve.service.schemas import AttentionRequest, AttentionResponse, BertVizResponse
@@ -51,8 +50,8 @@ async def attention(body: AttentionRequest, request: Request) -> Any:
         raise bad_request(f"{panels} heatmaps asked for; a picture holds at most {_MAX_PANELS}: select 'layers' "
                           "and 'heads'", "too_many_panels")
     context = await served.attention_context(request, body)
-    result = await run_job(request, served.worker, "attention", "invalid_attention_request", served.attention_maps,
-                           body, context)
+    result = await served.call(request, "attention", "invalid_attention_request", served.attention_maps,
+                               body, context)
     maps = result.maps
     if body.format == "bertviz":
         return {"model": served.name, **am.to_bertviz(maps)}

@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from tserve.model.attention_maps import lm_attention_ids
 from tserve.model.decoding import SamplingParams, parse_logit_bias
 from tserve.model.decoding.structured import CompiledGrammar, Constraint, GrammarError
-from tserve.service.connection import run_job, while_connected
+from tserve.service.connection import while_connected
 from tserve.service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, TokenLogprob
 from tserve.service.errors import bad_request, engine_failure
 from tserve.service.routes.deps import (
@@ -301,8 +301,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                                     cfg.max_attention_floats)
     echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
     if body.echo and body.logprobs is not None:
-        echo_logprobs = [await run_job(request, engine, "generation", "invalid_request", engine.score_prompt, ids,
-                                       body.logprobs) for ids in encoded]
+        echo_logprobs = [await served.call(request, "generation", "invalid_request", engine.score_prompt, ids,
+                                           body.logprobs) for ids in encoded]
     requests = _submit(engine, jobs)
     choices = []
     for i, req in enumerate(requests):
@@ -343,8 +343,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     if attention is not None:
         for item, c in zip(out, choices, strict=True):
             ids = c.request.prompt_ids + c.token_ids
-            maps = await run_job(request, engine, "attention", "invalid_attention_request", lm_attention_ids,
-                                 served.loaded, ids, *attention, len(c.request.prompt_ids))
+            maps = await served.call(request, "attention", "invalid_attention_request", lm_attention_ids,
+                                     served.loaded, ids, *attention, len(c.request.prompt_ids))
             item["attention"] = {"maps": [m.to_dict() for m in maps]}
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": out,
             "usage": _usage(prompt_tokens * body.n, choices)}

@@ -8,7 +8,6 @@ from fastapi.responses import JSONResponse
 from tserve.service.errors import error_response
 from tserve.service.routes.deps import registry
 from tserve.service.schemas import ModelCard, ModelList
-from tserve.service.tasks import ServedLanguageModel, ServedTranslator
 
 router = APIRouter()
 
@@ -37,14 +36,6 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models", tags=["models"], response_model=ModelList, response_model_exclude_none=True)
 async def list_models(request: Request) -> ModelList:
-    reg = registry(request)
-    cards = []
-    for m in reg.models.values():
-        pair = m.loaded.languages if isinstance(m, ServedTranslator) else None
-        languages = {"source": pair[0], "target": pair[1]} if pair else None
-        engine = m.engine if isinstance(m, ServedLanguageModel) else None
-        cards.append(ModelCard(id=m.name, created=m.created, task=m.task, languages=languages,
-                               language_codes=(m.language_codes or None) if isinstance(m, ServedTranslator) else None,
-                               max_model_len=engine.max_len if engine else None,
-                               kv_cache_bytes_per_token=engine.runner.cache.bytes_per_token() if engine else None))
+    cards = [ModelCard(id=m.name, created=m.created, task=m.task, **m.card_fields())
+             for m in registry(request).models.values()]
     return ModelList(data=cards)

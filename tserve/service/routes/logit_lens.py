@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from tserve.service.connection import run_job
 from tserve.service.errors import bad_request
 from tserve.service.routes.deps import ready_registry, served_model
 from tserve.service.schemas import LogitLensRequest, LogitLensResponse
@@ -27,6 +26,6 @@ async def logit_lens(body: LogitLensRequest, request: Request) -> Any:
         name = candidates[0]
     served = served_model(request, name, None)
     context = await served.attention_context(request, body)  # a translator's own translation, when no target
-    result = await run_job(request, served.worker, "logit lens", "invalid_lens_request", served.logit_lens, body,
-                           context)
+    result = await served.call(request, "logit lens", "invalid_lens_request", served.logit_lens, body,
+                               context)
     return {"model": served.name, **result}

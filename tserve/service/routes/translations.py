@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
@@ -13,8 +13,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from tserve.model.attention_maps import translation_attention_ids
-from tserve.service.connection import run_job
-from tserve.service.engine import TranslationEngine
 from tserve.service.engine import TranslationRequest as EngineRequest
 from tserve.service.errors import bad_request, engine_failure
 from tserve.service.routes.deps import (
@@ -31,7 +29,7 @@ from tserve.service.routes.deps import (
 from tserve.service.runners import DocumentJob
 from tserve.service.schemas import TranslationRequest, TranslationResponse
 from tserve.service.tasks import ServedTranslator
-from tserve.service.tasks.translation import TranslationOutput, assemble, collect_translation
+from tserve.service.tasks.translation import TranslationOutput, assemble
 from tserve.service.translation_input import TranslationAsk
 from tserve.service.translation_routing import pick_route, translate_route
 
@@ -68,7 +66,6 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
         source, target = routed[0][1]
         ask = replace(ask, source_lang=body.source_lang or source, target_lang=body.target_lang or target)
     served = routed[0][0] if routed else served_model(request, body.model, ServedTranslator.task)
-    engine: TranslationEngine = served.engine
     docs = served.checked_documents(ask)
     if body.stream and len(docs) != 1:
         raise bad_request("streaming takes exactly one input", "stream_unsupported")
@@ -93,9 +90,9 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                 item["segments"] = out.segments
         if attention is not None:
             for item, doc, out in zip(data, docs, outputs, strict=True):
-                maps = await run_job(request, engine, "attention", "invalid_attention_request",
-                                     translation_attention_ids, served.loaded, doc.jobs[0].source_ids,
-                                     out.token_ids, *attention)
+                maps = await served.call(request, "attention", "invalid_attention_request",
+                                         translation_attention_ids, served.loaded, doc.jobs[0].source_ids,
+                                         out.token_ids, *attention)
                 item["attention"] = {"maps": [m.to_dict() for m in maps if m.module != "encoder.self"]}
         answer = {"object": "translation", "model": served.name, "data": data,
                   "usage": _usage(docs, sum(len(out.token_ids) for out in outputs))}
@@ -104,9 +101,9 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
     submitted = served.submit(docs)[0]
     base = {"object": "translation.chunk", "model": served.name}
     if len(submitted) == 1 and submitted[0].greedy and body.n == 1:
-        return StreamingResponse(_token_chunks(engine, submitted[0], doc, base), media_type="text/event-stream",
+        return StreamingResponse(_token_chunks(served, submitted[0], doc, base), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
-    return StreamingResponse(_segment_chunks(engine, submitted, doc, base, body.n),
+    return StreamingResponse(_segment_chunks(served, submitted, doc, base, body.n),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -126,58 +123,53 @@ async def _pivoted(request: Request, body: TranslationRequest, ask: TranslationA
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
-async def _token_chunks(engine: TranslationEngine, req: EngineRequest, doc: DocumentJob,
+async def _token_chunks(served: ServedTranslator, req: EngineRequest, doc: DocumentJob,
                         base: dict[str, Any]) -> AsyncIterator[str]:
     """One greedy sentence: its text as it is decoded; the layout around it in the first and last chunks."""
     layout = doc.document.layout
     text, tokens, first = "", 0, True
     try:
-        async for event in engine.stream(req):
-            tokens += len(event.token_ids)
-            if not event.text and event.finish_reason is None:
-                continue  # a token without text of its own yet (special, or part of a character)
-            delta = (layout[0] if first else "") + event.text + (layout[1] if event.finish_reason else "")
-            text, first = text + delta, False
-            item = {"index": 0, "translation": text, "delta": delta}
-            chunk = base | {"data": [item]}
-            if event.finish_reason is not None:
-                item["score"] = event.result[0].score
-                chunk |= {"finish_reason": event.finish_reason, "usage": _usage([doc], tokens)}
-            yield sse(chunk)
+        async with aclosing(served.stream_tokens(req)) as events:
+            async for event in events:
+                tokens += len(event.token_ids)
+                if not event.text and event.finish_reason is None:
+                    continue  # a token without text of its own yet (special, or part of a character)
+                delta = (layout[0] if first else "") + event.text + (layout[1] if event.finish_reason else "")
+                text, first = text + delta, False
+                item = {"index": 0, "translation": text, "delta": delta}
+                chunk = base | {"data": [item]}
+                if event.finish_reason is not None:
+                    item["score"] = event.result[0].score
+                    chunk |= {"finish_reason": event.finish_reason, "usage": _usage([doc], tokens)}
+                yield sse(chunk)
     except Exception as exc:
         err = engine_failure(exc, "translation")
         yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
-    finally:
-        req.cancel()
     yield SSE_DONE
 
 
-async def _segment_chunks(engine: TranslationEngine, reqs: list[EngineRequest], doc: DocumentJob,
+async def _segment_chunks(served: ServedTranslator, reqs: list[EngineRequest], doc: DocumentJob,
                           base: dict[str, Any], n: int) -> AsyncIterator[str]:
     """A document (or beams): each segment, once finished, in order; `delta` is the segment's translation
     with the layout before it (and, for the last, after it), so that the deltas add up to the translation."""
     layout = doc.document.layout
-    results = [asyncio.ensure_future(collect_translation(engine, r)) for r in reqs]
     text, done = "", []
     try:
-        for i, pending in enumerate(results):
-            seg = await pending
-            done.append(seg)
-            delta = layout[i] + seg.text + (layout[-1] if i == len(reqs) - 1 else "")
-            text += delta
-            item = {"index": 0, "segment": i, "translation": text, "delta": delta}
-            chunk = base | {"data": [item]}
-            if i == len(reqs) - 1:
-                out = assemble(doc, done, n)
-                item |= _item(0, out, n) | {"delta": delta, "segment": i}
-                chunk |= {"finish_reason": out.finish_reason,
-                          "usage": _usage([doc], sum(len(s.token_ids) for s in done))}
-            yield sse(chunk)
+        async with aclosing(served.segments(reqs)) as segments:
+            async for seg in segments:
+                i = len(done)
+                done.append(seg)
+                delta = layout[i] + seg.text + (layout[-1] if i == len(reqs) - 1 else "")
+                text += delta
+                item = {"index": 0, "segment": i, "translation": text, "delta": delta}
+                chunk = base | {"data": [item]}
+                if i == len(reqs) - 1:
+                    out = assemble(doc, done, n)
+                    item |= _item(0, out, n) | {"delta": delta, "segment": i}
+                    chunk |= {"finish_reason": out.finish_reason,
+                              "usage": _usage([doc], sum(len(s.token_ids) for s in done))}
+                yield sse(chunk)
     except Exception as exc:
         err = engine_failure(exc, "translation")
         yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
-    finally:
-        for r, pending in zip(reqs, results, strict=True):
-            r.cancel()
-            pending.cancel()
     yield SSE_DONE

@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from fastapi import Request
 
@@ -17,13 +17,15 @@ from tserve.model import attention_maps as am
 from tserve.model import logit_lens as lens
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.embeddings import max_input_tokens
-from tserve.service.connection import while_connected
+from tserve.service.connection import run_job, while_connected
 from tserve.service.engine import DynamicBatcher, Scheduler
 from tserve.service.errors import OIPError, engine_failure
 from tserve.service.metrics import Metrics
 from tserve.service.runners import InvalidInput
 from tserve.service.schemas import AttentionRequest
 from tserve.service.settings import Settings
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,6 +52,12 @@ class ServedModel:
     def build_worker(self) -> Scheduler:
         raise NotImplementedError
 
+    async def call(self, request: Request | None, what: str, invalid_code: str, fn: Callable[..., T],
+                   *args: Any) -> T:
+        """`fn(*args)` as a call job of this model's worker (`connection.run_job`): queued with its requests, run in
+        its thread, cancelled when the client leaves; errors mapped as the engine's (`what`, `invalid_code`)."""
+        return await run_job(request, self.worker, what, invalid_code, fn, *args)
+
     @property
     def workers(self) -> list[Scheduler]:
         """Every worker thread of this model (started, drained and stopped by the registry)."""
@@ -73,6 +81,10 @@ class ServedModel:
         results = await batched(request, self.embedder, items, "embedding")
         self.metrics.embeddings.labels(self.name).inc(len(results))
         return results
+
+    def card_fields(self) -> dict[str, Any]:
+        """What `/v1/models` says of this model beyond its name, creation time and task (`ModelCard`'s fields)."""
+        return {}
 
     def warm_up(self) -> None:
         """One small request through the worker's own model code (before the worker starts), so that the

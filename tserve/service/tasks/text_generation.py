@@ -60,6 +60,10 @@ class ServedLanguageModel(ServedModel):
     def warm_up(self) -> None:
         self.engine.warm_up()
 
+    def card_fields(self) -> dict[str, Any]:
+        return {"max_model_len": self.engine.max_len,
+                "kv_cache_bytes_per_token": self.engine.runner.cache.bytes_per_token()}
+
     def attention_maps(self, body: AttentionRequest, context: Any) -> AttentionResult:
         ids = self.text_ids(body.input)
         self.bound_weights(body, len(ids))

@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,8 +21,8 @@ from tserve.model.embeddings import embed_token_lists
 from tserve.model.html_markup import Block, render_block, tag_placements, words
 from tserve.model.segmentation import Document
 from tserve.model.tokenizer import Tokenizer
-from tserve.service.connection import run_job, while_connected
-from tserve.service.engine import QueueFull, TranslationEngine, TranslationRequest
+from tserve.service.connection import while_connected
+from tserve.service.engine import Event, QueueFull, TranslationEngine, TranslationRequest
 from tserve.service.engine.output import Hypothesis
 from tserve.service.errors import OIPError, bad_request, engine_failure
 from tserve.service.runners import DocumentJob, InvalidInput, Languages
@@ -201,6 +201,11 @@ class ServedTranslator(ServedModel):
     def warm_up(self) -> None:
         self.engine.warm_up()
 
+    def card_fields(self) -> dict[str, Any]:
+        pair = self.loaded.languages
+        return {"languages": {"source": pair[0], "target": pair[1]} if pair else None,
+                "language_codes": self.language_codes or None}
+
     @property
     def language_codes(self) -> list[str]:
         """A multilingual translator's language codes (NLLB's `deu_Latn`); empty for a one-pair model."""
@@ -309,6 +314,27 @@ class ServedTranslator(ServedModel):
         return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,
                           doc.document.segments[i])
 
+    async def stream_tokens(self, req: TranslationRequest) -> AsyncIterator[Event]:
+        """A submitted greedy sentence's events as it is decoded; the request is cancelled when the stream ends,
+        early or not (close it at once with `contextlib.aclosing`)."""
+        try:
+            async for event in self.engine.stream(req):
+                yield event
+        finally:
+            req.cancel()
+
+    async def segments(self, reqs: list[TranslationRequest]) -> AsyncIterator[SegmentResult]:
+        """Submitted segments' results in order, each once finished (they decode side by side); what is left is
+        cancelled when the stream ends, early or not (close it at once with `contextlib.aclosing`)."""
+        pending = [asyncio.ensure_future(collect_translation(self.engine, r)) for r in reqs]
+        try:
+            for result in pending:
+                yield await result
+        finally:
+            for r, result in zip(reqs, pending, strict=True):
+                r.cancel()
+                result.cancel()
+
     async def translate(self, request: Request, docs: list[DocumentJob], n: int = 1,
                         alignment: bool = False, cache: bool = True) -> list[TranslationOutput]:
         """Each document's translation, as `/v1/translations` answers it (with `alignment`, its best
@@ -362,8 +388,8 @@ class ServedTranslator(ServedModel):
             wanted += [(i, _key(p), sentence_pairs(d, p, tok, eos, every=report and k == 0))
                        for k, p in enumerate(picks)]
         pairs = [p for _, _, ps in wanted for p in ps if p is not None]
-        aligned = iter(await run_job(request, self.engine, "translation", "invalid_request", word_alignment,
-                                     self.loaded, pairs) if pairs else [])
+        aligned = iter(await self.call(request, "translation", "invalid_request", word_alignment,
+                                       self.loaded, pairs) if pairs else [])
         out: dict[tuple[int, tuple], list[list[int] | None]] = {}
         for i, key, ps in wanted:
             found = [None if p is None else next(aligned) for p in ps]
