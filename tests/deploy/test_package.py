@@ -145,3 +145,13 @@ def test_only_the_task_modules_branch_on_a_task_name():
              if "tasks" not in f.relative_to(service).parts
              for i, line in enumerate(f.read_text().splitlines(), 1) if branch.search(line)]
     assert found == []
+
+
+def test_no_route_reaches_into_an_engine():
+    """Routes parse, call the served model and render: a route never reads a model's `engine` (the served model
+    offers what a request needs: submit, events, call jobs, limits)."""
+    import ast
+
+    found = [f"{f.relative_to(ROOT)}:{node.lineno}" for f in sorted((ROOT / "tserve" / "service" / "routes").glob("*.py"))
+             for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.Attribute) and node.attr == "engine"]
+    assert found == []

@@ -6,9 +6,9 @@ Streams of several choices are merged in arrival order, as OpenAI does (each chu
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,9 @@ from fastapi.responses import StreamingResponse
 from tserve.model.attention_maps import lm_attention_ids
 from tserve.model.decoding import SamplingParams, parse_logit_bias
 from tserve.model.decoding.structured import CompiledGrammar, Constraint, GrammarError
+from tserve.model.tokenizer import Tokenizer
 from tserve.service.connection import while_connected
-from tserve.service.engine import Event, GenerationEngine, GenerationRequest, QueueFull, TokenLogprob
+from tserve.service.engine import Event, GenerationRequest, TokenLogprob
 from tserve.service.errors import bad_request, engine_failure
 from tserve.service.routes.deps import (
     SSE_DONE,
@@ -91,9 +92,9 @@ class Choice:
 # --------------------------------------------------------------------------------------------------
 # Request -> engine requests
 # --------------------------------------------------------------------------------------------------
-def _logit_bias(body: SamplingFields, engine: GenerationEngine) -> dict[int, float]:
+def _logit_bias(body: SamplingFields, vocab_size: int) -> dict[int, float]:
     try:
-        return parse_logit_bias(body.logit_bias, engine.runner.vocab_size)
+        return parse_logit_bias(body.logit_bias, vocab_size)
     except ValueError as exc:
         raise bad_request(str(exc), "invalid_logit_bias") from exc
 
@@ -121,7 +122,7 @@ def _constraint(body: SamplingFields) -> Constraint | None:
     return Constraint("json", json.dumps(schema if schema is not None else {}))
 
 
-async def _grammar(body: SamplingFields, engine: GenerationEngine,
+async def _grammar(body: SamplingFields, served: ServedLanguageModel,
                    tools: ToolMode | None = None) -> CompiledGrammar | None:
     """The request's constraint (its response format's, or its tool choice's), compiled (cached by the model's
     compiler); a bad one is a 400 with the grammar library's message."""
@@ -134,7 +135,7 @@ async def _grammar(body: SamplingFields, engine: GenerationEngine,
     if constraint is None:
         return None
     try:
-        return await asyncio.to_thread(engine.runner.grammars.compile, constraint)
+        return await served.compile_grammar(constraint)
     except GrammarError as exc:
         raise bad_request(str(exc), "invalid_response_format") from exc
 
@@ -151,59 +152,29 @@ def _sampling(body: SamplingFields, max_tokens: int, seed_offset: int, logprobs:
     )
 
 
-def _encode(engine: GenerationEngine, text: str, limit: int, add_special_tokens: bool = True) -> list[int]:
+def _encode(tokenizer: Tokenizer, text: str, limit: int, add_special_tokens: bool = True) -> list[int]:
     if len(text) > limit:
         raise bad_request(f"the prompt has {len(text)} characters; the limit is {limit}", "input_too_long")
-    ids = engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     if not text or not ids:
         raise bad_request("the prompt is empty", "empty_prompt")
     return ids
 
 
-def _submit(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]]) -> list[GenerationRequest]:
-    try:
-        return engine.submit_all(jobs)
-    except (QueueFull, ValueError) as exc:
-        raise engine_failure(exc, "generation", "context_length_exceeded") from exc
-
-
-async def _merged(engine: GenerationEngine, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Event]]:
+async def _merged(served: ServedLanguageModel, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Event]]:
     """Events of all choices as they come. Leaving early (client gone) cancels every request."""
-    queue: asyncio.Queue[tuple[Choice, Event | BaseException | None]] = asyncio.Queue()
-
-    async def pump(choice: Choice) -> None:
-        try:
-            async for event in engine.stream(choice.request):
-                queue.put_nowait((choice, event))
-        except Exception as exc:  # surfaces in the consumer
-            queue.put_nowait((choice, exc))
-        finally:
-            queue.put_nowait((choice, None))
-
-    tasks = [asyncio.create_task(pump(c)) for c in choices]
-    try:
-        remaining = len(choices)
-        while remaining:
-            choice, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield choice, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        for c in choices:
-            c.request.cancel()
+    async with aclosing(served.events([c.request for c in choices])) as events:
+        async for i, event in events:
+            yield choices[i], event
 
 
-async def _collect(request: Request, engine: GenerationEngine, choices: list[Choice]) -> None:
+async def _collect(request: Request, served: ServedLanguageModel, choices: list[Choice]) -> None:
     """Run every choice to completion; a client that disconnects cancels them."""
 
     async def consume() -> None:
-        async for choice, event in _merged(engine, choices):
-            choice.add(event)
+        async with aclosing(_merged(served, choices)) as merged:
+            async for choice, event in merged:
+                choice.add(event)
 
     try:
         await while_connected(request, consume())
@@ -211,19 +182,20 @@ async def _collect(request: Request, engine: GenerationEngine, choices: list[Cho
         raise engine_failure(exc, "generation") from exc
 
 
-async def _event_stream(engine: GenerationEngine, choices: list[Choice], base: dict[str, Any],
+async def _event_stream(served: ServedLanguageModel, choices: list[Choice], base: dict[str, Any],
                         render: Callable[[Choice, Event, list[int]], dict[str, Any] | list[dict[str, Any]]],
                         usage: Callable[[], dict[str, Any]] | None) -> AsyncIterator[str]:
     """SSE chunks of the merged choices (rendered per API), an engine failure as an error event, the usage
     chunk when asked for, then [DONE]."""
     try:
-        async for c, event in _merged(engine, choices):
-            offsets = c.add(event)
-            if not (event.text or event.logprobs or event.finish_reason):
-                continue  # the detokenizer is holding back an unfinished character
-            rendered = render(c, event, offsets)
-            for choice in rendered if isinstance(rendered, list) else [rendered]:
-                yield sse(base | {"choices": [choice]})
+        async with aclosing(_merged(served, choices)) as merged:
+            async for c, event in merged:
+                offsets = c.add(event)
+                if not (event.text or event.logprobs or event.finish_reason):
+                    continue  # the detokenizer is holding back an unfinished character
+                rendered = render(c, event, offsets)
+                for choice in rendered if isinstance(rendered, list) else [rendered]:
+                    yield sse(base | {"choices": [choice]})
     except Exception as exc:
         err = engine_failure(exc, "generation")
         yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
@@ -279,20 +251,19 @@ def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     cfg = settings(request)
     served = served_model(request, body.model, ServedLanguageModel.task, body.priority)
-    engine = served.engine
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     check_count("prompts", len(prompts), cfg.max_prompts)
     check_count("choices (n)", body.n, cfg.max_n)
     check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
     log_inputs(request, prompts)
-    encoded = [_encode(engine, p, cfg.max_input_chars) for p in prompts]
-    bias = _logit_bias(body, engine)
-    grammar = await _grammar(body, engine)
+    encoded = [_encode(served.tokenizer, p, cfg.max_input_chars) for p in prompts]
+    bias = _logit_bias(body, served.vocab_size)
+    grammar = await _grammar(body, served)
     jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for ids in encoded
             for j in range(body.n)]
     for ids, params in jobs[:: body.n]:
         try:
-            engine.check_limits(len(ids), params.max_tokens)
+            served.check_limits(len(ids), params.max_tokens)
         except ValueError as exc:
             raise bad_request(str(exc), "context_length_exceeded") from exc
     max_prompt = max(len(ids) for ids in encoded)
@@ -301,13 +272,13 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                                     cfg.max_attention_floats)
     echo_logprobs: list[list[TokenLogprob | None]] = [[] for _ in prompts]
     if body.echo and body.logprobs is not None:
-        echo_logprobs = [await served.call(request, "generation", "invalid_request", engine.score_prompt, ids,
+        echo_logprobs = [await served.call(request, "generation", "invalid_request", served.score_prompt, ids,
                                            body.logprobs) for ids in encoded]
-    requests = _submit(engine, jobs)
+    requests = served.submit(jobs)
     choices = []
     for i, req in enumerate(requests):
         p = i // body.n
-        offsets = [len(engine.tokenizer.decode(encoded[p][:k])) for k in range(len(echo_logprobs[p]))]
+        offsets = [len(served.tokenizer.decode(encoded[p][:k])) for k in range(len(echo_logprobs[p]))]
         choices.append(Choice(i, req, prompts[p] if body.echo else "", echo_logprobs[p], offsets))
     completion_id, created, model = new_id("cmpl"), now(), served.name
     prompt_tokens = sum(len(ids) for ids in encoded)
@@ -319,7 +290,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
             base = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
             for c in choices:
                 if c.prefix:
-                    lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
+                    lp = c.logprobs_dict(served.tokenizer) if body.logprobs is not None else None
                     yield sse(base | {"choices": [{"text": c.prefix, "index": c.index, "logprobs": lp,
                                                    "finish_reason": None}]})
 
@@ -330,15 +301,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                 return {"text": event.text, "index": c.index, "logprobs": lp, "finish_reason": event.finish_reason}
 
             usage = (lambda: _usage(prompt_tokens * body.n, choices)) if include_usage else None
-            async for chunk in _event_stream(engine, choices, base, render, usage):
+            async for chunk in _event_stream(served, choices, base, render, usage):
                 yield chunk
 
         return _streaming(chunks(), choices)
 
-    await _collect(request, engine, choices)
+    await _collect(request, served, choices)
     out = []
     for c in choices:
-        lp = c.logprobs_dict(engine.tokenizer) if body.logprobs is not None else None
+        lp = c.logprobs_dict(served.tokenizer) if body.logprobs is not None else None
         out.append({"text": c.prefix + c.text, "index": c.index, "logprobs": lp, "finish_reason": c.finish_reason})
     if attention is not None:
         for item, c in zip(out, choices, strict=True):
@@ -372,8 +343,7 @@ def _chat_message(tools: ToolMode, choice: Choice) -> dict[str, Any]:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     cfg = settings(request)
     served = served_model(request, body.model, ServedLanguageModel.task, body.priority)
-    engine = served.engine
-    if engine.tokenizer.chat_template is None:
+    if served.tokenizer.chat_template is None:
         raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "no_chat_template")
     check_count("choices (n)", body.n, cfg.max_n)
     try:
@@ -382,22 +352,22 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     except ValueError as exc:
         raise bad_request(str(exc), "invalid_tool_choice") from exc
     try:
-        prompt = engine.tokenizer.apply_chat_template(
+        prompt = served.tokenizer.apply_chat_template(
             [m.for_template() for m in body.messages],
             tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None)
     except ValueError as exc:
         raise bad_request(str(exc), "invalid_messages") from exc
     log_inputs(request, [prompt])
-    ids = _encode(engine, prompt, cfg.max_input_chars, add_special_tokens=False)
+    ids = _encode(served.tokenizer, prompt, cfg.max_input_chars, add_special_tokens=False)
     requested = body.max_completion_tokens or body.max_tokens
     if requested is not None:
         check_max_tokens(requested, cfg.max_tokens_limit)
-    max_tokens = requested or max(1, min(cfg.max_tokens_limit, engine.max_len - len(ids)))
+    max_tokens = requested or max(1, min(cfg.max_tokens_limit, served.max_len - len(ids)))
     top = (body.top_logprobs or 0) if body.logprobs else None
-    bias = _logit_bias(body, engine)
-    grammar = await _grammar(body, engine, tools)
+    bias = _logit_bias(body, served.vocab_size)
+    grammar = await _grammar(body, served, tools)
     jobs = [(ids, _sampling(body, max_tokens, j, top, bias, grammar)) for j in range(body.n)]
-    choices = [Choice(i, req) for i, req in enumerate(_submit(engine, jobs))]
+    choices = [Choice(i, req) for i, req in enumerate(served.submit(jobs))]
     completion_id, created, model = new_id("chatcmpl"), now(), served.name
 
     if body.stream:
@@ -423,12 +393,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 return out
 
             usage = (lambda: _usage(len(ids) * body.n, choices)) if include_usage else None
-            async for chunk in _event_stream(engine, choices, base, render, usage):
+            async for chunk in _event_stream(served, choices, base, render, usage):
                 yield chunk
 
         return _streaming(chunks(), choices)
 
-    await _collect(request, engine, choices)
+    await _collect(request, served, choices)
     out = [{"index": c.index, "message": _chat_message(tools, c),
             "logprobs": _chat_logprobs(c.logprobs) if body.logprobs else None, "finish_reason": c.finish_reason}
            for c in choices]

@@ -4,6 +4,8 @@ the Open Inference Protocol. The main HTTP API is OpenAI's (`service.routes.comp
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import Request
@@ -11,10 +13,11 @@ from fastapi import Request
 from tserve.model import attention_maps as am
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.decoding import SamplingParams, Speculation
+from tserve.model.decoding.structured import CompiledGrammar, Constraint
 from tserve.model.embeddings import embed_token_lists
+from tserve.model.tokenizer import Tokenizer
 from tserve.service.connection import while_connected
-from tserve.service.engine import GenerationEngine
-from tserve.service.engine.generation import GenerationRequest
+from tserve.service.engine import Event, GenerationEngine, GenerationRequest, TokenLogprob
 from tserve.service.engine.scheduler import QueueFull
 from tserve.service.errors import OIPError, engine_failure
 from tserve.service.schemas import AttentionRequest
@@ -64,6 +67,74 @@ class ServedLanguageModel(ServedModel):
         return {"max_model_len": self.engine.max_len,
                 "kv_cache_bytes_per_token": self.engine.runner.cache.bytes_per_token()}
 
+    # ----------------------------------------------------------------------------------------------
+    # A request's way through the engine: checked, submitted, its events streamed, cancelled at the end
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_len(self) -> int:
+        """The served context: prompt + completion tokens."""
+        return self.engine.max_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.runner.vocab_size
+
+    def check_limits(self, prompt_len: int, max_tokens: int) -> None:
+        """A prompt and its max_tokens against the served context (ValueError, the client's)."""
+        self.engine.check_limits(prompt_len, max_tokens)
+
+    def score_prompt(self, prompt_ids: list[int], k: int) -> list[TokenLogprob | None]:
+        """Each prompt token's log-probability and the top k (echo with logprobs); run it as a call job."""
+        return self.engine.score_prompt(prompt_ids, k)
+
+    async def compile_grammar(self, constraint: Constraint) -> CompiledGrammar:
+        """A constraint as this model's token masks (cached per model), compiled off the event loop."""
+        return await asyncio.to_thread(self.engine.runner.grammars.compile, constraint)
+
+    def submit(self, jobs: list[tuple[list[int], SamplingParams]]) -> list[GenerationRequest]:
+        """Queue every (prompt ids, sampling) pair as one client request; a full queue or a context that cannot
+        hold it raises the HTTP error."""
+        try:
+            return self.engine.submit_all(jobs)
+        except (QueueFull, ValueError) as exc:
+            raise engine_failure(exc, "generation", "context_length_exceeded") from exc
+
+    async def events(self, reqs: list[GenerationRequest]) -> AsyncIterator[tuple[int, Event]]:
+        """(index into `reqs`, event) of every submitted request as the events come; an engine failure is
+        raised here. Every request is cancelled when the stream ends, early or not (close it at once with
+        `contextlib.aclosing`)."""
+        queue: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, req: GenerationRequest) -> None:
+            try:
+                async for event in self.engine.stream(req):
+                    queue.put_nowait((i, event))
+            except Exception as exc:  # surfaces in the consumer
+                queue.put_nowait((i, exc))
+            finally:
+                queue.put_nowait((i, None))
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+        try:
+            remaining = len(reqs)
+            while remaining:
+                i, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            for r in reqs:
+                r.cancel()
+
     def attention_maps(self, body: AttentionRequest, context: Any) -> AttentionResult:
         ids = self.text_ids(body.input)
         self.bound_weights(body, len(ids))
@@ -93,26 +164,21 @@ class ServedLanguageModel(ServedModel):
             if not ids:
                 raise OIPError(400, f"every text_input must be a prompt of 1 to {limit} characters")
             jobs.append((ids, params))
+        reqs = self.submit(jobs)
+        texts, finishes = [""] * len(reqs), ["length"] * len(reqs)
+
+        async def collect() -> None:
+            async with aclosing(self.events(reqs)) as events:
+                async for i, event in events:
+                    texts[i] += event.text
+                    finishes[i] = event.finish_reason or finishes[i]
+
         try:
-            reqs = self.engine.submit_all(jobs)
-        except (QueueFull, ValueError) as exc:
-            raise engine_failure(exc, "generation", "context_length_exceeded") from exc
-        try:
-            done = await while_connected(request, asyncio.gather(*(self._completion(r) for r in reqs)))
+            await while_connected(request, collect())
         except Exception as exc:
             raise engine_failure(exc, "generation") from exc
-        finally:
-            for r in reqs:
-                r.cancel()
-        return [{"name": "text_output", "datatype": "BYTES", "shape": [len(done)], "data": [t for t, _ in done]},
-                {"name": "finish_reason", "datatype": "BYTES", "shape": [len(done)], "data": [f for _, f in done]}]
-
-    async def _completion(self, req: GenerationRequest) -> tuple[str, str]:
-        text, finish = "", "length"
-        async for event in self.engine.stream(req):
-            text += event.text
-            finish = event.finish_reason or finish
-        return text, finish
+        return [{"name": "text_output", "datatype": "BYTES", "shape": [len(texts)], "data": texts},
+                {"name": "finish_reason", "datatype": "BYTES", "shape": [len(texts)], "data": finishes}]
 
 
 def _oip_sampling(parameters: dict[str, Any], max_tokens_limit: int) -> SamplingParams:
