@@ -23,7 +23,7 @@ from tserve.service.engine import (
     OutOfMemory,
     QueueFull,
     RequestTimeout,
-    Scheduler,
+    Worker,
 )
 from tserve.service.metrics import Metrics
 
@@ -516,7 +516,7 @@ def test_worker_threads_make_the_models_gpu_their_current_device(lm, monkeypatch
     gpu = torch.device("cuda:1")
     engine = make_engine(lm)  # started on the CPU: the thread selects nothing
     engine.stop()
-    engine = Scheduler("gpu-engine", max_queue=1, timeout_s=1.0, metrics=Metrics(), capacity=1)
+    engine = Worker("gpu-engine", max_queue=1, timeout_s=1.0, metrics=Metrics(), capacity=1)
     engine.device = gpu
     engine.start()
     batcher = DynamicBatcher("gpu-batcher", lambda items: items, max_batch_size=1, max_wait_ms=0, max_queue=1,

@@ -29,18 +29,18 @@ from tserve.service.cli import main  # noqa: E402
 from tserve.service.engine import (  # noqa: E402
     GenerationEngine,
     GenerationRequest,
-    Scheduler,  # noqa: E402
+    Worker,  # noqa: E402
 )
 from tserve.service.registry import ModelRegistry  # noqa: E402
 from tserve.service.runners import Classifier  # noqa: E402
 
 
-def slow_steps(target: Scheduler | type[Scheduler], seconds: float) -> Scheduler | type[Scheduler]:
+def slow_steps(target: Worker | type[Worker], seconds: float) -> Worker | type[Worker]:
     """Make every step of `target` (an engine, or the class: every engine) sleep `seconds` first, so that a
     request of many tokens is still running when a test acts on it."""
     original = target.step
     if isinstance(target, type):
-        def step(self: Scheduler) -> None:
+        def step(self: Worker) -> None:
             time.sleep(seconds)
             original(self)
     else:
@@ -57,7 +57,7 @@ def _holds(engine: GenerationEngine, reqs: list[GenerationRequest], marker: str)
 
 def install(env: dict[str, str]) -> None:
     if delay := float(env.get("TSERVE_TEST_STEP_DELAY_S", "0")):
-        slow_steps(Scheduler, delay)
+        slow_steps(Worker, delay)
     if batch_delay := float(env.get("TSERVE_TEST_BATCH_DELAY_S", "0")):
         run_batch = Classifier.run_batch
 

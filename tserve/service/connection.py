@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from tserve.service.engine import Scheduler
+from tserve.service.engine import Worker
 from tserve.service.errors import client_closed, engine_failure
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ async def while_connected(request: Request | None, work: Awaitable[T]) -> T:
     raise client_closed()
 
 
-async def run_job(request: Request | None, worker: Scheduler, what: str, invalid_code: str, fn: Callable[..., T],
+async def run_job(request: Request | None, worker: Worker, what: str, invalid_code: str, fn: Callable[..., T],
                   *args: Any) -> T:
     """`fn(*args)` as a call job of the model's worker: in its queue (limits, deadline), in its thread (the
     device is never shared with a step), cancelled when the client leaves. Errors map like the engine's."""

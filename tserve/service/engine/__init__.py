@@ -1,4 +1,4 @@
-"""The workers that hold requests: one scheduler (queue, admission, cancel, timeout, drain, call jobs) with a
+"""The workers that hold requests: one `Worker` (queue, admission, cancel, timeout, drain, call jobs) with a
 runner per model kind beneath it and an output stage (text, stop strings, logprobs, events) above it."""
 
 from tserve.service.engine.batcher import BatchItem, DynamicBatcher
@@ -16,9 +16,9 @@ from tserve.service.engine.request import (
     request_error,
     request_observer,
 )
-from tserve.service.engine.scheduler import Scheduler
 from tserve.service.engine.translation import TranslationEngine, TranslationRequest
+from tserve.service.engine.worker import Worker
 
 __all__ = ["Admission", "BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
-           "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Scheduler", "TokenLogprob",
+           "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Worker", "TokenLogprob",
            "TranslationEngine", "TranslationRequest", "admission", "request_error", "request_observer"]

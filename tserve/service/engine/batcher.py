@@ -1,7 +1,7 @@
 """Dynamic batching (as Triton / Ray Serve do it) on the shared scheduler: items arriving within
 `max_wait_ms` of the oldest waiting one, up to `max_batch_size`, run together through a batch function in
 the worker thread. Used for image classification. Queue limits, cancel, deadlines, drain and call jobs are
-the scheduler's, the same as the engines'."""
+the `Worker`'s, the same as the engines'."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from tserve.service.engine.request import EngineRequest, Event, request_error
-from tserve.service.engine.scheduler import Scheduler
+from tserve.service.engine.worker import Worker
 from tserve.service.metrics import Metrics
 
 log = logging.getLogger("tserve.batcher")
@@ -28,7 +28,7 @@ class BatchItem(EngineRequest, Generic[T]):
         self.item = item
 
 
-class DynamicBatcher(Scheduler, Generic[T, R]):
+class DynamicBatcher(Worker, Generic[T, R]):
     """`await batcher.submit(item)` -> result of `batch_fn([... item ...])[i]`.
 
     `batch_fn` runs in the batcher's worker thread and returns one result (or an exception instance, which

@@ -29,7 +29,7 @@ from tserve.model.tokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import text_event, token_logprob
 from tserve.service.engine.request import EngineRequest, TokenLogprob
-from tserve.service.engine.scheduler import Scheduler
+from tserve.service.engine.worker import Worker
 from tserve.service.metrics import Metrics
 
 DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
@@ -47,7 +47,7 @@ class GenerationRequest(EngineRequest, TextSequence):
         self.stops = StopStrings(params.stop)
 
 
-class GenerationEngine(Scheduler):
+class GenerationEngine(Worker):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,
                  max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
                  compile: bool = False, max_grammar_compile_ms: float = 2000.0, kv_cache_budget: tuple[int | None, float | None] = (None, None),

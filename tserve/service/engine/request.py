@@ -1,4 +1,4 @@
-"""What the scheduler holds: requests with a stream (event loop side) and lifecycle flags (both sides), the
+"""What a worker holds: requests with a stream (event loop side) and lifecycle flags (both sides), the
 events they receive, and the errors a request can end with. No HTTP in here."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def request_error(exc: BaseException) -> Exception:
 
 @dataclass(frozen=True)
 class Admission:
-    """Whose a request is and how urgent, for the scheduler's admission order: `client` (an API key, else the
+    """Whose a request is and how urgent, for a worker's admission order: `client` (an API key, else the
     client's address; None: anonymous) and `priority` (lower is admitted first, as vLLM's `priority`); `floor`:
     the most urgent priority a request's body may ask for (its key's, when the operator set one)."""
 

@@ -21,7 +21,7 @@ from tserve.model.tokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
 from tserve.service.engine.request import EngineRequest
-from tserve.service.engine.scheduler import Scheduler
+from tserve.service.engine.worker import Worker
 from tserve.service.metrics import Metrics
 from tserve.service.runners import Translator
 
@@ -34,7 +34,7 @@ class TranslationRequest(EngineRequest, TranslationSequence):
         self.input_tokens = len(job.source_ids)
 
 
-class TranslationEngine(Scheduler):
+class TranslationEngine(Worker):
     def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
                  metrics: Metrics, cuda_graphs: bool = True, max_len: int | None = None,
                  reuse_sources: bool = True, kv_cache_budget: tuple[int | None, float | None] = (None, None),

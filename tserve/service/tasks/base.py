@@ -18,7 +18,7 @@ from tserve.model import logit_lens as lens
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.embeddings import max_input_tokens
 from tserve.service.connection import run_job, while_connected
-from tserve.service.engine import DynamicBatcher, Scheduler
+from tserve.service.engine import DynamicBatcher, Worker
 from tserve.service.errors import OIPError, engine_failure
 from tserve.service.metrics import Metrics
 from tserve.service.runners import InvalidInput
@@ -47,9 +47,9 @@ class ServedModel:
     def __init__(self, name: str, loaded: LoadedModel, settings: Settings, metrics: Metrics) -> None:
         self.name, self.loaded, self.settings, self.metrics = name, loaded, settings, metrics
         self.created = int(time.time())
-        self.worker: Scheduler = self.build_worker()
+        self.worker: Worker = self.build_worker()
 
-    def build_worker(self) -> Scheduler:
+    def build_worker(self) -> Worker:
         raise NotImplementedError
 
     async def call(self, request: Request | None, what: str, invalid_code: str, fn: Callable[..., T],
@@ -59,7 +59,7 @@ class ServedModel:
         return await run_job(request, self.worker, what, invalid_code, fn, *args)
 
     @property
-    def workers(self) -> list[Scheduler]:
+    def workers(self) -> list[Worker]:
         """Every worker thread of this model (started, drained and stopped by the registry)."""
         return [self.worker] + ([self.embedder] if self.embedder is not None else [])
 

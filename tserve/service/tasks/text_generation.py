@@ -18,7 +18,7 @@ from tserve.model.embeddings import embed_token_lists
 from tserve.model.tokenizer import Tokenizer
 from tserve.service.connection import while_connected
 from tserve.service.engine import Event, GenerationEngine, GenerationRequest, TokenLogprob
-from tserve.service.engine.scheduler import QueueFull
+from tserve.service.engine.worker import QueueFull
 from tserve.service.errors import OIPError, engine_failure
 from tserve.service.schemas import AttentionRequest
 from tserve.service.settings import Settings

@@ -40,7 +40,7 @@ log = logging.getLogger("tserve.engine")
 MAX_CLIENTS_REMEMBERED = 4096  # clients whose last admission is kept for the round-robin
 
 
-class Scheduler:
+class Worker:
     reports_cache = True  # rows are KV-cache rows (the kv gauges); the batcher's are not
     thread_name = "engine"
 
