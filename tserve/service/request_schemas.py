@@ -9,22 +9,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class Request(BaseModel):
+class RequestBody(BaseModel):
     # Unknown fields are ignored (clients send vendor extras); NaN and inf are refused.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-_Request = Request
-
-
-class JsonSchemaFormat(_Request):
+class JsonSchemaFormat(RequestBody):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON schema (default: any JSON value)")
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(RequestBody):
     """OpenAI's `response_format`: `text`, `json_object` (any JSON object) or `json_schema`."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -37,7 +34,7 @@ class ResponseFormat(_Request):
         return self
 
 
-class StructuredOutputs(_Request):
+class StructuredOutputs(RequestBody):
     """Extension (vLLM's names): exactly one of a JSON schema, a regex, a list of choices or a grammar (Lark, or
     GBNF / EBNF with `::=` rules)."""
 
@@ -112,22 +109,22 @@ def _arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
     return value if isinstance(value, dict) else arguments
 
 
-class FunctionDefinition(_Request):
+class FunctionDefinition(RequestBody):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
     strict: bool | None = None
 
 
-class Tool(_Request):
+class Tool(RequestBody):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Request):
+class NamedFunction(RequestBody):
     name: str
 
 
-class NamedToolChoice(_Request):
+class NamedToolChoice(RequestBody):
     type: Literal["function"]
     function: NamedFunction

@@ -11,28 +11,26 @@ from tserve.service.request_schemas import (  # noqa: F401 - re-exported
     ChatMessage,
     FunctionCall,
     NamedToolChoice,
+    RequestBody,
     ResponseFormat,
     StructuredOutputs,
     Tool,
 )
-from tserve.service.request_schemas import (
-    Request as _Request,
-)
 
 
-class _Prioritised(_Request):
+class _Prioritised(RequestBody):
     priority: int | None = Field(None, ge=-1000, le=1000, description="admission priority, lower first (as vLLM's); "
                                  "default: the API key's (TSERVE_API_KEYS `KEY:N`), else 0")
 
 
-class AttentionSelection(_Request):
+class AttentionSelection(RequestBody):
     """Extension: return the attention maps of the generated tokens (non-streaming requests)."""
 
     layers: list[int] | None = Field(None, description="default: all")
     heads: list[int] | None = Field(None, description="default: all")
 
 
-class StreamOptions(_Request):
+class StreamOptions(RequestBody):
     include_usage: bool = False
 
 
@@ -135,7 +133,7 @@ class ClassificationRequest(_Prioritised):
     top_k: int = Field(5, ge=1)
 
 
-class LogitLensRequest(_Request):
+class LogitLensRequest(RequestBody):
     model: str | None = None
     input: str = Field(description="the LM's text, or the translation source")
     target: str | None = Field(None, description="translation: the target to inspect (default: the model's own "
@@ -182,7 +180,7 @@ class EmbeddingRequest(_Prioritised):
     user: str | None = None
 
 
-class AttentionRequest(_Request):
+class AttentionRequest(RequestBody):
     model: str | None = None
     input: str | None = Field(None, description="LM text, or the translation source")
     target: str | None = Field(None, description="translation target to score (default: the model's own translation)")

@@ -166,7 +166,7 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
     first_tokens: list[int] = []
     second_hop = object()  # every second-hop sentence is part of one client request there too
 
-    async def onwards(req, turn: int) -> TranslationOutput:  # noqa: ANN001 - the first hop's TranslationRequest
+    async def onwards(req, turn: int) -> TranslationOutput:  # noqa: ANN001 - the first hop's SegmentRequest
         """One sentence's second hop, submitted once the first has translated it."""
         seg = await collect_translation(first.engine, req)
         first_tokens.append(len(seg.token_ids))

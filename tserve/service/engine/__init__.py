@@ -16,9 +16,9 @@ from tserve.service.engine.request import (
     request_error,
     request_observer,
 )
-from tserve.service.engine.translation import TranslationEngine, TranslationRequest
+from tserve.service.engine.translation import SegmentRequest, TranslationEngine
 from tserve.service.engine.worker import Worker
 
 __all__ = ["Admission", "BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
            "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Worker", "TokenLogprob",
-           "TranslationEngine", "TranslationRequest", "admission", "request_error", "request_observer"]
+           "TranslationEngine", "SegmentRequest", "admission", "request_error", "request_observer"]

@@ -26,7 +26,7 @@ from tserve.service.metrics import Metrics
 from tserve.service.runners import Translator
 
 
-class TranslationRequest(EngineRequest, TranslationSequence):
+class SegmentRequest(EngineRequest, TranslationSequence):
     def __init__(self, job: TranslationJob, deadline: float, detokenizer: IncrementalDetokenizer) -> None:
         EngineRequest.__init__(self, deadline)
         TranslationSequence.__init__(self, job)
@@ -58,7 +58,7 @@ class TranslationEngine(Worker):
         self.m.kv_blocks_total.set(self.runner.blocks.num_usable)
         self.m.kv_block_size.set(kv_block_size)
 
-    def submit(self, job: TranslationJob, group: object | None = None, turn: int = 0) -> TranslationRequest:
+    def submit(self, job: TranslationJob, group: object | None = None, turn: int = 0) -> SegmentRequest:
         """Queue a translation (raises QueueFull or ValueError), as part `turn` of client request `group` when
         given (a document's sentences). Must be called on the event loop."""
         if job.num_beams > self.rows.num_slots:
@@ -68,11 +68,11 @@ class TranslationEngine(Worker):
             raise ValueError(f"{job.num_beams} beams of {job.max_new_tokens} tokens need "
                              f"{self.runner.blocks_needed(job)} KV-cache blocks; the cache has "
                              f"{self.runner.blocks.num_usable} (--kv-cache-memory): lower max_tokens or num_beams")
-        req = TranslationRequest(job, time.perf_counter() + self.timeout_s, IncrementalDetokenizer(self.tokenizer))
+        req = SegmentRequest(job, time.perf_counter() + self.timeout_s, IncrementalDetokenizer(self.tokenizer))
         self._enqueue(req, group, turn)
         return req
 
-    def submit_job(self, job: TranslationJob, **part: object) -> TranslationRequest:
+    def submit_job(self, job: TranslationJob, **part: object) -> SegmentRequest:
         return self.submit(job, **part)
 
     def warm_up(self) -> None:
@@ -89,27 +89,27 @@ class TranslationEngine(Worker):
     def rows_in_use(self) -> int:
         return self.rows.num_used
 
-    def _rows_needed(self, req: TranslationRequest) -> int:
+    def _rows_needed(self, req: SegmentRequest) -> int:
         return req.job.num_beams
 
-    def _reserve(self, req: TranslationRequest) -> bool:
+    def _reserve(self, req: SegmentRequest) -> bool:
         if not self.runner.reserve(req, spare=self.runner.blocks_for_next_step(self.running)):
             return False
         if req.encoded:  # an identical source's encoder output, still in its cross slot
             self.m.encoder_reuses.inc()
         return True
 
-    def _release(self, req: TranslationRequest) -> None:
+    def _release(self, req: SegmentRequest) -> None:
         self.runner.release(req)
 
-    def _prefill(self, reqs: list[TranslationRequest]) -> None:
+    def _prefill(self, reqs: list[SegmentRequest]) -> None:
         self._isolated(reqs, self._encode, self._begin)
 
-    def _encode(self, reqs: list[TranslationRequest]) -> None:
+    def _encode(self, reqs: list[SegmentRequest]) -> None:
         self.runner.encode(reqs)
         self.m.batch_size.observe(len(reqs))
 
-    def _begin(self, reqs: list[TranslationRequest], _: None) -> None:
+    def _begin(self, reqs: list[SegmentRequest], _: None) -> None:
         self._each(reqs, self.runner.begin)
 
     def _decode(self) -> None:
@@ -124,7 +124,7 @@ class TranslationEngine(Worker):
             while req.rows and not self.runner.grow(req):
                 self._preempt(next(r for r in reversed(order) if r.rows))
 
-    def _preempt(self, req: TranslationRequest) -> None:
+    def _preempt(self, req: SegmentRequest) -> None:
         """Free its rows, blocks and cross slot (its encoder output, kept for reuse, stays until its blocks are
         needed) and put it back at the head of the queue; admitted again, it
         replays its positions and goes on."""
@@ -135,17 +135,17 @@ class TranslationEngine(Worker):
         super()._update_gauges()
         self.m.kv_blocks_in_use.set(self.runner.blocks_in_use)
 
-    def _decode_forward(self, reqs: list[TranslationRequest]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    def _decode_forward(self, reqs: list[SegmentRequest]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         logits, spans = self.runner.decode(reqs)
         self.m.batch_size.observe(spans[-1][1])
         return logits, spans
 
-    def _advance(self, reqs: list[TranslationRequest], output: tuple[torch.Tensor, list[tuple[int, int]]]) -> None:
+    def _advance(self, reqs: list[SegmentRequest], output: tuple[torch.Tensor, list[tuple[int, int]]]) -> None:
         """Batched first (the runner chooses every row's token), then each request's own part (text,
         events) in isolation. A beam group whose step failed cannot run again: its requests fail."""
         failed: set[int] = set()
 
-        def fail_group(group: list[TranslationRequest], exc: Exception) -> None:
+        def fail_group(group: list[SegmentRequest], exc: Exception) -> None:
             failed.update(map(id, group))
             for r in group:
                 self._fail(r, exc)
@@ -155,7 +155,7 @@ class TranslationEngine(Worker):
         now = time.perf_counter()
         finishing: dict[int, str] = {}
 
-        def record(req: TranslationRequest) -> None:
+        def record(req: SegmentRequest) -> None:
             if token[id(req)] == REPLAYED:  # a position of its cache recomputed after a preemption
                 return
             self.m.generated_tokens.inc()
@@ -168,7 +168,7 @@ class TranslationEngine(Worker):
         self._each([r for r in reqs if id(r) not in failed], record)
         done = [r for r in reqs if id(r) in finishing and not r.finished]
 
-        def publish(req: TranslationRequest) -> None:
+        def publish(req: SegmentRequest) -> None:
             final = self.runner.final_hypotheses(req, self.tokenizer)
             if isinstance(final, Exception):
                 raise final

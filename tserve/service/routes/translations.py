@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from tserve.model.attention_maps import translation_attention_ids
-from tserve.service.engine import TranslationRequest as EngineRequest
+from tserve.service.engine import SegmentRequest
 from tserve.service.errors import bad_request, engine_failure
 from tserve.service.routes.deps import (
     SSE_DONE,
@@ -123,7 +123,7 @@ async def _pivoted(request: Request, body: TranslationRequest, ask: TranslationA
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
-async def _token_chunks(served: ServedTranslator, req: EngineRequest, doc: DocumentJob,
+async def _token_chunks(served: ServedTranslator, req: SegmentRequest, doc: DocumentJob,
                         base: dict[str, Any]) -> AsyncIterator[str]:
     """One greedy sentence: its text as it is decoded; the layout around it in the first and last chunks."""
     layout = doc.document.layout
@@ -148,7 +148,7 @@ async def _token_chunks(served: ServedTranslator, req: EngineRequest, doc: Docum
     yield SSE_DONE
 
 
-async def _segment_chunks(served: ServedTranslator, reqs: list[EngineRequest], doc: DocumentJob,
+async def _segment_chunks(served: ServedTranslator, reqs: list[SegmentRequest], doc: DocumentJob,
                           base: dict[str, Any], n: int) -> AsyncIterator[str]:
     """A document (or beams): each segment, once finished, in order; `delta` is the segment's translation
     with the layout before it (and, for the last, after it), so that the deltas add up to the translation."""

@@ -22,7 +22,7 @@ from tserve.model.html_markup import Block, render_block, tag_placements, words
 from tserve.model.segmentation import Document
 from tserve.model.tokenizer import Tokenizer
 from tserve.service.connection import while_connected
-from tserve.service.engine import Event, QueueFull, TranslationEngine, TranslationRequest
+from tserve.service.engine import Event, QueueFull, SegmentRequest, TranslationEngine
 from tserve.service.engine.output import Hypothesis
 from tserve.service.errors import OIPError, bad_request, engine_failure
 from tserve.service.runners import DocumentJob, InvalidInput, Languages
@@ -54,7 +54,7 @@ class TranslationOutput:
     segments: list[dict] | None = None  # alignment_report, when asked for
 
 
-async def collect_translation(engine: TranslationEngine, req: TranslationRequest) -> SegmentResult:
+async def collect_translation(engine: TranslationEngine, req: SegmentRequest) -> SegmentResult:
     """The text, ids and hypotheses of one translation request, once it has finished."""
     text, ids = "", []
     async for event in engine.stream(req):
@@ -239,7 +239,7 @@ class ServedTranslator(ServedModel):
         return docs
 
     def submit(self, docs: list[DocumentJob], group: object | None = None,
-               first_turn: int = 0) -> list[list[TranslationRequest]]:
+               first_turn: int = 0) -> list[list[SegmentRequest]]:
         """Queue every segment of every document as parts of one client request (raises the HTTP error); with
         `group`, of the client request that group already stands for (from turn `first_turn`)."""
         try:
@@ -271,7 +271,7 @@ class ServedTranslator(ServedModel):
         except (QueueFull, ValueError) as exc:
             raise engine_failure(exc, "translation") from exc
 
-        async def collect(req: TranslationRequest) -> SegmentResult:
+        async def collect(req: SegmentRequest) -> SegmentResult:
             result = await collect_translation(self.engine, req)
             if on_done is not None:
                 on_done()
@@ -314,7 +314,7 @@ class ServedTranslator(ServedModel):
         return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,
                           doc.document.segments[i])
 
-    async def stream_tokens(self, req: TranslationRequest) -> AsyncIterator[Event]:
+    async def stream_tokens(self, req: SegmentRequest) -> AsyncIterator[Event]:
         """A submitted greedy sentence's events as it is decoded; the request is cancelled when the stream ends,
         early or not (close it at once with `contextlib.aclosing`)."""
         try:
@@ -323,7 +323,7 @@ class ServedTranslator(ServedModel):
         finally:
             req.cancel()
 
-    async def segments(self, reqs: list[TranslationRequest]) -> AsyncIterator[SegmentResult]:
+    async def segments(self, reqs: list[SegmentRequest]) -> AsyncIterator[SegmentResult]:
         """Submitted segments' results in order, each once finished (they decode side by side); what is left is
         cancelled when the stream ends, early or not (close it at once with `contextlib.aclosing`)."""
         pending = [asyncio.ensure_future(collect_translation(self.engine, r)) for r in reqs]
