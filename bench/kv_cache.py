@@ -235,7 +235,7 @@ def translation_memory_part(n: int = 128, beams: int = 4, static_rows: int = 8) 
     from tserve.service.engine import TranslationEngine
     from tserve.service.engine.kv_memory import kv_block_bytes
     from tserve.service.metrics import Metrics
-    from tserve.service.tasks.translation import collect_translation
+    from tserve.service.translation.served import collect_translation
 
     loaded = checkpoint.load(ROOT / "models" / "tserve-en-de", device="cpu", dtype="float32")
     cfg = loaded.config

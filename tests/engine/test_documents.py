@@ -14,7 +14,7 @@ from tests.helpers.one_request import job_tokens
 from tserve.model import checkpoint
 from tserve.service.engine import QueueFull, TranslationEngine
 from tserve.service.metrics import Metrics
-from tserve.service.tasks.translation import collect_translation
+from tserve.service.translation.served import collect_translation
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels

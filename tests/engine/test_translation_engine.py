@@ -19,7 +19,7 @@ from tests.helpers.polling import until
 from tserve.model import checkpoint
 from tserve.service.engine import TranslationEngine
 from tserve.service.metrics import Metrics
-from tserve.service.tasks.translation import collect_translation
+from tserve.service.translation.served import collect_translation
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -179,7 +179,7 @@ def test_max_model_len_sizes_a_translators_cache_and_limits(tmp_path):
     assert len(doc.jobs) > 1 and all(len(j.source_ids) <= 8 and j.max_new_tokens <= 8 for j in doc.jobs)
     assert len(full.translator.document(text, None, None, None, languages).jobs) == 1
     from tserve.service.settings import Settings
-    from tserve.service.translation_input import TranslationAsk, check_options
+    from tserve.service.translation.inputs import TranslationAsk, check_options
 
     check_options(TranslationAsk([text], max_tokens=8), Settings(), capped.translator.max_target_len, 4)
     with pytest.raises(ValueError, match="exceeds this model's limit of 8"):

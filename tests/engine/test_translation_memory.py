@@ -1,4 +1,4 @@
-"""The translation memory (tserve/service/translation_memory.py): keys that tell translations apart, LRU bound,
+"""The translation memory (tserve/service/translation/memory.py): keys that tell translations apart, LRU bound,
 persistence across a restart, two processes on one file, corrupt values and locked writes as misses and
 dropped writes, counters, and threads sharing one instance."""
 
@@ -14,7 +14,7 @@ from contextlib import closing
 
 import pytest
 
-from tserve.service.translation_memory import StoredHypothesis, TranslationMemory, memory_key, weights_hash
+from tserve.service.translation.memory import StoredHypothesis, TranslationMemory, memory_key, weights_hash
 
 LOGGER = "tserve.translation_memory"
 

@@ -1,4 +1,4 @@
-"""Every file format read into blocks and written again (tserve/service/files/), with a stand-in translator that
+"""Every file format read into blocks and written again (tserve/service/translation/files/), with a stand-in translator that
 upper-cases each word (word i of the translation is word i of the source, so a formatting run must land on
 exactly the upper-cased words it covered): the text comes back translated, the runs on their words, the
 parts that hold no text byte-identical, and hostile or mislabelled files are refused before anything reads
@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.office_files import FORMATS, build, read_back
 from tserve.model.html_markup import render_block, words
-from tserve.service.files import FileRefused, Limits, read_file
+from tserve.service.translation.files import FileRefused, Limits, read_file
 
 SENTENCES = [["the", "quick", "brown", "fox", "jumps"], ["hello", "world", "good", "morning"]]
 MARKED = {(0, 2), (0, 3), (1, 1)}

@@ -1,4 +1,4 @@
-"""What becomes `tool_calls` (tserve/service/tool_calls.py): the constrained formats, the chat templates' formats under
+"""What becomes `tool_calls` (tserve/service/generation/tool_calls.py): the constrained formats, the chat templates' formats under
 `auto`, and the stream of deltas."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tserve.service.tool_calls import ToolStream, parse_output, tool_mode
+from tserve.service.generation.tool_calls import ToolStream, parse_output, tool_mode
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

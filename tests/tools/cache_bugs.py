@@ -36,7 +36,7 @@ CACHE_BUGS = [
         "reuse_sources=reuse_sources, block_size=kv_block_size)",
         ("tests/engine/test_translation_preemption.py::test_the_pool_is_sized_by_memory",
          PREEMPTION_TEST)),
-    Bug("translation-task-drops-the-kv-budget", "tserve/service/tasks/translation.py",
+    Bug("translation-task-drops-the-kv-budget", "tserve/service/translation/served.py",
         "reuse_sources=s.prefix_cache, kv_cache_budget=s.kv_cache_budget,", "reuse_sources=s.prefix_cache,",
         ("tests/engine/test_translation_preemption.py::test_the_servers_settings_size_a_translators_pool",)),
     Bug("translation-request-larger-than-the-pool-admitted", "tserve/service/engine/translation.py",

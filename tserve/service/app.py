@@ -14,7 +14,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tserve.service import tracing
 from tserve.service.errors import APIError, error_response, install_error_handlers
-from tserve.service.file_jobs import FileJobs
 from tserve.service.metrics import Metrics
 from tserve.service.registry import ModelRegistry
 from tserve.service.routes import (
@@ -34,6 +33,7 @@ from tserve.service.routes import (
 )
 from tserve.service.security import APIKeyMiddleware, KeyGate
 from tserve.service.settings import Settings
+from tserve.service.translation.file_jobs import FileJobs
 
 log = logging.getLogger("tserve.access")
 

@@ -47,7 +47,7 @@ class DocumentJob:
 class Translator:
     """A translator's requests as the engine takes them: sources encoded in their languages, cut into sentences
     that fit the model, one job each with the checkpoint's generation defaults (the request's rules are checked
-    before, in `service.translation_input`)."""
+    before, in `service.translation.inputs`)."""
 
     def __init__(self, loaded: LoadedModel, max_source_len: int | None = None, max_target_len: int | None = None) -> None:
         """The limits: the runner's (--max-model-len), at most the model's."""
@@ -89,7 +89,7 @@ class Translator:
         job per segment. A segment in which glossary source terms occur (whole words, any case) must place
         their target terms: hard constraints of a beam search with at least 4 beams. `languages`: a
         multilingual model's (source, target) codes. The request's numbers were checked before
-        (`service.translation_input`)."""
+        (`service.translation.inputs`)."""
         ids: dict[str, list[int]] = {}
 
         def fits(segment: str) -> bool:

@@ -97,7 +97,7 @@ class TranslationRequest(_Prioritised):
     model: str | None = Field(None, description="the translator; without it, the only one served, or the one "
                               "(or two, through --pivot-language) that source_lang → target_lang picks")
     input: str | list[str]
-    # The numbers' limits are checked with every other translation rule in tserve/service/translation_input.py.
+    # The numbers' limits are checked with every other translation rule in tserve/service/translation/inputs.py.
     num_beams: int | None = Field(None, description="1 to 16 (default: the model's)")
     max_tokens: int | None = Field(None, description="new tokens per sentence: at least 1, at most the server's "
                                    "--max-tokens-limit and the model's target length")

@@ -9,11 +9,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from tserve.model import attention_maps as am
-from tserve.service.attention_png import heatmap_grid, image_overlay
 from tserve.service.errors import bad_request
 from tserve.service.routes.deps import ready_registry, served_model
 from tserve.service.schemas import AttentionRequest, AttentionResponse, BertVizResponse
 from tserve.service.tasks import ServedModel
+from tserve.service.vision.attention_png import heatmap_grid, image_overlay
 
 router = APIRouter(tags=["attention"])
 

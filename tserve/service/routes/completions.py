@@ -22,6 +22,7 @@ from tserve.model.tokenizer import Tokenizer
 from tserve.service.connection import while_connected
 from tserve.service.engine import Event, GenerationRequest, TokenLogprob
 from tserve.service.errors import bad_request, engine_failure
+from tserve.service.generation.tool_calls import ToolMode, ToolStream, parse_output, tool_mode
 from tserve.service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
@@ -44,7 +45,6 @@ from tserve.service.schemas import (
     SamplingFields,
 )
 from tserve.service.tasks import ServedLanguageModel
-from tserve.service.tool_calls import ToolMode, ToolStream, parse_output, tool_mode
 
 router = APIRouter(tags=["text generation"])
 ANY_OBJECT = '{"type": "object"}'  # response_format json_object

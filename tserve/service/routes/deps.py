@@ -22,7 +22,7 @@ from tserve.service.runners import InvalidInput
 from tserve.service.schemas import AttentionSelection
 from tserve.service.settings import Settings
 from tserve.service.tasks import ServedModel
-from tserve.service.tasks.image_classification import decode_base64
+from tserve.service.vision.served import decode_base64
 
 Body = TypeVar("Body", bound=BaseModel)
 

@@ -1,7 +1,7 @@
 """Files: `POST /v1/translations/files` starts a job (202) and `/v1/translations/jobs/{id}` reads it, follows it
 (`/events`, server-sent), fetches its file (`/file`) or cancels it (DELETE). LibreTranslate's
 `/translate_file` (in tserve/service/routes/libretranslate.py) starts the same job and waits for it. What a file
-holds and how it is written again is tserve/service/files/; how jobs live and die is tserve/service/file_jobs.py."""
+holds and how it is written again is tserve/service/translation/files/; how jobs live and die is tserve/service/translation/file_jobs.py."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from starlette.datastructures import UploadFile
 
 from tserve.service.engine import admission
 from tserve.service.errors import APIError, bad_request, engine_failure, not_found
-from tserve.service.file_jobs import FileJob, FileJobs
-from tserve.service.files import FileDocument, FileRefused, Limits, read_file
 from tserve.service.routes.deps import ready_registry, served_model, settings
 from tserve.service.routes.translations import served_translators
 from tserve.service.runners import InvalidInput
-from tserve.service.tasks.translation import ServedTranslator
-from tserve.service.translation_input import TranslationAsk
-from tserve.service.translation_routing import hop_ask, pick_route
+from tserve.service.translation.file_jobs import FileJob, FileJobs
+from tserve.service.translation.files import FileDocument, FileRefused, Limits, read_file
+from tserve.service.translation.inputs import TranslationAsk
+from tserve.service.translation.routing import hop_ask, pick_route
+from tserve.service.translation.served import ServedTranslator
 
 router = APIRouter(tags=["files"])
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

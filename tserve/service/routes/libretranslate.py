@@ -27,15 +27,14 @@ from tserve.service.errors import (
     bad_request,
     overloaded,
 )
-from tserve.service.files import SUPPORTED
-from tserve.service.languages import language_name
 from tserve.service.routes.deps import log_inputs, ready_registry, settings
 from tserve.service.routes.files import file_response, jobs_of, read_upload, start_job
 from tserve.service.runners import InvalidInput
 from tserve.service.security import bearer_token
-from tserve.service.tasks.translation import TranslationOutput
-from tserve.service.translation_input import TranslationAsk, check_count
-from tserve.service.translation_routing import (
+from tserve.service.translation.files import SUPPORTED
+from tserve.service.translation.inputs import TranslationAsk, check_count
+from tserve.service.translation.languages import language_name
+from tserve.service.translation.routing import (
     detect_languages,
     detector,
     pair_list,
@@ -43,6 +42,7 @@ from tserve.service.translation_routing import (
     translate_route,
     translators_by_pair,
 )
+from tserve.service.translation.served import TranslationOutput
 
 router = APIRouter(tags=["libretranslate"])
 KEY_CHECKED_PATHS = LIBRETRANSLATE_PATHS  # the middleware lets these through: the key is in the body

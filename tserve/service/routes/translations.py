@@ -29,9 +29,9 @@ from tserve.service.routes.deps import (
 from tserve.service.runners import DocumentJob
 from tserve.service.schemas import TranslationRequest, TranslationResponse
 from tserve.service.tasks import ServedTranslator
-from tserve.service.tasks.translation import TranslationOutput, assemble
-from tserve.service.translation_input import TranslationAsk
-from tserve.service.translation_routing import pick_route, translate_route
+from tserve.service.translation.inputs import TranslationAsk
+from tserve.service.translation.routing import pick_route, translate_route
+from tserve.service.translation.served import TranslationOutput, assemble
 
 router = APIRouter(tags=["translation"])
 

@@ -1,15 +1,16 @@
-"""One module per task. `ServedModel` subclasses by the checkpoint task they serve; the registry builds the
-right one for each loaded model. `--task-modules` imports more modules, each of which calls `register` for
+"""The tasks a server serves: `ServedModel` subclasses by the checkpoint task they serve (one package per model
+kind: `service.generation`, `service.translation`, `service.vision`); the registry builds the right one for each
+loaded model. `--task-modules` imports more modules, each of which calls `register` for
 the tasks it adds."""
 
 from __future__ import annotations
 
 import importlib
 
+from tserve.service.generation.served import ServedLanguageModel
 from tserve.service.tasks.base import AttentionResult, ServedModel
-from tserve.service.tasks.image_classification import ServedClassifier
-from tserve.service.tasks.text_generation import ServedLanguageModel
-from tserve.service.tasks.translation import ServedTranslator
+from tserve.service.translation.served import ServedTranslator
+from tserve.service.vision.served import ServedClassifier
 
 SERVED: dict[str, type[ServedModel]] = {}
 

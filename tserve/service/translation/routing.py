@@ -17,10 +17,11 @@ from fastapi import Request
 from tserve.model.language_codes import model_code, short_code
 from tserve.service.connection import while_connected
 from tserve.service.errors import bad_request, engine_failure
-from tserve.service.languages import LanguageDetector
 from tserve.service.registry import ModelRegistry
 from tserve.service.runners import InvalidInput
-from tserve.service.tasks.translation import (
+from tserve.service.translation.inputs import TranslationAsk, check_options, resolve_languages
+from tserve.service.translation.languages import LanguageDetector
+from tserve.service.translation.served import (
     SegmentResult,
     ServedTranslator,
     TranslationOutput,
@@ -28,7 +29,6 @@ from tserve.service.tasks.translation import (
     collect_translation,
     weighted_score,
 )
-from tserve.service.translation_input import TranslationAsk, check_options, resolve_languages
 
 Pair = tuple[str, str]
 Hop = tuple[ServedTranslator, Pair]  # a translator and the pair it translates in that hop

@@ -16,10 +16,18 @@ import re
 from markdown_it import MarkdownIt
 
 from tserve.model.html_markup import VOID_TAGS, Markup
-from tserve.service.files.containers import FileRefused
-from tserve.service.files.inline import Group, Node, Paragraph, Piece, from_rendered, no_escape, to_block
-from tserve.service.files.text_files import decode_text, encoded
-from tserve.service.files.xml_parts import FileDocument
+from tserve.service.translation.files.containers import FileRefused
+from tserve.service.translation.files.inline import (
+    Group,
+    Node,
+    Paragraph,
+    Piece,
+    from_rendered,
+    no_escape,
+    to_block,
+)
+from tserve.service.translation.files.text_files import decode_text, encoded
+from tserve.service.translation.files.xml_parts import FileDocument
 
 _SYNTAX = re.compile(r"([\\`*_\[\]<])")
 _OPEN_TAG = re.compile(r"<([A-Za-z][\w-]*)(?:\s[^<>]*[^/<>])?>")  # not self-closing: <br/> ends in "/>"

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from lxml import etree
 
-from tserve.service.files.containers import Container, FileRefused, Limits
-from tserve.service.files.inline import Group, Node, Piece
-from tserve.service.files.xml_parts import FileDocument, XmlParts, element_text
+from tserve.service.translation.files.containers import Container, FileRefused, Limits
+from tserve.service.translation.files.inline import Group, Node, Piece
+from tserve.service.translation.files.xml_parts import FileDocument, XmlParts, element_text
 
 TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
 DC = "http://purl.org/dc/elements/1.1/"

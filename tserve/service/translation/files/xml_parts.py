@@ -1,7 +1,7 @@
 """Translating paragraphs inside the XML parts of a zip container (OOXML, ODF, EPUB's package document).
 
 A format module finds the parts and the paragraphs in them, reads each paragraph into nodes
-(`service.files.inline`) with a writer that puts rendered nodes back; this module keeps them in order, gives
+(`service.translation.files.inline`) with a writer that puts rendered nodes back; this module keeps them in order, gives
 the translator their blocks, and builds the container again with only the parts that held text re-serialised
 (every other entry byte-identical). All paragraphs are read before any is written: a piece kept whole (a text
 box, a footnote) may hold paragraphs of its own, and it is moved, not copied, so they stay the same elements."""
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from lxml import etree
 
 from tserve.model.html_markup import Markup
-from tserve.service.files.containers import Container, parse_xml, write_xml
-from tserve.service.files.inline import Node, Paragraph, from_rendered, to_block
+from tserve.service.translation.files.containers import Container, parse_xml, write_xml
+from tserve.service.translation.files.inline import Node, Paragraph, from_rendered, to_block
 
 Writer = Callable[[list[Node]], None]
 

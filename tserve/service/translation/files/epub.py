@@ -9,9 +9,9 @@ import html
 import posixpath
 
 from tserve.model.html_markup import Block, Markup, parse_html
-from tserve.service.files.containers import Container, FileRefused, Limits, parse_xml, write_xml
-from tserve.service.files.text_files import decode_text
-from tserve.service.files.xml_parts import FileDocument
+from tserve.service.translation.files.containers import Container, FileRefused, Limits, parse_xml, write_xml
+from tserve.service.translation.files.text_files import decode_text
+from tserve.service.translation.files.xml_parts import FileDocument
 
 EPUB_TYPE = "application/epub+zip"
 CONTAINER_NS = "urn:oasis:names:tc:opendocument:xmlns:container"

@@ -28,8 +28,8 @@ from tserve.service.errors import OIPError, bad_request, engine_failure
 from tserve.service.runners import DocumentJob, InvalidInput, Languages
 from tserve.service.schemas import AttentionRequest
 from tserve.service.tasks.base import AttentionResult, ServedModel, bytes_elements
-from tserve.service.translation_input import TranslationAsk, check_options, resolve_languages, resolve_source
-from tserve.service.translation_memory import StoredHypothesis, memory_key, shared_memory, weights_hash
+from tserve.service.translation.inputs import TranslationAsk, check_options, resolve_languages, resolve_source
+from tserve.service.translation.memory import StoredHypothesis, memory_key, shared_memory, weights_hash
 
 log = logging.getLogger("tserve.translation")
 
@@ -212,7 +212,7 @@ class ServedTranslator(ServedModel):
         return list(self.loaded.tokenizer.language_codes)
 
     def checked_documents(self, ask: TranslationAsk) -> list[DocumentJob]:
-        """The request through the one validator (`service.translation_input`): its document jobs, or the HTTP
+        """The request through the one validator (`service.translation.inputs`): its document jobs, or the HTTP
         error (400; 422 for glossary terms that cannot fit), in the shape of the API that asked."""
         try:
             return self._documents(ask)

@@ -14,9 +14,9 @@ import html
 import re
 
 from tserve.model.html_markup import Block, Markup, parse_html
-from tserve.service.files.containers import FileRefused
-from tserve.service.files.inline import no_escape
-from tserve.service.files.xml_parts import FileDocument
+from tserve.service.translation.files.containers import FileRefused
+from tserve.service.translation.files.inline import no_escape
+from tserve.service.translation.files.xml_parts import FileDocument
 
 _CUE_SPLIT = re.compile(r"(\r?\n(?:[ \t]*\r?\n)+)")
 _TIMING = re.compile(r"^\s*(?:\d+:)?\d{2}:\d{2}[,.]\d{3}\s*-->\s*(?:\d+:)?\d{2}:\d{2}[,.]\d{3}")

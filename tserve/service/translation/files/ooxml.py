@@ -17,9 +17,9 @@ from collections import Counter
 
 from lxml import etree
 
-from tserve.service.files.containers import Container, FileRefused, Limits
-from tserve.service.files.inline import Group, Node, Piece
-from tserve.service.files.xml_parts import FileDocument, XmlParts, element_text
+from tserve.service.translation.files.containers import Container, FileRefused, Limits
+from tserve.service.translation.files.inline import Group, Node, Piece
+from tserve.service.translation.files.xml_parts import FileDocument, XmlParts, element_text
 
 W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 A = "http://schemas.openxmlformats.org/drawingml/2006/main"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import posixpath
 
-from tserve.service.files.containers import FileRefused, Limits
-from tserve.service.files.epub import read_epub
-from tserve.service.files.markdown import read_markdown
-from tserve.service.files.odf import read_odp, read_odt
-from tserve.service.files.ooxml import read_docx, read_pptx
-from tserve.service.files.text_files import read_html, read_subtitles, read_txt
-from tserve.service.files.xml_parts import FileDocument
+from tserve.service.translation.files.containers import FileRefused, Limits
+from tserve.service.translation.files.epub import read_epub
+from tserve.service.translation.files.markdown import read_markdown
+from tserve.service.translation.files.odf import read_odp, read_odt
+from tserve.service.translation.files.ooxml import read_docx, read_pptx
+from tserve.service.translation.files.text_files import read_html, read_subtitles, read_txt
+from tserve.service.translation.files.xml_parts import FileDocument
 
 READERS = {
     ".txt": lambda data, limits: read_txt(data),

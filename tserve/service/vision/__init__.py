@@ -1,0 +1,1 @@
+"""Serving image classifiers (ViT): the served model and attention maps drawn over the image."""
