@@ -225,3 +225,35 @@ def test_grouped_query_cache_holds_kv_heads_only():
     grouped = Decoder(DecoderConfig(**shape, n_kv_heads=2)).new_cache(4)
     full = Decoder(DecoderConfig(**shape)).new_cache(4)
     assert grouped.k.size(2) == 2 and full.nbytes() == 7 * grouped.nbytes()
+
+
+def test_generation_config_json_says_which_ids_end_a_sequence_where_config_json_disagrees(tmp_path):
+    """As `transformers` reads a checkpoint: generation_config.json's eos_token_id (newer) over config.json's,
+    and config.json's where no generation_config.json ships. Qwen2.5 ships both, and they disagree: config.json
+    names <|endoftext|>, generation_config.json <|im_end|> and <|endoftext|>. Here they name different ids, so
+    that an importer reading the wrong file stops where the checkpoint does not, or runs past its end."""
+    from tests.helpers.factories import hf_family_dir
+
+    d = hf_family_dir("qwen2", tmp_path / "qwen2")
+    config = json.loads((d / "config.json").read_text())
+    tok = load(d).tokenizer
+    im_end, endoftext = (tok.encode(t, add_special_tokens=False)[0] for t in ("<|im_end|>", "<|endoftext|>"))
+    (d / "config.json").write_text(json.dumps(config | {"eos_token_id": endoftext}))
+    generation = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps(generation | {"eos_token_id": [im_end]}))
+
+    def ends_at(loaded, token: int) -> bool:
+        prompt = loaded.tokenizer.encode("The quick brown fox")
+        (seq,) = generate(loaded, [prompt], SamplingParams(max_tokens=3, temperature=0.0, logit_bias={token: 100.0}))
+        return seq.finish_reason == "stop"
+
+    both = load(d)
+    assert both.generation.eos_token_ids == [im_end]
+    assert ends_at(both, im_end) and not ends_at(both, endoftext)
+    reference = transformers.GenerationConfig.from_pretrained(d)
+    assert reference.eos_token_id == [im_end]
+
+    (d / "generation_config.json").unlink()
+    config_only = load(d)
+    assert config_only.generation.eos_token_ids == [endoftext]
+    assert ends_at(config_only, endoftext) and not ends_at(config_only, im_end)

@@ -122,6 +122,11 @@ BUGS = [
         "            return self._groups_waiting()",
         "        return self._groups_waiting()",
         ("tests/engine/test_worker_behaviour.py::test_the_queue_is_counted_safely_while_requests_arrive",)),
+    Bug("config-json-overrides-generation-config-json", "tserve/model/importers/base.py",
+        '    return dict(raw) | (read_json(path / "generation_config.json", required=False) or {})',
+        '    return (read_json(path / "generation_config.json", required=False) or {}) | dict(raw)',
+        ("tests/model/test_llama_family.py::"
+         "test_generation_config_json_says_which_ids_end_a_sequence_where_config_json_disagrees",)),
     Bug("auth-scheme-compared-case-sensitively", "tserve/service/security.py",
         'return token.strip() if scheme.lower() == "bearer" else ""',
         'return token.strip() if scheme == "Bearer" else ""',
