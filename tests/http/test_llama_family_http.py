@@ -132,6 +132,14 @@ def test_chat_equals_transformers_on_its_rendered_template(server, checkpoints, 
         bad = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
             "model": family, "messages": [{"role": "assistant", "content": "x"}], "max_tokens": 2})
         assert bad.status_code == 400 and "Conversation roles must alternate" in bad.json()["error"]["message"]
+        system = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": family, "max_tokens": 2, "messages": [{"role": "system", "content": "Be brief."}, *messages]})
+        assert system.status_code == 400 and system.json()["error"]["code"] == "invalid_messages"
+    else:  # a template with a system role renders it, as transformers does
+        with_system = [{"role": "system", "content": "Be brief."}, *messages]
+        ids = theirs.apply_chat_template(with_system, add_generation_prompt=True, tokenize=True, return_dict=False)
+        answer = post(server, "/v1/chat/completions", {"model": family, "messages": with_system, "max_tokens": 1})
+        assert answer["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_sampling_settings_equal_the_one_request_path(server, models, family):

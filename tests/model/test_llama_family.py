@@ -123,6 +123,12 @@ def test_chat_prompt_equals_apply_chat_template(hf_family):
     if family == "mistral":  # the template raises: its message comes back
         with pytest.raises(ValueError, match="Conversation roles must alternate"):
             ours.apply_chat_template([{"role": "assistant", "content": "x"}])
+        # A template without a system role refuses a chat that has one, as transformers' rendering does.
+        with pytest.raises(Exception) as refused:  # noqa: PT011 - jinja's TemplateError, whatever its module
+            theirs.apply_chat_template(CHATS[1], tokenize=False, add_generation_prompt=True)
+        with pytest.raises(ValueError) as ours_refused:
+            ours.apply_chat_template(CHATS[1])
+        assert str(refused.value) in str(ours_refused.value)
     if family.startswith("qwen"):  # loop controls and a tojson that keeps non-ASCII
         chat = [{"role": "user", "content": ""}, {"role": "user", "content": "x", "name": "Jürgen"}]
         assert ours.apply_chat_template(chat) == theirs.apply_chat_template(chat, tokenize=False,
