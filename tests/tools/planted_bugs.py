@@ -127,6 +127,10 @@ BUGS = [
         '    return (read_json(path / "generation_config.json", required=False) or {}) | dict(raw)',
         ("tests/model/test_llama_family.py::"
          "test_generation_config_json_says_which_ids_end_a_sequence_where_config_json_disagrees",)),
+    Bug("a-pivot-chain-replaces-a-direct-pair", "tserve/service/translation/routing.py",
+        "            if source != target and (source, target) not in routes:",
+        "            if source != target:",
+        ("tests/engine/test_translation_routing.py::test_a_pair_some_model_has_never_goes_through_a_pivot",)),
     Bug("auth-scheme-compared-case-sensitively", "tserve/service/security.py",
         'return token.strip() if scheme.lower() == "bearer" else ""',
         'return token.strip() if scheme == "Bearer" else ""',
