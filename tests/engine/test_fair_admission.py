@@ -64,6 +64,17 @@ def test_a_lower_priority_value_goes_first(lm):
     assert later[0] >= max(flood)  # priority 5 waits for every priority-0 request
 
 
+
+def test_priorities_mixed_within_one_client_are_each_requests_own(lm):
+    """A client (one API key) sends most requests at the default priority, a few urgent ones and one that can
+    wait: each request goes by its own priority, not by its client's (another client at the default priority is
+    held back by a turn only, not by the urgent client's whole flood; the one that can wait goes last)."""
+    flood, urgent, other, later = _run(lm, [(Admission("a", 0), 10), (Admission("a", -1), 2),
+                                            (Admission("b", 0), 1), (Admission("a", 5), 1)])
+    assert max(urgent) <= min(flood)  # a's urgent requests before any priority-0 one, its own included
+    assert other[0] <= sorted(flood)[2]  # b in turn with a's priority-0 requests
+    assert later[0] >= max(flood + other)  # a's priority 5 after every priority-0 request
+
 def test_a_reserved_row_starts_another_clients_request_at_once(lm):
     """--reserved-rows 1: the flood runs on all rows but one, and the other client's request, queued behind
     the whole flood, starts on the kept row at the first step."""

@@ -131,6 +131,11 @@ BUGS = [
         "            if source != target and (source, target) not in routes:",
         "            if source != target:",
         ("tests/engine/test_translation_routing.py::test_a_pair_some_model_has_never_goes_through_a_pivot",)),
+    Bug("a-clients-best-priority-for-all-its-requests", "tserve/service/engine/worker.py",
+        "            queues.setdefault((req.priority, req.client), []).append(req)",
+        "            queues.setdefault((min(r.priority for r in self.waiting if r.client == req.client), req.client),"
+        " []).append(req)",
+        ("tests/engine/test_fair_admission.py::test_priorities_mixed_within_one_client_are_each_requests_own",)),
     Bug("auth-scheme-compared-case-sensitively", "tserve/service/security.py",
         'return token.strip() if scheme.lower() == "bearer" else ""',
         'return token.strip() if scheme == "Bearer" else ""',
