@@ -49,6 +49,22 @@ def test_text_is_translated_and_each_run_stays_on_its_words(fmt):
         assert marked == ["BROWN FOX", "WORLD"]
 
 
+# Two kinds of formatting on adjacent words (bold then italics; italics then bold), each run on its own words.
+SIDE_BY_SIDE = {(0, 1): "a", (0, 2): "b", (1, 0): "b", (1, 1): "a"}
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "txt"])
+def test_two_kinds_of_formatting_side_by_side_each_stay_on_their_words(fmt):
+    def stretches(data: bytes, kind: str) -> list[str]:
+        return [t.strip() for t in read_back(fmt, data, kind)[1]]
+
+    data = build(fmt, SENTENCES, SIDE_BY_SIDE)
+    assert stretches(data, "a") == ["quick", "world"] and stretches(data, "b") == ["brown", "hello"]
+    out = upper_case(f"file.{fmt}", data)
+    assert read_back(fmt, out)[0] == [" ".join(s).upper() for s in SENTENCES]
+    assert stretches(out, "a") == ["QUICK", "WORLD"]
+    assert stretches(out, "b") == ["BROWN", "HELLO"]
+
 @pytest.mark.parametrize("fmt", sorted(TRANSLATED_PARTS))
 def test_parts_without_text_come_back_byte_identical(fmt):
     data = build(fmt, SENTENCES, MARKED)

@@ -136,6 +136,10 @@ BUGS = [
         "            queues.setdefault((min(r.priority for r in self.waiting if r.client == req.client), req.client),"
         " []).append(req)",
         ("tests/engine/test_fair_admission.py::test_priorities_mixed_within_one_client_are_each_requests_own",)),
+    Bug("adjacent-runs-of-different-formatting-merged", "tserve/service/translation/files/ooxml.py",
+        '            elif out and isinstance(out[-1], Group) and out[-1].payload == ("props", key):',
+        '            elif out and isinstance(out[-1], Group) and out[-1].payload[0] == "props":',
+        ("tests/files/test_formats.py::test_two_kinds_of_formatting_side_by_side_each_stay_on_their_words",)),
     Bug("auth-scheme-compared-case-sensitively", "tserve/service/security.py",
         'return token.strip() if scheme.lower() == "bearer" else ""',
         'return token.strip() if scheme == "Bearer" else ""',
