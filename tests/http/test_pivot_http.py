@@ -107,3 +107,25 @@ def test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence(checkpoint
         assert stream["error"]["code"] == "pivot_unsupported"
     finally:
         server.stop()
+
+
+def test_both_hops_of_a_pivot_answer_from_their_translation_memories(checkpoints, tmp_path):
+    """A pivoted request takes the way every translation takes (`ServedTranslator.results_as_ready`): asked again,
+    each hop answers its sentences from its model's translation memory, and the answer is the same; with
+    `cache` off, neither hop looks."""
+    server = _server(checkpoints, tmp_path / "server.log")
+    try:
+        def hits() -> tuple[float, float]:
+            return tuple(server.metric("tserve_translation_memory_hits_total", m, 0.0) for m in ("de-en", "en-fr"))
+
+        body = {"input": ["Der König ist heute schön. Guten Morgen.", "drei Töchter"], "source_lang": "de",
+                "target_lang": "fr"}
+        first = post(server, "/v1/translations", body)
+        assert first["models"] == ["de-en", "en-fr"] and hits() == (0.0, 0.0)
+        again = post(server, "/v1/translations", body)
+        assert [d["translation"] for d in again["data"]] == [d["translation"] for d in first["data"]]
+        assert hits() == (3.0, 3.0)  # three sentences, at each hop
+        post(server, "/v1/translations", body | {"cache": False})
+        assert hits() == (3.0, 3.0)
+    finally:
+        server.stop()

@@ -10,6 +10,7 @@ Pairs are written in LibreTranslate's codes (ISO 639-1 where a language has one;
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 from fastapi import Request
@@ -26,7 +27,6 @@ from tserve.service.translation.served import (
     ServedTranslator,
     TranslationOutput,
     assemble,
-    collect_translation,
     weighted_score,
 )
 
@@ -161,43 +161,42 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
     except InvalidInput as exc:
         raise engine_failure(exc, "translation", "invalid_value") from exc
     docs = first.checked_documents(hop_ask(ask, hops[0], ask.texts, False))
-    parts = first.submit(docs)
-    pending: list[asyncio.Future] = []
+    turns = [turn for d in docs for turn in range(len(d.jobs))]  # each sentence's place in its document
     first_tokens: list[int] = []
     second_hop = object()  # every second-hop sentence is part of one client request there too
 
-    async def onwards(req, turn: int) -> TranslationOutput:  # noqa: ANN001 - the first hop's SegmentRequest
-        """One sentence's second hop, submitted once the first has translated it."""
-        seg = await collect_translation(first.engine, req)
+    async def onwards(k: int, seg: SegmentResult) -> TranslationOutput:
+        """Sentence k's second hop, submitted once the first has translated it; both hops answer from their
+        translation memories what they hold (`results_as_ready`, the one way a translator's segments go)."""
         first_tokens.append(len(seg.token_ids))
         if not seg.text.strip():  # nothing came out of the first hop: nothing goes on
             return TranslationOutput("", [], seg.hypotheses[0].score, seg.finish_reason, [("", 0.0)])
         (doc,) = second.checked_documents(hop_ask(ask, hops[1], [seg.text], True))
-        (reqs,) = second.submit([doc], group=second_hop, first_turn=turn)
-        try:
-            results = await asyncio.gather(*(collect_translation(second.engine, r) for r in reqs))
-        finally:
-            for r in reqs:
-                r.cancel()
-        return assemble(doc, list(results), ask.n)
+        results: list[SegmentResult | None] = [None] * len(doc.jobs)
+        async with aclosing(second.results_as_ready([doc], ask.cache, second_hop, turns[k])) as ready:
+            async for i, result in ready:
+                results[i] = result
+        return assemble(doc, results, ask.n)
 
-    for part in parts:
-        for turn, req in enumerate(part):
-            pending.append(asyncio.ensure_future(onwards(req, turn)))
+    async def both_hops() -> list[TranslationOutput]:
+        pending: dict[int, asyncio.Future] = {}
+        try:
+            async with aclosing(first.results_as_ready(docs, ask.cache)) as ready:
+                async for k, seg in ready:
+                    pending[k] = asyncio.ensure_future(onwards(k, seg))
+            return list(await asyncio.gather(*(pending[k] for k in range(len(turns)))))
+        finally:
+            for task in pending.values():
+                task.cancel()
+
     try:
-        sentences = await while_connected(request, asyncio.gather(*pending))
+        sentences = await while_connected(request, both_hops())
     except Exception as exc:
         raise engine_failure(exc, "translation") from exc
-    finally:
-        for p in pending:
-            p.cancel()
-        for part in parts:
-            for req in part:
-                req.cancel()
     outputs, start = [], 0
-    for doc, part in zip(docs, parts, strict=True):
-        mine = sentences[start: start + len(part)]
-        start += len(part)
+    for doc in docs:
+        mine = sentences[start: start + len(doc.jobs)]
+        start += len(doc.jobs)
         outputs.append(_joined(doc, mine, ask.n))
     prompt = sum(len(j.source_ids) for d in docs for j in d.jobs)
     return RouteResult(outputs, prompt, sum(first_tokens) + sum(len(o.token_ids) for o in outputs))

@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -253,11 +254,14 @@ class ServedTranslator(ServedModel):
             start += len(d.jobs)
         return out
 
-    async def segment_results(self, request: Request | None, docs: list[DocumentJob], cache: bool = True,
-                              on_done: Callable[[], None] | None = None) -> list[list[SegmentResult]]:
-        """Each document's sentences translated: those the translation memory holds answered from it (unless
-        `cache` is off), the rest by the engine as one client request, stored once finished; `on_done()` is
-        called as each sentence is ready. A client that leaves (or a cancelled file job) cancels them."""
+    async def results_as_ready(self, docs: list[DocumentJob], cache: bool = True, group: object | None = None,
+                               first_turn: int = 0) -> AsyncIterator[tuple[int, SegmentResult]]:
+        """(k, result) for every segment of `docs` (k counts them across the documents, in order), each as soon as
+        it is ready: those the translation memory holds (unless `cache` is off) at once, the rest as the engine
+        finishes them, submitted as one client request (with `group`, of the client request that group already
+        stands for, from turn `first_turn`) and stored in the memory once all have finished. The one way a
+        translator's segments go: every request is cancelled when the stream ends, early or not (close it at once
+        with `contextlib.aclosing`). Engine failures are raised as they are (`engine_failure` maps them)."""
         jobs = [(d, i) for d in docs for i in range(len(d.jobs))]
         memory = self.memory if cache else None
         keys = [self.memory_key(d, i) for d, i in jobs] if memory is not None else []
@@ -266,38 +270,49 @@ class ServedTranslator(ServedModel):
             self.metrics.memory_hits.labels(self.name).inc(len(found))
             self.metrics.memory_misses.labels(self.name).inc(len(keys) - len(found))
         todo = [k for k in range(len(jobs)) if not keys or keys[k] not in found]
+        reqs = self.engine.submit_all([jobs[k][0].jobs[jobs[k][1]] for k in todo], one_request=True, group=group,
+                                      first_turn=first_turn) if todo else []
+        pending = {asyncio.ensure_future(collect_translation(self.engine, r)): k for k, r in zip(todo, reqs, strict=True)}
+        finished: dict[str, list[StoredHypothesis]] = {}
         try:
-            reqs = self.engine.submit_all([jobs[k][0].jobs[jobs[k][1]] for k in todo], one_request=True) if todo else []
-        except (QueueFull, ValueError) as exc:
-            raise engine_failure(exc, "translation") from exc
-
-        async def collect(req: SegmentRequest) -> SegmentResult:
-            result = await collect_translation(self.engine, req)
-            if on_done is not None:
-                on_done()
-            return result
-
-        try:
-            done = await while_connected(request, asyncio.gather(*(collect(r) for r in reqs)))
-        except Exception as exc:
-            raise engine_failure(exc, "translation") from exc
+            for k, key in enumerate(keys):
+                if key in found:
+                    hyps = [Hypothesis(h.text, list(h.token_ids), h.score) for h in found[key]]
+                    yield k, SegmentResult(hyps[0].text, hyps[0].token_ids, hyps, "stop")
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=pending.__getitem__):
+                    k = pending.pop(task)
+                    result = task.result()
+                    if memory is not None and result.finish_reason == "stop":
+                        finished[keys[k]] = [StoredHypothesis(h.text, h.token_ids, h.score) for h in result.hypotheses]
+                    yield k, result
         finally:
+            for task in pending:
+                task.cancel()
             for r in reqs:
                 r.cancel()
-        results: list[SegmentResult | None] = [None] * len(jobs)
-        for k, key in enumerate(keys):
-            if key in found:
-                hyps = [Hypothesis(h.text, list(h.token_ids), h.score) for h in found[key]]
-                results[k] = SegmentResult(hyps[0].text, hyps[0].token_ids, hyps, "stop")
-                if on_done is not None:
-                    on_done()
-        for k, result in zip(todo, done, strict=True):
-            results[k] = result
         if memory is not None:  # in a thread: a write may wait on another process holding the file
-            finished = {keys[k]: [StoredHypothesis(h.text, h.token_ids, h.score) for h in r.hypotheses]
-                        for k, r in zip(todo, done, strict=True) if r.finish_reason == "stop"}
             await asyncio.to_thread(memory.put_many, finished)
             self.metrics.memory_entries.set(len(memory))
+
+    async def segment_results(self, request: Request | None, docs: list[DocumentJob], cache: bool = True,
+                              on_done: Callable[[], None] | None = None) -> list[list[SegmentResult]]:
+        """Each document's sentences translated (`results_as_ready`); `on_done()` is called as each sentence is
+        ready. A client that leaves (or a cancelled file job) cancels them."""
+        results: list[SegmentResult | None] = [None] * sum(len(d.jobs) for d in docs)
+
+        async def collect() -> None:
+            async with aclosing(self.results_as_ready(docs, cache)) as ready:
+                async for k, result in ready:
+                    results[k] = result
+                    if on_done is not None:
+                        on_done()
+
+        try:
+            await while_connected(request, collect())
+        except Exception as exc:
+            raise engine_failure(exc, "translation") from exc
         per_doc, start = [], 0
         for d in docs:
             per_doc.append(results[start: start + len(d.jobs)])
