@@ -155,3 +155,11 @@ def test_no_route_reaches_into_an_engine():
     found = [f"{f.relative_to(ROOT)}:{node.lineno}" for f in sorted((ROOT / "tserve" / "service" / "routes").glob("*.py"))
              for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.Attribute) and node.attr == "engine"]
     assert found == []
+
+
+def test_each_shared_request_limit_has_one_place():
+    """The limits every API shares (`service/limits.py`) are stated there only: no other module words them."""
+    wordings = ("in one request; the limit is", "exceeds the server's limit", "characters; the limit is")
+    found = [f"{f.relative_to(ROOT)}: {w}" for f in sorted((ROOT / "tserve").rglob("*.py"))
+             if f.name != "limits.py" for w in wordings if w in f.read_text()]
+    assert found == []

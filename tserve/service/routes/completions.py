@@ -27,6 +27,7 @@ from tserve.service.routes.deps import (
     SSE_DONE,
     SSE_HEADERS,
     attention_selection,
+    check_chars,
     check_count,
     check_max_tokens,
     log_inputs,
@@ -153,8 +154,7 @@ def _sampling(body: SamplingFields, max_tokens: int, seed_offset: int, logprobs:
 
 
 def _encode(tokenizer: Tokenizer, text: str, limit: int, add_special_tokens: bool = True) -> list[int]:
-    if len(text) > limit:
-        raise bad_request(f"the prompt has {len(text)} characters; the limit is {limit}", "input_too_long")
+    check_chars(text, limit)
     ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     if not text or not ids:
         raise bad_request("the prompt is empty", "empty_prompt")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from tserve.model.attention_maps import check_selection
+from tserve.service import limits
 from tserve.service.engine import admission
 from tserve.service.errors import APIError, bad_request, overloaded
 from tserve.service.registry import ModelRegistry
@@ -72,14 +73,27 @@ def log_inputs(request: Request, texts: list[str]) -> None:
 
 
 def check_max_tokens(max_tokens: int, limit: int) -> None:
-    """`--max-tokens-limit`, the same for every route that takes `max_tokens`."""
-    if max_tokens > limit:
-        raise bad_request(f"max_tokens {max_tokens} exceeds the server's limit of {limit}", "max_tokens_too_large")
+    """`--max-tokens-limit` (`limits.check_max_tokens`), as an OpenAI-style 400."""
+    try:
+        limits.check_max_tokens(max_tokens, limit)
+    except InvalidInput as exc:
+        raise bad_request(str(exc), exc.code) from exc
 
 
 def check_count(what: str, n: int, limit: int) -> None:
-    if n > limit:
-        raise bad_request(f"{n} {what} in one request; the limit is {limit}", "too_many_inputs")
+    """`--max-prompts` (`limits.check_input_count`), as an OpenAI-style 400."""
+    try:
+        limits.check_input_count(n, limit, what)
+    except InvalidInput as exc:
+        raise bad_request(str(exc), exc.code) from exc
+
+
+def check_chars(text: str, limit: int, what: str = "the prompt") -> None:
+    """`--max-input-chars` (`limits.check_input_chars`), as an OpenAI-style 400."""
+    try:
+        limits.check_input_chars(text, limit, what)
+    except InvalidInput as exc:
+        raise bad_request(str(exc), exc.code) from exc
 
 
 def attention_selection(served: ServedModel, selection: AttentionSelection | None, stream: bool, outputs: int,

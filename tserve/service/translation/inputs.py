@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tserve.model.html_markup import Markup
 from tserve.model.language_codes import model_code
+from tserve.service.limits import check_input_chars, check_input_count, check_max_tokens
 from tserve.service.runners import InvalidInput, Languages
 
 if TYPE_CHECKING:
@@ -59,8 +60,7 @@ def check_count(count: int, settings: Settings) -> None:
     """One request's inputs: at least one, at most --max-prompts (checked before language detection too)."""
     if not count:
         raise InvalidInput("no input to translate", "empty_input")
-    if count > settings.max_prompts:
-        raise InvalidInput(f"{count} inputs in one request; the limit is {settings.max_prompts}", "too_many_inputs")
+    check_input_count(count, settings.max_prompts)
 
 
 def check_options(ask: TranslationAsk, settings: Settings, max_target_len: int, default_beams: int) -> None:
@@ -74,18 +74,14 @@ def check_options(ask: TranslationAsk, settings: Settings, max_target_len: int, 
         raise InvalidInput(f"n {ask.n} exceeds num_beams {beams}: each alternative is a beam's hypothesis", "invalid_n")
     if ask.max_tokens is not None:
         _integer("max_tokens", ask.max_tokens, 1, None)
-        if ask.max_tokens > settings.max_tokens_limit:
-            raise InvalidInput(f"max_tokens {ask.max_tokens} exceeds the server's limit of {settings.max_tokens_limit}",
-                               "max_tokens_too_large")
+        check_max_tokens(ask.max_tokens, settings.max_tokens_limit)
         if ask.max_tokens > max_target_len:
             raise InvalidInput(f"max_tokens {ask.max_tokens} exceeds this model's limit of {max_target_len}",
                                "max_tokens_too_large")
     for i, text in enumerate(ask.texts):
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput(f"input {i} is empty", "empty_input")
-        if len(text) > settings.max_input_chars:
-            raise InvalidInput(f"input {i} has {len(text)} characters; the limit is {settings.max_input_chars}",
-                               "input_too_long")
+        check_input_chars(text, settings.max_input_chars, f"input {i}")
     check_glossary(ask.glossary, settings.max_glossary_entries)
 
 
