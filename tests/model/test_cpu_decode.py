@@ -155,8 +155,9 @@ def test_translation_equals_sdpa(tiny_mt, beams):
 
 
 def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path):
-    """The build directory is named by the sources, their place, the flags and torch's version; a process that
-    finds the build imports it without PyTorch's builder (what the Docker image, which has no compiler, does)."""
+    """The build directory is named by the sources, the flags and torch's and Python's versions (not by where the
+    sources lie: checkouts of the same sources share it); a process that finds the build imports it without
+    PyTorch's builder (what the Docker image, which has no compiler, does)."""
     import os
     import subprocess
     import sys

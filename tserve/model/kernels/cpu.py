@@ -1,6 +1,6 @@
 """Our C++ kernels for the CPU, built on first use by PyTorch's extension builder (g++ and ninja, about 40 s once:
 `make setup` does it) into `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a directory named by a
-hash of the sources, their place on disk, the flags and torch's version: each checkout has its own build, and a
+hash of the sources, the flags, torch's version and Python's: checkouts of the same sources share one build, and a
 build that is there is imported as it is (no compiler needed: the Docker image ships one). Where they cannot be
 built (no compiler) a warning says why and the PyTorch paths serve instead.
 
@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import platform
+import sysconfig
 from pathlib import Path
 from types import ModuleType
 
@@ -49,7 +50,10 @@ def _flags() -> list[str]:
 
 
 def _build_name(flags: list[str]) -> str:
-    digest = hashlib.sha256(f"{_SOURCES[0].parent.resolve()}|{' '.join(flags)}|{torch.__version__}".encode())
+    # What the library depends on, and nothing else (not where the sources lie): checkouts and virtual environments
+    # of the same sources, flags, torch and Python share one build.
+    python = sysconfig.get_config_var("EXT_SUFFIX")
+    digest = hashlib.sha256(f"{' '.join(flags)}|{torch.__version__}|{python}".encode())
     for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     return f"tserve_cpu_kernels_{digest.hexdigest()[:16]}"
