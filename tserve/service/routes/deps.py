@@ -6,6 +6,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -72,28 +73,24 @@ def log_inputs(request: Request, texts: list[str]) -> None:
         log.info("inputs", extra={"request_id": getattr(request.state, "request_id", None), "inputs": texts})
 
 
-def check_max_tokens(max_tokens: int, limit: int) -> None:
-    """`--max-tokens-limit` (`limits.check_max_tokens`), as an OpenAI-style 400."""
+def _openai_style(check: Callable[..., None], *args: Any) -> None:
+    """A shared limit (`service.limits`) as an OpenAI-style 400."""
     try:
-        limits.check_max_tokens(max_tokens, limit)
+        check(*args)
     except InvalidInput as exc:
         raise bad_request(str(exc), exc.code) from exc
+
+
+def check_max_tokens(max_tokens: int, limit: int) -> None:
+    _openai_style(limits.check_max_tokens, max_tokens, limit)
 
 
 def check_count(what: str, n: int, limit: int) -> None:
-    """`--max-prompts` (`limits.check_input_count`), as an OpenAI-style 400."""
-    try:
-        limits.check_input_count(n, limit, what)
-    except InvalidInput as exc:
-        raise bad_request(str(exc), exc.code) from exc
+    _openai_style(limits.check_input_count, n, limit, what)
 
 
 def check_chars(text: str, limit: int, what: str = "the prompt") -> None:
-    """`--max-input-chars` (`limits.check_input_chars`), as an OpenAI-style 400."""
-    try:
-        limits.check_input_chars(text, limit, what)
-    except InvalidInput as exc:
-        raise bad_request(str(exc), exc.code) from exc
+    _openai_style(limits.check_input_chars, text, limit, what)
 
 
 def attention_selection(served: ServedModel, selection: AttentionSelection | None, stream: bool, outputs: int,
