@@ -231,9 +231,9 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
 
     from tests.helpers import factories
     from tserve.model import checkpoint
+    from tserve.model.decoding import TranslationJob
     from tserve.service.engine import TranslationEngine
     from tserve.service.metrics import Metrics
-    from tserve.service.runners import TranslationJob
 
     d = workdir / "marian"
     factories.write_marian_tokenizer(d)

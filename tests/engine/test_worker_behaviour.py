@@ -28,8 +28,8 @@ from tserve.service.engine import (
     RequestTimeout,
     TranslationEngine,
 )
+from tserve.service.engine.translation_input import Translator
 from tserve.service.metrics import Metrics
-from tserve.service.runners import Translator
 
 STEP_S = 0.02  # engine steps slowed to this: a 60-token request runs for more than a second
 BATCH_S = 0.6  # the batch function's time for a "long" item

@@ -32,7 +32,7 @@ from tserve.service.engine import (  # noqa: E402
     Worker,  # noqa: E402
 )
 from tserve.service.registry import ModelRegistry  # noqa: E402
-from tserve.service.runners import Classifier  # noqa: E402
+from tserve.service.vision.images import Classifier  # noqa: E402
 
 
 def slow_steps(target: Worker | type[Worker], seconds: float) -> Worker | type[Worker]:

@@ -16,8 +16,8 @@ from tests.helpers.feature_extraction_task import embed
 from tests.helpers.server import ServerProcess
 from tserve.model import attention_maps as am
 from tserve.model.checkpoint import load
+from tserve.service.errors import InvalidInput
 from tserve.service.metrics import Metrics
-from tserve.service.runners import InvalidInput
 from tserve.service.schemas import AttentionRequest
 from tserve.service.settings import Settings
 from tserve.service.tasks import ServedLanguageModel

@@ -16,7 +16,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from tserve.model.decoding.constrained_beam import ConstraintsUnmet
-from tserve.service.engine import OutOfMemory, QueueFull, RequestTimeout
+from tserve.service.engine import InvalidInput, OutOfMemory, QueueFull, RequestTimeout
+
+# InvalidInput: what an engine or an input rule refuses (400); raised by the engines and the service alike.
+__all__ = ["LIBRETRANSLATE_DOWNLOAD_PREFIX", "LIBRETRANSLATE_PATHS", "OIP_PREFIX", "APIError", "InvalidInput", "OIPError",
+           "bad_request", "client_closed", "engine_failure", "error_body", "error_response", "flat_errors",
+           "install_error_handlers", "not_found", "overloaded"]
 
 log = logging.getLogger("tserve.errors")
 

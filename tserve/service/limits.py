@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from tserve.service.runners import InvalidInput
+from tserve.service.errors import InvalidInput
 
 
 def check_input_count(count: int, limit: int, what: str = "inputs") -> None:

@@ -8,6 +8,7 @@ from tserve.service.engine.request import (
     CallRequest,
     EngineRequest,
     Event,
+    InvalidInput,
     OutOfMemory,
     QueueFull,
     RequestTimeout,
@@ -20,5 +21,5 @@ from tserve.service.engine.translation import SegmentRequest, TranslationEngine
 from tserve.service.engine.worker import Worker
 
 __all__ = ["Admission", "BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
-           "GenerationRequest", "OutOfMemory", "QueueFull", "RequestTimeout", "Worker", "TokenLogprob",
+           "GenerationRequest", "InvalidInput", "OutOfMemory", "QueueFull", "RequestTimeout", "Worker", "TokenLogprob",
            "TranslationEngine", "SegmentRequest", "admission", "request_error", "request_observer"]

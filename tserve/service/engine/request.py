@@ -29,6 +29,14 @@ class OutOfMemory(Exception):
     """The device ran out of memory even for this request alone (HTTP 503: retry later)."""
 
 
+class InvalidInput(ValueError):
+    """Input the model cannot take (HTTP 400); `code` names the kind when the caller's default does not."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def request_error(exc: BaseException) -> Exception:
     """What a request that hit `exc` in a worker reports: no internals, only the kind of failure."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):

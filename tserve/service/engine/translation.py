@@ -21,9 +21,9 @@ from tserve.model.tokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
 from tserve.service.engine.request import EngineRequest
+from tserve.service.engine.translation_input import Translator
 from tserve.service.engine.worker import Worker
 from tserve.service.metrics import Metrics
-from tserve.service.runners import Translator
 
 
 class SegmentRequest(EngineRequest, TranslationSequence):

@@ -7,9 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from tserve.service.errors import bad_request
+from tserve.service.errors import InvalidInput, bad_request
 from tserve.service.routes.deps import base64_images, image_body, served_model, settings
-from tserve.service.runners import InvalidInput
 from tserve.service.schemas import ClassificationRequest, ClassificationResponse
 from tserve.service.tasks import ServedClassifier
 

@@ -18,9 +18,8 @@ from starlette.datastructures import UploadFile
 from tserve.model.attention_maps import check_selection
 from tserve.service import limits
 from tserve.service.engine import admission
-from tserve.service.errors import APIError, bad_request, overloaded
+from tserve.service.errors import APIError, InvalidInput, bad_request, overloaded
 from tserve.service.registry import ModelRegistry
-from tserve.service.runners import InvalidInput
 from tserve.service.schemas import AttentionSelection
 from tserve.service.settings import Settings
 from tserve.service.tasks import ServedModel

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
-from tserve.service.errors import bad_request
+from tserve.service.errors import InvalidInput, bad_request
 from tserve.service.routes.deps import (
     base64_images,
     check_count,
@@ -19,7 +19,6 @@ from tserve.service.routes.deps import (
     ready_registry,
     settings,
 )
-from tserve.service.runners import InvalidInput
 from tserve.service.schemas import EmbeddingRequest, EmbeddingResponse
 from tserve.service.tasks import ServedModel
 

@@ -16,10 +16,9 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from tserve.service.engine import admission
-from tserve.service.errors import APIError, bad_request, engine_failure, not_found
+from tserve.service.errors import APIError, InvalidInput, bad_request, engine_failure, not_found
 from tserve.service.routes.deps import ready_registry, served_model, settings
 from tserve.service.routes.translations import served_translators
-from tserve.service.runners import InvalidInput
 from tserve.service.translation.file_jobs import FileJob, FileJobs
 from tserve.service.translation.files import FileDocument, FileRefused, Limits, read_file
 from tserve.service.translation.inputs import TranslationAsk

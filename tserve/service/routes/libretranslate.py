@@ -24,12 +24,12 @@ from tserve.service.errors import (
     LIBRETRANSLATE_DOWNLOAD_PREFIX,
     LIBRETRANSLATE_PATHS,
     APIError,
+    InvalidInput,
     bad_request,
     overloaded,
 )
 from tserve.service.routes.deps import log_inputs, ready_registry, settings
 from tserve.service.routes.files import file_response, jobs_of, read_upload, start_job
-from tserve.service.runners import InvalidInput
 from tserve.service.security import bearer_token
 from tserve.service.translation.files import SUPPORTED
 from tserve.service.translation.inputs import TranslationAsk, check_count

@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from tserve.model.attention_maps import translation_attention_ids
 from tserve.service.engine import SegmentRequest
+from tserve.service.engine.translation_input import DocumentJob
 from tserve.service.errors import bad_request, engine_failure
 from tserve.service.routes.deps import (
     SSE_DONE,
@@ -26,7 +27,6 @@ from tserve.service.routes.deps import (
     settings,
     sse,
 )
-from tserve.service.runners import DocumentJob
 from tserve.service.schemas import TranslationRequest, TranslationResponse
 from tserve.service.tasks import ServedTranslator
 from tserve.service.translation.inputs import TranslationAsk

@@ -19,9 +19,8 @@ from tserve.model.checkpoint import LoadedModel
 from tserve.model.embeddings import max_input_tokens
 from tserve.service.connection import run_job, while_connected
 from tserve.service.engine import DynamicBatcher, Worker
-from tserve.service.errors import OIPError, engine_failure
+from tserve.service.errors import InvalidInput, OIPError, engine_failure
 from tserve.service.metrics import Metrics
-from tserve.service.runners import InvalidInput
 from tserve.service.schemas import AttentionRequest
 from tserve.service.settings import Settings
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from tserve.model.html_markup import Markup
 from tserve.model.language_codes import model_code
+from tserve.service.engine.translation_input import Languages
+from tserve.service.errors import InvalidInput
 from tserve.service.limits import check_input_chars, check_input_count, check_max_tokens
-from tserve.service.runners import InvalidInput, Languages
 
 if TYPE_CHECKING:
     from tserve.model.checkpoint import LoadedModel
@@ -87,7 +88,7 @@ def check_options(ask: TranslationAsk, settings: Settings, max_target_len: int, 
 
 def check_glossary(glossary: dict[str, str] | None, max_entries: int) -> None:
     """At most `max_entries` (--max-glossary-entries) pairs of terms, each 1 to 100 characters and not blank. A
-    sentence holding a source term is searched with at least 4 beams (`runners.MIN_CONSTRAINED_BEAMS`)."""
+    sentence holding a source term is searched with at least 4 beams (`engine.translation_input.MIN_CONSTRAINED_BEAMS`)."""
     if not glossary:
         return
     if len(glossary) > max_entries:

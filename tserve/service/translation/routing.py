@@ -17,9 +17,8 @@ from fastapi import Request
 
 from tserve.model.language_codes import model_code, short_code
 from tserve.service.connection import while_connected
-from tserve.service.errors import bad_request, engine_failure
+from tserve.service.errors import InvalidInput, bad_request, engine_failure
 from tserve.service.registry import ModelRegistry
-from tserve.service.runners import InvalidInput
 from tserve.service.translation.inputs import TranslationAsk, check_options, resolve_languages
 from tserve.service.translation.languages import LanguageDetector
 from tserve.service.translation.served import (

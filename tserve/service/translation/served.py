@@ -25,8 +25,8 @@ from tserve.model.tokenizer import Tokenizer
 from tserve.service.connection import while_connected
 from tserve.service.engine import Event, QueueFull, SegmentRequest, TranslationEngine
 from tserve.service.engine.output import Hypothesis
-from tserve.service.errors import OIPError, bad_request, engine_failure
-from tserve.service.runners import DocumentJob, InvalidInput, Languages
+from tserve.service.engine.translation_input import DocumentJob, Languages
+from tserve.service.errors import InvalidInput, OIPError, bad_request, engine_failure
 from tserve.service.schemas import AttentionRequest
 from tserve.service.tasks.base import AttentionResult, ServedModel, bytes_elements
 from tserve.service.translation.inputs import TranslationAsk, check_options, resolve_languages, resolve_source

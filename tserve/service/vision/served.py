@@ -14,10 +14,10 @@ from fastapi import Request
 from tserve.model import attention_maps as am
 from tserve.model.embeddings import embed_pixels
 from tserve.service.engine import DynamicBatcher
-from tserve.service.errors import OIPError
-from tserve.service.runners import Classifier, InvalidInput, open_image
+from tserve.service.errors import InvalidInput, OIPError
 from tserve.service.schemas import AttentionRequest
 from tserve.service.tasks.base import AttentionResult, ServedModel, batched, bytes_elements
+from tserve.service.vision.images import Classifier, open_image
 
 Ranked = list[tuple[str, float]]
 

@@ -1,37 +1,25 @@
-"""Translation jobs (sources encoded and cut to fit the model), image decoding and the classifier's batch
-function. Nothing here knows about HTTP."""
+"""A translator's requests as the engine takes them: each input text encoded in its languages and cut into
+sentences that fit the model, one `TranslationJob` per sentence (with glossary terms as constraints). The
+request's own rules (counts, lengths, options) are checked before, in `service.translation.inputs`; what only
+the tokenizer can tell (a sentence too long to cut, a page without text, a glossary term without tokens) is
+refused here with `InvalidInput`."""
 
 from __future__ import annotations
 
-import io
 import re
-import warnings
 from dataclasses import dataclass
-
-import torch
-from PIL import Image, UnidentifiedImageError
 
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.decoding import TranslationJob, translation_job
 from tserve.model.decoding.constrained_beam import ConstraintsUnmet
 from tserve.model.html_markup import Markup, parse_html
 from tserve.model.segmentation import Document, split_document
+from tserve.service.engine.request import InvalidInput
 
 # A multilingual model's (source, target) language codes; a tagged model (MADLAD-400) may leave the source out.
 Languages = tuple[str | None, str]
 
 
-class InvalidInput(ValueError):
-    """Input the model cannot take (HTTP 400); `code` names the kind when the caller's default does not."""
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# --------------------------------------------------------------------------------------------------
-# Translation
-# --------------------------------------------------------------------------------------------------
 @dataclass
 class DocumentJob:
     """One input text: its layout and segments (`model.segmentation.Document`) and a job per segment."""
@@ -146,57 +134,3 @@ MIN_CONSTRAINED_BEAMS = 4
 def _occurs(term: str, text: str) -> bool:
     """`term` in `text` as whole words, in any case."""
     return re.search(rf"(?<!\w){re.escape(term)}(?!\w)", text, flags=re.IGNORECASE) is not None
-
-
-# --------------------------------------------------------------------------------------------------
-# Classification
-# --------------------------------------------------------------------------------------------------
-def open_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
-    """Decode an upload safely: size and pixel-count limits are checked from the header, before the
-    pixels are decompressed (decompression bombs never expand)."""
-    if not data:
-        raise InvalidInput("the image is empty")
-    if len(data) > max_bytes:
-        raise InvalidInput(f"the image is {len(data)} bytes; the limit is {max_bytes}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            w, h = image.size
-            if w * h > max_pixels:
-                raise InvalidInput(f"the image is {w}x{h} pixels; the limit is {max_pixels} pixels")
-            image.load()
-    except InvalidInput:
-        raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InvalidInput(f"not a readable image ({type(exc).__name__})") from exc
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise InvalidInput(f"the image is corrupt or truncated ({exc})") from exc
-    return image
-
-
-class Classifier:
-    def __init__(self, loaded: LoadedModel, max_image_bytes: int, max_image_pixels: int) -> None:
-        self.loaded, self.model = loaded, loaded.model
-        self.labels, self.preprocessing = loaded.labels, loaded.preprocessing
-        self.max_bytes, self.max_pixels = max_image_bytes, max_image_pixels
-
-    def preprocess(self, data: bytes) -> torch.Tensor:
-        """Image bytes -> normalised (C, H, W) tensor; raises InvalidInput."""
-        image = open_image(data, self.max_bytes, self.max_pixels)
-        try:
-            return self.preprocessing(image)
-        except (OSError, ValueError) as exc:
-            raise InvalidInput(f"the image could not be converted ({exc})") from exc
-
-    @torch.inference_mode()
-    def run_batch(self, pixels: list[torch.Tensor]) -> list[list[tuple[str, float]]]:
-        """Each image's (label, probability) pairs, most likely first."""
-        batch = torch.stack(pixels)
-        if self.loaded.device.type == "cuda":  # pinned, so the copy overlaps with the launch
-            batch = batch.pin_memory()
-        batch = batch.to(self.loaded.device, self.loaded.dtype, non_blocking=True)
-        probs = torch.softmax(self.model(batch).float(), dim=-1)
-        scores, order = probs.sort(dim=-1, descending=True)
-        return [[(self.labels[i], s) for i, s in zip(o, sc, strict=True)]
-                for o, sc in zip(order.tolist(), scores.tolist(), strict=True)]
