@@ -1,9 +1,10 @@
-"""The scheduler every worker shares (no HTTP in here): waiting and running requests, admission under
---max-queue, cancel and timeout, drain and stop, the worker thread and its supervisor, call jobs.
+"""The scheduler every worker shares (no HTTP in here): waiting and running requests, admission (its policy:
+--max-queue, priorities, the clients' turns, reserved rows, is `admission.py`'s), cancel and timeout, drain and
+stop, the worker thread and its supervisor, call jobs.
 
 A worker thread runs the step loop so that the event loop stays free:
     1. retire cancelled and timed-out requests (their rows are free for this very step),
-    2. admit waiting requests while their rows fit, in admission order (`_admission_order`: priority, then the
+    2. admit waiting requests while their rows fit, in admission order (`admission.py`: priority, then the
        clients in turn); call jobs among them run there and then,
     3. start the admitted requests as one batch (`_prefill`),
     4. advance every running request by one batched step (`_decode`), which emits events and retires the
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from tserve.model.checkpoint import select_device
+from tserve.service.engine.admission import admission_order, queue_refusal, takes_reserved_rows
 from tserve.service.engine.request import (
     CallRequest,
     EngineRequest,
@@ -109,13 +111,9 @@ class Worker:
             if self._draining:
                 raise QueueFull(f"model {self.name!r} is shutting down")
             self._purge_cancelled()
-            if self.max_queue == 0:  # no waiting room: only what the free rows take at the next step
-                free = self.capacity - self.rows_in_use - sum(self._rows_needed(r) for r in self.waiting
-                                                              if not isinstance(r, CallRequest))
-                if not isinstance(req, CallRequest) and self._rows_needed(req) > free:
-                    raise QueueFull(f"model {self.name!r} has no free rows and no waiting room; retry later")
-            elif req.group not in (groups := {r.group for r in self.waiting}) and len(groups) >= self.max_queue:
-                raise QueueFull(f"model {self.name!r} has {len(groups)} requests waiting; retry later")
+            if refusal := queue_refusal(req, self.waiting, self.max_queue, self.capacity - self.rows_in_use,
+                                        self._rows_held):
+                raise QueueFull(f"model {self.name!r} {refusal}; retry later")
             self.waiting.append(req)
             self.m.queue_depth.set(self._groups_waiting())
         self._wake.set()
@@ -278,31 +276,14 @@ class Worker:
                 r.finished = r.finished or r.cancelled
             self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
 
-    def _admission_order(self) -> collections.deque[EngineRequest]:
-        """The waiting requests in the order they are admitted: lower priority values first; within a priority
-        the clients in turn, the one admitted longest ago (or never) first, so that one client's flood does not
-        hold another's request back by more than a turn; each client's own requests by turn (a document's
-        k-th sentence behind every earlier part of its other requests), then in arrival order."""
-        queues: dict[tuple[int, object], list[EngineRequest]] = {}
-        for req in sorted(self.waiting, key=lambda r: r.turn):  # stable: arrival order within a turn
-            queues.setdefault((req.priority, req.client), []).append(req)
-        order: list[EngineRequest] = []
-        for priority in sorted({p for p, _ in queues}):
-            clients = sorted((q for q in queues if q[0] == priority), key=lambda q: self._last_admitted.get(q[1], -1))
-            lanes = [collections.deque(queues[c]) for c in clients]
-            while lanes:
-                order += [lane.popleft() for lane in lanes]
-                lanes = [lane for lane in lanes if lane]
-        return collections.deque(order)
-
     def _admit(self, now: float) -> list[EngineRequest]:
-        """Waiting requests in admission order (`_admission_order`) while their rows fit (no overtaking: a large
+        """Waiting requests in admission order (`admission.admission_order`) while their rows fit (no overtaking: a large
         request at the head is not starved by small ones behind it)."""
         admitted = []
         with self._lock:
             self._purge_cancelled()
             if len({(r.priority, r.client) for r in self.waiting}) > 1 or any(r.turn for r in self.waiting):
-                self.waiting = self._admission_order()
+                self.waiting = collections.deque(admission_order(self.waiting, self._last_admitted))
             kept: collections.deque[EngineRequest] = collections.deque()  # still waiting, in order
             while self.waiting:
                 req = self.waiting.popleft()
@@ -329,12 +310,10 @@ class Worker:
         return admitted
 
     def _keeps_reserved_rows(self, req: EngineRequest, admitted: list[EngineRequest]) -> bool:
-        """Whether admitting `req` would take rows reserved for other clients (its own are running, or admitted
-        in this step)."""
-        if not self.reserved_rows or not any(r.client == req.client for r in (*self.running, *admitted)
-                                             if not isinstance(r, CallRequest)):
-            return False
-        return self.capacity - self.rows_in_use - self._rows_needed(req) < self.reserved_rows
+        """Whether admitting `req` would take rows reserved for other clients (`admission.takes_reserved_rows`)."""
+        holds = any(r.client == req.client for r in (*self.running, *admitted) if not isinstance(r, CallRequest))
+        return takes_reserved_rows(self._rows_needed(req), self.capacity - self.rows_in_use, self.reserved_rows,
+                                   holds)
 
     def _requeue_preempted(self, req: EngineRequest, tokens: int) -> None:
         """A running request whose cache the engine has just given back (the pool ran dry) goes back to the head
@@ -385,6 +364,10 @@ class Worker:
     def _rows_needed(self, req: EngineRequest) -> int:
         """Cache rows `req` takes once admitted."""
         return 1
+
+    def _rows_held(self, req: EngineRequest) -> int:
+        """`_rows_needed`, and none for a call job (it runs between steps and holds no rows)."""
+        return 0 if isinstance(req, CallRequest) else self._rows_needed(req)
 
     def _reserve(self, req: EngineRequest) -> bool:
         """Claim the cache rows `req` needs; False when they are not free now."""
