@@ -100,7 +100,8 @@ class ServerProcess:
 # most of all), and the suite starts some seventy. The child is `python -m MODULE ARGV...` as a fresh process
 # would run it, with the test's environment, working directory and log; only variables the service reads when
 # it runs (TSERVE_*) may differ from the test process's, since the imports read theirs already.
-# TSERVE_TEST_FORK_SERVERS=0 starts every server as a new interpreter instead.
+# Only in a test (bench/ scripts start theirs as new interpreters); TSERVE_TEST_FORK_SERVERS=0 starts every
+# server as a new interpreter.
 _PRELOAD = ["tserve.service.cli", "tserve.service.app", "tests.helpers.hooked_server", "tests.helpers.server"]
 _FORK_SERVER_ENV = {"OMP_NUM_THREADS": "1"}  # read when torch is imported
 _fork_context: multiprocessing.context.BaseContext | None = None
@@ -108,8 +109,8 @@ _fork_context: multiprocessing.context.BaseContext | None = None
 
 def _forkable(env: dict[str, str]) -> bool:
     """Whether a server with `env` may be forked: only TSERVE_* variables differ from the fork server's own."""
-    if os.environ.get("TSERVE_TEST_FORK_SERVERS", "1") == "0":
-        return False
+    if os.environ.get("TSERVE_TEST_FORK_SERVERS", "1") == "0" or "PYTEST_CURRENT_TEST" not in os.environ:
+        return False  # (a script's fork server would import the script, its `__main__`, again)
     ours = {**os.environ, **_FORK_SERVER_ENV}
     return all(key.startswith("TSERVE_") for key in env.keys() | ours.keys() if env.get(key) != ours.get(key))
 
