@@ -147,6 +147,38 @@ def test_a_repeated_sentence_is_answered_from_the_memory_unless_the_request_opts
     assert short["translation"] != first and server.metric("tserve_translation_memory_hits_total", "mt", 0.0) == hits + 1
 
 
+def _streamed(server, body: dict) -> list[dict]:
+    """A streamed `/v1/translations` answer's chunks."""
+    with httpx.stream("POST", server.url + "/v1/translations", json=body | {"stream": True}, timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        return [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("text", ["the quick brown fox jumps", "hello world. good morning\nthe lazy dog"],
+                         ids=["one-sentence-tokens", "document-segments"])
+def test_a_streamed_translation_is_answered_from_the_memory_as_a_fresh_one_would_be(server, text):
+    """Streams take the one path too: a stream fills the memory (a plain request then answers from it) and is
+    answered from it (no token generated), its chunks' final translation, score and usage those of a fresh
+    translation; `cache: false` translates again."""
+    body = {"model": "mt", "input": text, "num_beams": 1}
+    fresh = _streamed(server, body | {"cache": False})
+    assert fresh[-1]["finish_reason"] == "stop"  # (what stops at its length is not kept)
+    first = _streamed(server, body)  # translated (the module's other tests never ask for this text), and kept
+    tokens = server.metric("tserve_generated_tokens_total", "mt", 0.0)
+    hits = server.metric("tserve_translation_memory_hits_total", "mt", 0.0)
+    plain = httpx.post(server.url + "/v1/translations", json=body).json()["data"][0]
+    again = _streamed(server, body)
+    assert server.metric("tserve_generated_tokens_total", "mt", 0.0) == tokens  # the engine did nothing
+    assert server.metric("tserve_translation_memory_hits_total", "mt", 0.0) >= hits + 2
+    for answer in (first, again):
+        assert answer[-1]["data"][0]["translation"] == fresh[-1]["data"][0]["translation"] == plain["translation"]
+        assert "".join(c["data"][0]["delta"] for c in answer) == plain["translation"]
+        assert answer[-1]["data"][0]["score"] == pytest.approx(plain["score"], abs=1e-4)
+        assert answer[-1]["usage"] == fresh[-1]["usage"] and answer[-1]["finish_reason"] == "stop"
+    _streamed(server, body | {"cache": False})
+    assert server.metric("tserve_generated_tokens_total", "mt", 0.0) > tokens
+
+
 def test_the_memory_survives_a_restart(aligned_mt, tmp_path):
     args = ["--model", f"mt={aligned_mt}", "--translation-memory", str(tmp_path / "tm.sqlite")]
     body = {"model": "mt", "input": "hello world\ngood morning", "num_beams": 1}

@@ -13,7 +13,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from tserve.model.attention_maps import translation_attention_ids
-from tserve.service.engine import SegmentRequest
 from tserve.service.engine.translation_input import DocumentJob
 from tserve.service.errors import bad_request, engine_failure
 from tserve.service.routes.deps import (
@@ -31,7 +30,7 @@ from tserve.service.schemas import TranslationRequest, TranslationResponse
 from tserve.service.tasks import ServedTranslator
 from tserve.service.translation.inputs import TranslationAsk
 from tserve.service.translation.routing import pick_route, translate_route
-from tserve.service.translation.served import TranslationOutput, assemble
+from tserve.service.translation.served import TranslationOutput, TranslationRun, assemble
 
 router = APIRouter(tags=["translation"])
 
@@ -98,13 +97,12 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                   "usage": _usage(docs, sum(len(out.token_ids) for out in outputs))}
         return answer | ({"models": [served.name]} if routed else {})
     doc = docs[0]
-    submitted = served.submit(docs)[0]
+    run = await served.stream(docs, body.cache)
     base = {"object": "translation.chunk", "model": served.name}
-    if len(submitted) == 1 and submitted[0].greedy and body.n == 1:
-        return StreamingResponse(_token_chunks(served, submitted[0], doc, base), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    return StreamingResponse(_segment_chunks(served, submitted, doc, base, body.n),
-                             media_type="text/event-stream", headers=SSE_HEADERS)
+    if len(doc.jobs) == 1 and doc.jobs[0].num_beams == 1 and body.n == 1:
+        return StreamingResponse(_token_chunks(run, doc, base), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(_segment_chunks(run, doc, base, body.n), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
 
 
 def served_translators(request: Request) -> int:
@@ -123,13 +121,13 @@ async def _pivoted(request: Request, body: TranslationRequest, ask: TranslationA
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
-async def _token_chunks(served: ServedTranslator, req: SegmentRequest, doc: DocumentJob,
-                        base: dict[str, Any]) -> AsyncIterator[str]:
-    """One greedy sentence: its text as it is decoded; the layout around it in the first and last chunks."""
+async def _token_chunks(run: TranslationRun, doc: DocumentJob, base: dict[str, Any]) -> AsyncIterator[str]:
+    """One greedy sentence: its text as it is decoded (the translation memory's in one chunk); the layout around
+    it in the first and last chunks."""
     layout = doc.document.layout
     text, tokens, first = "", 0, True
     try:
-        async with aclosing(served.stream_tokens(req)) as events:
+        async with aclosing(run.events()) as events:
             async for event in events:
                 tokens += len(event.token_ids)
                 if not event.text and event.finish_reason is None:
@@ -148,22 +146,21 @@ async def _token_chunks(served: ServedTranslator, req: SegmentRequest, doc: Docu
     yield SSE_DONE
 
 
-async def _segment_chunks(served: ServedTranslator, reqs: list[SegmentRequest], doc: DocumentJob,
-                          base: dict[str, Any], n: int) -> AsyncIterator[str]:
+async def _segment_chunks(run: TranslationRun, doc: DocumentJob, base: dict[str, Any], n: int) -> AsyncIterator[str]:
     """A document (or beams): each segment, once finished, in order; `delta` is the segment's translation
     with the layout before it (and, for the last, after it), so that the deltas add up to the translation."""
     layout = doc.document.layout
     text, done = "", []
     try:
-        async with aclosing(served.segments(reqs)) as segments:
+        async with aclosing(run.in_order()) as segments:
             async for seg in segments:
                 i = len(done)
                 done.append(seg)
-                delta = layout[i] + seg.text + (layout[-1] if i == len(reqs) - 1 else "")
+                delta = layout[i] + seg.text + (layout[-1] if i == len(doc.jobs) - 1 else "")
                 text += delta
                 item = {"index": 0, "segment": i, "translation": text, "delta": delta}
                 chunk = base | {"data": [item]}
-                if i == len(reqs) - 1:
+                if i == len(doc.jobs) - 1:
                     out = assemble(doc, done, n)
                     item |= _item(0, out, n) | {"delta": delta, "segment": i}
                     chunk |= {"finish_reason": out.finish_reason,

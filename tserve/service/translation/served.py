@@ -177,6 +177,79 @@ def alignment_report(doc: DocumentJob, picks: list[Hypothesis], aligned: list[li
             for b in block_alignments(doc, picks, aligned)]
 
 
+class TranslationRun:
+    """A client request's segments under way (`ServedTranslator.start`): what the translation memory held, and
+    the engine's requests for the rest. Read it once, `as_ready()` (any order), `in_order()` or, for one greedy
+    segment, `events()` as it is decoded; whichever ends the reading cancels what is left, and a reading that
+    finishes stores what the engine translated to the end ("stop") in the memory."""
+
+    def __init__(self, served: ServedTranslator, keys: list[str], remembered: dict[int, SegmentResult],
+                 submitted: dict[int, SegmentRequest]) -> None:
+        self.served, self.keys, self.remembered, self.submitted = served, keys, remembered, submitted
+
+    async def as_ready(self) -> AsyncIterator[tuple[int, SegmentResult]]:
+        """(k, result) for every segment (k counts them across the documents, in order), each as soon as it is
+        ready: the memory's at once, the rest as the engine finishes them."""
+        engine = self.served.engine
+        pending = {asyncio.ensure_future(collect_translation(engine, r)): k for k, r in self.submitted.items()}
+        finished: list[tuple[int, SegmentResult]] = []
+        try:
+            for k, result in self.remembered.items():
+                yield k, result
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=pending.__getitem__):
+                    k = pending.pop(task)
+                    finished.append((k, task.result()))
+                    yield finished[-1]
+        finally:
+            for task in pending:
+                task.cancel()
+            self._cancel()
+        await self._store(finished)
+
+    async def in_order(self) -> AsyncIterator[SegmentResult]:
+        """Every segment's result in order, each once it and those before it are ready (they decode side by
+        side)."""
+        ready: dict[int, SegmentResult] = {}
+        next_k = 0
+        async with aclosing(self.as_ready()) as results:
+            async for k, result in results:
+                ready[k] = result
+                while next_k in ready:
+                    yield ready.pop(next_k)
+                    next_k += 1
+
+    async def events(self) -> AsyncIterator[Event]:
+        """One greedy segment's events as it is decoded; the memory's answer is one event."""
+        if self.remembered:
+            (result,) = self.remembered.values()
+            yield Event(result.text, result.token_ids, finish_reason="stop", result=result.hypotheses)
+            return
+        ((k, req),) = self.submitted.items()
+        event = None
+        try:
+            async for event in self.served.engine.stream(req):
+                yield event
+        finally:
+            self._cancel()
+        if event is not None:
+            await self._store([(k, SegmentResult("", event.token_ids, event.result, event.finish_reason))])
+
+    def _cancel(self) -> None:
+        for req in self.submitted.values():
+            req.cancel()
+
+    async def _store(self, results: list[tuple[int, SegmentResult]]) -> None:
+        memory = self.served.memory
+        if not self.keys or memory is None:  # the memory is off, or this request asked not to use it
+            return
+        finished = {self.keys[k]: [StoredHypothesis(h.text, h.token_ids, h.score) for h in r.hypotheses]
+                    for k, r in results if r.finish_reason == "stop"}
+        await asyncio.to_thread(memory.put_many, finished)  # in a thread: a write may wait on another process
+        self.served.metrics.memory_entries.set(len(memory))
+
+
 class ServedTranslator(ServedModel):
     embeds = "text"
     task = "translation"
@@ -239,29 +312,13 @@ class ServedTranslator(ServedModel):
                 raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
         return docs
 
-    def submit(self, docs: list[DocumentJob], group: object | None = None,
-               first_turn: int = 0) -> list[list[SegmentRequest]]:
-        """Queue every segment of every document as parts of one client request (raises the HTTP error); with
-        `group`, of the client request that group already stands for (from turn `first_turn`)."""
-        try:
-            reqs = self.engine.submit_all([job for d in docs for job in d.jobs], one_request=True, group=group,
-                                          first_turn=first_turn)
-        except (QueueFull, ValueError) as exc:
-            raise engine_failure(exc, "translation") from exc
-        out, start = [], 0
-        for d in docs:
-            out.append(reqs[start: start + len(d.jobs)])
-            start += len(d.jobs)
-        return out
-
-    async def results_as_ready(self, docs: list[DocumentJob], cache: bool = True, group: object | None = None,
-                               first_turn: int = 0) -> AsyncIterator[tuple[int, SegmentResult]]:
-        """(k, result) for every segment of `docs` (k counts them across the documents, in order), each as soon as
-        it is ready: those the translation memory holds (unless `cache` is off) at once, the rest as the engine
-        finishes them, submitted as one client request (with `group`, of the client request that group already
-        stands for, from turn `first_turn`) and stored in the memory once all have finished. The one way a
-        translator's segments go: every request is cancelled when the stream ends, early or not (close it at once
-        with `contextlib.aclosing`). Engine failures are raised as they are (`engine_failure` maps them)."""
+    async def start(self, docs: list[DocumentJob], cache: bool = True, group: object | None = None,
+                    first_turn: int = 0) -> TranslationRun:
+        """Every segment of `docs` under way: those the translation memory holds (unless `cache` is off) answered
+        from it, the rest submitted as one client request (with `group`, of the client request that group already
+        stands for, from turn `first_turn`); raises what the engine's submission raises (QueueFull, ValueError),
+        before anything is under way. The one way a translator's segments go: non-streaming, streaming, files and
+        both hops of a pivot take it."""
         jobs = [(d, i) for d in docs for i in range(len(d.jobs))]
         memory = self.memory if cache else None
         keys = [self.memory_key(d, i) for d, i in jobs] if memory is not None else []
@@ -272,29 +329,21 @@ class ServedTranslator(ServedModel):
         todo = [k for k in range(len(jobs)) if not keys or keys[k] not in found]
         reqs = self.engine.submit_all([jobs[k][0].jobs[jobs[k][1]] for k in todo], one_request=True, group=group,
                                       first_turn=first_turn) if todo else []
-        pending = {asyncio.ensure_future(collect_translation(self.engine, r)): k for k, r in zip(todo, reqs, strict=True)}
-        finished: dict[str, list[StoredHypothesis]] = {}
-        try:
-            for k, key in enumerate(keys):
-                if key in found:
-                    hyps = [Hypothesis(h.text, list(h.token_ids), h.score) for h in found[key]]
-                    yield k, SegmentResult(hyps[0].text, hyps[0].token_ids, hyps, "stop")
-            while pending:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(done, key=pending.__getitem__):
-                    k = pending.pop(task)
-                    result = task.result()
-                    if memory is not None and result.finish_reason == "stop":
-                        finished[keys[k]] = [StoredHypothesis(h.text, h.token_ids, h.score) for h in result.hypotheses]
-                    yield k, result
-        finally:
-            for task in pending:
-                task.cancel()
-            for r in reqs:
-                r.cancel()
-        if memory is not None:  # in a thread: a write may wait on another process holding the file
-            await asyncio.to_thread(memory.put_many, finished)
-            self.metrics.memory_entries.set(len(memory))
+        remembered = {}
+        for k, key in enumerate(keys):
+            if key in found:
+                hyps = [Hypothesis(h.text, list(h.token_ids), h.score) for h in found[key]]
+                remembered[k] = SegmentResult(hyps[0].text, hyps[0].token_ids, hyps, "stop")
+        return TranslationRun(self, keys, remembered, dict(zip(todo, reqs, strict=True)))
+
+    async def results_as_ready(self, docs: list[DocumentJob], cache: bool = True, group: object | None = None,
+                               first_turn: int = 0) -> AsyncIterator[tuple[int, SegmentResult]]:
+        """`start`, then (k, result) for every segment as soon as it is ready (`TranslationRun.as_ready`): close it
+        at once with `contextlib.aclosing`. Engine failures are raised as they are (`engine_failure` maps them)."""
+        run = await self.start(docs, cache, group, first_turn)
+        async with aclosing(run.as_ready()) as ready:
+            async for item in ready:
+                yield item
 
     async def segment_results(self, request: Request | None, docs: list[DocumentJob], cache: bool = True,
                               on_done: Callable[[], None] | None = None) -> list[list[SegmentResult]]:
@@ -329,26 +378,13 @@ class ServedTranslator(ServedModel):
         return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,
                           doc.document.segments[i])
 
-    async def stream_tokens(self, req: SegmentRequest) -> AsyncIterator[Event]:
-        """A submitted greedy sentence's events as it is decoded; the request is cancelled when the stream ends,
-        early or not (close it at once with `contextlib.aclosing`)."""
+    async def stream(self, docs: list[DocumentJob], cache: bool = True) -> TranslationRun:
+        """A streamed translation's segments under way (`start`), or the HTTP error when the engine refuses them
+        (429 when the queue is full), before the response starts."""
         try:
-            async for event in self.engine.stream(req):
-                yield event
-        finally:
-            req.cancel()
-
-    async def segments(self, reqs: list[SegmentRequest]) -> AsyncIterator[SegmentResult]:
-        """Submitted segments' results in order, each once finished (they decode side by side); what is left is
-        cancelled when the stream ends, early or not (close it at once with `contextlib.aclosing`)."""
-        pending = [asyncio.ensure_future(collect_translation(self.engine, r)) for r in reqs]
-        try:
-            for result in pending:
-                yield await result
-        finally:
-            for r, result in zip(reqs, pending, strict=True):
-                r.cancel()
-                result.cancel()
+            return await self.start(docs, cache)
+        except (QueueFull, ValueError) as exc:
+            raise engine_failure(exc, "translation") from exc
 
     async def translate(self, request: Request, docs: list[DocumentJob], n: int = 1,
                         alignment: bool = False, cache: bool = True) -> list[TranslationOutput]:
