@@ -17,8 +17,8 @@ from tserve.service.connection import while_connected
 from tserve.service.engine import DynamicBatcher
 from tserve.service.errors import OIPError, engine_failure
 from tserve.service.schemas import AttentionRequest
+from tserve.service.served import bytes_elements
 from tserve.service.tasks import AttentionResult, ServedModel, register
-from tserve.service.tasks.base import bytes_elements
 
 
 @torch.inference_mode()

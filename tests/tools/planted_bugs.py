@@ -210,7 +210,7 @@ BUGS = [
         "await while_connected(request, collect())",
         "await (lambda _, work: work)(request, collect())",
         ("tests/http/test_http_disconnects.py::test_non_streaming_translations_are_freed_when_their_clients_leave",)),
-    Bug("batched-work-ignores-hang-ups", "tserve/service/tasks/base.py",
+    Bug("batched-work-ignores-hang-ups", "tserve/service/served.py",
         "return await while_connected(request, asyncio.gather(", "return await (lambda _, work: work)(request, asyncio.gather(",
         ("tests/http/test_http_disconnects.py::test_abandoned_classifications_are_not_computed",)),
     Bug("batcher-exceeds-max-batch-size", "tserve/service/engine/batcher.py",

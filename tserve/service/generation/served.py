@@ -21,8 +21,8 @@ from tserve.service.engine import Event, GenerationEngine, GenerationRequest, To
 from tserve.service.engine.worker import QueueFull
 from tserve.service.errors import OIPError, engine_failure
 from tserve.service.schemas import AttentionRequest
+from tserve.service.served import AttentionResult, ServedModel, bytes_elements
 from tserve.service.settings import Settings
-from tserve.service.tasks.base import AttentionResult, ServedModel, bytes_elements
 
 # OIP parameters of a completion: (type, lowest, highest); OpenAI's defaults (max_tokens 16, temperature 1).
 _OIP_PARAMETERS = {"max_tokens": (int, 1, None), "temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0),

@@ -28,7 +28,7 @@ from tserve.service.engine.output import Hypothesis
 from tserve.service.engine.translation_input import DocumentJob, Languages
 from tserve.service.errors import InvalidInput, OIPError, bad_request, engine_failure
 from tserve.service.schemas import AttentionRequest
-from tserve.service.tasks.base import AttentionResult, ServedModel, bytes_elements
+from tserve.service.served import AttentionResult, ServedModel, bytes_elements
 from tserve.service.translation.inputs import TranslationAsk, check_options, resolve_languages, resolve_source
 from tserve.service.translation.memory import StoredHypothesis, memory_key, shared_memory, weights_hash
 

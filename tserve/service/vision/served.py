@@ -16,7 +16,7 @@ from tserve.model.embeddings import embed_pixels
 from tserve.service.engine import DynamicBatcher
 from tserve.service.errors import InvalidInput, OIPError
 from tserve.service.schemas import AttentionRequest
-from tserve.service.tasks.base import AttentionResult, ServedModel, batched, bytes_elements
+from tserve.service.served import AttentionResult, ServedModel, batched, bytes_elements
 from tserve.service.vision.images import Classifier, open_image
 
 Ranked = list[tuple[str, float]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 from tserve.service.generation.served import ServedLanguageModel
-from tserve.service.tasks.base import AttentionResult, ServedModel
+from tserve.service.served import AttentionResult, ServedModel
 from tserve.service.translation.served import ServedTranslator
 from tserve.service.vision.served import ServedClassifier
 
