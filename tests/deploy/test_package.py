@@ -52,8 +52,9 @@ def test_every_file_the_architecture_map_names_exists():
 
 def _imports(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
     """Module -> the modules of `packages` it imports anywhere in its text (at the top, inside functions, under
-    TYPE_CHECKING): every edge, so that no lazy import hides a circle. A module's import of its own package
-    (`__init__`) is not an edge."""
+    TYPE_CHECKING): every edge, so that no lazy import hides a circle; importing a module is an edge to each
+    package above it too, whose `__init__` runs first. A module's import of its own package (`__init__`) is not
+    an edge."""
     import ast
 
     files = {".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): f
@@ -74,7 +75,16 @@ def _imports(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
             else:
                 continue
             graph[name] |= {t for t in map(known, targets) if t and t != name and not name.startswith(t + ".")}
+    for name, targets in graph.items():  # importing a.b.c runs a/__init__ and a/b/__init__ first
+        parents = {p for t in targets for p in _packages_of(t) if p in files}
+        graph[name] = targets | {p for p in parents if p != name and not name.startswith(p + ".")}
     return graph
+
+
+def _packages_of(module: str) -> list[str]:
+    """The packages whose `__init__` importing `module` runs: `a.b.c` -> `a`, `a.b`."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
