@@ -363,3 +363,65 @@ def test_chat_template(bpe_dir: Path, gpt2_dir: Path, marian_dir: Path) -> None:
         assert plain.chat_template is None
         with pytest.raises(ValueError, match="no chat template"):
             plain.apply_chat_template(messages)
+
+
+# --- where a checkpoint's tokenizer files disagree ---------------------------------------------------------
+# Real checkpoints carry the special tokens in up to three files that do not always agree: tokenizer.json's
+# added tokens (each flagged special or not), tokenizer_config.json (roles, and its own added_tokens_decoder
+# flags) and an older special_tokens_map.json. Each case is held to what transformers makes of the same files.
+DISAGREEING_TEXT = "hi <|im_start|>user <tool_call> x <extra> y<|im_end|> z<|endoftext|>"
+
+
+def _flag(token: str, special: bool) -> dict:
+    return {"content": token, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": special}
+
+
+@pytest.fixture(scope="module")
+def chat_backend() -> HFBackend:
+    from tokenizers import AddedToken  # noqa: PLC0415
+
+    tok = _train_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.add_tokens([AddedToken("<tool_call>", special=False, normalized=False),
+                    AddedToken("<extra>", special=False, normalized=False)])
+    return tok
+
+
+DISAGREEMENTS = {
+    # an older save (no added_tokens_decoder): special_tokens_map.json's roles win over tokenizer_config.json's
+    "older-save-map-names-another-eos": ({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+                                         {"eos_token": "<|endoftext|>", "pad_token": "<|im_start|>"}),
+    # a newer save: special_tokens_map.json is not read at all
+    "newer-save-ignores-the-map": ({"eos_token": "<|im_end|>", "added_tokens_decoder": {}},
+                                   {"eos_token": "<|endoftext|>", "pad_token": "<|im_start|>"}),
+    # the config marks special a token tokenizer.json does not: decoding leaves it out
+    "config-marks-a-token-special": ({"eos_token": "<|im_end|>",
+                                      "added_tokens_decoder": {"tool_call": _flag("<tool_call>", True)}}, None),
+    # the config unmarks one tokenizer.json marks: still special
+    "config-unmarks-a-special-token": ({"eos_token": "<|im_end|>",
+                                        "added_tokens_decoder": {"im_start": _flag("<|im_start|>", False)}}, None),
+    "additional-special-tokens": ({"eos_token": "<|im_end|>", "additional_special_tokens": ["<extra>"]}, None),
+}
+
+
+@pytest.mark.parametrize("case", DISAGREEMENTS)
+def test_disagreeing_tokenizer_files_read_as_transformers_reads_them(case, chat_backend, tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config, special_map = DISAGREEMENTS[case]
+    vocab = chat_backend.get_vocab(with_added_tokens=True)
+    if "added_tokens_decoder" in config:  # keyed by id in the file
+        config = config | {"added_tokens_decoder": {str(vocab[t["content"]]): t
+                                                    for t in config["added_tokens_decoder"].values()}}
+    chat_backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    if special_map is not None:
+        (tmp_path / "special_tokens_map.json").write_text(json.dumps(special_map))
+    ours = load_tokenizer(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    ids = theirs.encode(DISAGREEING_TEXT)
+    assert ours.encode(DISAGREEING_TEXT) == ids
+    assert (ours.bos_id, ours.eos_id, ours.pad_id) == (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id)
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ids, skip_special_tokens=False) == theirs.decode(ids, skip_special_tokens=False)

@@ -231,7 +231,11 @@ class HFTokenizer(Tokenizer):
         self._chat_template = _chat_template_of(cfg)
         added = tokenizer.get_added_tokens_decoder()
         self._added = {i: t.content for i, t in added.items()}
-        self._special = {i for i, t in added.items() if t.special} | {i for i in ids if i is not None}
+        # Special: what tokenizer.json or tokenizer_config.json's added_tokens_decoder marks so (transformers adds
+        # the config's special ones again as special; it never unmarks one), and every token with a role.
+        marked = {int(i) for i, t in (cfg.get("added_tokens_decoder") or {}).items()
+                  if isinstance(t, dict) and t.get("special")}
+        self._special = {i for i, t in added.items() if t.special} | marked | {i for i in ids if i is not None}
         self._byte_level = '"ByteLevel"' in json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
         listed = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
         codes = [t for t in map(_token_str, listed) if t and _LANGUAGE_TOKEN.fullmatch(t)]
@@ -242,10 +246,9 @@ class HFTokenizer(Tokenizer):
     def from_directory(cls, directory: str | Path) -> HFTokenizer:
         """Load tokenizer.json, or GPT-2's vocab.json + merges.txt, plus the optional config files."""
         d = Path(directory)
-        config = {
-            **_read_json(d / "special_tokens_map.json", {}),
-            **_read_json(d / "tokenizer_config.json", {}),
-        }
+        config = _read_json(d / "tokenizer_config.json", {})
+        if "added_tokens_decoder" not in config:  # an older save: its special_tokens_map.json names the roles
+            config |= _read_json(d / "special_tokens_map.json", {})  # (and wins, as transformers reads it)
         if "chat_template" not in config and (d / "chat_template.jinja").is_file():
             config["chat_template"] = (d / "chat_template.jinja").read_text(encoding="utf-8")
         if (d / "tokenizer.json").is_file():
