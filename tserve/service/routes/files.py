@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from tserve.service.engine import admission
-from tserve.service.errors import APIError, InvalidInput, bad_request, engine_failure, not_found
+from tserve.service.errors import APIError, bad_request, not_found
 from tserve.service.routes.deps import ready_registry, served_model, settings
 from tserve.service.routes.translations import served_translators
 from tserve.service.translation.file_jobs import FileJob, FileJobs
@@ -61,7 +61,7 @@ async def read_upload(request: Request, upload: object) -> tuple[str, bytes]:
 
 async def start_job(request: Request, filename: str, data: bytes, ask: TranslationAsk, model: str | None,
                     detect: bool = False) -> FileJob:
-    """Reads the file, checks the request against the route's first model (4xx now, not a failed job later)
+    """Reads the file, checks the request against every model of the route (4xx now, not a failed job later)
     and starts the job."""
     limits = _limits(request)
     try:
@@ -78,7 +78,11 @@ async def start_job(request: Request, filename: str, data: bytes, ask: Translati
     if len(hops) == 1:
         first_ask = replace(first_ask, source_lang=ask.source_lang or hops[0][1][0],
                             target_lang=ask.target_lang or hops[0][1][1])
-    (doc,) = hops[0][0].checked_documents(first_ask)
+    # The request against every hop's model once, before the job starts: not a failed job after the first hop.
+    asks = [first_ask, *(replace(hop_ask(ask, hop, [], k == len(hops) - 1), markups=[fdoc.markup])
+                         for k, hop in enumerate(hops) if k)]
+    hop_languages = [hop[0].check(hop_ask_) for hop, hop_ask_ in zip(hops, asks, strict=True)]
+    (doc,) = hops[0][0].documents(first_ask, hop_languages[0])
 
     async def work(job: FileJob) -> tuple[bytes, str]:
         current: FileDocument = fdoc
@@ -86,11 +90,7 @@ async def start_job(request: Request, filename: str, data: bytes, ask: Translati
         for k, hop in enumerate(hops):
             if k:  # the next hop reads the file the one before wrote, its markup placed by each model
                 current = await asyncio.to_thread(read_file, filename, written, limits)
-                try:
-                    (hop_doc,) = hop[0].checked_documents(
-                        replace(hop_ask(ask, hop, [], k == len(hops) - 1), markups=[current.markup]))
-                except InvalidInput as exc:
-                    raise engine_failure(exc, "translation", "invalid_value") from exc
+                (hop_doc,) = hop[0].documents(replace(asks[k], markups=[current.markup]), hop_languages[k])
                 job.total_segments = job.done_segments + len(hop_doc.jobs)
             rendered = await hop[0].translate_blocks(hop_doc, current.escape, ask.cache, job.progress)
             written = await asyncio.to_thread(current.write, rendered)

@@ -17,9 +17,9 @@ from fastapi import Request
 
 from tserve.model.language_codes import model_code, short_code
 from tserve.service.connection import while_connected
-from tserve.service.errors import InvalidInput, bad_request, engine_failure
+from tserve.service.errors import bad_request, engine_failure
 from tserve.service.registry import ModelRegistry
-from tserve.service.translation.inputs import TranslationAsk, check_options, resolve_languages
+from tserve.service.translation.inputs import TranslationAsk
 from tserve.service.translation.languages import LanguageDetector
 from tserve.service.translation.served import (
     SegmentResult,
@@ -141,25 +141,20 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
     """Each text of `ask` through the route's hops. One hop: the model's own translation. Two: sentence by
     sentence, each submitted to the second hop as soon as the first has finished it (an HTML page goes
     through each hop whole, its markup placed by each model)."""
+    # The request against every hop's model once, before any work: not a 400 after the first hop.
+    languages = [hop[0].check(hop_ask(ask, hop, ask.texts, k == len(hops) - 1)) for k, hop in enumerate(hops)]
     if len(hops) == 1 or ask.html:
         texts, prompt, completion = ask.texts, 0, 0
         for k, hop in enumerate(hops):
             last = k == len(hops) - 1
-            docs = hop[0].checked_documents(hop_ask(ask, hop, texts, last))
+            docs = hop[0].documents(hop_ask(ask, hop, texts, last), languages[k])
             prompt = prompt or sum(len(j.source_ids) for d in docs for j in d.jobs)
             outs = await hop[0].translate(request, docs, ask.n if last else 1, cache=ask.cache)
             completion += sum(len(o.token_ids) for o in outs)
             texts = [o.text for o in outs]
         return RouteResult(outs, prompt, completion)
     (first, _), (second, _) = hops  # a route is one hop or two
-    last_ask = hop_ask(ask, hops[1], ask.texts, True)
-    try:  # the request's options against the last model before any work: not a 400 after the first hop
-        check_options(last_ask, second.settings, second.engine.translator.max_target_len,
-                      second.loaded.generation.num_beams)
-        resolve_languages(second, last_ask.source_lang, last_ask.target_lang)
-    except InvalidInput as exc:
-        raise engine_failure(exc, "translation", "invalid_value") from exc
-    docs = first.checked_documents(hop_ask(ask, hops[0], ask.texts, False))
+    docs = first.documents(hop_ask(ask, hops[0], ask.texts, False), languages[0])
     turns = [turn for d in docs for turn in range(len(d.jobs))]  # each sentence's place in its document
     first_tokens: list[int] = []
     second_hop = object()  # every second-hop sentence is part of one client request there too
@@ -170,7 +165,7 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
         first_tokens.append(len(seg.token_ids))
         if not seg.text.strip():  # nothing came out of the first hop: nothing goes on
             return TranslationOutput("", [], seg.hypotheses[0].score, seg.finish_reason, [("", 0.0)])
-        (doc,) = second.checked_documents(hop_ask(ask, hops[1], [seg.text], True))
+        (doc,) = second.documents(hop_ask(ask, hops[1], [seg.text], True), languages[1])
         results: list[SegmentResult | None] = [None] * len(doc.jobs)
         async with aclosing(second.results_as_ready([doc], ask.cache, second_hop, turns[k])) as ready:
             async for i, result in ready:

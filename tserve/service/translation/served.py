@@ -286,31 +286,39 @@ class ServedTranslator(ServedModel):
         return list(self.loaded.tokenizer.language_codes)
 
     def checked_documents(self, ask: TranslationAsk) -> list[DocumentJob]:
-        """The request through the one validator (`service.translation.inputs`): its document jobs, or the HTTP
-        error (400; 422 for glossary terms that cannot fit), in the shape of the API that asked."""
+        """The request checked once (`check`) and cut into document jobs (`documents`)."""
+        return self.documents(ask, self.check(ask))
+
+    def check(self, ask: TranslationAsk) -> Languages | None:
+        """The request's rules against this model, through the one validator (`service.translation.inputs`:
+        `check_options`, `resolve_languages`), once per request and model: its languages, or the HTTP error
+        (400) in the shape of the API that asked."""
         try:
-            return self._documents(ask)
-        except (InvalidInput, ConstraintsUnmet) as exc:
+            check_options(ask, self.settings, self.engine.translator.max_target_len,
+                          self.loaded.generation.num_beams)
+            return resolve_languages(self, ask.source_lang, ask.target_lang)
+        except InvalidInput as exc:
             raise engine_failure(exc, "translation", "invalid_value") from exc
 
-    def _documents(self, ask: TranslationAsk) -> list[DocumentJob]:
-        """The request checked (`check_options`, `resolve_languages`) and cut into a document job per input (with
-        `html`, per page) whose sentences each fit the model; raises InvalidInput, or ConstraintsUnmet when
-        glossary terms cannot fit in max_tokens."""
+    def documents(self, ask: TranslationAsk, languages: Languages | None) -> list[DocumentJob]:
+        """A request `check` passed (its `languages`), cut into a document job per input (with `html`, per page)
+        whose sentences each fit the model; the HTTP error for what only the cutting finds (a sentence too long,
+        a page without text: 400; glossary terms that cannot fit in max_tokens: 422)."""
         translator = self.engine.translator
-        check_options(ask, self.settings, translator.max_target_len, self.loaded.generation.num_beams)
-        languages = resolve_languages(self, ask.source_lang, ask.target_lang)
-        if ask.markups is not None:
-            return [translator.markup_document(m, ask.num_beams, ask.max_tokens, ask.glossary, languages)
-                    for m in ask.markups]
-        make = translator.html_document if ask.html else translator.document
-        docs = []
-        for i, text in enumerate(ask.texts):
-            try:
-                docs.append(make(text, ask.num_beams, ask.max_tokens, ask.glossary, languages))
-            except InvalidInput as exc:
-                raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
-        return docs
+        try:
+            if ask.markups is not None:
+                return [translator.markup_document(m, ask.num_beams, ask.max_tokens, ask.glossary, languages)
+                        for m in ask.markups]
+            make = translator.html_document if ask.html else translator.document
+            docs = []
+            for i, text in enumerate(ask.texts):
+                try:
+                    docs.append(make(text, ask.num_beams, ask.max_tokens, ask.glossary, languages))
+                except InvalidInput as exc:
+                    raise InvalidInput(f"input {i}: {exc}", exc.code or "input_too_long") from exc
+            return docs
+        except (InvalidInput, ConstraintsUnmet) as exc:
+            raise engine_failure(exc, "translation", "invalid_value") from exc
 
     async def start(self, docs: list[DocumentJob], cache: bool = True, group: object | None = None,
                     first_turn: int = 0) -> TranslationRun:
