@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.test_speculative import mixed_prompts, run_engine
+from tests.engine.test_speculative import mixed_prompts
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.kv_rows import row_keys
 from tests.helpers.one_request import lm_tokens
+from tests.helpers.sampling_options import streamed
 from tserve.model import checkpoint
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
 from tserve.service.engine import GenerationEngine
@@ -127,7 +128,7 @@ def test_preempted_requests_finish_the_same_and_both_caches_give_every_block_bac
                               metrics=Metrics(), kv_block_size=4, kv_cache_budget=(blocks * block_bytes, None),
                               speculation=Speculation(num_tokens=4), draft=twin)
     engine.start()
-    results = run_engine(engine, jobs)
+    results = streamed(engine, jobs)
     assert [ids for ids, _ in results] == expected
     assert engine.m.preemptions._value.get() > 0
     drafted, kept = engine.m.spec_drafted._value.get(), engine.m.spec_accepted._value.get()

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.one_request import lm_tokens
+from tests.helpers.sampling_options import option_matrix, streamed
 from tserve.model import checkpoint
 from tserve.model.decoding import SamplingParams
 from tserve.service.engine import GenerationEngine
@@ -101,6 +102,29 @@ def test_requests_preempted_by_a_small_pool_finish_as_they_would_alone(lm):
     for (p, params), req in zip(jobs, reqs, strict=True):
         assert req.generated == lm_tokens(lm, p, params)
     assert engine.runner.blocks.num_in_use == 0
+
+
+def test_every_sampling_and_stopping_option_gives_the_same_from_cached_blocks_and_when_preempted(lm):
+    """Each option of the API (`sampling_options.option_matrix`), behind a shared system prompt, all in one
+    batch: with the prefix cache off, on (the second round read from cached blocks) and in a pool so small that
+    requests are preempted and recomputed, the same tokens and text (the contract of both)."""
+    system = lm.tokenizer.encode(cycle_prompts(1, seed=25, min_words=10, max_words=10)[0])
+    prompts = [system + lm.tokenizer.encode(" " + t, add_special_tokens=False) for t in cycle_prompts(2, seed=26)]
+    options = option_matrix(lm)
+    jobs = [(p, sp) for sp in options.values() for p in prompts]
+    plain = streamed(engine_of(lm, prefix_caching=False), jobs)
+    cached = engine_of(lm)
+    first, second = streamed(cached, jobs, stop=False), streamed(cached, jobs)
+    block_bytes = 4 * 2 * lm.config.n_layers * lm.config.kv_heads * lm.config.d_head * 4
+    small = engine_of(lm, max_slots=6, kv_cache_budget=(40 * block_bytes, None), max_model_len=96)
+    preempted = streamed(small, jobs)
+    for k, name in enumerate(options):
+        rows = slice(k * len(prompts), (k + 1) * len(prompts))
+        assert first[rows] == second[rows] == preempted[rows] == plain[rows], name
+    assert len({tuple(ids) for ids, _ in plain}) > len(plain) * 0.6  # the options change what is written
+    assert metric(cached, "tserve_prefix_cache_hits_total") >= len(jobs)  # the second round, at least
+    assert metric(small, "tserve_preemptions_total") > 0
+    assert cached.runner.blocks.num_in_use == small.runner.blocks.num_in_use == 0
 
 
 def test_a_soak_of_requests_gives_every_block_back(lm):

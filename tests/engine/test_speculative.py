@@ -6,7 +6,6 @@ fail."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
 
@@ -16,6 +15,7 @@ import torch
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT, cycle_prompts
 from tests.helpers.one_request import lm_tokens
+from tests.helpers.sampling_options import option_matrix, streamed
 from tserve.model import checkpoint
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, generate
 from tserve.model.decoding.speculative import JUDGED_EVERY, PAUSE_TOKENS, NgramIndex
@@ -81,24 +81,6 @@ def make_engine(lm, **kw) -> GenerationEngine:  # noqa: ANN001
     return engine
 
 
-def run_engine(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParams]]) -> list[tuple[list[int], str]]:
-    async def one(req) -> tuple[list[int], str]:  # noqa: ANN001
-        ids, text = [], ""
-        async for event in engine.stream(req):
-            ids += event.token_ids
-            text += event.text
-        return ids, text
-
-    async def run() -> list:
-        reqs = [engine.submit(p, sp) for p, sp in jobs]
-        return await asyncio.gather(*(one(r) for r in reqs))
-
-    try:
-        return asyncio.run(run())
-    finally:
-        engine.stop()
-
-
 def test_the_engine_streams_what_plain_greedy_decoding_gives(lm):
     """Five requests at once (drafting) with stop strings, logprobs and different lengths: every token, text
     and logprob equals decoding without speculation; the metrics count drafts and kept tokens. The last
@@ -113,8 +95,8 @@ def test_the_engine_streams_what_plain_greedy_decoding_gives(lm):
               SamplingParams(max_tokens=12, temperature=0.0, stop=["world"])]
     spec_engine = make_engine(lm, speculation=Speculation(num_tokens=4, max_rows=8))
     plain_engine = make_engine(lm)
-    fast = run_engine(spec_engine, list(zip(prompts, params, strict=True)))
-    plain = run_engine(plain_engine, list(zip(prompts, params, strict=True)))
+    fast = streamed(spec_engine, list(zip(prompts, params, strict=True)))
+    plain = streamed(plain_engine, list(zip(prompts, params, strict=True)))
     assert fast == plain
     # Tokens counted once each: none past a request's end (a stop string or eos among its kept draft).
     assert spec_engine.m.generated_tokens._value.get() == plain_engine.m.generated_tokens._value.get()
@@ -243,7 +225,7 @@ def test_drafts_take_only_blocks_nobody_needs_and_preempted_requests_finish_the_
                                   metrics=Metrics(), kv_block_size=4, kv_cache_budget=(blocks * block_bytes, None),
                                   speculation=Speculation(num_tokens=4))
         engine.start()
-        results = run_engine(engine, jobs)
+        results = streamed(engine, jobs)
         assert [ids for ids, _ in results] == expected
         assert engine.m.spec_accepted._value.get() > 0
         assert (engine.m.preemptions._value.get() > 0) == preempts, blocks
@@ -252,35 +234,14 @@ def test_drafts_take_only_blocks_nobody_needs_and_preempted_requests_finish_the_
 
 # Every sampling and stopping option the API accepts, each on its own and beside the others in one batch: the
 # tokens, text and logprobs with drafts are those without (the contract of speculative decoding).
-def _option_matrix(lm) -> dict[str, SamplingParams]:  # noqa: ANN001
-    eos = lm.tokenizer.eos_id
-    banned = lm.tokenizer.encode(" Hallo", add_special_tokens=False)[0]
-    return {
-        "greedy": SamplingParams(max_tokens=16, temperature=0.0),
-        "logit_bias bans a token the cycle writes": SamplingParams(max_tokens=16, temperature=0.0,
-                                                                   logit_bias={banned: -100.0}),
-        "min_tokens holds back an eos the bias makes likely": SamplingParams(
-            max_tokens=16, temperature=0.0, min_tokens=3, logit_bias={eos: 50.0}),
-        "penalties": SamplingParams(max_tokens=16, temperature=0.0, presence_penalty=0.8, frequency_penalty=0.4),
-        "stop strings": SamplingParams(max_tokens=20, temperature=0.0, stop=["Morgen", "is "]),
-        "seeded sampling, top_k": SamplingParams(max_tokens=16, temperature=0.8, top_k=5, seed=7),
-        "seeded sampling, top_p, logprobs": SamplingParams(max_tokens=16, temperature=1.2, top_p=0.9, seed=11,
-                                                          logprobs=3),
-        "seeded sampling, min_tokens, bias, stop": SamplingParams(
-            max_tokens=16, temperature=0.9, seed=5, min_tokens=4, logit_bias={eos: 6.0}, stop=["Tag"]),
-        "ignore_eos with an eos bias": SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
-                                                      logit_bias={eos: 50.0}),
-    }
-
-
 def test_every_sampling_and_stopping_option_gives_with_drafts_what_it_gives_without(lm):
     words = CYCLE_TEXT.split()[8:24]
     prompts = [*mixed_prompts(lm, 2), lm.tokenizer.encode(" ".join(words + words[:10]))]  # the last: drafts kept
-    options = _option_matrix(lm)
+    options = option_matrix(lm)
     jobs = [(p, sp) for sp in options.values() for p in prompts]
     spec_engine = make_engine(lm, speculation=Speculation(num_tokens=4, max_rows=8))
-    fast = run_engine(spec_engine, jobs)
-    plain = run_engine(make_engine(lm), jobs)
+    fast = streamed(spec_engine, jobs)
+    plain = streamed(make_engine(lm), jobs)
     for k, name in enumerate(options):
         got, want = fast[k * len(prompts):(k + 1) * len(prompts)], plain[k * len(prompts):(k + 1) * len(prompts)]
         assert got == want, name
