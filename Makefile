@@ -32,7 +32,7 @@ setup: $(BIN)/.installed
 # PYTHONDONTWRITEBYTECODE is set: every server process a test starts would otherwise compile the project again,
 # and pytest would rewrite its plugins' asserts in every worker.
 PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
-AVX2_PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.helpers.avx2_only -m pytest
+AVX2_PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tserve.testing.avx2_only -m pytest
 XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 
 # The evaluation data sets that the bundled models' tests read, prepared before the tests start, so that no two
@@ -61,7 +61,7 @@ test: setup test-data
 # The tests of `make test` whose outcome can change with the CPU's kernels (marked `kernels`: quantization, our
 # kernels, parity with `transformers`, trained-fixture equality, HTML placement, speculative acceptance) again on
 # the kernels of a CPU with AVX2 only (no AVX-512, VNNI or AMX), whatever CPU runs them: PyTorch's ATen kernels,
-# oneDNN and fbgemm are each held to AVX2 (tests/helpers/avx2_only.py). See docs/TESTING.md.
+# oneDNN and fbgemm are each held to AVX2 (tserve/testing/avx2_only.py). See docs/TESTING.md.
 test-avx2: setup test-data
 	$(AVX2_PYTEST) -m "$(AVX2_MARKS)" $(XDIST) $(PYTEST_ARGS)
 

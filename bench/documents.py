@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' server helper comes from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 SENTENCES = [
     "Click Save to keep your changes.", "The document is stored in the current folder.",
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     args = ap.parse_args(argv)
     if args.tiny:
         args.chars, args.max_tokens = 1_000, 4
-    from tests.helpers.server import ServerProcess
     from tserve.model.segmentation import split_sentences
+    from tserve.testing.server import ServerProcess
 
     text = document(args.chars)
     sentences = split_sentences(text).segments

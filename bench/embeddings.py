@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the model library and the tests' fixtures come from the repository
+sys.path.insert(0, str(ROOT))  # a script: the model library comes from the repository
 
 from tserve import model  # noqa: E402
 from tserve.model.embeddings import embed_token_lists, max_input_tokens  # noqa: E402
@@ -150,13 +150,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    if args.tiny:
-        import tempfile  # noqa: PLC0415
-
-        from tests.helpers import factories  # noqa: PLC0415
-
-        root = Path(tempfile.mkdtemp(prefix="bench-embeddings-"))
-        models = {"tiny LM": factories.tiny_lm_dir(root / "lm"), "tiny translator": factories.tiny_mt_dir(root / "mt")}
+    if args.tiny:  # the trained tiny checkpoints the tests use, as committed
+        fixtures = ROOT / "tests" / "fixtures"
+        models = {"tiny LM": fixtures / "tiny-lm", "tiny translator": fixtures / "tiny-mt"}
         domains = tiny_domains(args.per_domain, args.seed)
     else:
         models = {"tserve-lm (mean of final states)": ROOT / "models/tserve-lm",

@@ -23,15 +23,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 
 def tiny_lm(directory: Path) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tests.helpers import factories
+    from tserve.testing.checkpoints import write_bpe_tokenizer
 
-    factories.write_bpe_tokenizer(directory)
+    write_bpe_tokenizer(directory)
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=1000, n_positions=1024,
                                bos_token_id=999, eos_token_id=999)).save_pretrained(directory)

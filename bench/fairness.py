@@ -23,7 +23,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.server import ServerProcess  # noqa: E402
+from tserve.testing.server import ServerProcess  # noqa: E402
 from tserve.training.common import cpu_name  # noqa: E402
 
 

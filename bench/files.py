@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' server helper comes from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 SUBJECTS = ["The document", "The current folder", "Your printer", "The toolbar", "The status bar", "The dialog",
             "The new file", "Each page", "The spelling check", "The Navigator", "The default style", "This setting"]
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> list[tuple[str, float]]:
     args = ap.parse_args(argv)
     if args.tiny:
         args.pages, args.max_tokens, args.model = 1, 4, str(ROOT / "tests" / "fixtures" / "tiny-mt")
-    from tests.helpers.server import ServerProcess
+    from tserve.testing.server import ServerProcess
     from tserve.training.common import cpu_name
 
     data, sentences = build_docx(args.pages)

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 SHAPES = {
     "full": {
@@ -152,13 +152,13 @@ def engine_inter_token(engine, ids: list[int], params) -> float:
 def lm_checkpoint(name: str, shape: dict, workdir: Path) -> tuple[Path, int, int]:
     """(directory, vocabulary size, eos id) of a random-weight LM: GPT-2 at the run's shape, or a published
     Llama-family shape (bench/load.py's FAMILY_SIZES)."""
-    from tests.helpers import factories
-
     d = workdir / name
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        factories.write_bpe_tokenizer(d)  # ids beyond its vocabulary detokenize to nothing; fine for timing
+        from tserve.testing.checkpoints import write_bpe_tokenizer
+
+        write_bpe_tokenizer(d)  # ids beyond its vocabulary detokenize to nothing; fine for timing
         g = shape["gpt2"]
         torch.manual_seed(0)
         GPT2LMHeadModel(GPT2Config(**g, bos_token_id=g["vocab_size"] - 1,
@@ -229,14 +229,14 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
                       backend: str) -> None:
     from transformers import MarianConfig, MarianMTModel
 
-    from tests.helpers import factories
     from tserve.model import checkpoint
     from tserve.model.decoding import TranslationJob
     from tserve.service.engine import TranslationEngine
     from tserve.service.metrics import Metrics
+    from tserve.testing.checkpoints import write_marian_tokenizer
 
     d = workdir / "marian"
-    factories.write_marian_tokenizer(d)
+    write_marian_tokenizer(d)
     m = shape["marian"]
     pad = m["vocab_size"] - 1
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """What each way of quantizing int8 activations costs, one linear layer at a time, in one run.
 
     python bench/int8_linear.py                              # this CPU's kernels
-    python -m tests.helpers.avx2_only bench/int8_linear.py   # fbgemm (and ATen) held to AVX2
+    python -m tserve.testing.avx2_only bench/int8_linear.py   # fbgemm (and ATen) held to AVX2
 
 Columns: float32 `nn.Linear`; `Int8Linear` with 8-bit activations (`full`, one GEMM: PyTorch's where it sums in
 int32, else our exact kernel, tserve/model/kernels/int8_gemm.cpp; marked overflow where neither serves), with split activations (two 7-bit halves, one GEMM of twice the rows)

@@ -2,7 +2,7 @@
 against the weight pre-packed once for oneDNN (`model.packed_linear`, what served float32 CPU models use).
 
     python bench/linear_paths.py                                   # this CPU's kernels
-    python -m tests.helpers.avx2_only bench/linear_paths.py        # held to AVX2
+    python -m tserve.testing.avx2_only bench/linear_paths.py        # held to AVX2
 
 Shapes: the opus-mt-en-de shape's projections (d512, FFN 2048, its 15,900-token output layer) and a 1536 one.
 Prints µs per product (median of 60 rounds over 4 inputs) and the packed/F.linear time ratio.

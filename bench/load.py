@@ -31,7 +31,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+FIXTURES = ROOT / "tests" / "fixtures"  # the committed tiny checkpoints, whose tokenizers the random ones take
 
 SIZES = {  # GPT-2 family shapes
     "tiny": {"n_layer": 2, "n_embd": 128, "n_head": 4},
@@ -88,15 +89,15 @@ def make_prompts(n: int, words: int, seed: int = 0) -> list[str]:
 
 
 def make_gpt2(size: str, directory: Path) -> Path:
-    """A GPT-2 checkpoint with random weights, the GPT-2 tokenizer files from the test factory."""
+    """A GPT-2 checkpoint with random weights, the GPT-2 tokenizer files of the committed test fixture hf-gpt2."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tests.helpers import factories
+    from tserve.testing.checkpoints import copy_tokenizer_and_config
 
     if (directory / "model.safetensors").exists():
         return directory
-    factories.hf_gpt2_dir(directory, trained=False)  # writes tokenizer files (and a tiny model we overwrite)
+    copy_tokenizer_and_config(FIXTURES / "hf-gpt2", directory)  # vocab.json, merges.txt (the config we overwrite)
     vocab = len(json.loads((directory / "vocab.json").read_text()))
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=vocab, n_positions=1024, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
@@ -106,16 +107,17 @@ def make_gpt2(size: str, directory: Path) -> Path:
 
 
 def make_family(size: str, directory: Path) -> Path:
-    """A Llama-family checkpoint of a published shape, with random weights."""
+    """A Llama-family checkpoint of a published shape, with random weights, the tokenizer and chat template of
+    the committed test fixture of its family (hf-llama, hf-mistral, hf-qwen2, hf-qwen3)."""
     import torch
     import transformers
 
-    from tests.helpers import llama_family
+    from tserve.testing.checkpoints import copy_tokenizer_and_config
 
     if (directory / "model.safetensors").exists() or (directory / "model.safetensors.index.json").exists():
         return directory
     family, shape = FAMILY_SIZES[size]
-    llama_family.build(family, directory, train=False)  # tokenizer files (and a tiny model we overwrite)
+    copy_tokenizer_and_config(FIXTURES / f"hf-{family}", directory)  # and its config, the shape set below
     config = transformers.AutoConfig.from_pretrained(directory)
     for key, value in shape.items():
         setattr(config, key, value)
@@ -227,7 +229,7 @@ def hf_runs(path: Path, prompts: list[str], concurrency: int, max_tokens: int, t
 
 # --------------------------------------------------------------------------------------------------
 def start_server(path: Path, args: argparse.Namespace, log: Path):
-    from tests.helpers.server import ServerProcess
+    from tserve.testing.server import ServerProcess
 
     extra = ["--max-running-requests", str(max(args.concurrency) * 2), "--attention-backend", args.backend,
              "--device", args.device, "--dtype", args.dtype, "--quantize", args.quantize]

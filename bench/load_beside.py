@@ -23,17 +23,17 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.server import ServerProcess  # noqa: E402
+from tserve.testing.server import ServerProcess  # noqa: E402
 from tserve.training.common import cpu_name  # noqa: E402
 
 
 def big_checkpoint(d: Path, layers: int) -> int:
     import torch
 
-    from tests.helpers.factories import write_bpe_tokenizer
     from tserve.model.checkpoint import save_checkpoint
     from tserve.model.config import DecoderConfig
     from tserve.model.decoder import Decoder
+    from tserve.testing.checkpoints import write_bpe_tokenizer
 
     write_bpe_tokenizer(d)
     cfg = DecoderConfig(vocab_size=32000, d_model=1024, n_heads=16, d_ff=4096, n_layers=layers, max_seq_len=512,

@@ -87,15 +87,15 @@ def _per_step_ms(run, new: int, repeats: int) -> float:  # noqa: ANN001 - run(to
 
 
 def make_gpt2_small(directory: Path) -> Path:
-    """GPT-2 small as published (vocabulary 50,257, 1,024 positions), random weights; the test factory's
-    tokenizer files (the benchmark feeds token ids)."""
+    """GPT-2 small as published (vocabulary 50,257, 1,024 positions), random weights; the tokenizer files of the
+    committed test fixture hf-gpt2 (the benchmark feeds token ids)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tests.helpers import factories
+    from tserve.testing.checkpoints import copy_tokenizer_and_config
 
     if not (directory / "model.safetensors").exists():
-        factories.hf_gpt2_dir(directory, trained=False)
+        copy_tokenizer_and_config(ROOT / "tests" / "fixtures" / "hf-gpt2", directory)
         torch.manual_seed(0)
         cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_layer=12, n_embd=768, n_head=12,
                          bos_token_id=50256, eos_token_id=50256)

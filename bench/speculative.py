@@ -159,9 +159,9 @@ def gpt2_draft(directory: Path, layers: int, tiny: bool) -> Path:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tests.helpers import factories
+    from tserve.testing.checkpoints import copy_tokenizer_and_config
 
-    factories.hf_gpt2_dir(directory, trained=False)
+    copy_tokenizer_and_config(ROOT / "tests" / "fixtures" / "hf-gpt2", directory)
     torch.manual_seed(layers)
     width = dict(vocab_size=512, n_positions=256, n_embd=64, n_head=4) if tiny else \
         dict(vocab_size=50257, n_positions=1024, n_embd=768, n_head=12)

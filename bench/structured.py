@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 SCHEMA = {
     "type": "object",

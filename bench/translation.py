@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' fixture factories come from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 SHAPES = {
     "opus-mt": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=15_900, max_pos=512),
@@ -59,14 +59,14 @@ class Row:
 
 
 def make_marian(shape: dict, d: Path) -> Path:
-    """A Marian checkpoint of `shape` with random weights; the test factory's opus-mt tokenizer files, the
+    """A Marian checkpoint of `shape` with random weights; tserve.testing's opus-mt tokenizer files, the
     vocabulary padded to the shape's size so that the output layer costs what the real one does."""
     import torch
     from transformers import MarianConfig, MarianMTModel
 
-    from tests.helpers import factories
+    from tserve.testing.checkpoints import write_marian_tokenizer
 
-    vocab = factories.write_marian_tokenizer(d)
+    vocab = write_marian_tokenizer(d)
     del vocab["<pad>"]  # opus-mt's layout: <pad> is the last id
     for i in range(shape["vocab"] - 1 - len(vocab)):
         vocab[f"<extra_{i}>"] = len(vocab)
@@ -88,17 +88,17 @@ def make_marian(shape: dict, d: Path) -> Path:
 
 
 def make_nllb(shape: dict, d: Path) -> Path:
-    """An NLLB-200 (M2M100) checkpoint of `shape` with random weights and the test factory's NLLB tokenizer
-    (three language codes); the vocabulary is the shape's, so the output layer costs what the real one does."""
+    """An NLLB-200 (M2M100) checkpoint of `shape` with random weights and the NLLB tokenizer of the committed
+    test fixture hf-nllb (three language codes); the vocabulary is the shape's, so the output layer costs what
+    the real one does."""
     import torch
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
-    from tests.helpers import multilingual
+    from tserve.testing.checkpoints import copy_tokenizer_and_config
 
     if (d / "model.safetensors").exists() or (d / "model.safetensors.index.json").exists():
         return d
-    d.mkdir(parents=True, exist_ok=True)
-    multilingual.build(d, train=False)  # tokenizer files (and a tiny model we overwrite)
+    copy_tokenizer_and_config(ROOT / "tests" / "fixtures" / "hf-nllb", d)  # the config is overwritten below
     torch.manual_seed(0)
     cfg = M2M100Config(vocab_size=shape["vocab"], d_model=shape["d_model"], encoder_layers=shape["layers"],
                        decoder_layers=shape["layers"], encoder_attention_heads=shape["heads"],
@@ -213,7 +213,7 @@ async def tserve_clients(url: str, texts: list[str], beams: int, args: argparse.
 @contextlib.contextmanager
 def tserve_servers(d: Path, args: argparse.Namespace, work: Path) -> Iterator[dict[str, str]]:
     """A float32 and an int8 server of the checkpoint, both running; yields their URLs by precision."""
-    from tests.helpers.server import ServerProcess
+    from tserve.testing.server import ServerProcess
 
     rows_needed = max(args.batch, args.clients) * max(args.beams)
     # Both servers are up at once: on the real shapes each KV-cache pool is sized for this benchmark's rows (at

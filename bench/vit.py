@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # a script: the tests' server helper comes from the repository root
+sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 SHAPES = {
     "vit-s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
@@ -148,7 +148,7 @@ def pipeline_server(d: Path, args: argparse.Namespace, work: Path) -> Iterator[s
 
 @contextlib.contextmanager
 def tserve_server(d: Path, args: argparse.Namespace, work: Path) -> Iterator[str]:
-    from tests.helpers.server import ServerProcess
+    from tserve.testing.server import ServerProcess
 
     server = ServerProcess(["--model", f"vit={d}", "--batch-max-size", str(args.hf_batch)], work / "server.log",
                            env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)

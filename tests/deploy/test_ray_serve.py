@@ -22,8 +22,9 @@ import yaml
 from PIL import Image
 
 from tests.helpers import factories
-from tests.helpers.server import ROOT, ServerProcess, port_nobody_else_takes
+from tests.helpers.server import ROOT, ServerProcess
 from tserve.service.settings import Settings
+from tserve.testing.server import port_nobody_else_takes
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")

@@ -1,5 +1,5 @@
 """Builders of tiny checkpoints for tests: Hugging Face directories (saved with `save_pretrained`) and
-our own format, all with small tokenizers trained on an inline corpus.
+our own format, all with small tokenizers trained on an inline corpus (`tserve.testing.checkpoints`).
 
 The language models and translators are trained briefly (`fixture_training`) so that their outputs depend
 on the whole input. Their recipes are `RECIPES`; what the recipes yielded is committed under
@@ -8,16 +8,13 @@ fixture, and every machine tests the same weights. `trained=False` builds random
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-import sentencepiece as spm
 import torch
 
 from tests.helpers import fixture_training
-from tests.helpers.corpus import DE, EN, train_byte_bpe
 from tests.helpers.fixture_files import copy_fixture
 from tserve.model.checkpoint import GenerationDefaults, save_checkpoint
 from tserve.model.config import DecoderConfig, Seq2SeqConfig, ViTConfig
@@ -26,54 +23,13 @@ from tserve.model.preprocessing import ImagePreprocessing
 from tserve.model.seq2seq import Seq2Seq
 from tserve.model.tokenizer import load_tokenizer
 from tserve.model.vit import ViT
+from tserve.testing.checkpoints import write_bpe_tokenizer, write_marian_tokenizer
+from tserve.testing.corpus import train_byte_bpe
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-
-
-def write_bpe_tokenizer(d: Path, *, add_eos: bool = False, chat_template: str | None = None) -> int:
-    """Our layout: tokenizer.json + tokenizer_config.json. Returns the vocabulary size."""
-    d.mkdir(parents=True, exist_ok=True)
-    tok = train_byte_bpe(["<pad>", "<s>", "</s>", "<unk>"])
-    tok.save(str(d / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
-              "add_bos_token": not add_eos, "add_eos_token": add_eos}
-    if chat_template:
-        config["chat_template"] = chat_template
-    (d / "tokenizer_config.json").write_text(json.dumps(config))
-    return tok.get_vocab_size()
-
-
-def _train_spm(lines: list[str], vocab_size: int) -> bytes:
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines * 3), model_writer=model, model_type="unigram",
-        vocab_size=vocab_size, hard_vocab_limit=False, character_coverage=1.0, unk_id=0, eos_id=1,
-        bos_id=-1, pad_id=-1, num_threads=1, minloglevel=2,
-    )
-    return model.getvalue()
-
-
-def write_marian_tokenizer(d: Path) -> dict[str, int]:
-    """opus-mt layout (source.spm, target.spm, vocab.json); returns the vocabulary."""
-    d.mkdir(parents=True, exist_ok=True)
-    src = _train_spm(EN, 90)
-    tgt = _train_spm(DE, 90)
-    (d / "source.spm").write_bytes(src)
-    (d / "target.spm").write_bytes(tgt)
-    vocab = {"</s>": 0, "<unk>": 1}
-    for proto in (src, tgt):
-        sp = spm.SentencePieceProcessor(model_proto=proto)
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
-                vocab.setdefault(sp.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = len(vocab)
-    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (d / "tokenizer_config.json").write_text(json.dumps(
-        {"source_lang": "en", "target_lang": "de", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}))
-    return vocab
 
 
 # --------------------------------------------------------------------------------------------------

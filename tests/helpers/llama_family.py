@@ -21,7 +21,7 @@ import torch
 from tokenizers import Tokenizer, processors
 
 from tests.helpers import fixture_training
-from tests.helpers.corpus import DE, EN, train_byte_bpe
+from tserve.testing.corpus import DE, EN, train_byte_bpe
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tests.helpers import fixture_training
-from tests.helpers.corpus import DE, EN
+from tserve.testing.corpus import DE, EN
 
 CODES = {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn"}
 

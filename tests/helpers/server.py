@@ -1,98 +1,40 @@
-"""Runs `tserve serve` as a real server process for HTTP tests."""
+"""The HTTP tests' `tserve serve` processes: `tserve.testing.server`'s, forked from a process that has imported
+the service, and with the test-only hooks of hooked_server.py when a test asks for them."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
-import random
 import runpy
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from tserve.testing import server as testing_server
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def port_nobody_else_takes(low: int = 20000, high: int = 32767) -> int:
-    """A free port outside the kernel's ephemeral range (where `bind(0)` and outgoing connections draw theirs)
-    and outside Ray's worker ports (10002-19999): between choosing it and binding it later, no other process
-    picks it at random (Ray Serve's proxy binds its port long after it was chosen)."""
-    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    candidates = [p for p in range(low, high + 1) if not lo <= p <= hi]
-    for port in random.Random().sample(candidates, len(candidates)):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {low}-{high}")
+class ServerProcess(testing_server.ServerProcess):
+    """The tests' server process: forked from a fork server inside a test (see below), and started with the
+    test-only hooks when a test asks for them."""
 
-
-class ServerProcess:
     def __init__(self, args: list[str], log_file: Path, env: dict[str, str] | None = None,
                  step_delay_s: float = 0.0, hooks: dict[str, str] | None = None) -> None:
         """`hooks`: TSERVE_TEST_* variables of the test-only launcher hooked_server.py, which then starts the
         server; `step_delay_s`: its step delay (every engine step sleeps this long first)."""
-        self.port = port_nobody_else_takes()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_file = log_file
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         hooks = {**(hooks or {}), **({"TSERVE_TEST_STEP_DELAY_S": str(step_delay_s)} if step_delay_s else {})}
-        entry = ["-m", "tests.helpers.hooked_server"] if hooks else ["-m", "tserve"]
-        full_env.update(hooks)
-        self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
-        argv = ["serve", "--port", str(self.port), *args]
-        if _forkable(full_env):
-            self.proc: subprocess.Popen | ForkedServer = ForkedServer(entry[1], argv, full_env, log_file)
-        else:
-            self.proc = subprocess.Popen([sys.executable, *entry, *argv], cwd=ROOT, env=full_env, stdout=self._log,
-                                         stderr=subprocess.STDOUT)
+        super().__init__(args, log_file, {**(env or {}), **hooks},
+                         module="tests.helpers.hooked_server" if hooks else "tserve")
 
-    def wait_ready(self, timeout: float = 120.0) -> ServerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
-
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_file.read_text(errors="replace")[-5000:]
-
-    def metric(self, name: str, model: str, default: float | None = None) -> float:
-        """Current value of a gauge/counter sample with label model=... (`default` when it has none yet)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
-        prefix = f'{name}{{model="{model}"}} '
-        for line in text.splitlines():
-            if line.startswith(prefix):
-                return float(line[len(prefix):])
-        if default is not None:
-            return default
-        raise KeyError(f"{name} for {model} not in /metrics")
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            code = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self._log.close()
-        return code
+    def _start(self, module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen | ForkedServer:
+        if _forkable(env):
+            return ForkedServer(module, argv, env, self.log_file)
+        return super()._start(module, argv, env)
 
 
 # Server processes are forked from one that has imported the service already (multiprocessing's fork server,
@@ -100,8 +42,8 @@ class ServerProcess:
 # most of all), and the suite starts some seventy. The child is `python -m MODULE ARGV...` as a fresh process
 # would run it, with the test's environment, working directory and log; only variables the service reads when
 # it runs (TSERVE_*) may differ from the test process's, since the imports read theirs already.
-# Only in a test (bench/ scripts start theirs as new interpreters); TSERVE_TEST_FORK_SERVERS=0 starts every
-# server as a new interpreter.
+# Only in a test (the benchmarks' servers, `tserve.testing.server`'s, are new interpreters);
+# TSERVE_TEST_FORK_SERVERS=0 starts every server as a new interpreter.
 _PRELOAD = ["tserve.service.cli", "tserve.service.app", "tests.helpers.hooked_server", "tests.helpers.server"]
 _FORK_SERVER_ENV = {"OMP_NUM_THREADS": "1"}  # read when torch is imported
 _fork_context: multiprocessing.context.BaseContext | None = None

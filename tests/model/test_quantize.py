@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers.avx2_only import AVX2_ONLY
 from tserve.model.checkpoint import load
 from tserve.model.quantize import (
     Int8Linear,
@@ -24,6 +23,7 @@ from tserve.model.quantize import (
     quantize_int8,
     resolve_activations,
 )
+from tserve.testing.avx2_only import AVX2_ONLY
 from tserve.training import data as data_mod
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.

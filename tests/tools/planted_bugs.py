@@ -19,9 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.helpers.avx2_only import AVX2_ONLY  # noqa: E402
 from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
+from tserve.testing.avx2_only import AVX2_ONLY  # noqa: E402
 
 KERNELS = {"native": {}, "avx2": AVX2_ONLY}  # each bug's tests run on both
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tests.helpers.factories import DE, EN
+from tserve.testing.corpus import DE, EN
 from tserve.training.data.sources import (
     LM_CHUNK_CHARS,
     LM_TEST_FRAC,

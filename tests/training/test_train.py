@@ -16,7 +16,6 @@ import sacrebleu
 import torch
 from PIL import Image
 
-from tests.helpers.factories import DE, EN
 from tests.helpers.one_request import lm_tokens
 from tserve.model.attention import Attention
 from tserve.model.checkpoint import load
@@ -27,6 +26,7 @@ from tserve.model.preprocessing import ImagePreprocessing
 from tserve.model.seq2seq import Seq2Seq
 from tserve.model.tokenizer import load_tokenizer
 from tserve.model.vit import ViT
+from tserve.testing.corpus import DE, EN
 from tserve.training import bpe, cli, evaluate, lm, translation, vit
 from tserve.training.card import render_card
 from tserve.training.common import RunOptions, count_parameters, planned_steps, set_dropout

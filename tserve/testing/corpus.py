@@ -1,4 +1,4 @@
-"""The inline corpus every fixture's tokenizer is trained on: a few English sentences and their German
+"""The inline corpus every tiny checkpoint's tokenizer is trained on: a few English sentences and their German
 translations, and the byte-level BPE trained on them."""
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The environment that holds every kernel library of a process to what a CPU with AVX2 only (no AVX-512,
 VNNI or AMX: an AMD EPYC of the Zen 2/3 kind, say) runs, on whatever CPU runs it. The trained fixtures,
 int8, packed weights, HTML placement and the parity tests must pass there too; `make test-avx2` (run by CI
-after `make test`) and `make planted-bugs` use it.
+after `make test`) and `make planted-bugs` use it, and the benchmarks measure those kernels with it.
 
-    python -m tests.helpers.avx2_only -m pytest tests/model    # python, run with that environment
+    python -m tserve.testing.avx2_only -m pytest tests/model    # python, run with that environment
+    python -m tserve.testing.avx2_only bench/int8_linear.py
 """
 
 from __future__ import annotations
