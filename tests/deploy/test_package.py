@@ -172,3 +172,30 @@ def test_each_shared_request_limit_has_one_place():
     found = [f"{f.relative_to(ROOT)}: {w}" for f in sorted((ROOT / "tserve").rglob("*.py"))
              if f.name != "limits.py" for w in wordings if w in f.read_text()]
     assert found == []
+
+
+def test_bench_imports_nothing_from_tests():
+    """The benchmark scripts take what they share with the tests (tiny checkpoints, a server process) from the
+    package's `tserve.testing`, never from the test suite's helpers: imports at any depth, lazy ones included."""
+    import ast
+
+    found = []
+    for f in sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [f"{f.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "tests"]
+    assert found == []
+
+
+def test_the_service_model_and_training_never_import_the_testing_kit():
+    """`tserve.testing` (tiny checkpoints, a server process) is for tests and benchmarks: the service, the model
+    library and the training never import it."""
+    graph = _imports(ROOT, ("tserve",))
+    found = sorted(f"{m} -> {t}" for m, targets in graph.items() if not m.startswith("tserve.testing")
+                   for t in targets if t == "tserve.testing" or t.startswith("tserve.testing."))
+    assert found == []
