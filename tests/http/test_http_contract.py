@@ -384,7 +384,9 @@ def test_translation_stream_deltas_finish_reason_and_usage(server, loaded):
         whole = post(server, "/v1/translations", json=body).json()
         ref = mt_tokens(mt, mt.tokenizer.encode(source), 1, max_tokens)
         assert whole["data"][0]["translation"] == mt.tokenizer.decode(ref)
-        with httpx.stream("POST", server.url + "/v1/translations", json=body | {"stream": True}, timeout=60) as r:
+        # cache off: translated token by token (the translation memory would answer it in one chunk)
+        stream = body | {"stream": True, "cache": False}
+        with httpx.stream("POST", server.url + "/v1/translations", json=stream, timeout=60) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]"
