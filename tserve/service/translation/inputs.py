@@ -4,7 +4,7 @@ logit lens and embeddings): how many inputs, each one's characters, max_tokens (
 model's), num_beams and n, the glossary, and the languages (as users write them, mapped to the model's codes).
 Every rule is here and nowhere else; a broken one is an `InvalidInput` (400), which each API renders in its own
 shape (`service.errors`). The served translator applies them and cuts what passes into documents ready to submit
-(`ServedTranslator.checked_documents`)."""
+(`ServedTranslator.check`, once per request and model)."""
 
 from __future__ import annotations
 
