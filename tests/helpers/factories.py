@@ -101,17 +101,27 @@ def _hf_marian(d: Path, seed: int, train: bool, steps: int = fixture_training.ST
     return d
 
 
-def hf_vit_dir(d: Path, seed: int = 0) -> Path:
-    from transformers import ViTConfig as HFViTConfig
-    from transformers import ViTForImageClassification
+def hf_vit_dir(d: Path, seed: int = 0, family: str = "vit") -> Path:
+    """A random transformers image classifier: ViT (`family` "vit"), or DeiT ("deit": its distillation token
+    read by the class head only; "deit-teacher": a second head on it, as trained with a teacher)."""
+    import transformers
 
     d.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     labels = {i: name for i, name in enumerate(["cat", "dog", "fox", "owl", "eel", "ant", "bee"])}
-    cfg = HFViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                      image_size=16, patch_size=4, num_channels=3, id2label=labels,
-                      label2id={v: k for k, v in labels.items()})
-    ViTForImageClassification(cfg).eval().save_pretrained(d, safe_serialization=True)
+    config_class, model_class = {
+        "vit": (transformers.ViTConfig, transformers.ViTForImageClassification),
+        "deit": (transformers.DeiTConfig, transformers.DeiTForImageClassification),
+        "deit-teacher": (transformers.DeiTConfig, transformers.DeiTForImageClassificationWithTeacher)}[family]
+    cfg = config_class(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                       image_size=16, patch_size=4, num_channels=3, id2label=labels,
+                       label2id={v: k for k, v in labels.items()})
+    model = model_class(cfg).eval()
+    with torch.no_grad():  # transformers starts DeiT's tokens and positions at zero: the class and distillation
+        for name, p in model.named_parameters():  # tokens would be one token, and a swap of the two unseen
+            if name.endswith(("cls_token", "distillation_token", "position_embeddings")):
+                p.normal_(0, 0.5)
+    model.save_pretrained(d, safe_serialization=True)
     (d / "preprocessor_config.json").write_text(json.dumps({
         "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5], "resample": 2, "rescale_factor": 1 / 255, "size": {"height": 16, "width": 16}}))

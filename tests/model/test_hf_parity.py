@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import factories
 from tests.helpers.beam_parity import BeamParity, hf_beam_hypotheses
 from tests.helpers.fixture_training import (
     assert_varied,
@@ -111,10 +112,14 @@ def test_marian_beam_search_identical(hf_marian):
     assert_varied(beams)
 
 
-def test_vit_logits_and_top5(hf_vit):
-    ours = load(hf_vit)
-    hf = transformers.ViTForImageClassification.from_pretrained(hf_vit).eval()
+@pytest.mark.parametrize("family", ["vit", "deit", "deit-teacher"])
+def test_image_classifier_logits_and_top5(family, hf_vit, tmp_path):
+    """ViT, and DeiT with its distillation token (with a teacher: its own head, the two averaged)."""
+    directory = hf_vit if family == "vit" else factories.hf_vit_dir(tmp_path / family, family=family)
+    ours = load(directory)
+    hf = transformers.AutoModelForImageClassification.from_pretrained(directory).eval()
     assert ours.labels[:2] == ["cat", "dog"] and ours.preprocessing.image_size == 16
+    assert ours.model.token_names()[:2] == (["[CLS]", "patch(0,0)"] if family == "vit" else ["[CLS]", "[DIST]"])
     pixels = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = hf(pixel_values=pixels).logits

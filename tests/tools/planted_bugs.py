@@ -28,6 +28,13 @@ KERNELS = {"native": {}, "avx2": AVX2_ONLY}  # each bug's tests run on both
 
 
 BUGS = [
+    Bug("deit-teacher-head-ignored", "tserve/model/vit.py",
+        "        if self.head_dist is not None:", "        if False:",
+        ("tests/model/test_hf_parity.py::test_image_classifier_logits_and_top5", "tests/http/test_image_families_http.py::test_classifications_and_embeddings_are_transformers")),
+    Bug("deit-class-and-distillation-tokens-swapped", "tserve/model/vit.py",
+        "prefix = [self.cls_token] if self.dist_token is None else [self.cls_token, self.dist_token]",
+        "prefix = [self.cls_token] if self.dist_token is None else [self.dist_token, self.cls_token]",
+        ("tests/model/test_hf_parity.py::test_image_classifier_logits_and_top5",)),
     Bug("lm-decode-reads-another-requests-kv-slot", "tserve/model/decoding/lm_runner.py",
         "self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,",
         "self.cache, torch.tensor([s.slot for s in seqs][1:] + [s.slot for s in seqs][:1], device=dev), "

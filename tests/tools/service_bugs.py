@@ -7,6 +7,10 @@ from __future__ import annotations
 from tests.tools.planted_bug import Bug
 
 SERVICE_BUGS = [
+    Bug("attention-picture-takes-deits-distillation-token-for-a-patch", "tserve/service/routes/attention.py",
+        "            patches = served.loaded.config.n_prefix_tokens  # where the patches start",
+        "            patches = 1  # where the patches start",
+        ("tests/http/test_image_families_http.py::test_the_attention_picture_reads_the_class_tokens_attention_to_the_patches",)),
     Bug("cancel-is-a-no-op", "tserve/service/engine/request.py",
         "the engine frees its rows next step.\"\"\"\n        self.cancelled = True",
         "the engine frees its rows next step.\"\"\"\n        pass",

@@ -69,7 +69,7 @@ def weight_count(loaded: LoadedModel, layers: Sequence[int] | None, heads: Seque
         return (selected("encoder.self") * n_tokens * n_tokens + selected("decoder.self") * t * t
                 + selected("decoder.cross") * t * n_tokens)
     if isinstance(cfg, ViTConfig):
-        n_tokens = cfg.grid_size**2 + 1  # [CLS] and the patches
+        n_tokens = cfg.grid_size**2 + cfg.n_prefix_tokens  # [CLS] (DeiT: [DIST]) and the patches
     return selected(next(iter(layer_counts(loaded)))) * n_tokens * n_tokens
 
 

@@ -168,7 +168,9 @@ class Seq2SeqConfig(BlockConfig):
 
 @dataclass
 class ViTConfig(BlockConfig):
-    """Vision Transformer classifier: patch embedding, class token, learned positions, linear head."""
+    """Vision Transformer classifier: patch embedding, class token, learned positions, linear head. DeiT adds
+    a distillation token after the class token (`distillation_token`) and, trained with a teacher, a head of its
+    own whose logits are averaged with the class token's (`distillation_head`)."""
 
     image_size: int = 28
     patch_size: int = 4
@@ -177,6 +179,8 @@ class ViTConfig(BlockConfig):
     n_classes: int = 10
     norm_eps: float = 1e-6
     activation: Activation = "gelu"
+    distillation_token: bool = False
+    distillation_head: bool = False
 
     architecture: ClassVar[str] = "vit"
 
@@ -188,8 +192,15 @@ class ViTConfig(BlockConfig):
     def n_patches(self) -> int:
         return self.grid_size**2
 
+    @property
+    def n_prefix_tokens(self) -> int:
+        """The tokens before the patches: the class token, and DeiT's distillation token."""
+        return 2 if self.distillation_token else 1
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.distillation_head and not self.distillation_token:
+            raise ValueError("distillation_head reads the distillation token: set distillation_token too")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
 

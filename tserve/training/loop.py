@@ -72,7 +72,7 @@ def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.ndim >= 2 and "pos_emb" not in name and "cls_token" not in name else no_decay).append(p)
+        (decay if p.ndim >= 2 and not any(t in name for t in ("pos_emb", "cls_token", "dist_token")) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = all(p.is_cuda for p in decay + no_decay)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused or None)

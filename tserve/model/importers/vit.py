@@ -36,13 +36,14 @@ def extras(raw: dict[str, Any], path: Path, cfg: ViTConfig) -> dict[str, Any]:
     return {"labels": labels, "preprocessing": ImagePreprocessing.from_hf(pre_cfg, cfg.image_size, cfg.n_channels)}
 
 
-def weights(cfg: ViTConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
+def weights(cfg: ViTConfig, hf: WeightSource, heads: dict[str, str] | None = None) -> Iterator[tuple[str, Tensor]]:
+    """`heads`: our classifier head(s) by the checkpoint's name for each (ViT's: `classifier`)."""
     hf.strip_prefix("vit.")
     yield "cls_token", hf["embeddings.cls_token"]
     yield "pos_emb", hf["embeddings.position_embeddings"]
     yield "patch_embed.weight", hf["embeddings.patch_embeddings.projection.weight"]
     yield "patch_embed.bias", hf["embeddings.patch_embeddings.projection.bias"]
-    for ours, theirs in (("norm", "layernorm"), ("head", "classifier")):
+    for ours, theirs in (("norm", "layernorm"), *(heads or {"head": "classifier"}).items()):
         yield f"{ours}.weight", hf[f"{theirs}.weight"]
         yield f"{ours}.bias", hf[f"{theirs}.bias"]
     for i in range(cfg.n_layers):

@@ -57,7 +57,8 @@ async def attention(body: AttentionRequest, request: Request) -> Any:
         return {"model": served.name, **am.to_bertviz(maps)}
     if body.format == "png":
         if result.image is not None:
-            cls = am.attention_rollout(maps)[0, 1:] if body.rollout else maps[-1].weights.mean(0)[0, 1:]
+            patches = served.loaded.config.n_prefix_tokens  # where the patches start
+            cls = am.attention_rollout(maps)[0, patches:] if body.rollout else maps[-1].weights.mean(0)[0, patches:]
             title = "rollout" if body.rollout else f"layer {maps[-1].layer}, heads averaged"
             png = image_overlay(result.image, cls, served.loaded.config.grid_size, f"[CLS] attention, {title}")
         else:

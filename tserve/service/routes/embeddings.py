@@ -80,7 +80,8 @@ async def create_embeddings(request: Request) -> Any:
                 items.append(await asyncio.to_thread(served.classifier.preprocess, blob))
             except InvalidInput as exc:
                 raise bad_request(f"image {i}: {exc}", "invalid_image") from exc
-        tokens = len(items) * (served.loaded.config.grid_size ** 2 + 1)  # patches and the class token
+        cfg = served.loaded.config
+        tokens = len(items) * (cfg.n_patches + cfg.n_prefix_tokens)  # the patches, the class (DeiT: distillation) token
     else:
         if body.input is None:
             raise bad_request("give 'input' (text) or, for an image model, 'image' / 'images' / 'file'",
