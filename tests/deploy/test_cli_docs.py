@@ -176,3 +176,26 @@ def test_unknown_checkpoint_ends_the_process(tmp_path):
         assert last.startswith("tserve: models failed to load:") and "nonsense" in last
     finally:
         srv.stop()
+
+
+def test_a_test_server_whose_port_was_taken_meanwhile_starts_on_another(tmp_path, monkeypatch):
+    """Between a port's choice and its bind another process may take it (the suite's workers start servers at
+    once): the server process then starts again on another port instead of failing the test."""
+    import socket
+
+    from tests.helpers import factories
+    from tests.helpers.server import ServerProcess
+    from tserve.testing import server as testing_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        choose = testing_server.port_nobody_else_takes
+        monkeypatch.setattr(testing_server, "port_nobody_else_takes", lambda: next(ports, None) or choose())
+        srv = ServerProcess(["--model", f"lm={factories.tiny_lm_dir(tmp_path / 'lm')}"], tmp_path / "server.log")
+        try:
+            srv.wait_ready()
+            assert srv.port != taken.getsockname()[1] and "address already in use" in srv.log()
+        finally:
+            srv.stop()

@@ -38,12 +38,20 @@ class ServerProcess:
                  module: str = "tserve") -> None:
         """`python -m MODULE serve --port PORT ARGS` (`module`: tserve, or a launcher that takes its command
         line), with `env` over this process's environment, its output in `log_file`."""
+        self.log_file = log_file
+        self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
+        self._launch = (module, args, {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        self._port_tries = 3  # launches on a port another process took first
+        self._launch_on_a_free_port()
+
+    def _launch_on_a_free_port(self) -> None:
+        module, args, env = self._launch
         self.port = port_nobody_else_takes()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_file = log_file
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        self._log = open(log_file, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = self._start(module, ["serve", "--port", str(self.port), *args], full_env)
+        self._log.flush()
+        self._log_from = self.log_file.stat().st_size  # this launch's part of the log starts here
+        self._port_tries -= 1
+        self.proc = self._start(module, ["serve", "--port", str(self.port), *args], env)
 
     def _start(self, module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         """The server's process: a new interpreter."""
@@ -54,6 +62,12 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                with open(self.log_file, "rb") as f:
+                    f.seek(self._log_from)
+                    taken = b"address already in use" in f.read()
+                if taken and self._port_tries > 0:  # another process bound the port between its choice and now
+                    self._launch_on_a_free_port()
+                    continue
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
