@@ -1,4 +1,4 @@
-"""Mutation testing of the engines, the KV cache, sampling / beam search and the batcher with mutmut
+"""Mutation testing of the engines, the decoding code, the KV cache and the service layer with mutmut
 (`make mutation`; not part of `make test` or CI). What is mutated and which tests run is in
 pyproject.toml's [tool.mutmut]; docs/TESTING.md ("Mutation testing") has the last results.
 
@@ -6,6 +6,8 @@ pyproject.toml's [tool.mutmut]; docs/TESTING.md ("Mutation testing") has the las
     python tests/tools/mutation.py --sample 0            # every mutant
     python tests/tools/mutation.py --seed 7 --sample 200 --time-limit 90
     python tests/tools/mutation.py --reuse NAME ...      # re-run given mutants (globs allowed) on the last run's stats
+    python tests/tools/mutation.py --sample 200 'tserve.service.*'   # a sample of the mutants the globs match
+    python tests/tools/mutation.py --per-package 40      # 40 from each package (service.translation, model.decoding, ...)
 
 1. mutants/ is made afresh (with --reuse the previous one, and mutmut's stats of which tests call which
    function, are kept), and mutmut writes every mutant of the mutated files into it.
@@ -16,8 +18,9 @@ pyproject.toml's [tool.mutmut]; docs/TESTING.md ("Mutation testing") has the las
 3. At the time limit mutmut is interrupted (SIGINT: it stops its workers and keeps the verdicts it has);
    mutants it did not reach count as "not checked". mutmut starts with the mutants whose tests are quickest,
    so a cut-off leaves the slow ones out: a smaller sample is the fairer way to fit the limit.
-4. The kill rate (killed / sampled, timeouts counted as killed) and every survivor's diff are printed, and
-   written to mutants/mutation-report.txt.
+4. The kill rate (killed / sampled, timeouts counted as killed), the score of each package and module
+   (killed / checked: the time limit's leftovers are not checked, a mutant no test reaches is checked and
+   not killed) and every survivor's diff are printed, and written to mutants/mutation-report.txt.
 """
 
 from __future__ import annotations
@@ -39,8 +42,34 @@ KILLED = {"killed", "timeout", "caught by type check"}
 
 
 def module_of(name: str) -> str:
-    """tserve.model.kv_cache.xǁKVCacheǁwrite__mutmut_3 -> model.kv_cache"""
-    return ".".join(name.removeprefix("tserve.").split(".")[:2])
+    """tserve.model.kv_cache.xǁKVCacheǁwrite__mutmut_3 -> model.kv_cache (a mutant's name is its module's
+    dotted path, then the function's, which has no dot)"""
+    return name.removeprefix("tserve.").rsplit(".", 1)[0]
+
+
+def package_of(name: str) -> str:
+    """tserve.service.translation.routing.x_pick_route__mutmut_2 -> service.translation; a module right
+    under tserve/ (none is mutated now) is its own package."""
+    module = module_of(name)
+    return module.rsplit(".", 1)[0] if "." in module else module
+
+
+def scores(picked: dict[str, str], group) -> list[str]:  # noqa: ANN001 - group: name -> its module or package
+    """One line per group: killed (timeouts included) / checked, where checked leaves out the mutants the
+    time limit stopped mutmut before (a "no tests" mutant is checked and not killed), and the sample."""
+    tally: dict[str, Counter] = {}
+    for name, st in picked.items():
+        c = tally.setdefault(group(name), Counter())
+        c["killed"] += st in KILLED
+        c["checked"] += st != "not checked"
+        c["sampled"] += 1
+    lines = []
+    for key, c in sorted(tally.items()):
+        rate = f"{100 * c['killed'] / c['checked']:5.1f}%" if c["checked"] else "    -"
+        unchecked = c["sampled"] - c["checked"]
+        lines.append(f"  {key:<40} {c['killed']:>4} / {c['checked']:<4} = {rate}"
+                     + (f"  ({unchecked} of {c['sampled']} sampled not checked)" if unchecked else ""))
+    return lines
 
 
 def generate() -> list[str]:
@@ -148,12 +177,8 @@ def report(sample: list[str], cut_off: bool, started: datetime, elapsed_s: float
         f"kill rate: {killed}/{len(picked)} = {100 * killed / max(1, len(picked)):.1f}% of the sample"
         + (f" ({killed}/{checked} = {100 * killed / max(1, checked):.1f}% of those checked)" if checked < len(picked) else ""),
     ]
-    by_module: dict[str, list[int]] = {}
-    for name, st in picked.items():
-        tally = by_module.setdefault(module_of(name), [0, 0])
-        tally[0] += st in KILLED
-        tally[1] += 1
-    lines.append("by module: " + ", ".join(f"{m} {k}/{n}" for m, (k, n) in sorted(by_module.items())))
+    lines += ["by package (killed / checked):", *scores(picked, package_of),
+              "by module (killed / checked):", *scores(picked, module_of)]
     for title, names in (("survived", survivors), ("no tests call the mutated function", untested),
                          ("other (not checked, suspicious, segfault, ...)", other)):
         if names:
@@ -178,8 +203,11 @@ def ensure_mutmut() -> None:
 def main(argv: list[str] | None = None) -> int:
     ensure_mutmut()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", help="mutant names or globs to run instead of a sample")
-    ap.add_argument("--sample", type=int, default=300, help="how many mutants to sample (0: all; default 300)")
+    ap.add_argument("names", nargs="*", help="mutant names or globs: run these (with --sample, a sample of them)")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="how many mutants to sample (0: all; default 300, or all those NAMES match)")
+    ap.add_argument("--per-package", type=int, default=0, metavar="N",
+                    help="sample N mutants from each package (of those NAMES match, if given) instead")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="minutes before mutmut is stopped (default 60)")
     ap.add_argument("--max-children", type=int, default=max(1, min(2, os.cpu_count() or 1)),
@@ -193,14 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reuse and Path("mutants").exists():
         shutil.rmtree("mutants")
     everything = generate()
-    if args.names:
+    pool, size = everything, 300 if args.sample is None else args.sample
+    if args.names:  # the mutants they match; a sample of those only with --sample
         import fnmatch
 
-        sample = [n for n in everything if any(fnmatch.fnmatchcase(n, p) for p in args.names)]
-    elif 0 < args.sample < len(everything):
-        sample = sorted(random.Random(args.seed).sample(everything, args.sample))
+        pool = [n for n in everything if any(fnmatch.fnmatchcase(n, p) for p in args.names)]
+        size = args.sample or 0
+    if args.per_package:  # the same number from each package (all of a smaller one), so that each has a score
+        rng, sample = random.Random(args.seed), []
+        for package in sorted({package_of(n) for n in pool}):
+            names = [n for n in pool if package_of(n) == package]
+            sample += rng.sample(names, args.per_package) if args.per_package < len(names) else names
+        sample.sort()
     else:
-        sample = everything
+        sample = sorted(random.Random(args.seed).sample(pool, size)) if 0 < size < len(pool) else pool
     per_file = Counter(module_of(n) for n in sample)
     print(f"{len(everything)} mutants in all; testing {len(sample)}: "
           + ", ".join(f"{k} {v}" for k, v in sorted(per_file.items())), flush=True)
