@@ -66,3 +66,9 @@ def test_reserved_rows_hold_back_only_a_client_that_already_holds_rows() -> None
     assert takes_reserved_rows(needed=2, free_rows=2, reserved_rows=1, client_holds_rows=True) is True
     assert takes_reserved_rows(needed=2, free_rows=2, reserved_rows=1, client_holds_rows=False) is False
     assert takes_reserved_rows(needed=2, free_rows=2, reserved_rows=0, client_holds_rows=True) is False
+
+
+def test_a_client_never_admitted_goes_before_one_admitted_first_of_all() -> None:
+    # the worker counts admissions from 1: a client admitted once has 1, one never admitted has none
+    waiting = [Waiting("a1", "a"), Waiting("c0", "c")]
+    assert names(admission_order(waiting, {"a": 1})) == ["c0", "a1"]

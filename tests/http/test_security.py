@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tserve.service.app import build_app
-from tserve.service.security import KeyChecker
+from tserve.service.security import APIKeyMiddleware, KeyChecker, KeyGate, bearer_token, key_priority
 from tserve.service.settings import Settings
 
 KEY = "sk-test-0123456789abcdef"
@@ -43,6 +43,7 @@ def test_api_key_required(headers, status):
     assert resp.status_code == status
     if status == 401:
         assert resp.json()["error"]["code"] == "invalid_api_key"
+        assert resp.json()["error"]["message"] == "missing or invalid API key: send 'Authorization: Bearer <key>'"
         assert resp.headers["www-authenticate"] == "Bearer"
 
 
@@ -80,7 +81,7 @@ def test_in_flight_limit_per_key():
         await gate.wait()
         return {"ok": True}
 
-    async def go() -> tuple[int, int, int]:
+    async def go() -> tuple[int, httpx.Response, int, int, int]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
             first = asyncio.create_task(c.get("/slow", headers={"Authorization": f"Bearer {KEY}"}))
@@ -88,10 +89,23 @@ def test_in_flight_limit_per_key():
             second = await c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
             other = await c.get("/v1/models", headers={"Authorization": "Bearer k2"})
             gate.set()
-            return (await first).status_code, second.status_code, other.status_code
+            first_status = (await first).status_code
+            # the first request's slot is given back when it ends, once: the key is admitted again, and again
+            # up to its limit only
+            again = await c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+            gate.clear()
+            held = asyncio.create_task(c.get("/slow", headers={"Authorization": f"Bearer {KEY}"}))
+            await asyncio.sleep(0.05)
+            over = await c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+            gate.set()
+            await held
+            return first_status, second, other.status_code, again.status_code, over.status_code
 
-    first, second, other = run(go())
-    assert (first, second, other) == (200, 429, 200)
+    first, second, other, again, over = run(go())
+    assert (first, second.status_code, other, again, over) == (200, 429, 200, 200, 429)
+    assert second.headers["retry-after"] == "1"
+    assert second.json()["error"]["code"] == "rate_limit_exceeded"
+    assert second.json()["error"]["message"] == "this API key has 1 requests in flight; retry later"
 
 
 def test_cors_closed_by_default_and_open_when_configured():
@@ -183,3 +197,34 @@ def test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority():
                          {"client": ["key", 2], "priority": -2}, {"client": ["key", 0], "priority": 3},
                          {"client": ["key", 0], "priority": 7}, {"client": ["key", 1], "priority": -5},
                          {"client": ["address", "10.0.0.7"], "priority": 0}]
+
+
+def test_a_keys_priority_is_the_integer_after_its_last_colon():
+    assert [key_priority(e) for e in ("ka:3", "k:c:-2", "kb", "k:x", ":5", "k:", "k:-", "k:+1")] == [
+        ("ka", 3), ("k:c", -2), ("kb", None), ("k:x", None), (":5", None), ("k:", None), ("k:-", None),
+        ("k:+1", None)]
+
+
+def test_a_bearer_token_is_read_from_the_authorization_header_alone():
+    def scope(*headers: tuple[bytes, bytes]) -> dict:
+        return {"headers": list(headers)}
+
+    assert bearer_token(scope((b"x-other", b"Bearer no"), (b"authorization", b"Bearer  tok \t"))) == "tok"
+    assert bearer_token(scope((b"authorization", b"Basic tok"))) == ""
+    assert bearer_token(scope()) == ""
+
+
+def test_the_middleware_lets_through_the_paths_whose_routes_check_the_key():
+    seen: list[str] = []
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        seen.append(scope["path"])
+
+    async def sent(message) -> None:  # noqa: ANN001
+        pass
+
+    middleware = APIKeyMiddleware(app, KeyGate([KEY], 0), ["/healthz"], frozenset({"/translate"}),
+                                  ("/v2/repository/",))
+    for path in ("/healthz", "/translate", "/v2/repository/m/load", "/v1/models", "/translate/x", "/v2/repository"):
+        run(middleware({"type": "http", "path": path, "headers": [], "client": ("1.2.3.4", 1)}, None, sent))
+    assert seen == ["/healthz", "/translate", "/v2/repository/m/load"]

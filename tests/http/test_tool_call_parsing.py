@@ -117,3 +117,32 @@ def test_several_calls_in_one_streamed_reply_rebuild_by_index(mode):
         ("get_weather", {"city": "Bern"}), ("get_time", {}), ("get_weather", {"city": "Ulm"})]
     assert len({c["id"] for c in calls}) == 3
     assert not any("content" in d and d["content"] for d in deltas)
+
+
+def test_the_required_schema_allows_each_tool_with_its_own_arguments_and_nothing_else():
+    schema = json.loads(tool_mode([WEATHER], "required", None).constraint.spec)
+    assert schema == {"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": "get_weather"},
+                                          "arguments": WEATHER["function"]["parameters"]},
+         "required": ["name", "arguments"], "additionalProperties": False}]}}
+
+
+def test_a_call_whose_arguments_are_not_an_object_is_not_a_call():
+    auto = tool_mode([WEATHER, TIME], "auto", None)
+    for text in ('<tool_call>{"name": "get_time", "arguments": [1]}</tool_call>',
+                 '{"name": "get_time", "parameters": "[1]"}'):
+        assert parse_output(auto, text) == (text, [])
+
+
+def test_stream_deltas_in_full():
+    named = ToolStream(tool_mode([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None))
+    head, _ = named.deltas("{", None)
+    assert head[0] == {"tool_calls": [{"index": 0, "id": named.call.id, "type": "function",
+                                       "function": {"name": "get_weather", "arguments": ""}}]}
+    prose = ToolStream(tool_mode([WEATHER], "auto", None))
+    prose.deltas("Hello", None)
+    assert prose.deltas("", "stop") == ([], "stop")  # an event without text adds no empty delta
+    calls_then_text = ToolStream(tool_mode([TIME], "auto", None))
+    deltas, finish = calls_then_text.deltas('<tool_call>{"name": "get_time", "arguments": {}}</tool_call> Done.',
+                                            "stop")
+    assert deltas[0] == {"content": "Done."} and finish == "tool_calls"

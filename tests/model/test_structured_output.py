@@ -214,3 +214,11 @@ def test_a_model_that_writes_json_like_text_is_always_valid_under_the_schema(tmp
             assert text == free_text
         else:
             assert text != free_text
+
+
+def test_without_llguidance_a_constraint_says_what_is_missing(monkeypatch):
+    import tserve.model.decoding.structured as structured
+
+    monkeypatch.setattr(structured, "llguidance", None)
+    with pytest.raises(GrammarError, match="^structured output needs the llguidance package$"):
+        Constraint("json", "{}").grammar()
