@@ -146,3 +146,17 @@ def test_a_draft_model_and_prompt_lookup_are_not_asked_for_together():
     with pytest.raises(ValueError, match="choose one"):
         Settings(draft_model="some/model", speculative="ngram")
     assert Settings(draft_model="some/model").draft_model == "some/model"
+
+
+def test_a_draft_model_of_another_vocabulary_size_is_refused_naming_both_sizes():
+    from types import SimpleNamespace
+
+    from tserve.model.decoding.draft_model import check_same_vocabulary
+
+    def model(path: str, size: int) -> SimpleNamespace:
+        return SimpleNamespace(path=path, tokenizer=SimpleNamespace(vocab_size=size, id_to_token=str))
+
+    with pytest.raises(ValueError, match=r"^the draft model \(d\) has another vocabulary than the model it drafts for "
+                                         r"\(t\): 9 tokens against 10; a draft model must use the same tokenizer$"):
+        check_same_vocabulary(model("t", 10), model("d", 9))
+    check_same_vocabulary(model("t", 10), model("d", 10))

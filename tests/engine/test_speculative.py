@@ -63,6 +63,25 @@ def test_a_draft_is_what_followed_the_latest_occurrence_of_the_longest_suffix():
     assert NgramIndex(1, 1).draft([4, 4, 4], 5) == [4]  # the continuation ends where the sequence does
 
 
+def _draft_by_search(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The same rule by a search of the whole sequence: the longest suffix of min_n..max_n tokens that occurred
+    earlier, and what followed its latest earlier occurrence."""
+    for n in range(max_n, min_n - 1, -1):
+        ends = [end for end in range(n, len(tokens)) if tokens[end - n:end] == tokens[len(tokens) - n:]]
+        if len(tokens) >= n and ends:
+            return tokens[ends[-1]:ends[-1] + k]
+    return []
+
+
+def test_a_draft_from_the_index_kept_up_to_date_equals_one_from_a_search_of_the_sequence():
+    rng = random.Random(3)
+    for min_n, max_n in ((1, 3), (2, 2), (2, 4)):
+        index, tokens = NgramIndex(min_n, max_n), []
+        for _ in range(120):  # one token, sometimes several, between drafts, as a sequence grows
+            tokens += [rng.randrange(4) for _ in range(rng.choice((1, 1, 3)))]
+            assert index.draft(tokens, 3) == _draft_by_search(tokens, 3, min_n, max_n), (min_n, max_n, tokens)
+
+
 def test_greedy_output_is_identical_with_speculation_and_drafts_are_both_kept_and_rejected(lm):
     prompts = mixed_prompts(lm, 12)
     params = [SamplingParams(max_tokens=8 + 3 * i, temperature=0.0) for i in range(len(prompts))]

@@ -248,3 +248,18 @@ def test_an_xml_part_keeps_the_declaration_it_had():
         b"<?xml version='1.0' encoding='UTF-8' standalone='yes'?>\n<a/>"
     assert written(b"<?xml version='1.0' standalone='yes'?><a/>").startswith(b"<?xml version='1.0' encoding='UTF-8' standalone='yes'?>")
     assert written(b'<?xml version="1.0"?><a/>') == b"<?xml version='1.0' encoding='UTF-8'?>\n<a/>"
+
+
+def test_refusals_say_what_is_wrong_with_the_file():
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z, pytest.warns(UserWarning, match="Duplicate name"):
+        z.writestr("word/document.xml", b"<a/>")
+        z.writestr("word/document.xml", b"<b/>")
+    assert "entry named 'word/document.xml'" in refused("twice.docx", out.getvalue(), "hostile_file")
+    assert "word/document.xml is not well-formed XML" in refused(
+        "broken.docx", _docx_with({"word/document.xml": b"<w:document"}), "file_mismatch")
+    assert "the file is not an .odp file" in refused("slides.odp", build("odt", SENTENCES, MARKED), "file_mismatch")
+    assert "the file is not UTF-8 text" in refused("notes.txt", b"caf\xe9", "file_mismatch")
+    for name in ("blank.txt", "blank.md"):
+        assert refused(name, b" \n\n ", "empty_input").startswith("the file holds no text to translate")
+    assert read_file("a.txt", b"hello", Limits()).media_type == "text/plain; charset=utf-8"

@@ -72,3 +72,21 @@ def test_a_constraint_left_unfinished_counts_for_nothing():
     assert beam.partial is None and not beam.met and search._placed(beam) == 0
     beam = search._step(search._step(beam, 7, -1.0), 8, -1.0)
     assert beam.met == {0} and search._placed(beam) == 2
+
+
+def test_a_finished_hypothesis_is_scored_with_the_length_penalty():
+    table = bigram_table(1)
+    settings = BeamSettings(num_beams=4, max_new_tokens=12, eos_token_id=EOS, length_penalty=0.5)
+    search = ConstrainedBeamSearch(settings, START, [[7, 8, 9]], ["789"])
+    run(search, table)
+    for ids, score in search.hypotheses(4):
+        previous = [START] + ids[:-1]
+        total = sum(table[p, t].item() for p, t in zip(previous, ids, strict=True))
+        assert score == pytest.approx(total / len(ids) ** 0.5, abs=1e-5)
+
+
+def test_empty_constraints_are_refused():
+    settings = BeamSettings(num_beams=2, max_new_tokens=4, eos_token_id=EOS)
+    for constraints in ([], [[5], []]):
+        with pytest.raises(ValueError, match="^constraints must be non-empty token lists$"):
+            ConstrainedBeamSearch(settings, START, constraints)

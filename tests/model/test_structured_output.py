@@ -222,3 +222,36 @@ def test_without_llguidance_a_constraint_says_what_is_missing(monkeypatch):
     monkeypatch.setattr(structured, "llguidance", None)
     with pytest.raises(GrammarError, match="^structured output needs the llguidance package$"):
         Constraint("json", "{}").grammar()
+
+
+def test_the_most_recently_used_grammars_are_kept(lms, monkeypatch):
+    import tserve.model.decoding.structured as structured
+
+    compiler = lms["gpt2"].runner.grammars
+    monkeypatch.setattr(structured, "MAX_CACHED_GRAMMARS", 2)
+    first, second = (compiler.compile(Constraint("regex", f"kept{i}[0-9]")) for i in range(2))
+    assert compiler.compile(Constraint("regex", "kept0[0-9]")) is first  # used again: the newest now
+    compiler.compile(Constraint("regex", "kept2[0-9]"))  # one too many: the least recently used goes
+    assert compiler.compile(Constraint("regex", "kept0[0-9]")) is first
+    assert compiler.compile(Constraint("regex", "kept1[0-9]")) is not second
+
+
+def test_refusals_of_a_constraint_say_why():
+    with pytest.raises(ValueError, match=r"^unknown constraint kind 'xml'; expected one of \("):
+        Constraint("xml", "<a/>")
+    with pytest.raises(GrammarError, match="^this model's tokenizer has no tokenizer.json: structured output is"):
+        structured_compiler(None).compile(Constraint("json", "{}"))
+
+
+def structured_compiler(tokenizer_json):  # noqa: ANN001, ANN201
+    from tserve.model.decoding.structured import GrammarCompiler
+
+    return GrammarCompiler(tokenizer_json, 10, [0])
+
+
+def test_a_grammar_mask_must_be_a_contiguous_int32_cpu_tensor(lms):
+    import torch
+
+    state = lms["gpt2"].runner.grammars.compile(Constraint("regex", "[0-9]+")).matcher()
+    with pytest.raises(ValueError, match="^a grammar mask is a contiguous int32 CPU tensor$"):
+        state.fill_mask(torch.zeros(1, 4, dtype=torch.int64), 0)
