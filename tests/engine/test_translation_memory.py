@@ -316,3 +316,20 @@ def test_opening_a_new_file_another_process_holds_waits_for_it_and_switches_to_w
     other_process.close()
     with closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_memory_of_one_entry_keeps_the_latest():
+    memory = TranslationMemory(None, max_entries=1)
+    memory.put("a", _hypotheses("a"))
+    memory.put("b", _hypotheses("b"))
+    assert len(memory) == 1 and memory.get_many(["a", "b"]) == {"b": _hypotheses("b")}
+    with pytest.raises(ValueError, match="max_entries must be at least 1, not 0"):
+        TranslationMemory(None, max_entries=0)
+
+
+def test_a_write_that_fails_otherwise_than_locked_is_dropped_at_once_with_its_reason(caplog):
+    memory = TranslationMemory(None, max_entries=4)
+    memory._db.execute("DROP TABLE entries")  # every later write fails: no such table
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        memory.put("a", _hypotheses("a"))
+    assert [r.getMessage() for r in caplog.records] == ["translation memory write dropped: no such table: entries"]

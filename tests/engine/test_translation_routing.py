@@ -182,25 +182,26 @@ def test_one_hop_is_the_models_own_translation():
     result = asyncio.run(translate_route(Connected(), _hops(de_en), ask))
     assert [o.text for o in result.outputs] == ["Eins-en. Zwei-en", "Drei-en"]
     assert (result.prompt_tokens, result.completion_tokens) == (5 + 4 + 4, 8 + 7 + 7)
-    assert de_en.calls[1] == ("translate", 2, False)
+    assert de_en.calls == [("documents", ask), ("translate", 2, False)]  # one hop is the last: asked as is
 
 
 def test_two_hops_take_each_sentence_on_as_the_first_finishes_it():
     de_en, en_fr = StandInTranslator("de-en", ("de", "en"), "en"), StandInTranslator("en-fr", ("en", "fr"), "fr")
-    ask = TranslationAsk(["Eins. Zwei", "-. Drei"], source_lang="de", target_lang="fr", cache=False)
+    ask = TranslationAsk(["Eins. Zwei", "-. Drei", "Vier. Fünf"], source_lang="de", target_lang="fr", cache=False)
     result = asyncio.run(translate_route(Connected(), _hops(de_en, en_fr), ask))
-    assert [o.text for o in result.outputs] == ["Eins-en-fr. Zwei-en-fr", " Drei-en-fr"]
-    assert [o.finish_reason for o in result.outputs] == ["stop", "stop"]
-    assert result.prompt_tokens == 5 + 4 + 2 + 4  # the sources, as the first hop read them
-    first_hop = 8 + 7 + 0 + 7
-    assert result.completion_tokens == first_hop + 11 + 10 + 10
+    assert [o.text for o in result.outputs] == ["Eins-en-fr. Zwei-en-fr", " Drei-en-fr", "Vier-en-fr. Fünf-en-fr"]
+    assert [o.finish_reason for o in result.outputs] == ["stop", "stop", "stop"]
+    assert result.prompt_tokens == 5 + 4 + 2 + 4 + 5 + 4  # the sources, as the first hop read them
+    first_hop = 8 + 7 + 0 + 7 + 8 + 7
+    assert result.completion_tokens == first_hop + 11 + 10 + 10 + 11 + 10
     assert de_en.calls[-1] == ("as_ready", False, None, 0)
     # each sentence went on alone, as its document's k-th part of one client request on the second model
     asked = [c[1].texts for c in en_fr.calls if c[0] == "documents"]
-    assert sorted(asked) == [["Drei-en"], ["Eins-en."], ["Zwei-en"]]
+    assert sorted(asked) == [["Drei-en"], ["Eins-en."], ["Fünf-en"], ["Vier-en."], ["Zwei-en"]]
     turns = sorted((c[3], c[1]) for c in en_fr.calls if c[0] == "as_ready")
-    assert turns == [(0, False), (1, False), (1, False)]
-    assert len({c[2] for c in en_fr.calls if c[0] == "as_ready"}) == 1
+    assert turns == [(0, False), (0, False), (1, False), (1, False), (1, False)]
+    (group,) = {c[2] for c in en_fr.calls if c[0] == "as_ready"}
+    assert group is not None
 
 
 def test_two_hops_check_the_last_models_options_before_any_work():
@@ -209,6 +210,10 @@ def test_two_hops_check_the_last_models_options_before_any_work():
     with pytest.raises(APIError) as refused:
         asyncio.run(translate_route(Connected(), _hops(de_en, en_fr), ask))
     assert (refused.value.status, refused.value.code) == (400, "invalid_n") and not de_en.calls
+    too_long = TranslationAsk(["Eins"], max_tokens=65, source_lang="de", target_lang="fr")  # en-fr takes 64
+    with pytest.raises(APIError) as refused:
+        asyncio.run(translate_route(Connected(), _hops(de_en, en_fr), too_long))
+    assert refused.value.code == "max_tokens_too_large" and not de_en.calls
 
 
 def test_an_html_page_goes_through_each_hop_whole():

@@ -44,6 +44,7 @@ def test_api_key_required(headers, status):
     if status == 401:
         assert resp.json()["error"]["code"] == "invalid_api_key"
         assert resp.json()["error"]["message"] == "missing or invalid API key: send 'Authorization: Bearer <key>'"
+        assert resp.json()["error"]["type"] == "invalid_request_error"
         assert resp.headers["www-authenticate"] == "Bearer"
 
 
@@ -105,6 +106,7 @@ def test_in_flight_limit_per_key():
     assert (first, second.status_code, other, again, over) == (200, 429, 200, 200, 429)
     assert second.headers["retry-after"] == "1"
     assert second.json()["error"]["code"] == "rate_limit_exceeded"
+    assert second.json()["error"]["type"] == "server_overloaded"
     assert second.json()["error"]["message"] == "this API key has 1 requests in flight; retry later"
 
 
@@ -200,9 +202,9 @@ def test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority():
 
 
 def test_a_keys_priority_is_the_integer_after_its_last_colon():
-    assert [key_priority(e) for e in ("ka:3", "k:c:-2", "kb", "k:x", ":5", "k:", "k:-", "k:+1")] == [
+    assert [key_priority(e) for e in ("ka:3", "k:c:-2", "kb", "k:x", ":5", "k:", "k:-", "k:+1", "k:X1")] == [
         ("ka", 3), ("k:c", -2), ("kb", None), ("k:x", None), (":5", None), ("k:", None), ("k:-", None),
-        ("k:+1", None)]
+        ("k:+1", None), ("k:X1", None)]
 
 
 def test_a_bearer_token_is_read_from_the_authorization_header_alone():
@@ -215,10 +217,13 @@ def test_a_bearer_token_is_read_from_the_authorization_header_alone():
 
 
 def test_the_middleware_lets_through_the_paths_whose_routes_check_the_key():
-    seen: list[str] = []
+    seen: list[tuple[str, dict]] = []
 
     async def app(scope, receive, send) -> None:  # noqa: ANN001
-        seen.append(scope["path"])
+        seen.append((scope["path"], await receive()))  # the route reads the body through the middleware
+
+    async def body() -> dict:
+        return {"type": "http.request", "body": b"{}"}
 
     async def sent(message) -> None:  # noqa: ANN001
         pass
@@ -226,5 +231,8 @@ def test_the_middleware_lets_through_the_paths_whose_routes_check_the_key():
     middleware = APIKeyMiddleware(app, KeyGate([KEY], 0), ["/healthz"], frozenset({"/translate"}),
                                   ("/v2/repository/",))
     for path in ("/healthz", "/translate", "/v2/repository/m/load", "/v1/models", "/translate/x", "/v2/repository"):
-        run(middleware({"type": "http", "path": path, "headers": [], "client": ("1.2.3.4", 1)}, None, sent))
-    assert seen == ["/healthz", "/translate", "/v2/repository/m/load"]
+        run(middleware({"type": "http", "path": path, "headers": [], "client": ("1.2.3.4", 1)}, body, sent))
+    keyed = [(b"authorization", f"Bearer {KEY}".encode())]
+    run(middleware({"type": "http", "path": "/v1/chat", "headers": keyed, "client": ("1.2.3.4", 1)}, body, sent))
+    assert [path for path, _ in seen] == ["/healthz", "/translate", "/v2/repository/m/load", "/v1/chat"]
+    assert all(message["body"] == b"{}" for _, message in seen)

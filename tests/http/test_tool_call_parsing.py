@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tserve.service.generation.tool_calls import ToolStream, parse_output, tool_mode
+from tserve.service.generation.tool_calls import ToolCall, ToolStream, parse_output, tool_mode
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -146,3 +146,30 @@ def test_stream_deltas_in_full():
     deltas, finish = calls_then_text.deltas('<tool_call>{"name": "get_time", "arguments": {}}</tool_call> Done.',
                                             "stop")
     assert deltas[0] == {"content": "Done."} and finish == "tool_calls"
+
+
+def test_what_an_auto_answer_must_be_to_be_a_call():
+    auto = tool_mode([WEATHER, TIME], "auto", None)
+    text = '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Graz\\", \\"days\\": 2}"}</tool_call>'
+    (call,) = parse_output(auto, text)[1]  # arguments sent as a JSON string are read as the object they hold
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Graz", "days": 2}')
+    for text in ('<tool_call>{"name": 5, "arguments": {}}</tool_call>', "[1]", '"get_time"'):
+        assert parse_output(auto, text) == (text, [])
+
+
+def test_a_call_as_openai_writes_it():
+    call = ToolCall("get_time", "{}", id="call_1")
+    assert call.openai() == {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    assert call.openai(2) == {"index": 2, **call.openai()}
+
+
+def test_auto_holds_text_that_may_begin_a_call_and_lets_a_cut_off_call_through_as_text():
+    for start in ('{"na', '\n <tool_call>', "<|python_tag|>"):
+        assert ToolStream(tool_mode([TIME], "auto", None)).deltas(start, None) == ([], None)
+    cut = ToolStream(tool_mode([WEATHER], "required", None))
+    assert cut.deltas('[{"name": "get_weather", "argum', "length") == (
+        [{"content": '[{"name": "get_weather", "argum'}], "length")
+    calls = ToolStream(tool_mode([TIME], "auto", None))
+    deltas, _ = calls.deltas('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "stop")
+    assert deltas[0] == {"tool_calls": [{"index": 0, "id": deltas[0]["tool_calls"][0]["id"], "type": "function",
+                                         "function": {"name": "get_time", "arguments": ""}}]}
