@@ -260,6 +260,26 @@ def test_refusals_say_what_is_wrong_with_the_file():
         "broken.docx", _docx_with({"word/document.xml": b"<w:document"}), "file_mismatch")
     assert "the file is not an .odp file" in refused("slides.odp", build("odt", SENTENCES, MARKED), "file_mismatch")
     assert "the file is not UTF-8 text" in refused("notes.txt", b"caf\xe9", "file_mismatch")
+    with zipfile.ZipFile(io.BytesIO(build("epub", SENTENCES, MARKED))) as z:
+        book = {n: z.read(n) for n in z.namelist()}
+    book["META-INF/container.xml"] = book["META-INF/container.xml"].replace(b"full-path=\"", b"full-path=\"gone/")
+    assert "the .epub names no package document it holds" in refused("book.epub", _zip(book), "file_mismatch")
     for name in ("blank.txt", "blank.md"):
         assert refused(name, b" \n\n ", "empty_input").startswith("the file holds no text to translate")
     assert read_file("a.txt", b"hello", Limits()).media_type == "text/plain; charset=utf-8"
+
+
+def test_a_word_field_is_kept_whole_and_the_text_after_it_is_translated():
+    field = ('<w:r><w:fldChar w:fldCharType="begin"/></w:r><w:r><w:instrText xml:space="preserve"> PAGE </w:instrText>'
+             '</w:r><w:r><w:fldChar w:fldCharType="separate"/></w:r><w:r><w:t>page one</w:t></w:r>'
+             '<w:r><w:fldChar w:fldCharType="end"/></w:r>')
+    body = (f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document {W_NS}><w:body>'
+            f'<w:p><w:r><w:t xml:space="preserve">see </w:t></w:r>{field}'
+            '<w:r><w:t xml:space="preserve"> for more words</w:t></w:r></w:p></w:body></w:document>')
+    out = upper_case("field.docx", _docx_with({"word/document.xml": body.encode()}))
+    with zipfile.ZipFile(io.BytesIO(out)) as z:
+        document = z.read("word/document.xml").decode()
+    runs = re.findall(r"<w:r>(?:(?!</w:r>).)*</w:r>", field)
+    at = [document.index(run) for run in runs]  # each of the field's runs kept as it was, in order
+    assert at == sorted(at) and "PAGE ONE" not in document  # its result is the application's to compute
+    assert document.index("SEE") < at[0] and at[-1] < document.index(" FOR MORE WORDS</w:t>")
