@@ -142,7 +142,12 @@ class StandInTranslator:
         self.language_codes, self.settings = [], Settings()
         self.engine = SimpleNamespace(translator=SimpleNamespace(max_target_len=64))
 
-    def checked_documents(self, ask: TranslationAsk) -> list[SimpleNamespace]:
+    def check(self, ask: TranslationAsk) -> None:
+        """The served translator's own check (the one validator, against this stand-in's limits)."""
+        self.calls.append(("check", ask))
+        return ServedTranslator.check(self, ask)
+
+    def documents(self, ask: TranslationAsk, languages: None) -> list[SimpleNamespace]:
         self.calls.append(("documents", ask))
         docs = []
         for text in ask.texts:
@@ -182,7 +187,7 @@ def test_one_hop_is_the_models_own_translation():
     result = asyncio.run(translate_route(Connected(), _hops(de_en), ask))
     assert [o.text for o in result.outputs] == ["Eins-en. Zwei-en", "Drei-en"]
     assert (result.prompt_tokens, result.completion_tokens) == (5 + 4 + 4, 8 + 7 + 7)
-    assert de_en.calls == [("documents", ask), ("translate", 2, False)]  # one hop is the last: asked as is
+    assert de_en.calls == [("check", ask), ("documents", ask), ("translate", 2, False)]  # the last: asked as is
 
 
 def test_two_hops_take_each_sentence_on_as_the_first_finishes_it():
@@ -195,6 +200,9 @@ def test_two_hops_take_each_sentence_on_as_the_first_finishes_it():
     first_hop = 8 + 7 + 0 + 7 + 8 + 7
     assert result.completion_tokens == first_hop + 11 + 10 + 10 + 11 + 10
     assert de_en.calls[-1] == ("as_ready", False, None, 0)
+    # each model checked the request once, before any work, not the second again for every sentence
+    assert [c[0] for c in de_en.calls][:1] == ["check"] and [c[0] for c in en_fr.calls].count("check") == 1
+    assert [c[0] for c in de_en.calls].count("check") == 1 and en_fr.calls[0][0] == "check"
     # each sentence went on alone, as its document's k-th part of one client request on the second model
     asked = [c[1].texts for c in en_fr.calls if c[0] == "documents"]
     assert sorted(asked) == [["Drei-en"], ["Eins-en."], ["Fünf-en"], ["Vier-en."], ["Zwei-en"]]
@@ -209,11 +217,12 @@ def test_two_hops_check_the_last_models_options_before_any_work():
     ask = TranslationAsk(["Eins"], n=3, source_lang="de", target_lang="fr")
     with pytest.raises(APIError) as refused:
         asyncio.run(translate_route(Connected(), _hops(de_en, en_fr), ask))
-    assert (refused.value.status, refused.value.code) == (400, "invalid_n") and not de_en.calls
+    worked = lambda t: [c for c in t.calls if c[0] != "check"]  # noqa: E731
+    assert (refused.value.status, refused.value.code) == (400, "invalid_n") and not worked(de_en)
     too_long = TranslationAsk(["Eins"], max_tokens=65, source_lang="de", target_lang="fr")  # en-fr takes 64
     with pytest.raises(APIError) as refused:
         asyncio.run(translate_route(Connected(), _hops(de_en, en_fr), too_long))
-    assert refused.value.code == "max_tokens_too_large" and not de_en.calls
+    assert refused.value.code == "max_tokens_too_large" and not worked(de_en)
 
 
 def test_an_html_page_goes_through_each_hop_whole():

@@ -7,6 +7,10 @@ from __future__ import annotations
 from tests.tools.planted_bug import Bug
 
 SERVICE_BUGS = [
+    Bug("a-pivots-second-model-checks-every-sentence", "tserve/service/translation/routing.py",
+        "        (doc,) = second.documents(hop_ask(ask, hops[1], [seg.text], True), languages[1])",
+        "        (doc,) = second.checked_documents(hop_ask(ask, hops[1], [seg.text], True))",
+        ("tests/engine/test_translation_routing.py::test_two_hops_take_each_sentence_on_as_the_first_finishes_it",)),
     Bug("attention-picture-takes-deits-distillation-token-for-a-patch", "tserve/service/routes/attention.py",
         "            patches = served.loaded.config.n_prefix_tokens  # where the patches start",
         "            patches = 1  # where the patches start",
