@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import factories  # noqa: E402
+from tests.helpers.llama_family import FAMILIES  # noqa: E402
 
 # Two threads at most, as on the 2-core machines the suite is timed on; one in each pytest-xdist worker, so
 # that the workers (one per core) do not oversubscribe the cores.
@@ -121,7 +122,7 @@ def tiny_vit(tmp_path_factory) -> Path:
     return factories.tiny_vit_dir(tmp_path_factory.mktemp("tiny-vit"))
 
 
-@pytest.fixture(scope="session", params=("llama", "mistral", "qwen2", "qwen3"))
+@pytest.fixture(scope="session", params=FAMILIES)
 def hf_family(request, tmp_path_factory) -> tuple[str, Path]:
     """(family, directory): each trained Llama-family checkpoint in turn (tests/helpers/llama_family.py)."""
     return request.param, factories.hf_family_dir(request.param, tmp_path_factory.mktemp(f"hf-{request.param}"))

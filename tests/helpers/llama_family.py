@@ -6,6 +6,7 @@ the real families:
     hf-mistral  SentencePiece BPE with byte fallback and add_bos_token (Mistral / TinyLlama), [INST] template
     hf-qwen2    ChatML, q/k/v biases, tied embeddings
     hf-qwen3    ChatML, per-head q/k norm, head_dim (32) != hidden / heads (16), untied head
+    hf-smollm3  ChatML, its second layer's attention without positions (NoPE), tied embeddings
 
 All have grouped-query attention (4 query heads, 2 kv heads) and have learnt `fixture_training.CYCLE`
 (committed under tests/fixtures/, `factories.RECIPES`)."""
@@ -23,7 +24,7 @@ from tokenizers import Tokenizer, processors
 from tests.helpers import fixture_training
 from tserve.testing.corpus import DE, EN, train_byte_bpe
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
@@ -58,7 +59,8 @@ MISTRAL_TEMPLATE = (
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
 )
-TEMPLATES = {"llama": LLAMA3_TEMPLATE, "mistral": MISTRAL_TEMPLATE, "qwen2": CHATML_TEMPLATE, "qwen3": CHATML_TEMPLATE}
+TEMPLATES = {"llama": LLAMA3_TEMPLATE, "mistral": MISTRAL_TEMPLATE, "qwen2": CHATML_TEMPLATE, "qwen3": CHATML_TEMPLATE,
+             "smollm3": CHATML_TEMPLATE}
 _SHAPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
               num_hidden_layers=2, max_position_embeddings=128)
 
@@ -124,8 +126,10 @@ def build(family: str, d: Path, seed: int = 0, train: bool = True) -> Path:
     else:
         ids = _byte_bpe(d, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", CHATML_TEMPLATE)
         bos, eos = None, [ids["<|im_end|>"], ids["<|endoftext|>"]]
-        config_class = transformers.Qwen2Config if family == "qwen2" else transformers.Qwen3Config
-        extra = {"head_dim": 32, "tie_word_embeddings": False} if family == "qwen3" else {"tie_word_embeddings": True}
+        config_class = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+                        "smollm3": transformers.SmolLM3Config}[family]
+        extra = {"qwen2": {"tie_word_embeddings": True}, "qwen3": {"head_dim": 32, "tie_word_embeddings": False},
+                 "smollm3": {"tie_word_embeddings": True, "no_rope_layers": [1, 0], "pad_token_id": None}}[family]
         cfg = config_class(**_SHAPE, **extra, bos_token_id=ids["<|endoftext|>"], eos_token_id=eos[0],
                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     vocab = json.loads((d / "tokenizer.json").read_text())

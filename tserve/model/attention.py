@@ -192,6 +192,7 @@ class Attention(nn.Module):
         cross: cross-attention (separate `q` and fused `kv` projections) instead of self-attention.
         bias: biases on the q/k/v projections; out_bias: on the output projection (default `bias`).
         qk_norm_eps: RMSNorm each head's queries and keys (Qwen3) with this epsilon; None: no norm.
+        rotates: apply the rotary positions it is given (False: a layer without positions, SmolLM3's NoPE).
         dropout: dropout on the attention probabilities (training only).
         backend: `auto | math | sdpa | flash`.
     """
@@ -207,10 +208,12 @@ class Attention(nn.Module):
         bias: bool = True,
         out_bias: bool | None = None,
         qk_norm_eps: float | None = None,
+        rotates: bool = True,
         dropout: float = 0.0,
         backend: str = "auto",
     ) -> None:
         super().__init__()
+        self.rotates = rotates
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         self.d_head = d_head or d_model // n_heads
@@ -273,7 +276,7 @@ class Attention(nn.Module):
             q, k, v = (self._heads(t) for t in self.qkv(x).split(self.widths, dim=-1))
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            if rotary is not None:
+            if rotary is not None and self.rotates:
                 q, k = rotary.apply(q), rotary.apply(k)
             if cache is not None:
                 if self._cached_decode is not None and not need_weights and _direct_decode(q, cache, mask):

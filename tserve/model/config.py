@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -48,6 +48,8 @@ class BlockConfig:
     out_bias: bool | None = None
     mlp_bias: bool | None = None
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's queries and keys, before the rotation
+    # Layers whose attention takes no positions (rope positions elsewhere; SmolLM3 leaves every fourth out).
+    nope_layers: list[int] = field(default_factory=list)
     # Mixture of experts: 0 = dense MLP; otherwise each token is routed to `moe_top_k` of `n_experts` MLPs.
     n_experts: int = 0
     moe_top_k: int = 2
@@ -130,6 +132,8 @@ class DecoderConfig(BlockConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.nope_layers and (self.positions != "rope" or not all(0 <= i < self.n_layers for i in self.nope_layers)):
+            raise ValueError(f"nope_layers {self.nope_layers}: layers (of {self.n_layers}) left out of rope positions")
         if self.rope_scaling is not None:
             from tserve.model.rope import check_scaling  # noqa: PLC0415 (rope imports torch; configs stay light)
 

@@ -34,7 +34,7 @@ class Decoder(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, backend=backend) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, backend=backend, layer=i) for i in range(cfg.n_layers))
         self.norm_f = make_norm(cfg) if cfg.final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

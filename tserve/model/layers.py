@@ -118,13 +118,15 @@ def sinusoidal_table(max_len: int, dim: int, style: str = "marian") -> Tensor:
 class Block(nn.Module):
     """Self-attention, optional cross-attention, MLP; each sub-layer residual, norm pre or post."""
 
-    def __init__(self, cfg: BlockConfig, *, cross: bool = False, backend: str = "auto") -> None:
+    def __init__(self, cfg: BlockConfig, *, cross: bool = False, backend: str = "auto", layer: int = 0) -> None:
+        """`layer`: the block's index in its stack (whether its attention takes positions: `cfg.nope_layers`)."""
         super().__init__()
         self.pre_norm = cfg.norm_placement == "pre"
         attn_args = dict(bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, out_bias=cfg.out_bias,
                          d_head=cfg.d_head, dropout=cfg.dropout, backend=backend)
         self.attn = Attention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads,
-                              qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, **attn_args)
+                              qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
+                              rotates=layer not in cfg.nope_layers, **attn_args)
         self.norm1 = make_norm(cfg)
         self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cross=True, **attn_args) if cross else None
         self.norm_cross = make_norm(cfg) if cross else None

@@ -18,10 +18,23 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tserve.model.importers import deit, gpt2, llama, m2m100, marian, mistral, qwen2, qwen3, t5, tserve, vit
+from tserve.model.importers import (
+    deit,
+    gpt2,
+    llama,
+    m2m100,
+    marian,
+    mistral,
+    qwen2,
+    qwen3,
+    smollm3,
+    t5,
+    tserve,
+    vit,
+)
 from tserve.model.importers.base import CheckpointError, GenerationDefaults, WeightSource
 
-_MODULES = (gpt2, marian, m2m100, t5, vit, deit, llama, mistral, qwen2, qwen3)
+_MODULES = (gpt2, marian, m2m100, t5, vit, deit, llama, mistral, qwen2, qwen3, smollm3)
 IMPORTERS: dict[str, ModuleType] = {t: m for m in _MODULES for t in m.MODEL_TYPES}
 
 __all__ = ["IMPORTERS", "CheckpointError", "GenerationDefaults", "WeightSource", "importer_for"]
