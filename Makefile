@@ -75,14 +75,15 @@ test-slow: setup test-data
 serve: setup
 	$(BIN)/tserve serve $(SERVE_ARGS)
 
-# Mutation testing (not part of `make test` or CI): a seeded sample of mutants of the engines, the KV cache,
-# sampling / beam search and the batcher, at most 60 minutes; see docs/TESTING.md. Options go in
-# MUTATION_ARGS, e.g. MUTATION_ARGS="--sample 0 --time-limit 240" or "--seed 3 --sample 60".
+# Mutation testing (not part of `make test` or CI): a seeded sample of mutants of the engines, the KV cache, the
+# decoding code and the service layer (routing, translation memory, tool calls, API keys, admission, file
+# formats), at most 60 minutes; see docs/testing/mutation.md. Options go in MUTATION_ARGS, e.g.
+# MUTATION_ARGS="--sample 0 --time-limit 240", "--seed 3 --sample 60" or "--per-package 100".
 mutation: setup
 	$(BIN)/python tests/tools/mutation.py $(MUTATION_ARGS)
 
 # Plants known bugs one at a time in a copy of the tree and checks that their tests fail, on this CPU's
-# kernels and on AVX2-only ones (not part of `make test`); see docs/TESTING.md. PLANTED="cancel" picks bugs
+# kernels and on AVX2-only ones (not part of `make test`); see docs/testing/planted-bugs.md. PLANTED="cancel" picks bugs
 # by name, PLANTED="--avx2" one kind of kernels.
 planted-bugs: setup
 	$(BIN)/python tests/tools/planted_bugs.py $(PLANTED)

@@ -1,4 +1,4 @@
-"""In-process tests for behaviour that mutation testing (`make mutation`, docs/TESTING.md) found unchecked:
+"""In-process tests for behaviour that mutation testing (`make mutation`, docs/testing/mutation.md) found unchecked:
 each one fails on mutants that survived the rest of the suite. No HTTP here.
 
 Every test here also checks that no batch fell back to running its requests one by one: that fallback

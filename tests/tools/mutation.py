@@ -1,6 +1,6 @@
 """Mutation testing of the engines, the decoding code, the KV cache and the service layer with mutmut
 (`make mutation`; not part of `make test` or CI). What is mutated and which tests run is in
-pyproject.toml's [tool.mutmut]; docs/TESTING.md ("Mutation testing") has the last results.
+pyproject.toml's [tool.mutmut]; docs/testing/mutation.md has the last results.
 
     python tests/tools/mutation.py                       # a seeded sample of 300 mutants, at most 60 minutes
     python tests/tools/mutation.py --sample 0            # every mutant
