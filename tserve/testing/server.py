@@ -12,9 +12,7 @@ from pathlib import Path
 
 import httpx
 
-# The directory that holds the tserve package (the repository's root in a checkout): servers start there, so
-# that `python -m` finds this tserve and no other one installed.
-TSERVE_PARENT = Path(__file__).resolve().parents[2]
+from tserve.testing.forked import TSERVE_PARENT, ForkedServer, forkable
 
 
 def port_nobody_else_takes(low: int = 20000, high: int = 32767) -> int:
@@ -53,8 +51,10 @@ class ServerProcess:
         self._port_tries -= 1
         self.proc = self._start(module, ["serve", "--port", str(self.port), *args], env)
 
-    def _start(self, module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        """The server's process: a new interpreter."""
+    def _start(self, module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen | ForkedServer:
+        """The server's process: forked inside a test (`tserve.testing.forked`), else a new interpreter."""
+        if forkable(env):
+            return ForkedServer(module, argv, env, self.log_file)
         return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=TSERVE_PARENT, env=env, stdout=self._log,
                                 stderr=subprocess.STDOUT)
 
