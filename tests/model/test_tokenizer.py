@@ -18,6 +18,7 @@ from tserve.model.tokenizer import (
     Tokenizer,
     load_tokenizer,
 )
+from tserve.testing.checkpoints import marian_vocab
 
 EN = [
     "The quick brown fox jumps over the lazy dog.",
@@ -121,14 +122,7 @@ def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (d / "source.spm").write_bytes(src)
     (d / "target.spm").write_bytes(tgt)
-    vocab = {"</s>": 0, "<unk>": 1}  # opus-mt order: </s>, <unk>, pieces..., <pad> last
-    for proto in (src, tgt):
-        sp = spm.SentencePieceProcessor(model_proto=proto)
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
-                vocab.setdefault(sp.id_to_piece(i), len(vocab))
-    vocab[">>de<<"] = len(vocab)
-    vocab["<pad>"] = len(vocab)
+    vocab = marian_vocab(src, tgt, extra=(">>de<<",))
     (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     config = {
         "source_lang": "en",

@@ -37,6 +37,20 @@ def _train_spm(lines: list[str], vocab_size: int) -> bytes:
     return model.getvalue()
 
 
+def marian_vocab(*protos: bytes, extra: tuple[str, ...] = ()) -> dict[str, int]:
+    """An opus-mt vocab.json over SentencePiece models: </s>, <unk>, every model's pieces once, `extra` tokens
+    (a target tag), <pad> last."""
+    vocab = {"</s>": 0, "<unk>": 1}
+    for proto in protos:
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    for token in (*extra, "<pad>"):
+        vocab[token] = len(vocab)
+    return vocab
+
+
 def write_marian_tokenizer(d: Path) -> dict[str, int]:
     """opus-mt layout (source.spm, target.spm, vocab.json); returns the vocabulary."""
     d.mkdir(parents=True, exist_ok=True)
@@ -44,13 +58,7 @@ def write_marian_tokenizer(d: Path) -> dict[str, int]:
     tgt = _train_spm(DE, 90)
     (d / "source.spm").write_bytes(src)
     (d / "target.spm").write_bytes(tgt)
-    vocab = {"</s>": 0, "<unk>": 1}
-    for proto in (src, tgt):
-        sp = spm.SentencePieceProcessor(model_proto=proto)
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
-                vocab.setdefault(sp.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = len(vocab)
+    vocab = marian_vocab(src, tgt)
     (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (d / "tokenizer_config.json").write_text(json.dumps(
         {"source_lang": "en", "target_lang": "de", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}))
