@@ -8,7 +8,8 @@ Our format is a directory holding
     labels.json             classifiers: class names, index order
     preprocessing.json      classifiers: image preprocessing
 `load(path)` reads that, or a Hugging Face directory (`model.importers`: GPT-2, Marian, ViT, Llama, Mistral,
-Qwen2, Qwen3), assembling the model the same way for every format.
+Qwen2, Qwen3), or a GGUF file (`model.gguf`: read as the Hugging Face checkpoint it was converted from),
+assembling the model the same way for every format.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import nn
 from tserve.model.attention import resolve_backend
 from tserve.model.config import BlockConfig, DecoderConfig, Seq2SeqConfig
 from tserve.model.decoder import Decoder
+from tserve.model.gguf import GGUFCheckpoint, is_gguf
 from tserve.model.importers import CheckpointError, GenerationDefaults, WeightSource, importer_for
 from tserve.model.importers.base import read_json
 from tserve.model.layers import fuse_gated_mlps
@@ -235,28 +237,29 @@ def load(
     int4_group_size: int = 32,
     pack_weights: bool = False,
 ) -> LoadedModel:
-    """Load our checkpoint or a Hugging Face GPT-2 / Marian / ViT directory onto `device`. `quantize="int8"`:
+    """Load our checkpoint, a Hugging Face directory or a GGUF file (`model.gguf`) onto `device`. `quantize="int8"`:
     int8 weights for every linear layer (`model.quantize`; float32 on the CPU only), with activations quantized
     as `int8_activations` says (`model.quantize.ACTIVATIONS`); `quantize="int4"`: group-wise int4 weights
     (`int4_group_size` weights per scale; float32 on the CPU only). `pack_weights`: float32
-    linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only)."""
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
+    linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only).
+    `quantize="auto"`: the checkpoint's own, int8 or int4 for a block-quantized GGUF file (`gguf_quantization`),
+    none for every other."""
+    if quantize not in (*QUANTIZATIONS, "auto"):
+        raise ValueError(f"quantize must be one of {(*QUANTIZATIONS, 'auto')}, got {quantize!r}")
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a directory")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file}: missing (a checkpoint directory needs config.json)")
-    try:
-        raw = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
     start = time.perf_counter()
     dev = resolve_device(device)
+    gguf_file = GGUFCheckpoint(path) if is_gguf(path) else None
+    if gguf_file is not None:
+        raw = gguf_file.raw
+        if quantize == "auto":
+            quantize = gguf_quantization(gguf_file, dev, resolve_dtype(dtype, dev))
+    else:
+        raw = _config_json(path)
+    quantize = "none" if quantize == "auto" else quantize  # the checkpoint's own: float weights say none
     if note := emulated_bfloat16_note(resolve_dtype(dtype, dev), dev):
         log.warning(note, extra={"path": str(path)})
-    loaded = _assemble(path, raw, resolve_backend(backend, dev))
+    loaded = _assemble(path, raw, resolve_backend(backend, dev), gguf_file)
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     loaded.parameter_count = parameters = loaded.num_parameters()
@@ -282,6 +285,33 @@ def load(
     return loaded
 
 
+def _config_json(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory (nor a GGUF file)")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing (a checkpoint directory needs config.json)")
+    try:
+        return json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
+
+
+def gguf_quantization(gguf_file: GGUFCheckpoint, device: torch.device, dtype: torch.dtype) -> str:
+    """quantize="auto" for a GGUF file: tserve's format nearest its block quantization, on a float32 CPU model
+    (int8 / int4 layers are CPU-only); logged, since the file's blocks are dequantized and quantized again."""
+    types = dict(gguf_file.weights.weight_types())
+    nearest = gguf_file.weights.nearest_quantization()
+    served = nearest if device.type == "cpu" and dtype == torch.float32 else "none"
+    if nearest != "none":
+        log.info("GGUF block-quantized weights dequantized and quantized again in tserve's format (llama.cpp's "
+                 "block kernels are not used)",
+                 extra={"path": str(gguf_file.path), "gguf_types": types, "nearest": nearest, "quantization": served,
+                        **({} if served == nearest else {"why": f"int8 / int4 layers need float32 on the CPU, "
+                                                                f"not {dtype} on {device}"})})
+    return served
+
+
 _LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[_-][A-Za-z0-9]{2,8})*")
 _OPUS_MT_NAME = re.compile(r"opus-mt-([a-z]{2,3})-([a-z]{2,3})(?:$|[-_])")
 
@@ -302,10 +332,15 @@ def translation_languages(path: Path, raw: dict[str, Any]) -> tuple[str, str] | 
     return (m.group(1), m.group(2)) if m else None
 
 
-def _assemble(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
+def _assemble(path: Path, raw: dict[str, Any], backend: str, gguf_file: GGUFCheckpoint | None = None) -> LoadedModel:
     """Build the model its importer describes, fill its weights, and attach what serving it needs: the
-    tokenizer (text models), the languages (translators), generation defaults, labels and preprocessing."""
-    importer, source_format = importer_for(raw, path / "config.json")
+    tokenizer (text models), the languages (translators), generation defaults, labels and preprocessing.
+    A GGUF file brings its own config fields, weights, tokenizer and end ids (`model.gguf`)."""
+    if gguf_file is not None:
+        importer, source_format = importer_for(raw, path)
+        source_format = "gguf-" + source_format.removeprefix("hf-")
+    else:
+        importer, source_format = importer_for(raw, path / "config.json")
     try:
         config = importer.config(raw, path)
     except KeyError as exc:
@@ -315,11 +350,15 @@ def _assemble(path: Path, raw: dict[str, Any], backend: str) -> LoadedModel:
             raise
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from exc
     model = build_model(config, backend)
-    source = WeightSource(path)
+    source = gguf_file.weights if gguf_file is not None else WeightSource(path)
     fill_weights(model, importer.weights(config, source), source.file)
     extras = importer.extras(raw, path, config) if hasattr(importer, "extras") else {}
     loaded = LoadedModel(path, extras.pop("task", None) or TASKS[config.architecture], config, model,
                          source_format=source_format, **extras)
+    if gguf_file is not None:
+        loaded.generation = GenerationDefaults(eos_token_ids=gguf_file.end_ids())
+        loaded.tokenizer = gguf_file.tokenizer()
+        return loaded
     if hasattr(importer, "generation"):
         loaded.generation = importer.generation(raw, path)
     if isinstance(config, Seq2SeqConfig):

@@ -1,0 +1,73 @@
+"""GGUF files (llama.cpp's format) as checkpoints: `--model NAME=path/to/file.gguf`.
+
+A file is read as the Hugging Face checkpoint it was converted from, so the family's importer
+(`model.importers`) maps it like any directory:
+
+    header.py     the header walked and checked against the file's size before anything is read or allocated
+    families.py   metadata -> config.json's fields, llama.cpp's tensor names -> Hugging Face's, per family
+    tensors.py    tensors dequantized one at a time (F32/F16/BF16, Q8_0, Q4_0 here; K-quants by `gguf`)
+    tokenizer.py  `tokenizer.ggml.*` -> a `tokenizers.Tokenizer` with the original's ids
+
+The `gguf` library (`GGUFReader`) reads the metadata and maps the tensor data, once the header has been
+checked. Block-quantized weights are not served as they are: they are dequantized, and with quantize="auto"
+the loader requantizes the linear layers into the nearest of tserve's formats (Q8_0 -> int8, Q4_0 -> int4;
+`tensors.NEAREST_QUANTIZATION`), and says so in the log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFReader
+
+from tserve.model.gguf.families import family_of, hf_config
+from tserve.model.gguf.header import MAGIC, read_header
+from tserve.model.gguf.tensors import GGUFWeights, to_float
+from tserve.model.gguf.tokenizer import end_ids, gguf_tokenizer
+from tserve.model.importers.base import CheckpointError
+from tserve.model.tokenizer import HFTokenizer
+
+__all__ = ["GGUFCheckpoint", "is_gguf"]
+
+
+def is_gguf(path: Path) -> bool:
+    """A file named *.gguf, or any file that starts with GGUF's magic."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == MAGIC
+
+
+class GGUFCheckpoint:
+    """One GGUF file: its config.json fields (`raw`), weights (`weights`, a WeightSource), tokenizer and end
+    ids. Raises CheckpointError for a file that is not a readable GGUF checkpoint of a supported family."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header = read_header(path)
+        try:
+            self.reader = GGUFReader(path)
+        except (ValueError, KeyError, IndexError, OSError) as exc:  # the checked header makes these unlikely
+            raise CheckpointError(f"{path}: the gguf library cannot read it ({exc})") from exc
+        self.meta: dict[str, Any] = {name: field.contents() for name, field in self.reader.fields.items()
+                                     if not name.startswith("GGUF.")}
+        arch, family = family_of(self.meta, path)
+        tensors = self.header.tensors
+        rope_freqs = None
+        if "rope_freqs.weight" in tensors:
+            info = tensors["rope_freqs.weight"]
+            start = self.header.data_start + info.offset
+            rope_freqs = to_float(self.reader.data[start:start + info.n_bytes], info).double().numpy()
+        self.raw = hf_config(self.meta, tensors, path, rope_freqs)
+        self.family = family
+        self.weights = GGUFWeights(self.reader, self.header, path, permuted_qk=family.permuted_qk,
+                                   n_heads=self.raw["num_attention_heads"], n_kv_heads=self.raw["num_key_value_heads"])
+
+    def tokenizer(self) -> HFTokenizer:
+        return gguf_tokenizer(self.meta, self.path)
+
+    def end_ids(self) -> list[int]:
+        return end_ids(self.meta)

@@ -1,0 +1,124 @@
+"""A GGUF file's tensors as float tensors, one at a time: F32 / F16 / BF16 as they are, Q8_0 and Q4_0 blocks
+dequantized here (PyTorch: the two formats every GGUF release ships), every other block format (K-quants
+Q2_K..Q6_K, Q4_1, Q5_0, Q5_1, ...) by the `gguf` library's numpy dequantizers. The loader then quantizes the
+linear layers again in tserve's own formats where asked (`model.checkpoint.load`, quantize="auto")."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, quants
+from torch import Tensor
+
+from tserve.model.gguf.families import CONFIG_TENSORS, hf_name, unpermute_qk
+from tserve.model.gguf.header import Header, TensorInfo
+from tserve.model.importers.base import CheckpointError
+
+Q = GGMLQuantizationType
+FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+QK = 32  # weights per Q8_0 / Q4_0 block
+# Which of tserve's formats serves a file whose linear weights are mostly of a type: the nearest one that
+# loses nothing the file kept (5- and 6-bit weights into int8, not int4).
+NEAREST_QUANTIZATION = {
+    Q.F32: "none", Q.F16: "none", Q.BF16: "none",
+    Q.Q8_0: "int8", Q.Q6_K: "int8", Q.Q5_K: "int8", Q.Q5_0: "int8", Q.Q5_1: "int8",
+    Q.Q4_0: "int4", Q.Q4_1: "int4", Q.Q4_K: "int4", Q.Q3_K: "int4", Q.Q2_K: "int4",
+}
+
+
+def dequantize_q8_0(blocks: Tensor) -> Tensor:
+    """(n, 34) uint8 Q8_0 blocks -> (n, 32) float32: a float16 scale d, then 32 int8 codes q; x = d * q."""
+    d = blocks[:, :2].contiguous().view(torch.float16).float()  # (n, 1)
+    q = blocks[:, 2:].contiguous().view(torch.int8).float()  # (n, 32)
+    return d * q
+
+
+def dequantize_q4_0(blocks: Tensor) -> Tensor:
+    """(n, 18) uint8 Q4_0 blocks -> (n, 32) float32: a float16 scale d, then 16 bytes whose low nibbles are
+    weights 0..15 and high nibbles 16..31, each stored + 8; x = d * (nibble - 8)."""
+    d = blocks[:, :2].contiguous().view(torch.float16).float()  # (n, 1)
+    packed = blocks[:, 2:].to(torch.int16)  # (n, 16)
+    q = torch.cat([packed & 0x0F, packed >> 4], dim=1) - 8  # (n, 32)
+    return d * q.float()
+
+
+def to_float(raw: np.ndarray, info: TensorInfo) -> Tensor:
+    """One tensor's bytes (`info.n_bytes` of them) as a float tensor of PyTorch's shape (GGUF's reversed)."""
+    shape = tuple(reversed(info.shape))
+    data = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True))
+    if info.kind in FLOATS:
+        return data.view(FLOATS[info.kind]).reshape(shape)
+    if info.kind == Q.Q8_0:
+        return dequantize_q8_0(data.reshape(-1, 2 + QK)).reshape(shape)
+    if info.kind == Q.Q4_0:
+        return dequantize_q4_0(data.reshape(-1, 2 + QK // 2)).reshape(shape)
+    try:
+        out = quants.dequantize(data.numpy().reshape(*shape[:-1], -1), info.kind)  # rows of whole blocks
+    except NotImplementedError as exc:
+        raise CheckpointError(f"tensor {info.name!r}: GGUF type {info.kind.name} cannot be dequantized by the "
+                              f"gguf library") from exc
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
+
+
+class GGUFWeights:
+    """A GGUF file's tensors under Hugging Face names, read and dequantized one at a time when asked for:
+    the interface of `model.importers.base.WeightSource`, so the family's importer reads it unchanged. q/k
+    rows are put back in Hugging Face's order where llama.cpp's converter reordered them."""
+
+    def __init__(self, reader: GGUFReader, header: Header, path: object, *, permuted_qk: bool, n_heads: int,
+                 n_kv_heads: int) -> None:
+        self.file = path
+        self._reader, self._header = reader, header
+        self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads} if permuted_qk else {}
+        self._where: dict[str, TensorInfo] = {}
+        for name, info in header.tensors.items():
+            if (hf := hf_name(name)) is not None:
+                self._where[hf] = info
+            elif name not in CONFIG_TENSORS:
+                raise CheckpointError(f"{path}: tensor {name!r} is not one the Llama layout has")
+
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        start = self._header.data_start + info.offset
+        return self._reader.data[start:start + info.n_bytes]
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __getitem__(self, name: str) -> Tensor:
+        info = self._where[name]  # KeyError: the loader names the file and the tensor
+        tensor = to_float(self.raw(info), info)
+        projection = name.split(".")[-2]
+        if projection in self._heads:
+            tensor = unpermute_qk(tensor, self._heads[projection])
+        return tensor
+
+    def get(self, name: str) -> Tensor | None:
+        return self[name] if name in self else None
+
+    def strip_prefix(self, prefix: str) -> GGUFWeights:
+        if any(n.startswith(prefix) for n in self._where):
+            self._where = {(n[len(prefix):] if n.startswith(prefix) else n): w for n, w in self._where.items()}
+        return self
+
+    def weight_types(self) -> Counter[str]:
+        """Elements per GGUF type over the 2-D weights (the linear layers and the embedding)."""
+        counts: Counter[str] = Counter()
+        for info in self._where.values():
+            if len(info.shape) == 2:
+                counts[info.kind.name] += int(np.prod(info.shape))
+        return counts
+
+    def nearest_quantization(self) -> str:
+        """tserve's format nearest the type most of the linear layers' weights have (`NEAREST_QUANTIZATION`)."""
+        counts: Counter[Q] = Counter()
+        for name, info in self._where.items():
+            if len(info.shape) == 2 and name.startswith(("model.layers.", "layers.")):
+                counts[info.kind] += int(np.prod(info.shape))
+        if not counts:
+            return "none"
+        return NEAREST_QUANTIZATION.get(counts.most_common(1)[0][0], "int8")
