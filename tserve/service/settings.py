@@ -21,15 +21,17 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: all interfaces)")
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
-    # NAME=PATH or NAME=ORG/REPO[@REVISION] (a Hugging Face repo id) entries; empty = the bundled models.
+    # NAME=PATH (a directory or a .gguf file) or NAME=ORG/REPO[@REVISION][:FILE.gguf or QUANT] (a Hugging Face repo
+    # id) entries; empty = the bundled models.
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     models_dir: Path = Field(BUNDLED_MODELS_DIR, description="where the bundled models are (served without --model)")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
-    quantize: Literal["none", "int8", "int4"] = Field(
-        "none", description="int8: int8 weights for every linear layer of every model; int4: group-wise int4 "
-        "weights (float32 on the CPU only)")
+    quantize: Literal["auto", "none", "int8", "int4"] = Field(
+        "auto", description="int8: int8 weights for every linear layer of every model; int4: group-wise int4 "
+        "weights (float32 on the CPU only); auto: a block-quantized GGUF file's nearest (Q8_0: int8, Q4_0: int4), "
+        "none for every other checkpoint")
     int4_group_size: int = Field(
         32, description="with --quantize int4: weights per scale and zero, 32, 64 or 128 (smaller: more accurate, "
         "more bytes)")
