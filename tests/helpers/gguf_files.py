@@ -65,7 +65,7 @@ def _rope_factors(rope: dict, base: float, dim: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def _tokenizer(w: gguf.GGUFWriter, d: Path, family: str) -> None:
+def _tokenizer(w: gguf.GGUFWriter, d: Path) -> None:
     tj = json.loads((d / "tokenizer.json").read_text())
     tc = json.loads((d / "tokenizer_config.json").read_text())
     vocab = dict(tj["model"]["vocab"])
@@ -75,7 +75,8 @@ def _tokenizer(w: gguf.GGUFWriter, d: Path, family: str) -> None:
     assert [vocab[t] for t in tokens] == list(range(len(tokens)))
     types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
     if tj["model"].get("byte_fallback"):  # SentencePiece
-        types = [gguf.TokenType.BYTE if t.startswith("<0x") and len(t) == 6 else k for t, k in zip(tokens, types)]
+        types = [gguf.TokenType.BYTE if t.startswith("<0x") and len(t) == 6 else k
+                 for t, k in zip(tokens, types, strict=True)]
         w.add_tokenizer_model("llama")
         w.add_token_scores([0.0 if k != gguf.TokenType.NORMAL else -float(i) for i, k in enumerate(types)])
         if "<unk>" in vocab:
@@ -117,7 +118,7 @@ def write_gguf(d: Path, out: Path, family: str, kind: str = "F32") -> Path:
     theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    _tokenizer(w, d, family)
+    _tokenizer(w, d)
     tensors = load_file(str(d / "model.safetensors"))
     if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _rope_factors(rope, theta, head_dim))

@@ -22,7 +22,7 @@ from tserve.model import checkpoint
 from tserve.model.checkpoint import CheckpointError
 from tserve.model.decoding import SamplingParams
 from tserve.model.gguf import families, tensors
-from tserve.model.gguf.header import read_header
+from tserve.model.gguf.header import TensorInfo
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Guten Morgen. Wo ist der Bahnhof? Ich weiß es nicht.",
@@ -55,7 +55,7 @@ def _logits(loaded, ids: list[int]) -> torch.Tensor:
         return loaded.model(torch.tensor([ids]))[0]
 
 
-def _assert_same_model(original, gguf, family: str) -> None:
+def _assert_same_model(original, gguf) -> None:
     ids = original.tokenizer.encode(CYCLE_TEXT[:200])
     torch.testing.assert_close(_logits(gguf, ids), _logits(original, ids), rtol=1e-5, atol=1e-5)
     prompts = [original.tokenizer.encode(p) for p in cycle_prompts(4, seed=3)]
@@ -74,7 +74,7 @@ def test_f32_file_is_the_original(family, gguf_files, loaded_originals):
     for field in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "n_layers", "rope_base", "rope_scaling",
                   "tie_embeddings", "qkv_bias", "qk_norm", "vocab_size"):
         assert getattr(gguf.config, field) == getattr(original.config, field), field
-    _assert_same_model(original, gguf, family)
+    _assert_same_model(original, gguf)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -108,8 +108,9 @@ def test_block_quantized_files_are_served_in_our_formats(family, kind, served, f
     said = [r for r in caplog.records if "GGUF block-quantized" in r.getMessage()]
     assert said and said[0].quantization == served and kind in said[0].gguf_types
     assert _agreement(loaded_originals[family], gguf, CYCLE_TEXT) >= floor
-    # The same file read as floats, with no requantization, is at least as close.
-    assert checkpoint.load(gguf_files[family][kind], quantize="none").quantization == "none"
+    # `--quantize none`: the dequantized floats themselves, as close.
+    floats = checkpoint.load(gguf_files[family][kind], quantize="none")
+    assert floats.quantization == "none" and _agreement(loaded_originals[family], floats, CYCLE_TEXT) >= floor
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
@@ -121,7 +122,7 @@ def test_block_dequantization_is_the_reference(kind):
     weights = np.random.default_rng(0).standard_normal((8, 96)).astype(np.float32)
     weights *= np.linspace(0.1, 10, 24).repeat(32).reshape(8, 96)  # every block of its own scale
     blocks = quants.quantize(weights, GGMLQuantizationType[kind])
-    info = read_header.__globals__["TensorInfo"]("w", (96, 8), GGMLQuantizationType[kind], 0, blocks.nbytes)
+    info = TensorInfo("w", (96, 8), GGMLQuantizationType[kind], 0, blocks.nbytes)
     got = tensors.to_float(blocks, info)
     want = quants.dequantize(blocks, GGMLQuantizationType[kind])
     np.testing.assert_array_equal(got.numpy(), want)
@@ -139,7 +140,7 @@ def test_k_quants_are_dequantized_by_the_library(tmp_path):
         raw.reshape(3, 2, size)[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # finite scales
         if kind == GGMLQuantizationType.Q6_K:
             raw.reshape(3, 2, size)[..., -2:] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-        info = read_header.__globals__["TensorInfo"]("w", (2 * block, 3), kind, 0, raw.nbytes)
+        info = TensorInfo("w", (2 * block, 3), kind, 0, raw.nbytes)
         got = tensors.to_float(raw, info)
         assert got.shape == (3, 2 * block)
         np.testing.assert_array_equal(got.numpy(), quants.dequantize(raw, kind))
@@ -170,7 +171,7 @@ def test_llama_cpp_converted_file_is_the_original(family, llama_cpp_root, origin
     tokenizer ids, its eos list included."""
     file = llama_cpp_convert(llama_cpp_root, originals[family], tmp_path / f"{family}.gguf")
     original, gguf = loaded_originals[family], checkpoint.load(file)
-    _assert_same_model(original, gguf, family)
+    _assert_same_model(original, gguf)
     assert all(gguf.tokenizer.encode(t) == original.tokenizer.encode(t) for t in TEXTS)
     assert set(original.generation.eos_token_ids or [original.tokenizer.eos_id]) <= set(gguf.generation.eos_token_ids)
 

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.gguf_files import write_gguf
-from tests.model.test_hub import MAIN, FakeHub, hf_env, lay_out_cache, tiny_qwen2  # noqa: F401 (fixtures)
+from tests.model import test_hub
+from tests.model.test_hub import MAIN, FakeHub, lay_out_cache
 from tserve.model import checkpoint, hub
 from tserve.model.checkpoint import CheckpointError
+
+hf_env, tiny_qwen2 = test_hub.hf_env, test_hub.tiny_qwen2  # the hub tests' fixtures: a fresh HF_HOME, a tiny Qwen2
 
 
 @pytest.fixture(scope="module")
