@@ -65,7 +65,7 @@ def _rope_factors(rope: dict, base: float, dim: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def _tokenizer(w: gguf.GGUFWriter, d: Path) -> None:
+def _tokenizer(w: gguf.GGUFWriter, d: Path, pre: str) -> None:
     tj = json.loads((d / "tokenizer.json").read_text())
     tc = json.loads((d / "tokenizer_config.json").read_text())
     vocab = dict(tj["model"]["vocab"])
@@ -83,7 +83,7 @@ def _tokenizer(w: gguf.GGUFWriter, d: Path) -> None:
             w.add_unk_token_id(vocab["<unk>"])
     else:
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt-2")
+        w.add_tokenizer_pre(pre)
         w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
     w.add_token_list(tokens)
     w.add_token_types(types)
@@ -97,9 +97,10 @@ def _tokenizer(w: gguf.GGUFWriter, d: Path) -> None:
         w.add_chat_template(template)
 
 
-def write_gguf(d: Path, out: Path, family: str, kind: str = "F32") -> Path:
+def write_gguf(d: Path, out: Path, family: str, kind: str = "F32", pre: str = "gpt-2") -> Path:
     """`d` (a save_pretrained directory of `family`) as a GGUF file of `kind` (F32, F16, Q8_0, Q4_0: the 2-D
-    weights; norms and rope factors stay F32, as llama.cpp keeps them)."""
+    weights; norms and rope factors stay F32, as llama.cpp keeps them); `pre`: its byte-level BPE's pre-tokenizer
+    name (`tokenizer.ggml.pre`)."""
     cfg = json.loads((d / "config.json").read_text())
     arch = ARCHS[family]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -118,7 +119,7 @@ def write_gguf(d: Path, out: Path, family: str, kind: str = "F32") -> Path:
     theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    _tokenizer(w, d)
+    _tokenizer(w, d, pre)
     tensors = load_file(str(d / "model.safetensors"))
     if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _rope_factors(rope, theta, head_dim))

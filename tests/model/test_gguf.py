@@ -91,6 +91,52 @@ def test_tokenizer_is_the_original(family, gguf_files, loaded_originals):
     assert got.chat_template == want.chat_template
 
 
+# The pre-tokenizers of Llama 3's and Qwen2's tokenizer.json, as their releases ship them.
+_SPLIT = {"type": "Split", "behavior": "Isolated", "invert": False}
+_BYTES = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+RELEASED_PRE_TOKENIZERS = {
+    "llama-bpe": (None, r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+", True),
+    "qwen2": ({"type": "NFC"}, r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+", False),
+}
+
+
+@pytest.mark.parametrize("pre", sorted(RELEASED_PRE_TOKENIZERS))
+def test_named_pre_tokenizers_split_as_the_released_tokenizers(pre, originals, tmp_path):
+    """`tokenizer.ggml.pre` llama-bpe / qwen2: the tiny vocabulary behind the pre-tokenizer (and normalizer, BPE
+    flags) of Llama 3's / Qwen2's tokenizer.json gives the same ids from its GGUF file (digits split in threes or
+    one by one, contractions, spaces before punctuation, decomposed accents)."""
+    import json
+    import shutil
+
+    from tserve.model.tokenizer import load_tokenizer
+
+    normalizer, regex, ignore_merges = RELEASED_PRE_TOKENIZERS[pre]
+    d = shutil.copytree(originals["qwen2"], tmp_path / "original")
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["normalizer"] = normalizer
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [_SPLIT | {"pattern": {"Regex": regex}}, _BYTES]}
+    tj["model"]["ignore_merges"] = ignore_merges
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    want = load_tokenizer(d)
+    got = checkpoint.load(write_gguf(d, tmp_path / "t.gguf", "qwen2", pre=pre)).tokenizer
+    texts = [*TEXTS, "It's 1234567 o'clock, isn't it?!  ...\n\n  Cafe\u0301 \u00e9t\u00e9 12 345"]
+    for text in texts:
+        assert got.encode(text) == want.encode(text), text
+    # The words BPE sees are the released tokenizer's, which the default (GPT-2's) splits otherwise: the
+    # tiny vocabulary has too few merges for every difference to show in the ids.
+    default = checkpoint.load(write_gguf(d, tmp_path / "gpt2.gguf", "qwen2")).tokenizer
+
+    def words(tok, text):
+        backend = tok.backend
+        normalized = backend.normalizer.normalize_str(text) if backend.normalizer else text
+        return [w for w, _ in backend.pre_tokenizer.pre_tokenize_str(normalized)]
+
+    assert [words(got, t) for t in texts] == [words(want, t) for t in texts]
+    assert [words(default, t) for t in texts] != [words(want, t) for t in texts]
+
+
 def _agreement(original, quantized, text: str) -> float:
     ids = original.tokenizer.encode(text)[: original.config.max_seq_len]
     return (_logits(quantized, ids).argmax(-1) == _logits(original, ids).argmax(-1)).float().mean().item()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from tserve.model.importers.base import CheckpointError
 from tserve.model.tokenizer import HFTokenizer
@@ -30,13 +30,14 @@ def _split_then_bytes(regex: str) -> pre_tokenizers.PreTokenizer:
                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
-# `tokenizer.ggml.pre` -> (pre-tokenizer, ignore_merges), as the families' tokenizer.json files have them.
+# `tokenizer.ggml.pre` -> (normalizer, pre-tokenizer, ignore_merges), as the families' tokenizer.json files have
+# them (Llama 3's BPE skips the merges of a word that is a token; Qwen2's normalizes to NFC first).
 PRE_TOKENIZERS: dict[str, Any] = {
-    "default": lambda: (pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
-    "gpt-2": lambda: (pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
-    "llama-bpe": lambda: (_split_then_bytes(_LLAMA3_REGEX), True),
-    "smaug-bpe": lambda: (_split_then_bytes(_LLAMA3_REGEX), True),
-    "qwen2": lambda: (_split_then_bytes(_QWEN2_REGEX), False),
+    "default": lambda: (None, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
+    "gpt-2": lambda: (None, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
+    "llama-bpe": lambda: (None, _split_then_bytes(_LLAMA3_REGEX), True),
+    "smaug-bpe": lambda: (None, _split_then_bytes(_LLAMA3_REGEX), True),
+    "qwen2": lambda: (normalizers.NFC(), _split_then_bytes(_QWEN2_REGEX), False),
 }
 # Tokens that end a turn, which llama.cpp ends generation at besides eos (`llama_vocab`'s end-of-generation list).
 END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
@@ -80,8 +81,10 @@ def gguf_tokenizer(meta: dict[str, Any], file: object) -> HFTokenizer:
             raise CheckpointError(f"{file}: tokenizer.ggml.pre {pre!r} is not supported "
                                   f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-        pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]()
+        normalizer, pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]()
         tok = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+        if normalizer is not None:
+            tok.normalizer = normalizer
         tok.pre_tokenizer = pre_tokenizer
         tok.decoder = decoders.ByteLevel()
     elif kind == "llama":
