@@ -9,6 +9,7 @@ import json
 
 import httpx
 import pytest
+import torch
 
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
@@ -72,3 +73,18 @@ def test_a_hostile_gguf_file_ends_the_process(tmp_path):
         assert last.startswith("tserve: models failed to load:") and "tensors declared" in last, last
     finally:
         srv.stop()
+
+
+def test_a_gguf_file_past_max_model_memory_is_refused_before_its_weights_are_read(tmp_path, monkeypatch):
+    from tserve.model import checkpoint
+    from tserve.service.errors import APIError
+    from tserve.service.metrics import Metrics
+    from tserve.service.registry import ModelRegistry
+    from tserve.service.settings import Settings
+
+    file = write_gguf(factories.hf_family_dir("qwen2", tmp_path / "qwen2"), tmp_path / "q.gguf", "qwen2", "Q4_0")
+    floats = checkpoint.weight_bytes(file, torch.float32)
+    reg = ModelRegistry(Settings(max_model_memory=f"{floats - 1}B", warmup=False), Metrics())
+    monkeypatch.setattr(checkpoint, "load", lambda *a, **k: pytest.fail("the weights were read"))
+    with pytest.raises(APIError, match="passes --max-model-memory"):
+        reg.load_model("q", file)

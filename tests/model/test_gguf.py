@@ -271,6 +271,15 @@ def test_truncated_file_is_refused(gguf_files, tmp_path):
         checkpoint.load(tmp_path / "cut.gguf")
 
 
+def test_weight_bytes_of_a_gguf_file_are_its_dequantized_floats(gguf_files, loaded_originals):
+    """What --max-model-memory checks before loading, from the header alone: the floats the blocks become."""
+    for kind in ("F32", "Q4_0"):
+        assert checkpoint.weight_bytes(gguf_files["qwen2"][kind], torch.float32) == checkpoint.weight_bytes(
+            loaded_originals["qwen2"].path, torch.float32)
+    assert checkpoint.weight_bytes(gguf_files["llama"]["Q8_0"], torch.bfloat16) == checkpoint.weight_bytes(
+        loaded_originals["llama"].path, torch.bfloat16)  # rope_freqs is config, not a weight
+
+
 def test_unsupported_architecture_is_named(tmp_path):
     import gguf
 

@@ -33,6 +33,8 @@ from tserve.model.attention import resolve_backend
 from tserve.model.config import BlockConfig, DecoderConfig, Seq2SeqConfig
 from tserve.model.decoder import Decoder
 from tserve.model.gguf import GGUFCheckpoint, is_gguf
+from tserve.model.gguf.families import CONFIG_TENSORS
+from tserve.model.gguf.header import read_header
 from tserve.model.importers import CheckpointError, GenerationDefaults, WeightSource, importer_for
 from tserve.model.importers.base import read_json
 from tserve.model.layers import fuse_gated_mlps
@@ -91,7 +93,11 @@ _ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "
 
 def weight_bytes(path: str | Path, dtype: torch.dtype) -> int:
     """What a checkpoint's weights take in memory with its floating tensors in `dtype`, from the safetensors
-    headers alone (no tensor is read): what a loader can check against a memory budget first."""
+    headers alone (no tensor is read): what a loader can check against a memory budget first. A GGUF file's
+    tensors count as the floats they are dequantized to."""
+    if is_gguf(Path(path)):
+        return sum(math.prod(t.shape) for t in read_header(Path(path)).tensors.values()
+                   if t.name not in CONFIG_TENSORS) * dtype.itemsize
     total = 0
     for file in WeightSource.files(Path(path)):
         with open(file, "rb") as f:

@@ -141,7 +141,7 @@ class ModelRegistry:
         """--max-model-memory: the weights of `path` and of every model served (one being replaced included,
         as both are in memory until the swap) together, from the checkpoint's headers before any weight is read."""
         limit = self.settings.max_model_memory_bytes
-        if limit is None or not path.is_dir():
+        if limit is None or not path.exists():  # a directory, or a GGUF file
             return
         dtype = checkpoint.resolve_dtype(self.settings.dtype, device)
         needed = checkpoint.weight_bytes(path, dtype)
