@@ -22,6 +22,7 @@ from safetensors.numpy import load_file
 
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 TYPES = {"F32": gguf.GGMLQuantizationType.F32, "F16": gguf.GGMLQuantizationType.F16,
+         "BF16": gguf.GGMLQuantizationType.BF16,
          "Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
 HF_TO_GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
               "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -98,7 +99,7 @@ def _tokenizer(w: gguf.GGUFWriter, d: Path, pre: str) -> None:
 
 
 def write_gguf(d: Path, out: Path, family: str, kind: str = "F32", pre: str = "gpt-2") -> Path:
-    """`d` (a save_pretrained directory of `family`) as a GGUF file of `kind` (F32, F16, Q8_0, Q4_0: the 2-D
+    """`d` (a save_pretrained directory of `family`) as a GGUF file of `kind` (F32, F16, BF16, Q8_0, Q4_0: the 2-D
     weights; norms and rope factors stay F32, as llama.cpp keeps them); `pre`: its byte-level BPE's pre-tokenizer
     name (`tokenizer.ggml.pre`)."""
     cfg = json.loads((d / "config.json").read_text())

@@ -77,6 +77,19 @@ def test_f32_file_is_the_original(family, gguf_files, loaded_originals):
     _assert_same_model(original, gguf)
 
 
+@pytest.mark.parametrize("kind", ["F16", "BF16"])
+def test_half_precision_files_are_the_original_rounded(kind, originals, loaded_originals, tmp_path):
+    """F16 / BF16 weights load as they are: the original's next tokens, logits within the rounding."""
+    original = loaded_originals["llama"]
+    gguf = checkpoint.load(write_gguf(originals["llama"], tmp_path / "half.gguf", "llama", kind))
+    assert gguf.quantization == "none"
+    ids = original.tokenizer.encode(CYCLE_TEXT)[: original.config.max_seq_len]
+    want, got = _logits(original, ids), _logits(gguf, ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=0.05 if kind == "F16" else 0.3)
+    assert not torch.equal(got, want)  # rounded: the file's own weights, not the original's
+    assert _agreement(original, gguf, CYCLE_TEXT) >= 0.97
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizer_is_the_original(family, gguf_files, loaded_originals):
     """The GGUF vocabulary (byte-level BPE with merges, or SentencePiece with scores), its special tokens and chat
