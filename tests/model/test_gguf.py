@@ -104,32 +104,35 @@ def test_tokenizer_is_the_original(family, gguf_files, loaded_originals):
     assert got.chat_template == want.chat_template
 
 
-# The pre-tokenizers of Llama 3's and Qwen2's tokenizer.json, as their releases ship them.
+# The pre-tokenizers of Llama 3's, Qwen2's and SmolLM's tokenizer.json, as their releases ship them.
 _SPLIT = {"type": "Split", "behavior": "Isolated", "invert": False}
 _BYTES = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
-RELEASED_PRE_TOKENIZERS = {
-    "llama-bpe": (None, r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+", True),
-    "qwen2": ({"type": "NFC"}, r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+", False),
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+RELEASED_PRE_TOKENIZERS = {  # name: (normalizer, pre-tokenizers, ignore_merges)
+    "llama-bpe": (None, [_SPLIT | {"pattern": {"Regex": _LLAMA3}}, _BYTES], True),
+    "qwen2": ({"type": "NFC"}, [_SPLIT | {"pattern": {"Regex": _QWEN2}}, _BYTES], False),
+    "smollm": (None, [{"type": "Digits", "individual_digits": True}, _BYTES | {"use_regex": True}], False),
 }
 
 
 @pytest.mark.parametrize("pre", sorted(RELEASED_PRE_TOKENIZERS))
 def test_named_pre_tokenizers_split_as_the_released_tokenizers(pre, originals, tmp_path):
-    """`tokenizer.ggml.pre` llama-bpe / qwen2: the tiny vocabulary behind the pre-tokenizer (and normalizer, BPE
-    flags) of Llama 3's / Qwen2's tokenizer.json gives the same ids from its GGUF file (digits split in threes or
+    """`tokenizer.ggml.pre` llama-bpe / qwen2 / smollm: the tiny vocabulary behind the pre-tokenizer (and
+    normalizer, BPE flags) of Llama 3's / Qwen2's / SmolLM's tokenizer.json gives the same ids from its GGUF file (digits split in threes or
     one by one, contractions, spaces before punctuation, decomposed accents)."""
     import json
     import shutil
 
     from tserve.model.tokenizer import load_tokenizer
 
-    normalizer, regex, ignore_merges = RELEASED_PRE_TOKENIZERS[pre]
+    normalizer, pieces, ignore_merges = RELEASED_PRE_TOKENIZERS[pre]
     d = shutil.copytree(originals["qwen2"], tmp_path / "original")
     tj = json.loads((d / "tokenizer.json").read_text())
     tj["normalizer"] = normalizer
-    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [_SPLIT | {"pattern": {"Regex": regex}}, _BYTES]}
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": pieces}
     tj["model"]["ignore_merges"] = ignore_merges
     (d / "tokenizer.json").write_text(json.dumps(tj))
     want = load_tokenizer(d)

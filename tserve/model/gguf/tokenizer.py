@@ -36,9 +36,13 @@ PRE_TOKENIZERS: dict[str, Any] = {
     "default": lambda: (None, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
     "gpt-2": lambda: (None, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
     "llama-bpe": lambda: (None, _split_then_bytes(_LLAMA3_REGEX), True),
-    "smaug-bpe": lambda: (None, _split_then_bytes(_LLAMA3_REGEX), True),
     "qwen2": lambda: (normalizers.NFC(), _split_then_bytes(_QWEN2_REGEX), False),
+    "smollm": lambda: (None, pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                      pre_tokenizers.ByteLevel(add_prefix_space=False)]), False),
 }
+# The names llama.cpp gives the same pre-tokenizers (`llama_vocab::impl::load`).
+PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in ("llama3", "llama-v3", "smaug-bpe")}
+PRE_TOKENIZERS["deepseek-r1-qwen"] = PRE_TOKENIZERS["qwen2"]
 # Tokens that end a turn, which llama.cpp ends generation at besides eos (`llama_vocab`'s end-of-generation list).
 END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
                "<|end_of_text|>", "<end_of_utterance>")
