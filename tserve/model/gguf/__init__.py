@@ -8,8 +8,8 @@ A file is read as the Hugging Face checkpoint it was converted from, so the fami
     tensors.py    tensors dequantized one at a time (F32/F16/BF16, Q8_0, Q4_0 here; K-quants by `gguf`)
     tokenizer.py  `tokenizer.ggml.*` -> a `tokenizers.Tokenizer` with the original's ids
 
-The `gguf` library (`GGUFReader`) reads the metadata and maps the tensor data, once the header has been
-checked. Block-quantized weights are not served as they are: they are dequantized, and with quantize="auto"
+The header (metadata and tensor table) is read by `header.read_header`, which checks it against the file; the
+tensor data is mapped, not read, until the loader asks for a tensor. Block-quantized weights are not served as they are: they are dequantized, and with quantize="auto"
 the loader requantizes the linear layers into the nearest of tserve's formats (Q8_0 -> int8, Q4_0 -> int4;
 `tensors.NEAREST_QUANTIZATION`), and says so in the log.
 """
@@ -19,13 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader
+import numpy as np
 
 from tserve.model.gguf.families import family_of, hf_config
 from tserve.model.gguf.header import MAGIC, read_header
-from tserve.model.gguf.tensors import GGUFWeights, to_float
+from tserve.model.gguf.tensors import GGUFWeights
 from tserve.model.gguf.tokenizer import end_ids, gguf_tokenizer
-from tserve.model.importers.base import CheckpointError
 from tserve.model.tokenizer import HFTokenizer
 
 __all__ = ["GGUFCheckpoint", "is_gguf"]
@@ -48,23 +47,15 @@ class GGUFCheckpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.header = read_header(path)
-        try:
-            self.reader = GGUFReader(path)
-        except (ValueError, KeyError, IndexError, OSError) as exc:  # the checked header makes these unlikely
-            raise CheckpointError(f"{path}: the gguf library cannot read it ({exc})") from exc
-        self.meta: dict[str, Any] = {name: field.contents() for name, field in self.reader.fields.items()
-                                     if not name.startswith("GGUF.")}
-        arch, family = family_of(self.meta, path)
-        tensors = self.header.tensors
-        rope_freqs = None
-        if "rope_freqs.weight" in tensors:
-            info = tensors["rope_freqs.weight"]
-            start = self.header.data_start + info.offset
-            rope_freqs = to_float(self.reader.data[start:start + info.n_bytes], info).double().numpy()
-        self.raw = hf_config(self.meta, tensors, path, rope_freqs)
+        self.meta: dict[str, Any] = self.header.metadata
+        _, family = family_of(self.meta, path)
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+        self.weights = GGUFWeights(data, self.header, path, permuted_qk=family.permuted_qk)
+        rope_freqs = self.weights.read("rope_freqs.weight")
+        self.raw = hf_config(self.meta, self.header.tensors, path,
+                             None if rope_freqs is None else rope_freqs.double().numpy())
+        self.weights.set_heads(self.raw["num_attention_heads"], self.raw["num_key_value_heads"])
         self.family = family
-        self.weights = GGUFWeights(self.reader, self.header, path, permuted_qk=family.permuted_qk,
-                                   n_heads=self.raw["num_attention_heads"], n_kv_heads=self.raw["num_key_value_heads"])
 
     def tokenizer(self) -> HFTokenizer:
         return gguf_tokenizer(self.meta, self.path)

@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, quants
+from gguf import GGMLQuantizationType, quants
 from torch import Tensor
 
 from tserve.model.gguf.families import CONFIG_TENSORS, hf_name, unpermute_qk
@@ -67,11 +67,10 @@ class GGUFWeights:
     the interface of `model.importers.base.WeightSource`, so the family's importer reads it unchanged. q/k
     rows are put back in Hugging Face's order where llama.cpp's converter reordered them."""
 
-    def __init__(self, reader: GGUFReader, header: Header, path: object, *, permuted_qk: bool, n_heads: int,
-                 n_kv_heads: int) -> None:
+    def __init__(self, data: np.ndarray, header: Header, path: object, *, permuted_qk: bool) -> None:
         self.file = path
-        self._reader, self._header = reader, header
-        self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads} if permuted_qk else {}
+        self._data, self._header, self._permuted_qk = data, header, permuted_qk
+        self._heads: dict[str, int] = {}
         self._where: dict[str, TensorInfo] = {}
         for name, info in header.tensors.items():
             if (hf := hf_name(name)) is not None:
@@ -79,9 +78,18 @@ class GGUFWeights:
             elif name not in CONFIG_TENSORS:
                 raise CheckpointError(f"{path}: tensor {name!r} is not one the Llama layout has")
 
+    def set_heads(self, n_heads: int, n_kv_heads: int) -> None:
+        """The head counts the q and k rows are put back by (where the architecture's were reordered)."""
+        self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads} if self._permuted_qk else {}
+
     def raw(self, info: TensorInfo) -> np.ndarray:
         start = self._header.data_start + info.offset
-        return self._reader.data[start:start + info.n_bytes]
+        return self._data[start:start + info.n_bytes]
+
+    def read(self, gguf_name: str) -> Tensor | None:
+        """A tensor by its GGUF name, as stored (dequantized); None when the file has none of that name."""
+        info = self._header.tensors.get(gguf_name)
+        return None if info is None else to_float(self.raw(info), info)
 
     def names(self) -> list[str]:
         return list(self._where)

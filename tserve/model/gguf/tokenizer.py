@@ -86,7 +86,10 @@ def gguf_tokenizer(meta: dict[str, Any], file: object) -> HFTokenizer:
                                   f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
         normalizer, pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]()
-        tok = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+        try:
+            tok = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+        except Exception as exc:  # tokenizers raises a bare Exception for merges outside the vocabulary
+            raise CheckpointError(f"{file}: its BPE vocabulary and merges do not fit together ({exc})") from exc
         if normalizer is not None:
             tok.normalizer = normalizer
         tok.pre_tokenizer = pre_tokenizer
