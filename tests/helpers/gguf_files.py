@@ -82,6 +82,8 @@ def _tokenizer(w: gguf.GGUFWriter, d: Path, pre: str) -> None:
         w.add_token_scores([0.0 if k != gguf.TokenType.NORMAL else -float(i) for i, k in enumerate(types)])
         if "<unk>" in vocab:
             w.add_unk_token_id(vocab["<unk>"])
+        if tj["pre_tokenizer"].get("prepend_scheme") == "never":
+            w.add_add_space_prefix(False)
     else:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(pre)

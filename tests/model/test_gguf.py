@@ -153,6 +153,23 @@ def test_named_pre_tokenizers_split_as_the_released_tokenizers(pre, originals, t
     assert [words(default, t) for t in texts] != [words(want, t) for t in texts]
 
 
+def test_sentencepiece_without_a_space_prefix(originals, tmp_path):
+    """`tokenizer.ggml.add_space_prefix` false: no space in front of the text, as the tokenizer.json says."""
+    import json
+    import shutil
+
+    from tserve.model.tokenizer import load_tokenizer
+
+    d = shutil.copytree(originals["mistral"], tmp_path / "original")
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["pre_tokenizer"]["prepend_scheme"] = "never"
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    want = load_tokenizer(d)
+    got = checkpoint.load(write_gguf(d, tmp_path / "t.gguf", "mistral")).tokenizer
+    assert [got.encode(t) for t in TEXTS] == [want.encode(t) for t in TEXTS]
+    assert want.encode("Hello") != load_tokenizer(originals["mistral"]).encode("Hello")  # the flag matters
+
+
 def _agreement(original, quantized, text: str) -> float:
     ids = original.tokenizer.encode(text)[: original.config.max_seq_len]
     return (_logits(quantized, ids).argmax(-1) == _logits(original, ids).argmax(-1)).float().mean().item()

@@ -101,7 +101,10 @@ def gguf_tokenizer(meta: dict[str, Any], file: object) -> HFTokenizer:
         unk = _token(meta, "tokenizer.ggml.unknown_token_id", tokens, file)
         tok = tokenizers.Tokenizer(models.BPE(vocab, sentencepiece_merges(tokens, scores), unk_token=unk,
                                               fuse_unk=True, byte_fallback=True))
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+        # A space in front of the text unless the file says not (`add_space_prefix`: false for some SentencePiece
+        # models, whose tokenizer.json then says prepend_scheme "never").
+        prepend = "first" if meta.get("tokenizer.ggml.add_space_prefix", True) else "never"
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend, split=False)
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                          decoders.Strip(" ", 1, 0)])
     else:
