@@ -192,6 +192,17 @@ def test_block_quantized_files_are_served_in_our_formats(family, kind, served, f
     assert floats.quantization == "none" and _agreement(loaded_originals[family], floats, CYCLE_TEXT) >= floor
 
 
+def test_an_explicit_quantization_wins_and_auto_keeps_floats_where_ours_cannot_run(gguf_files, caplog):
+    file = gguf_files["qwen2"]["Q8_0"]
+    assert checkpoint.load(file, quantize="int4").quantization == "int4"
+    with caplog.at_level(logging.INFO, logger="tserve.model.checkpoint"):
+        bf16 = checkpoint.load(file, dtype="bfloat16", quantize="auto")
+    assert (bf16.quantization, bf16.dtype) == ("none", torch.bfloat16)
+    said = next(r for r in caplog.records if "GGUF block-quantized" in r.getMessage())
+    assert said.nearest == "int8" and said.quantization == "none" and "float32 on the CPU" in said.why
+    assert checkpoint.load(gguf_files["qwen2"]["F32"], quantize="auto").quantization == "none"
+
+
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
 def test_block_dequantization_is_the_reference(kind):
     """Our Q8_0 / Q4_0 dequantization equals the gguf library's on random blocks (every scale is its own
