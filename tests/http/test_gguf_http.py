@@ -88,3 +88,20 @@ def test_a_gguf_file_past_max_model_memory_is_refused_before_its_weights_are_rea
     monkeypatch.setattr(checkpoint, "load", lambda *a, **k: pytest.fail("the weights were read"))
     with pytest.raises(APIError, match="passes --max-model-memory"):
         reg.load_model("q", file)
+
+
+def test_gguf_files_of_a_model_repository_load_by_name(tmp_path):
+    """`--model-repository DIR`: `NAME.gguf` there loads as NAME (`/v2/repository/models/NAME/load`)."""
+    from tserve.service.metrics import Metrics
+    from tserve.service.registry import ModelRegistry
+    from tserve.service.settings import Settings, checkpoint_dirs
+
+    d = factories.hf_family_dir("qwen2", tmp_path / "repo" / "qwen2")
+    write_gguf(d, tmp_path / "repo" / "qwen2-q8.gguf", "qwen2", "Q8_0")
+    (tmp_path / "repo" / "notes.txt").write_text("not a model")
+    found = checkpoint_dirs(tmp_path / "repo")
+    assert found == {"qwen2": d, "qwen2-q8": tmp_path / "repo" / "qwen2-q8.gguf"}
+    reg = ModelRegistry(Settings(model_repository=tmp_path / "repo", warmup=False), Metrics())
+    reg.load_model("qwen2-q8", found["qwen2-q8"])
+    assert reg.models["qwen2-q8"].loaded.quantization == "int8"
+    reg.stop()

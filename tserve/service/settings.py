@@ -126,7 +126,7 @@ class Settings(BaseSettings):
         "with API keys but no admin keys it is closed")
 
     # The model repository API (load, replace and unload models at run time).
-    model_repository: Path | None = Field(None, description="directory of checkpoint directories that "
+    model_repository: Path | None = Field(None, description="directory of checkpoint directories (and GGUF files) that "
                                           "/v2/repository/models/NAME/load loads by name")
     allow_load_paths: bool = Field(False, description="let a load request name a checkpoint path of its own")
     max_model_memory: str | None = Field(None, description="the weights of every model served, together, at most "
@@ -228,7 +228,9 @@ def parse_memory_share(value: str | None) -> tuple[int | None, float | None]:
 
 
 def checkpoint_dirs(root: Path | None) -> dict[str, Path]:
-    """NAME -> directory for each checkpoint directory (one with a config.json) in `root`."""
+    """NAME -> directory for each checkpoint directory (one with a config.json) in `root`, and NAME -> file for
+    each GGUF file there (NAME: the file's name without `.gguf`; a directory of the same name wins)."""
     if root is None or not root.is_dir():
         return {}
-    return {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()}
+    files = {f.name.removesuffix(".gguf"): f for f in sorted(root.glob("*.gguf")) if f.is_file()}
+    return files | {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()}
