@@ -22,6 +22,7 @@ scores instead: T5's relative position bias, with -inf where a key may not be at
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,10 +57,14 @@ class KVWriter(Protocol):
 # Backends
 # --------------------------------------------------------------------------------------------------
 def math_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Explicit attention. q: (B, H, Tq, D), k/v: (B, H, Tk, D). Returns (out, probabilities)."""
+    """Explicit attention. q: (B, H, Tq, D), k/v: (B, H, Tk, D). Returns (out, probabilities). `softcap`
+    (Gemma 2): scores capped to softcap * tanh(scores / softcap) before the mask."""
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         Tq, Tk = q.size(-2), k.size(-2)
         causal = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
@@ -151,17 +156,22 @@ def padding_mask(lengths: Tensor, max_len: int) -> Tensor:
     return (torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None])[:, None, None, :]
 
 
-def causal_mask(query_positions: Tensor, key_len: int) -> Tensor:
-    """(B, 1, Tq, key_len) True where key position <= query position (keys are cache positions 0..L-1)."""
-    keys = torch.arange(key_len, device=query_positions.device)
-    return (keys[None, None, :] <= query_positions[:, :, None])[:, None]
+def causal_mask(query_positions: Tensor, key_len: int, window: int | None = None) -> Tensor:
+    """(B, 1, Tq, key_len) True where key position <= query position (keys are cache positions 0..L-1), and
+    with a `window`, query position - key position < window (the query's last `window` positions)."""
+    keys = torch.arange(key_len, device=query_positions.device)[None, None, :]
+    allowed = keys <= query_positions[:, :, None]
+    if window is not None:
+        allowed &= keys > query_positions[:, :, None] - window
+    return allowed[:, None]
 
 
 @dataclass
 class Rotary:
-    """cos/sin tables gathered at the positions of one forward; applied to q and k (GPT-NeoX layout)."""
+    """cos/sin tables gathered at the positions of one forward; applied to q and k (GPT-NeoX layout). Tables
+    narrower than the head rotate its first channels only (partial rotary: Phi-4-mini), the rest pass."""
 
-    cos: Tensor  # (B, 1, T, D/2)
+    cos: Tensor  # (B, 1, T, R/2), R the rotated channels (the head size, or fewer)
     sin: Tensor
 
     @staticmethod
@@ -174,6 +184,9 @@ class Rotary:
         return cls(cos[positions][:, None].to(dtype), sin[positions][:, None].to(dtype))
 
     def apply(self, x: Tensor) -> Tensor:
+        rotated = 2 * self.cos.size(-1)
+        if rotated < x.size(-1):
+            return torch.cat((self.apply(x[..., :rotated]), x[..., rotated:]), dim=-1)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * self.cos - x2 * self.sin, x1 * self.sin + x2 * self.cos), dim=-1)
 
@@ -192,7 +205,11 @@ class Attention(nn.Module):
         cross: cross-attention (separate `q` and fused `kv` projections) instead of self-attention.
         bias: biases on the q/k/v projections; out_bias: on the output projection (default `bias`).
         qk_norm_eps: RMSNorm each head's queries and keys (Qwen3) with this epsilon; None: no norm.
+        norm_offset: those norms scale by (norm_offset + weight) (Gemma).
         rotates: apply the rotary positions it is given (False: a layer without positions, SmolLM3's NoPE).
+        scale: scores scaled by this instead of 1 / sqrt(d_head) (applied to the queries, for every backend).
+        softcap: scores soft-capped (Gemma 2); such a layer attends on the `math` path.
+        window: a sliding-window layer's window (the mask it is given says so; the decode kernel is told).
         dropout: dropout on the attention probabilities (training only).
         backend: `auto | math | sdpa | flash`.
     """
@@ -208,15 +225,23 @@ class Attention(nn.Module):
         bias: bool = True,
         out_bias: bool | None = None,
         qk_norm_eps: float | None = None,
+        norm_offset: float = 0.0,
         rotates: bool = True,
+        scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
     ) -> None:
         super().__init__()
         self.rotates = rotates
+        self.softcap = softcap
+        self.window = window
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         self.d_head = d_head or d_model // n_heads
+        # The backends all scale by 1 / sqrt(d_head): another scale is folded into the queries.
+        self.query_scale = None if scale is None else scale * math.sqrt(self.d_head)
         self.cross = cross
         self.dropout = dropout
         q_width, kv_width = n_heads * self.d_head, self.n_kv_heads * self.d_head
@@ -227,14 +252,19 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
         self.proj = nn.Linear(q_width, d_model, bias=bias if out_bias is None else out_bias)
-        self.q_norm = RMSNorm(self.d_head, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(self.d_head, qk_norm_eps) if qk_norm_eps is not None else None
+        self.q_norm = RMSNorm(self.d_head, qk_norm_eps, norm_offset) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(self.d_head, qk_norm_eps, norm_offset) if qk_norm_eps is not None else None
         self.set_backend(backend)
 
     def set_backend(self, name: str) -> None:
         self.backend = name
         self._attend = get_backend(name)
         self._cached_decode = get_cached_decode(name)
+        if self.softcap is not None:  # no fused kernel caps the scores
+            self._attend = functools.partial(math_attention, softcap=self.softcap)
+            self._cached_decode = None
+        elif self.window is not None and name != "cpu-decode":
+            self._cached_decode = None  # only the CPU kernel reads a window
 
     def _heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -278,14 +308,18 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             if rotary is not None and self.rotates:
                 q, k = rotary.apply(q), rotary.apply(k)
+            if self.query_scale is not None:
+                q = q * self.query_scale
             if cache is not None:
                 if self._cached_decode is not None and not need_weights and _direct_decode(q, cache, mask):
                     # One token per sequence: attend over [0, position] of its own slot, no gather.
                     cache.store(k, v)
-                    out = cache.decode(self._cached_decode, q)
+                    out = cache.decode(self._cached_decode, q, self.window)
                     return self.proj(out.transpose(1, 2).reshape(q.size(0), 1, -1)), None
                 k, v = cache.update(k, v)
-        attend = math_attention if need_weights else self._attend
+        attend = self._attend
+        if need_weights:
+            attend = math_attention if self.softcap is None else functools.partial(math_attention, softcap=self.softcap)
         if not need_weights and self.backend == "flash" and mask is not None and mask.is_floating_point():
             attend = sdpa_attention  # a position bias: the Triton kernels take boolean masks only
         dropout_p = self.dropout if self.training else 0.0
@@ -314,7 +348,8 @@ def _grouped(attend: AttentionFn, q: Tensor, k: Tensor, v: Tensor, mask: Tensor 
     if group == 1:
         return attend(q, k, v, mask, is_causal, dropout_p)
     B, H, Tq, D = q.shape
-    if Tq == 1 and attend is not math_attention:  # one query: causal allows every key
+    weighs = attend is math_attention or getattr(attend, "func", None) is math_attention
+    if Tq == 1 and not weighs:  # one query: causal allows every key
         out, _ = attend(q.view(B, k.size(1), group, D), k, v, mask, False, dropout_p)
         return out.reshape(B, H, 1, D), None  # SDPA on CUDA may hand back another memory layout
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

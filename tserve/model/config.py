@@ -48,6 +48,21 @@ class BlockConfig:
     out_bias: bool | None = None
     mlp_bias: bool | None = None
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's queries and keys, before the rotation
+    # Gemma: every RMSNorm scales by (norm_weight_offset + weight), its weights stored as offsets from one.
+    norm_weight_offset: float = 0.0
+    # Gemma 2/3: each sub-layer's output is normed again before the residual add (a norm on either side of it).
+    sandwich_norms: bool = False
+    # Attention scores scaled by this instead of 1 / sqrt(head size): Gemma's query_pre_attn_scalar ** -0.5,
+    # Granite's attention_multiplier.
+    attention_scale: float | None = None
+    # Gemma 2: attention scores soft-capped to cap * tanh(scores / cap) before the mask.
+    attention_softcap: float | None = None
+    # Sliding-window attention: a query of the layers in `sliding_layers` sees its last `sliding_window`
+    # positions, its own included (Mistral, Phi-3: every layer; Gemma 2/3: interleaved with global layers).
+    sliding_window: int | None = None
+    sliding_layers: list[int] = field(default_factory=list)
+    # Partial rotary (Phi-4-mini): the first `rotary_dim` channels of each head rotate, the rest pass unrotated.
+    rotary_dim: int | None = None
     # Layers whose attention takes no positions (rope positions elsewhere; SmolLM3 leaves every fourth out).
     nope_layers: list[int] = field(default_factory=list)
     # Mixture of experts: 0 = dense MLP; otherwise each token is routed to `moe_top_k` of `n_experts` MLPs.
@@ -74,6 +89,10 @@ class BlockConfig:
         _check_choice("activation", self.activation, _ACTIVATIONS)
         if self.n_experts and not 1 <= self.moe_top_k <= self.n_experts:
             raise ValueError(f"moe_top_k must be in [1, n_experts={self.n_experts}], got {self.moe_top_k}")
+        if self.sliding_layers and not (self.sliding_window and self.sliding_window > 0):
+            raise ValueError("sliding_layers need a positive sliding_window")
+        if self.rotary_dim is not None and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head):
+            raise ValueError(f"rotary_dim {self.rotary_dim}: an even number of channels, at most the head size")
         positions = getattr(self, "positions", None)
         if positions is not None:
             _check_choice("positions", positions, _POSITIONS)
@@ -123,7 +142,15 @@ class DecoderConfig(BlockConfig):
     rope_scaling: dict[str, Any] | None = None
     tie_embeddings: bool = True
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model)
+    embedding_multiplier: float = 1.0  # Granite: token embeddings multiplied by this
+    # Gemma 3: the sliding layers rotate with a rope base (and scaling) of their own.
+    local_rope_base: float | None = None
+    local_rope_scaling: dict[str, Any] | None = None
     final_norm: bool = True
+    # The output layer's logits: divided by `logits_divisor` (Granite's logits_scaling), then soft-capped to
+    # cap * tanh(logits / cap) (Gemma 2).
+    logits_divisor: float = 1.0
+    logit_softcap: float | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -134,10 +161,15 @@ class DecoderConfig(BlockConfig):
         super().__post_init__()
         if self.nope_layers and (self.positions != "rope" or not all(0 <= i < self.n_layers for i in self.nope_layers)):
             raise ValueError(f"nope_layers {self.nope_layers}: layers (of {self.n_layers}) left out of rope positions")
-        if self.rope_scaling is not None:
-            from tserve.model.rope import check_scaling  # noqa: PLC0415 (rope imports torch; configs stay light)
+        if not all(0 <= i < self.n_layers for i in self.sliding_layers):
+            raise ValueError(f"sliding_layers {self.sliding_layers}: layers of {self.n_layers}")
+        if self.local_rope_base is None and self.local_rope_scaling is not None:
+            raise ValueError("local_rope_scaling scales the local rope base: set local_rope_base too")
+        for scaling in (self.rope_scaling, self.local_rope_scaling):
+            if scaling is not None:
+                from tserve.model.rope import check_scaling  # noqa: PLC0415 (rope imports torch; configs stay light)
 
-            check_scaling(self.rope_scaling)
+                check_scaling(scaling)
 
 
 @dataclass

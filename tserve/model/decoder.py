@@ -30,9 +30,14 @@ class Decoder(nn.Module):
         elif cfg.positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(cfg.max_seq_len, cfg.d_model), persistent=False)
         else:
-            cos, sin = Rotary.tables(cfg.d_head, cfg.max_seq_len, cfg.rope_base, cfg.rope_scaling)
+            rotated = cfg.rotary_dim or cfg.d_head
+            cos, sin = Rotary.tables(rotated, cfg.max_seq_len, cfg.rope_base, cfg.rope_scaling)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+            if cfg.local_rope_base is not None:  # the sliding layers' own tables (Gemma 3)
+                cos, sin = Rotary.tables(rotated, cfg.max_seq_len, cfg.local_rope_base, cfg.local_rope_scaling)
+                self.register_buffer("local_rope_cos", cos, persistent=False)
+                self.register_buffer("local_rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, backend=backend, layer=i) for i in range(cfg.n_layers))
         self.norm_f = make_norm(cfg) if cfg.final_norm else nn.Identity()
@@ -40,19 +45,42 @@ class Decoder(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(_init_weights)
-        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.embed_scale = (math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0) * cfg.embedding_multiplier
+        self.sliding_layers = frozenset(cfg.sliding_layers)
 
     # ----------------------------------------------------------------------------------------------
-    def _embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Rotary | None]:
+    def _embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Rotary | None, Rotary | None]:
+        """Embeddings (B, T, C), the rotary positions and the sliding layers' own (None: the same)."""
         x = self.tok_emb(tokens) * self.embed_scale
-        rotary = None
+        rotary = local = None
         if self.cfg.positions == "learned":
             x = x + self.pos_emb(positions)
         elif self.cfg.positions == "sinusoidal":
             x = x + self.pos_table[positions].to(x.dtype)
         else:
             rotary = Rotary.at(self.rope_cos, self.rope_sin, positions, x.dtype)
-        return self.drop(x), rotary
+            if self.cfg.local_rope_base is not None:
+                local = Rotary.at(self.local_rope_cos, self.local_rope_sin, positions, x.dtype)
+        return self.drop(x), rotary, local
+
+    def _sliding(self, positions: Tensor, mask: Tensor | None, is_causal: bool,
+                 kv_len: int | None) -> tuple[Tensor | None, bool]:
+        """The sliding layers' (mask, is_causal): the forward's own restricted to each query's last
+        `sliding_window` positions, or the same where no query reaches past its window."""
+        window = self.cfg.sliding_window
+        keys = mask.size(-1) if mask is not None else kv_len or positions.size(1)
+        if keys <= window:
+            return mask, is_causal
+        return causal_mask(positions, keys, window), False
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The output layer on final hidden states, with the family's scaling and soft cap."""
+        logits = self.lm_head(hidden)
+        if self.cfg.logits_divisor != 1.0:
+            logits = logits / self.cfg.logits_divisor
+        if self.cfg.logit_softcap is not None:
+            logits = torch.tanh(logits / self.cfg.logit_softcap) * self.cfg.logit_softcap
+        return logits
 
     def _run(
         self,
@@ -65,20 +93,30 @@ class Decoder(nn.Module):
         slots: Tensor | None = None,
         kv_len: int | None = None,
         attention_layers: set[int] | None = None,
+        states: list[Tensor] | None = None,
     ) -> tuple[Tensor, dict[int, Tensor]]:
         """Hidden states after the final norm (B, T, C), and attention probabilities of the layers
-        asked for (each (B, H, T, Tk))."""
-        x, rotary = self._embed(tokens, positions)
+        asked for (each (B, H, T, Tk)). `states`: appended the embeddings and each block's output (the logit lens)."""
+        x, rotary, local_rotary = self._embed(tokens, positions)
+        if states is not None:
+            states.append(x)
         maps: dict[int, Tensor] = {}
         view = cache.view(slots, positions, kv_len) if cache is not None else None
+        sliding = self._sliding(positions, mask, is_causal, kv_len) if self.sliding_layers else None
         for i, block in enumerate(self.blocks):
             layer_cache = view.layer(i) if view is not None else None
             want = attention_layers is not None and i in attention_layers
+            layer_mask, layer_causal, layer_rotary = mask, is_causal, rotary
+            if i in self.sliding_layers:
+                layer_mask, layer_causal = sliding
+                layer_rotary = local_rotary or rotary
             x, probs, _ = block(
-                x, mask=mask, is_causal=is_causal, rotary=rotary, cache=layer_cache, need_weights=want
+                x, mask=layer_mask, is_causal=layer_causal, rotary=layer_rotary, cache=layer_cache, need_weights=want
             )
             if want:
                 maps[i] = probs
+            if states is not None:
+                states.append(x)
         return self.norm_f(x), maps
 
     # ----------------------------------------------------------------------------------------------
@@ -87,7 +125,7 @@ class Decoder(nn.Module):
         a real token see a later pad."""
         positions = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
         hidden, _ = self._run(tokens, positions, mask=None, is_causal=True)
-        return self.lm_head(hidden)
+        return self.logits(hidden)
 
     def hidden_states(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> the final hidden states after the final norm (B, T, C) (right padding as `forward`)."""
@@ -101,7 +139,7 @@ class Decoder(nn.Module):
         layers = set(range(self.cfg.n_layers)) if layers is None else set(layers)
         positions = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
         hidden, maps = self._run(tokens, positions, mask=None, is_causal=True, attention_layers=layers)
-        return self.lm_head(hidden), maps
+        return self.logits(hidden), maps
 
     def new_cache(
         self, num_slots: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
@@ -133,7 +171,7 @@ class Decoder(nn.Module):
         hidden, _ = self._run(tokens, positions, mask=mask, is_causal=mask is None, cache=cache, slots=slots,
                               kv_len=kv_len)
         last = hidden[torch.arange(tokens.size(0), device=tokens.device), lengths - 1]
-        return self.lm_head(last)
+        return self.logits(last)
 
     @torch.inference_mode()
     def decode_step(
@@ -148,7 +186,7 @@ class Decoder(nn.Module):
         hidden, _ = self._run(
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len
         )
-        return self.lm_head(hidden[:, 0])
+        return self.logits(hidden[:, 0])
 
 
     @torch.inference_mode()
@@ -160,7 +198,7 @@ class Decoder(nn.Module):
         last position, into its own unwritten positions or the null block). Returns logits (B, T, V)."""
         hidden, _ = self._run(tokens, positions, mask=causal_mask(positions, kv_len), is_causal=False, cache=cache,
                               slots=slots, kv_len=kv_len)
-        return self.lm_head(hidden)
+        return self.logits(hidden)
 
 
 def _attends_to_all(positions: Tensor, kv_len: int) -> bool:

@@ -185,12 +185,14 @@ class PagedLayerKV:
         v_read = v_read.view(B, n * bs, *self.v_cache.shape[1:])[:, :L]
         return k_read.transpose(1, 2), v_read.transpose(1, 2)  # (B, H, L, D)
 
-    def decode(self, kernel: CachedDecodeKernel, q: Tensor) -> Tensor:
-        """One query per row over its own positions [0, position], read block by block by `kernel`."""
+    def decode(self, kernel: CachedDecodeKernel, q: Tensor, window: int | None = None) -> Tensor:
+        """One query per row over its own positions [0, position] (the last `window` of them if given: only
+        kernels that take a window are handed one), read block by block by `kernel`."""
         bs = self.view.cache.block_size
         blocks = lambda t: t.view(-1, bs, *t.shape[1:]).transpose(1, 2)  # noqa: E731 (num_blocks, H, bs, D)
-        return kernel(q, blocks(self.k_cache), blocks(self.v_cache), self.view.row_tables, self.view.lengths,
-                      self.view.kv_len)
+        args = (q, blocks(self.k_cache), blocks(self.v_cache), self.view.row_tables, self.view.lengths,
+                self.view.kv_len)
+        return kernel(*args, window=window) if window else kernel(*args)
 
 
 class PagedCrossKV:

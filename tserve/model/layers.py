@@ -17,7 +17,7 @@ from tserve.model.norms import RMSNorm
 
 def make_norm(cfg: BlockConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
+        return RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_weight_offset)
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
@@ -116,26 +116,34 @@ def sinusoidal_table(max_len: int, dim: int, style: str = "marian") -> Tensor:
 
 
 class Block(nn.Module):
-    """Self-attention, optional cross-attention, MLP; each sub-layer residual, norm pre or post."""
+    """Self-attention, optional cross-attention, MLP; each sub-layer residual, norm pre or post (or, with
+    `sandwich_norms`, both: Gemma's second norm on the sub-layer's output, before the residual add)."""
 
     def __init__(self, cfg: BlockConfig, *, cross: bool = False, backend: str = "auto", layer: int = 0) -> None:
-        """`layer`: the block's index in its stack (whether its attention takes positions: `cfg.nope_layers`)."""
+        """`layer`: the block's index in its stack (whether its attention takes positions, `cfg.nope_layers`, and
+        slides, `cfg.sliding_layers`)."""
         super().__init__()
         self.pre_norm = cfg.norm_placement == "pre"
         attn_args = dict(bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, out_bias=cfg.out_bias,
                          d_head=cfg.d_head, dropout=cfg.dropout, backend=backend)
         self.attn = Attention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads,
-                              qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
-                              rotates=layer not in cfg.nope_layers, **attn_args)
+                              qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, norm_offset=cfg.norm_weight_offset,
+                              rotates=layer not in cfg.nope_layers, scale=cfg.attention_scale,
+                              softcap=cfg.attention_softcap,
+                              window=cfg.sliding_window if layer in cfg.sliding_layers else None, **attn_args)
         self.norm1 = make_norm(cfg)
         self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cross=True, **attn_args) if cross else None
         self.norm_cross = make_norm(cfg) if cross else None
         self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
         self.norm2 = make_norm(cfg)
+        self.norm1_out = make_norm(cfg) if cfg.sandwich_norms else None
+        self.norm2_out = make_norm(cfg) if cfg.sandwich_norms else None
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn, out_norm: nn.Module | None = None) -> tuple[Tensor, Tensor | None]:
         out, probs = fn(norm(x) if self.pre_norm else x)
+        if out_norm is not None:
+            out = out_norm(out)
         x = x + self.dropout(out)
         return (x if self.pre_norm else norm(x)), probs
 
@@ -161,6 +169,7 @@ class Block(nn.Module):
             lambda h: self.attn(
                 h, mask=mask, is_causal=is_causal, rotary=rotary, cache=cache, need_weights=need_weights
             ),
+            self.norm1_out,
         )
         cross_probs = None
         if self.cross_attn is not None:
@@ -172,7 +181,7 @@ class Block(nn.Module):
                     shared_sources=shared_sources, need_weights=need_weights,
                 ),
             )
-        x, _ = self._sublayer(x, self.norm2, lambda h: (self.mlp(h), None))
+        x, _ = self._sublayer(x, self.norm2, lambda h: (self.mlp(h), None), self.norm2_out)
         return x, self_probs, cross_probs
 
 

@@ -49,12 +49,8 @@ def logit_lens(loaded: LoadedModel, input_ids: Sequence[int], layers: Sequence[i
             states.append(x)
         head = lambda h: model._logits(model.dec_norm(h))  # noqa: E731
     else:
-        x, rotary = model._embed(tokens, positions)
-        states.append(x)
-        for block in model.blocks:
-            x, _, _ = block(x, is_causal=True, rotary=rotary)
-            states.append(x)
-        head = lambda h: model.lm_head(model.norm_f(h))  # noqa: E731
+        model._run(tokens, positions, mask=None, is_causal=True, states=states)
+        head = lambda h: model.logits(model.norm_f(h))  # noqa: E731
     out = []
     for layer in layers:
         probs = torch.softmax(head(states[layer][0]).float(), dim=-1)

@@ -98,10 +98,11 @@ def available() -> bool:
 
 
 def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, lengths: Tensor,
-                 bound: int | None = None) -> Tensor:
+                 bound: int | None = None, window: int | None = None) -> Tensor:
     """q (B, H, 1, D); k/v blocks (num_blocks, KV, block_len, D), views of the flat cache (positions, KV, D);
-    tables (B, W) block ids; lengths (B,): row b attends over its positions [0, lengths[b]). -> (B, H, 1, D).
-    (`bound`, an upper bound of the lengths, is for kernels that size their launch by it.)"""
+    tables (B, W) block ids; lengths (B,): row b attends over its positions [0, lengths[b]), or only the last
+    `window` of them. -> (B, H, 1, D). (`bound`, an upper bound of the lengths, is for kernels that size their
+    launch by it.)"""
     ext = extension()
     if ext is None:
         raise RuntimeError("the CPU kernels are not built")
@@ -109,6 +110,6 @@ def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, 
     block_len, KV = k_blocks.size(2), k_blocks.size(1)
     flat = lambda t: t.transpose(1, 2).reshape(-1, KV, D)  # noqa: E731 - the cache itself: a view, no copy
     out = ext.paged_decode(q.reshape(B, H, D).contiguous().float(), flat(k_blocks), flat(v_blocks),
-                           tables, lengths, block_len, 1.0 / math.sqrt(D))
+                           tables, lengths, block_len, 1.0 / math.sqrt(D), window or 0)
     return out.view(B, H, 1, D).to(q.dtype)
 

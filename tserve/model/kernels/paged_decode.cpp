@@ -13,13 +13,14 @@
 namespace {
 
 // q: (B, H, D); k, v: (positions, KV, D) with position p of block b at row b * block_size + p;
-// tables: (B, W) int64 block ids; lengths: (B,) int64. out: (B, H, D).
+// tables: (B, W) int64 block ids; lengths: (B,) int64; window > 0: only a row's last `window` positions (sliding-window
+// attention). out: (B, H, D).
 // A task is one row's run of `span` kv heads (all of them when there are rows enough for every thread): it reads
 // each position's keys of those heads as one contiguous run, which the prefetcher streams.
 template <typename kv_t>
 void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64_t* tables,
                        const int64_t* lengths, float* out, int64_t B, int64_t H, int64_t KV, int64_t D,
-                       int64_t W, int64_t block_size, int64_t max_len, float scale, int64_t span) {
+                       int64_t W, int64_t block_size, int64_t max_len, float scale, int64_t window, int64_t span) {
   const int64_t group = H / KV;  // query heads per kv head
   const int64_t chunks = KV / span;
   // PyTorch's own thread pool (its OpenMP runtime, its `torch.set_num_threads`), not a second runtime of ours.
@@ -28,7 +29,8 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
     std::vector<float> best(span * group), total(span * group);
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t b = task / chunks, first = (task % chunks) * span;  // kv heads first .. first + span
-      const int64_t len = std::min(lengths[b], max_len);
+      const int64_t end = std::min(lengths[b], max_len);
+      const int64_t start = window > 0 ? std::max<int64_t>(end - window, 0) : 0, len = end - start;
       const int64_t* table = tables + b * W;
       const int64_t nq = span * group;  // query heads of this task: first * group ..
       const float* qb = q + (b * H + first * group) * D;
@@ -39,7 +41,7 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
       }
       std::fill(best.begin(), best.end(), -std::numeric_limits<float>::infinity());
       for (int64_t t = 0; t < len; ++t) {
-        const int64_t pos = table[t / block_size] * block_size + t % block_size;
+        const int64_t pos = table[(start + t) / block_size] * block_size + (start + t) % block_size;
         const kv_t* kp = k + (pos * KV + first) * D;
         for (int64_t j = 0; j < nq; ++j) {
           const kv_t* kh = kp + (j / group) * D;
@@ -63,7 +65,7 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
       }
       std::fill(ob, ob + nq * D, 0.0f);
       for (int64_t t = 0; t < len; ++t) {
-        const int64_t pos = table[t / block_size] * block_size + t % block_size;
+        const int64_t pos = table[(start + t) / block_size] * block_size + (start + t) % block_size;
         const kv_t* vp = v + (pos * KV + first) * D;
         for (int64_t j = 0; j < nq; ++j) {
           const kv_t* vh = vp + (j / group) * D;
@@ -86,7 +88,7 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
 }  // namespace
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
-                           torch::Tensor lengths, int64_t block_size, double scale) {
+                           torch::Tensor lengths, int64_t block_size, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes(), "q (B, H, D), k/v (positions, KV, D)");
   TORCH_CHECK(q.scalar_type() == torch::kFloat && v.scalar_type() == k.scalar_type(),
               "q float32, k and v of one type");
@@ -108,7 +110,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
     paged_decode_rows<scalar_t>(q.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                                 tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), out.data_ptr<float>(), B, H,
-                                KV, D, W, block_size, max_len, static_cast<float>(scale), span);
+                                KV, D, W, block_size, max_len, static_cast<float>(scale), window, span);
   });
   return out;
 }
