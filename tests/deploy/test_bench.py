@@ -148,6 +148,20 @@ def test_files_benchmark_times_a_file_cold_and_with_the_memory_warm(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_families_benchmark_times_both_sides_of_each_shape(capsys, tmp_path):
+    rows = bench_script("families").main(["--tiny", "--work", str(tmp_path)])
+    assert [(r.shape, r.fmt) for r in rows] == [(s, f) for s in ("tiny-gemma3", "tiny-phi3") for f in ("float32", "int8")]
+    assert all(r.ms_per_step > 0 and r.hf_ms_per_step > 0 for r in rows)
+    from tserve.model.checkpoint import load  # noqa: PLC0415
+
+    loaded = load(tmp_path / "tiny-gemma3")
+    assert loaded.config.sliding_layers == [0, 1] and loaded.config.local_rope_base == 10_000.0
+    out = capsys.readouterr().out
+    assert "| shape | tserve weights | tserve ms/step | transformers float32 ms/step | x transformers |" in out
+    assert "CPU:" in out
+
+
 def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
     rows = bench_script("roofline").main(["--tiny"])
     formats = ["float32", "int8", "int4", "bfloat16"]

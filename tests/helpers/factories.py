@@ -276,7 +276,7 @@ RECIPES: dict[str, Callable[[Path], Path]] = {
     # greedy decoding does not, and beam search goes untested.
     "hf-marian": lambda d: _hf_marian(d, 0, train=True, steps=250),
     **{f"hf-{family}": (lambda d, family=family: _llama_family(family, d)) for family in
-       ("llama", "mistral", "qwen2", "qwen3", "smollm3")},
+       ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3", "gemma2", "phi3", "granite")},
     "hf-nllb": lambda d: _nllb(d),
     "hf-t5": lambda d: _t5(d),
     "json-lm": lambda d: _json_lm(d, 0),
@@ -313,7 +313,7 @@ def _llama_family(family: str, d: Path) -> Path:
 
 
 def hf_family_dir(family: str, d: Path) -> Path:
-    """A trained Llama-family checkpoint (llama, mistral, qwen2, qwen3, smollm3; `tests/helpers/llama_family.py`)."""
+    """A trained Llama-family checkpoint (`tests/helpers/llama_family.FAMILIES`; `tests/helpers/llama_family.py`)."""
     return copy_fixture(f"hf-{family}", d)
 
 

@@ -7,6 +7,15 @@ the real families:
     hf-qwen2    ChatML, q/k/v biases, tied embeddings
     hf-qwen3    ChatML, per-head q/k norm, head_dim (32) != hidden / heads (16), untied head
     hf-smollm3  ChatML, its second layer's attention without positions (NoPE), tied embeddings
+    hf-gemma3   Gemma's template (no system role), (1 + w) norms on either side of each sub-layer, q/k norms,
+                a sliding first layer (window 16) with a rope base of its own, linear rope scaling on the
+                global one, query_pre_attn_scalar 24 for a head size of 32, GeGLU, tied embeddings
+    hf-gemma2   as Gemma 3 without q/k norms or a local rope base; attention and final logits soft-capped
+                (caps small enough to matter: 4 and 8)
+    hf-phi3     Phi-3's template, fused qkv and gate_up projections, half of each head rotated (Phi-4-mini's
+                partial rotary), LongRoPE factors (an original context of 128: the short ones), every layer
+                sliding (window 48)
+    hf-granite  Granite's template, embedding / attention / residual multipliers and logits scaling
 
 All have grouped-query attention (4 query heads, 2 kv heads) and have learnt `fixture_training.CYCLE`
 (committed under tests/fixtures/, `factories.RECIPES`)."""
@@ -24,7 +33,7 @@ from tokenizers import Tokenizer, processors
 from tests.helpers import fixture_training
 from tserve.testing.corpus import DE, EN, train_byte_bpe
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3", "gemma2", "phi3", "granite")
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
@@ -59,8 +68,36 @@ MISTRAL_TEMPLATE = (
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
 )
+# Gemma's (2 and 3, text only): no system role; a system message is prepended to the first user turn.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+GRANITE_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + "
+    "message['content'] + '<|end_of_text|>\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif %}"
+)
 TEMPLATES = {"llama": LLAMA3_TEMPLATE, "mistral": MISTRAL_TEMPLATE, "qwen2": CHATML_TEMPLATE, "qwen3": CHATML_TEMPLATE,
-             "smollm3": CHATML_TEMPLATE}
+             "smollm3": CHATML_TEMPLATE, "gemma3": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "phi3": PHI3_TEMPLATE,
+             "granite": GRANITE_TEMPLATE}
 _SHAPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
               num_hidden_layers=2, max_position_embeddings=128)
 
@@ -123,6 +160,41 @@ def build(family: str, d: Path, seed: int = 0, train: bool = True) -> Path:
         cfg = transformers.MistralConfig(**_SHAPE, tie_word_embeddings=False, bos_token_id=bos, eos_token_id=eos,
                                          sliding_window=None, rope_parameters={"rope_type": "default",
                                                                                "rope_theta": 1e6})
+    elif family in ("gemma3", "gemma2"):
+        ids = _byte_bpe(d, ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>",
+                        GEMMA_TEMPLATE)
+        bos, eos = ids["<bos>"], [ids["<eos>"], ids["<end_of_turn>"]]
+        common = dict(_SHAPE, hidden_activation="gelu_pytorch_tanh", sliding_window=16, pad_token_id=ids["<pad>"],
+                      bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=True)
+        if family == "gemma3":
+            cfg = transformers.Gemma3TextConfig(
+                **common, head_dim=32, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}})
+        else:
+            cfg = transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=32, attn_logit_softcapping=4.0,
+                                            final_logit_softcapping=8.0)
+    elif family == "phi3":
+        ids = _byte_bpe(d, ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], None,
+                        "<|endoftext|>", PHI3_TEMPLATE)
+        bos, eos = None, [ids["<|end|>"], ids["<|endoftext|>"]]
+        rotary = int(_SHAPE["hidden_size"] // _SHAPE["num_attention_heads"] * 0.5)
+        cfg = transformers.Phi3Config(
+            **_SHAPE, tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"], eos_token_id=eos,
+            pad_token_id=ids["<|endoftext|>"], sliding_window=48, original_max_position_embeddings=128,
+            partial_rotary_factor=0.5,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                             "short_factor": [1.0 + 0.25 * i for i in range(rotary // 2)],
+                             "long_factor": [1.0 + 2.0 * i for i in range(rotary // 2)],
+                             "original_max_position_embeddings": 128})
+    elif family == "granite":
+        ids = _byte_bpe(d, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"], None, "<|end_of_text|>",
+                        GRANITE_TEMPLATE)
+        bos, eos = None, ids["<|end_of_text|>"]
+        cfg = transformers.GraniteConfig(
+            **_SHAPE, tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
+            embedding_multiplier=4.0, attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     else:
         ids = _byte_bpe(d, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", CHATML_TEMPLATE)
         bos, eos = None, [ids["<|im_end|>"], ids["<|endoftext|>"]]
@@ -148,7 +220,7 @@ def build(family: str, d: Path, seed: int = 0, train: bool = True) -> Path:
         fixture_training.train_causal_lm(model, cycle, bos, lambda x: model(input_ids=x).logits,
                                          cfg.max_position_embeddings, seed)
     model.eval().save_pretrained(d)
-    if family == "qwen2":  # the eos list lives in generation_config.json, as Qwen2.5 ships it
+    if family in ("qwen2", "phi3"):  # the eos list lives in generation_config.json, as Qwen2.5 ships it
         gen = json.loads((d / "generation_config.json").read_text())
         (d / "generation_config.json").write_text(json.dumps(gen | {"eos_token_id": eos}, indent=2))
     return d

@@ -1,14 +1,17 @@
-"""Llama, Mistral, Qwen2 and Qwen3 checkpoints against `transformers` on the same trained weights (float32):
-logits, greedy tokens, tokenizers, chat templates, and the config layouts and fields real checkpoints use."""
+"""Llama-layout checkpoints (Llama, Mistral, Qwen2/3, SmolLM3, Gemma 2/3, Phi-3, Granite) against `transformers`
+on the same trained weights (float32): logits, greedy tokens, tokenizers, chat templates, and the config layouts
+and fields real checkpoints use."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
 
+from tests.helpers.factories import hf_family_dir
 from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.one_request import lm_tokens
 from tserve.model.checkpoint import CheckpointError, load
@@ -32,7 +35,8 @@ def _hf(d):
 def test_logits_equal_transformers(hf_family):
     family, d = hf_family
     ours, hf = load(d), _hf(d)
-    assert ours.source_format == f"hf-{family}" and ours.task == "text-generation"
+    assert ours.source_format == f"hf-{json.loads((d / 'config.json').read_text())['model_type']}"
+    assert ours.task == "text-generation"
     assert ours.config.kv_heads == 2 and ours.config.n_heads == 4
     # Past the llama fixture's original context (32), where its rope scaling changes the frequencies.
     tokens = torch.randint(0, ours.config.vocab_size, (3, 100), generator=torch.Generator().manual_seed(0))
@@ -129,6 +133,9 @@ def test_chat_prompt_equals_apply_chat_template(hf_family):
         with pytest.raises(ValueError) as ours_refused:
             ours.apply_chat_template(CHATS[1])
         assert str(refused.value) in str(ours_refused.value)
+    if family.startswith("gemma"):  # no system role: the system message opens the first user turn
+        assert "<start_of_turn>user\nBe brief. Ünïcode ✓\n\nWo ist der Bahnhof?<end_of_turn>" in ours.apply_chat_template(
+            CHATS[1])
     if family.startswith("qwen"):  # loop controls and a tojson that keeps non-ASCII
         chat = [{"role": "user", "content": ""}, {"role": "user", "content": "x", "name": "Jürgen"}]
         assert ours.apply_chat_template(chat) == theirs.apply_chat_template(chat, tokenize=False,
@@ -192,7 +199,9 @@ def test_classic_rope_layout_loads_the_same(tmp_path):
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling.rope_type"),
     ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "needs"),
     ("hidden_act", "gelu", "hidden_act"),
-    ("partial_rotary_factor", 0.5, "partial_rotary_factor"),
+    ("partial_rotary_factor", 1.5, "partial_rotary_factor"),
+    ("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0, 2.0],
+                      "original_max_position_embeddings": 32}, "differ in length"),
 ])
 def test_unsupported_fields_are_named(tmp_path, field, value, message):
     from tests.helpers.factories import hf_family_dir
@@ -222,6 +231,58 @@ def test_linear_and_dynamic_rope_scaling_equal_transformers(tmp_path, kind, fact
                           pad_token_id=0)
     got = lm_tokens(ours, prompt, SamplingParams(max_tokens=positions - len(prompt), temperature=0.0, ignore_eos=True))
     assert got == out[0, len(prompt):].tolist()
+
+
+def test_longrope_past_the_original_context_equals_transformers(tmp_path):
+    """Phi-3's LongRoPE with an original context of 32 (of 128): the short factors within it, the long ones and the
+    attention factor past it, token by token as transformers decodes; and the factors are not interchangeable."""
+    from tests.helpers.factories import hf_family_dir
+
+    d = hf_family_dir("phi3", tmp_path / "phi3")
+    raw = json.loads((d / "config.json").read_text())
+    raw["original_max_position_embeddings"] = 32
+    raw["rope_parameters"] = raw["rope_parameters"] | {"original_max_position_embeddings": 32}
+    (d / "config.json").write_text(json.dumps(raw))
+    ours, hf = load(d), _hf(d)
+    assert ours.config.rope_scaling["factor"] == 4.0 and ours.config.rotary_dim == 8
+    prompt = ours.tokenizer.encode("The quick brown fox")
+    n = 80 - len(prompt)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+    theirs = out[0, len(prompt):].tolist()
+    assert lm_tokens(ours, prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) == theirs
+    # The long factors past position 32 change what the model says there.
+    short_only = dict(ours.config.rope_scaling, long_factor=ours.config.rope_scaling["short_factor"])
+    raw["rope_parameters"] = raw["rope_parameters"] | {"long_factor": short_only["long_factor"]}
+    (d / "config.json").write_text(json.dumps(raw))
+    assert lm_tokens(load(d), prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) != theirs
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward(tmp_path, family):
+    """Decoded 70 tokens past a short prompt, in a paged cache of scattered 4-position blocks (the CPU decode
+    kernel reads a sliding layer's window through its table): each step's logits equal the uncached forward over
+    the whole text, on both sides of the window (Gemma 3: 16 on its first layer; Phi-3: 48 on both). And the
+    window matters: the same weights with a window wider than the text say otherwise past the window."""
+    loaded = load(hf_family_dir(family, tmp_path / family))
+    model, cfg = loaded.model, loaded.config
+    tokens = loaded.tokenizer.encode("The quick brown")
+    cache = model.new_cache(1, 128, num_blocks=40, block_size=4)
+    cache.set_table(0, [b for b in range(39, 0, -1) if b != 20][:32])
+    with torch.no_grad():
+        logits = model.prefill(torch.tensor([tokens]), torch.tensor([len(tokens)]), cache, torch.tensor([0]))[0]
+        while len(tokens) < 90:
+            torch.testing.assert_close(logits, model(torch.tensor([tokens]))[0, -1], atol=1e-4, rtol=1e-4)
+            tokens.append(int(logits.argmax()))
+            logits = model.decode_step(torch.tensor([tokens[-1]]), torch.tensor([len(tokens) - 1]), cache,
+                                       torch.tensor([0]), kv_len=len(tokens))[0]
+        unwindowed = Decoder(replace(cfg, sliding_window=1000))  # wider than any text here
+        unwindowed.load_state_dict(model.state_dict())
+        full = model(torch.tensor([tokens]))
+        assert torch.allclose(unwindowed(torch.tensor([tokens[:cfg.sliding_window]])), full[:, :cfg.sliding_window],
+                              atol=1e-5)
+        assert (unwindowed(torch.tensor([tokens])) - full).abs().max() > 1e-2
 
 
 def test_grouped_query_cache_holds_kv_heads_only():

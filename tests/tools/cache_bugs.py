@@ -17,6 +17,9 @@ CPU_TRANSLATION_TESTS = ("tests/model/test_cpu_decode.py::test_translation_equal
 EXACT_LAYER_TEST = "tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement"
 
 CACHE_BUGS = [
+    Bug("decode-kernel-window-one-position-short", "tserve/model/kernels/paged_decode.cpp",
+        "window > 0 ? std::max<int64_t>(end - window, 0) : 0", "window > 0 ? std::max<int64_t>(end - window + 1, 0) : 0",
+        ("tests/model/test_llama_family.py::test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward[gemma3]",)),
     Bug("translation-preempted-without-replay", "tserve/model/decoding/seq2seq_runner.py",
         "        seq.resume_at = seq.next_position", "        seq.resume_at = 0",
         (PREEMPTION_TEST,)),

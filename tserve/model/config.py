@@ -52,6 +52,7 @@ class BlockConfig:
     norm_weight_offset: float = 0.0
     # Gemma 2/3: each sub-layer's output is normed again before the residual add (a norm on either side of it).
     sandwich_norms: bool = False
+    residual_multiplier: float = 1.0  # Granite: each sub-layer's output times this before the residual add
     # Attention scores scaled by this instead of 1 / sqrt(head size): Gemma's query_pre_attn_scalar ** -0.5,
     # Granite's attention_multiplier.
     attention_scale: float | None = None

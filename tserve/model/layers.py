@@ -138,12 +138,15 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg)
         self.norm1_out = make_norm(cfg) if cfg.sandwich_norms else None
         self.norm2_out = make_norm(cfg) if cfg.sandwich_norms else None
+        self.residual_multiplier = cfg.residual_multiplier
         self.dropout = nn.Dropout(cfg.dropout)
 
     def _sublayer(self, x: Tensor, norm: nn.Module, fn, out_norm: nn.Module | None = None) -> tuple[Tensor, Tensor | None]:
         out, probs = fn(norm(x) if self.pre_norm else x)
         if out_norm is not None:
             out = out_norm(out)
+        if self.residual_multiplier != 1.0:
+            out = out * self.residual_multiplier
         x = x + self.dropout(out)
         return (x if self.pre_norm else norm(x)), probs
 

@@ -13,6 +13,12 @@
   decoding token by token; a prompt longer than the original context in a single forward is rotated by
   transformers with one base for all its positions (its result depends on how a prompt is chunked), and
   here position by position.
+- `longrope` (Phi-3, Phi-4-mini; "su" in early configs): each frequency divided by its own factor, the
+  `short_factor` list within `original_max_position_embeddings` and the `long_factor` list beyond it, and cos/sin
+  multiplied by an attention factor (sqrt(1 + ln(factor) / ln(original context)), factor = context / original
+  context, unless the config gives it). transformers switches a whole forward to the long factors once its last
+  position passes the original context: equal to these tables while decoding token by token, and for any prompt
+  within the original context; a longer prompt in one forward is rotated here position by position.
 """
 
 from __future__ import annotations
@@ -23,15 +29,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-SCALINGS = ("default", "linear", "llama3", "dynamic")
+SCALINGS = ("default", "linear", "llama3", "dynamic", "longrope")
 _REQUIRED = {"linear": ("factor",), "dynamic": ("factor",),
-             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings")}
+_ALIASES = {"su": "longrope"}
 
 
 def scaling_type(scaling: dict[str, Any] | None) -> str:
     if not scaling:
         return "default"
-    return scaling.get("rope_type") or scaling.get("type") or "default"
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    return _ALIASES.get(kind, kind)
 
 
 def check_scaling(scaling: dict[str, Any]) -> None:
@@ -44,6 +53,8 @@ def check_scaling(scaling: dict[str, Any]) -> None:
         raise ValueError(f"rope_scaling of type {kind!r} needs {missing}")
     if kind == "dynamic" and not scaling.get("max_position_embeddings"):
         raise ValueError("rope_scaling of type 'dynamic' needs max_position_embeddings (the trained context)")
+    if kind == "longrope" and len(scaling["short_factor"]) != len(scaling["long_factor"]):
+        raise ValueError("rope_scaling of type 'longrope': short_factor and long_factor differ in length")
 
 
 def inv_freq(d_head: int, base: float) -> Tensor:
@@ -77,6 +88,8 @@ def tables(d_head: int, max_len: int, base: float = 10000.0,
             freqs = 1.0 / (bases.float()[:, None] ** exponents[None, :])
             angles[trained:] = positions[trained:, None] * freqs
         return angles.cos(), angles.sin()
+    if kind == "longrope":
+        return _longrope(d_head, max_len, base, scaling)
     freqs = inv_freq(d_head, base)
     if kind == "linear":
         freqs = freqs / float(scaling["factor"])
@@ -84,3 +97,20 @@ def tables(d_head: int, max_len: int, base: float = 10000.0,
         freqs = _llama3(freqs, scaling)
     angles = positions[:, None] * freqs[None, :]
     return angles.cos(), angles.sin()
+
+
+def _longrope(d_head: int, max_len: int, base: float, s: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    original, factor = int(s["original_max_position_embeddings"]), float(s["factor"])
+    for name in ("short_factor", "long_factor"):
+        if len(s[name]) != d_head // 2:
+            raise ValueError(f"rope_scaling of type 'longrope': {name} has {len(s[name])} factors for "
+                             f"{d_head // 2} frequencies")
+    attention = s.get("attention_factor")
+    if attention is None:
+        attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    exponents = torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head
+    short = 1.0 / (torch.tensor(s["short_factor"], dtype=torch.float32) * base**exponents)
+    long = 1.0 / (torch.tensor(s["long_factor"], dtype=torch.float32) * base**exponents)
+    positions = torch.arange(max_len, dtype=torch.float32)[:, None]
+    angles = torch.where(positions < original, positions * short[None, :], positions * long[None, :])
+    return angles.cos() * attention, angles.sin() * attention

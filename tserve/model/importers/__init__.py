@@ -20,11 +20,14 @@ from typing import Any
 
 from tserve.model.importers import (
     deit,
+    gemma,
     gpt2,
+    granite,
     llama,
     m2m100,
     marian,
     mistral,
+    phi3,
     qwen2,
     qwen3,
     smollm3,
@@ -34,7 +37,7 @@ from tserve.model.importers import (
 )
 from tserve.model.importers.base import CheckpointError, GenerationDefaults, WeightSource
 
-_MODULES = (gpt2, marian, m2m100, t5, vit, deit, llama, mistral, qwen2, qwen3, smollm3)
+_MODULES = (gpt2, marian, m2m100, t5, vit, deit, llama, mistral, qwen2, qwen3, smollm3, gemma, phi3, granite)
 IMPORTERS: dict[str, ModuleType] = {t: m for m in _MODULES for t in m.MODEL_TYPES}
 
 __all__ = ["IMPORTERS", "CheckpointError", "GenerationDefaults", "WeightSource", "importer_for"]
