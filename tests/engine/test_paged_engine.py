@@ -127,6 +127,25 @@ def test_every_sampling_and_stopping_option_gives_the_same_from_cached_blocks_an
     assert cached.runner.blocks.num_in_use == small.runner.blocks.num_in_use == 0
 
 
+def test_a_sliding_window_model_from_cached_blocks_and_preempted_writes_what_it_writes_alone(tmp_path):
+    """Gemma 3 (its first layer attends within 16 positions, with a rope base of its own; prompts of 37+ tokens):
+    requests behind a shared system prompt, sent twice to a prefix-caching engine (the second round from cached
+    blocks) and once to a pool so small that they are preempted and recomputed, each write what it writes alone."""
+    gemma = checkpoint.load(factories.hf_family_dir("gemma3", tmp_path / "gemma3"), device="cpu")
+    assert gemma.config.sliding_layers == [0] and gemma.config.sliding_window == 16
+    jobs = shared_prompt_jobs(gemma, 6)
+    assert min(len(p) for p, _ in jobs) > 2 * gemma.config.sliding_window
+    cached = engine_of(gemma, max_slots=6)
+    first, second = run_all(cached, jobs, stop=False), run_all(cached, jobs)
+    block_bytes = 4 * 2 * gemma.config.n_layers * gemma.config.kv_heads * gemma.config.d_head * 4
+    small = engine_of(gemma, max_slots=6, kv_cache_budget=(48 * block_bytes, None), max_model_len=96)
+    preempted = run_all(small, jobs)
+    alone = [lm_tokens(gemma, p, params) for p, params in jobs]
+    assert_varied(alone, 0.5)
+    assert [r.generated for r in first] == [r.generated for r in second] == [r.generated for r in preempted] == alone
+    assert sum(r.cached_tokens for r in second) > 0 and metric(small, "tserve_preemptions_total") > 0
+
+
 def test_a_soak_of_requests_gives_every_block_back(lm):
     """120 requests (shared prefixes, some cancelled while running, some while queued) through a pool that
     preempts: at the end no block is held, every count is zero, and the cached names fit in the pool."""

@@ -93,6 +93,20 @@ def test_greedy_output_is_identical_with_speculation_and_drafts_are_both_kept_an
     assert 0 < kept < drafted, (kept, drafted)
 
 
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_families_with_sliding_windows_write_with_drafts_what_they_write_without(tmp_path, family):
+    """A draft's tokens attend through the sliding layers' masks (Gemma 3: 16 positions on its first layer; Phi-3:
+    48 on both, a rotary half-head), prompts and replies past the window: greedy and seeded sampling the same."""
+    model = checkpoint.load(factories.hf_family_dir(family, tmp_path / family), device="cpu")
+    prompts = mixed_prompts(model, 6)
+    params = [SamplingParams(max_tokens=40, temperature=0.0 if i % 2 else 0.8, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
+    plain = generate(model, prompts, params)
+    fast = generate(model, prompts, params, runner=speculative_runner(model, 3, num_tokens=4), max_batch=3)
+    assert [s.generated for s in fast] == [s.generated for s in plain]
+    assert sum(s.drafted for s in fast) > 0
+
+
 def make_engine(lm, **kw) -> GenerationEngine:  # noqa: ANN001
     engine = GenerationEngine("lm", lm, max_slots=8, max_queue=64, max_model_len=None, timeout_s=60.0,
                               metrics=Metrics(), **kw)

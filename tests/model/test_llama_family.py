@@ -285,6 +285,37 @@ def test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward(tmp
         assert (unwindowed(torch.tensor([tokens])) - full).abs().max() > 1e-2
 
 
+def test_gemma3_configs_as_the_hub_writes_them_and_its_multimodal_checkpoints_load_the_same(tmp_path):
+    """The hub's Gemma 3 configs predate `rope_parameters` per layer type: rope_theta (global), rope_local_base_freq,
+    rope_scaling (global only) and sliding_window_pattern. And a multimodal Gemma 3 (`gemma3`) nests the text
+    config under text_config and its weights under model.language_model: its text model is the same model."""
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    d = hf_family_dir("gemma3", tmp_path / "gemma3")
+    reference = load(d)
+    raw = json.loads((d / "config.json").read_text())
+    hub = {k: v for k, v in raw.items() if k not in ("rope_parameters", "layer_types")}
+    hub |= {"rope_theta": 1e6, "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+            "sliding_window_pattern": 2}
+    (d / "config.json").write_text(json.dumps(hub))
+    older = load(d)
+    assert (older.config.sliding_layers, older.config.local_rope_base) == ([0], 10000.0)
+    tokens = torch.randint(0, reference.config.vocab_size, (2, 60), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(older.model(tokens), reference.model(tokens))
+    multimodal = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                  "eos_token_id": raw["eos_token_id"], "text_config": {k: v for k, v in raw.items() if "token_id" not in k},
+                  "vision_config": {"model_type": "siglip_vision_model"}}
+    (d / "config.json").write_text(json.dumps(multimodal))
+    weights = {f"model.language_model.{k.removeprefix('model.')}": v for k, v in load_file(d / "model.safetensors").items()}
+    weights["model.vision_tower.patch_embedding.weight"] = torch.zeros(4, 3, 2, 2)
+    save_file(weights, d / "model.safetensors")
+    text = load(d)
+    assert text.source_format == "hf-gemma3" and text.generation.eos_token_ids == raw["eos_token_id"]
+    with torch.no_grad():
+        assert torch.equal(text.model(tokens), reference.model(tokens))
+
+
 def test_grouped_query_cache_holds_kv_heads_only():
     """A Qwen2.5-0.5B-shaped attention (14 query heads, 2 kv heads) needs 1/7 of a full-heads cache."""
     shape = dict(vocab_size=64, d_model=112, n_heads=14, d_ff=64, n_layers=2, max_seq_len=32, positions="rope",
