@@ -36,12 +36,14 @@ def blocks(t: torch.Tensor, block: int) -> torch.Tensor:
     return t.view(-1, block, *t.shape[1:]).transpose(1, 2)  # (num_blocks, KV, block, D), as the cache hands out
 
 
-def reference(q, k, v, tables, lengths, block):  # noqa: ANN001, ANN201
-    """SDPA over each row's blocks gathered, its first `lengths[b]` positions, kv heads repeated per group."""
+def reference(q, k, v, tables, lengths, block, window=None):  # noqa: ANN001, ANN201
+    """SDPA over each row's blocks gathered, its first `lengths[b]` positions (the last `window` of them, if
+    given), kv heads repeated per group."""
     B, H, _, D = q.shape
     out = []
     for b in range(B):
         rows = torch.cat([torch.arange(i * block, (i + 1) * block) for i in tables[b].tolist()])[: lengths[b]]
+        rows = rows[-window:] if window else rows
         kb, vb = (t[rows].transpose(0, 1).repeat_interleave(H // t.size(1), dim=0) for t in (k, v))
         out.append(F.scaled_dot_product_attention(q[b], kb, vb))
     return torch.stack(out)
@@ -60,6 +62,17 @@ def test_kernel_equals_sdpa_over_the_gathered_blocks(B, H, KV, D, block, lengths
     lengths = torch.tensor(lengths)
     got = cpu_kernels.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths)
     torch.testing.assert_close(got, reference(q, k, v, tables, lengths, block), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 17])
+def test_a_sliding_window_reads_each_rows_last_positions_only(window):
+    """Rows shorter than the window, as long, one longer, much longer; windows within a block and across them."""
+    B, H, KV, D, block = 6, 4, 2, 32, 4
+    lengths = torch.tensor([1, window, window + 1, 3 * window + 2, 40, 16])
+    k, v, tables = paged(B, KV, D, block, 11, seed=window)
+    q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(2))
+    got = cpu_kernels.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths, window=window)
+    torch.testing.assert_close(got, reference(q, k, v, tables, lengths, block, window), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -19,7 +19,8 @@ EXACT_LAYER_TEST = "tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_ker
 CACHE_BUGS = [
     Bug("decode-kernel-window-one-position-short", "tserve/model/kernels/paged_decode.cpp",
         "window > 0 ? std::max<int64_t>(end - window, 0) : 0", "window > 0 ? std::max<int64_t>(end - window + 1, 0) : 0",
-        ("tests/model/test_llama_family.py::test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward[gemma3]",)),
+        ("tests/model/test_llama_family.py::test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward[gemma3]",
+         "tests/model/test_cpu_decode.py::test_a_sliding_window_reads_each_rows_last_positions_only[5]")),
     Bug("translation-preempted-without-replay", "tserve/model/decoding/seq2seq_runner.py",
         "        seq.resume_at = seq.next_position", "        seq.resume_at = 0",
         (PREEMPTION_TEST,)),
