@@ -17,8 +17,11 @@
   `short_factor` list within `original_max_position_embeddings` and the `long_factor` list beyond it, and cos/sin
   multiplied by an attention factor (sqrt(1 + ln(factor) / ln(original context)), factor = context / original
   context, unless the config gives it). transformers switches a whole forward to the long factors once its last
-  position passes the original context: equal to these tables while decoding token by token, and for any prompt
-  within the original context; a longer prompt in one forward is rotated here position by position.
+  position passes the original context: equal to these tables while its model decodes token by token with its
+  cache, and for any prompt within the original context; a longer prompt in one forward is rotated here position
+  by position. (Phi-3's `generate` in transformers also discards its cache once, when the text first passes the
+  original context, and recomputes every position with the long factors; here the positions already cached keep
+  the short ones, as vLLM's do.)
 """
 
 from __future__ import annotations
