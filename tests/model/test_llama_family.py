@@ -252,7 +252,7 @@ def test_longrope_past_the_original_context_equals_transformers(tmp_path):
     theirs, cache, step = [], DynamicCache(config=hf.config), torch.tensor([prompt])
     with torch.no_grad():
         for position in range(len(prompt) - 1, 79):
-            out = hf(step, past_key_values=cache, use_cache=True,
+            out = hf(step, cache=cache, use_cache=True,
                      position_ids=torch.arange(position + 1 - step.size(1), position + 1)[None])
             theirs.append(int(out.logits[0, -1].argmax()))
             step = torch.tensor([[theirs[-1]]])
