@@ -17,7 +17,7 @@ from tests.helpers.fixture_training import CYCLE_TEXT, cycle_prompts
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.sampling_options import option_matrix, streamed
 from tserve.model import checkpoint
-from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, generate
+from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
 from tserve.model.decoding.speculative import JUDGED_EVERY, PAUSE_TOKENS, NgramIndex
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
@@ -232,6 +232,28 @@ def test_drafting_pauses_after_mostly_rejected_drafts_and_resumes_later():
     assert spec.drafting(seq)  # half kept: goes on
     seq.params = SamplingParams(temperature=0.0, presence_penalty=0.5)
     assert not spec.drafting(seq)  # a penalty's scores depend on the tokens before: never drafted for
+
+
+def test_a_speculative_step_records_what_each_row_drafted_and_kept(lm):
+    """The counts `Speculation.drafting` judges (and the totals the metrics read) grow by each row's draft and by
+    the part of it the model kept, and its cache then holds its next token and the kept draft."""
+    runner = speculative_runner(lm, 2, num_tokens=4)
+    seqs = [TextSequence(p, SamplingParams(max_tokens=12, temperature=0.0)) for p in mixed_prompts(lm, 2)]
+    for s in seqs:
+        assert runner.admit(s)
+    for s, t in zip(seqs, runner.choose(seqs, runner.prefill(seqs))[0], strict=True):
+        assert runner.append(s, t) is None
+    drafts = runner.drafts(seqs)
+    assert all(drafts)
+    for s, d in zip(seqs, drafts, strict=True):
+        assert runner.grow(s, len(d))
+    before = [s.num_computed for s in seqs]
+    tokens = runner.choose_ahead(seqs, drafts, runner.decode_ahead(seqs, drafts))[0]
+    for s, d, t, n in zip(seqs, drafts, tokens, before, strict=True):
+        kept = len(t) - 1
+        assert t[:kept] == d[:kept]
+        assert (s.drafted, s.accepted, s.recent_drafted, s.recent_accepted) == (len(d), kept, len(d), kept)
+        assert s.num_computed == n + 1 + kept
 
 
 def test_no_drafts_beyond_the_row_limit(lm):

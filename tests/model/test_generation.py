@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pytest
@@ -326,3 +327,77 @@ def test_a_finished_hypothesis_is_scored_with_the_length_penalty():
         search.advance(step[None])
     assert search.done and search.best() == [t2, t1, eos]
     assert search.best_score == pytest.approx(float(torch.tensor([0.6, 0.5, 0.6]).log().sum()) / 3**2)
+
+
+def test_a_checkpoint_without_generation_eos_ids_ends_on_the_tokenizers_eos(tiny_lm):
+    """No eos ids in generation_config.json: the tokenizer's eos ends a sequence, not the model config's."""
+    from dataclasses import replace
+
+    from tserve.model.decoding import DecoderRunner, TextSequence
+
+    lm = load(tiny_lm)
+    eos = lm.tokenizer.eos_id
+    other = next(t for t in range(lm.config.vocab_size) if t != eos)
+    lm = replace(lm, config=replace(lm.config, eos_token_id=other), generation=replace(lm.generation, eos_token_ids=[]))
+    runner = DecoderRunner(lm, num_slots=1, cuda_graphs=False)
+    assert runner.eos_ids == {eos}
+    seq = TextSequence([other], SamplingParams(max_tokens=8, temperature=0.0))
+    assert runner.append(seq, other) is None and runner.append(seq, eos) == "stop"
+    assert seq.generated == [other]
+
+
+def test_an_ending_candidate_outside_the_top_num_beams_does_not_finish():
+    """Only candidates among the top num_beams enter the finished set (transformers' rule). Step 1: eos is the
+    third of four candidates (0.4, 0.3, 0.15 for eos): it does not finish, though its score, log 0.15 = -1.90,
+    would beat every hypothesis that does; step 2 ends both running beams at the length limit."""
+    V, start, eos = 64, 0, 3
+    first = torch.full((V,), 0.15 / 61)
+    first[[1, 2, eos]] = torch.tensor([0.4, 0.3, 0.15])
+    second = torch.full((2, V), 0.95 / 63)
+    second[0, 5] = second[1, 6] = 0.05  # beam [1] continues best with 5, beam [2] with 6
+    search = BeamSearch(BeamSettings(num_beams=2, max_new_tokens=2, eos_token_id=eos), start)
+    search.advance(torch.stack([first, first]).log())
+    assert not search.done
+    search.advance(second.log())
+    assert search.done
+    expected = [([1, 5], (math.log(0.4) + math.log(0.05)) / 2), ([2, 6], (math.log(0.3) + math.log(0.05)) / 2)]
+    got = search.hypotheses(2)
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    assert [score for _, score in got] == pytest.approx([score for _, score in expected], rel=1e-5)
+
+
+@pytest.mark.parametrize("early_stopping", [False, "never"])
+def test_never_stopping_early_scores_the_running_beam_at_the_longest_length(early_stopping):
+    """One beam, length_penalty 1. Step 1 finishes [eos] (log 0.5 = -0.69) and keeps [t1] (log 0.4 = -0.92).
+    early_stopping=False scores [t1] at its length, 1: it cannot win, the search ends. "never" scores it at the
+    longest length, 4 (-0.23): the search goes on, and [t1, eos] ((log 0.4 + log 0.95) / 2 = -0.48) wins."""
+    t0, t1, eos = 0, 1, 3
+    steps = torch.tensor([[0.05, 0.4, 0.05, 0.5], [0.03, 0.015, 0.005, 0.95]]).log()
+    search = BeamSearch(BeamSettings(num_beams=1, max_new_tokens=4, eos_token_id=eos, length_penalty=1.0,
+                                     early_stopping=early_stopping), t0)
+    taken = 0
+    while not search.done:
+        search.advance(steps[taken][None])
+        taken += 1
+    if early_stopping == "never":
+        assert (taken, search.best()) == (2, [t1, eos])
+        assert search.best_score == pytest.approx((math.log(0.4) + math.log(0.95)) / 2, rel=1e-5)
+    else:
+        assert (taken, search.best()) == (1, [eos])
+        assert search.best_score == pytest.approx(math.log(0.5), rel=1e-5)
+
+
+def test_a_prompt_counts_the_positions_it_found_in_the_prefix_cache(tiny_lm):
+    """At its first admission a sequence records how much of its prompt came from blocks another one computed:
+    here the two full blocks (of 4 positions) that a second prompt shares with a first one run before it."""
+    from tserve.model.decoding import DecoderRunner
+
+    lm = load(tiny_lm)
+    first = lm.tokenizer.encode("Hello world, the house is small and the cat is black")
+    assert len(first) >= 12
+    second = [*first[:8], next(t for t in first if t != first[8]), *first[9:]]  # another third block
+    runner = DecoderRunner(lm, num_slots=1, cuda_graphs=False, block_size=4)
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    (a,) = generate(lm, [first], params, runner=runner)
+    (b,) = generate(lm, [second], params, runner=runner)
+    assert (a.cached_tokens, b.cached_tokens) == (0, 8)
