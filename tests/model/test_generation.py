@@ -86,6 +86,23 @@ def test_eos_ban_banned_ids_and_forced_eos_follow_each_rows_state():
     assert out.tolist() == [[inf, 0, 0, inf, 0], [inf, 0, 0, 0, 0], [inf, 0, 0, inf, 0], [inf, inf, inf, 0, inf]]
 
 
+def test_a_forced_first_token_is_the_only_choice_at_a_rows_first_step():
+    """A multilingual translator's target language (`forced_bos_token_id`): at a row's first step only its forced
+    token may come, scored 0 as transformers scores it; later steps, and rows without one, are left alone."""
+
+    @dataclass
+    class Forced(Row):
+        forced_first_token: int | None = None
+
+    logits = torch.randn(4, 6)
+    rows = [Forced(forced_first_token=4), Forced(forced_first_token=4, num_generated=1), Forced(),
+            Forced(forced_first_token=1)]
+    out = LogitsPipeline(None).constrain(logits, rows)
+    inf = float("-inf")
+    assert out[0].tolist() == [inf, inf, inf, inf, 0.0, inf] and out[3].tolist() == [inf, 0.0, inf, inf, inf, inf]
+    torch.testing.assert_close(out[1:3], logits[1:3])
+
+
 def test_processors_that_no_row_uses_cost_nothing():
     """Greedy rows without penalties, bias or filters: the scores go through untouched, not even copied."""
     logits = torch.randn(3, 7)
