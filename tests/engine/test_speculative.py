@@ -86,6 +86,7 @@ def test_greedy_output_is_identical_with_speculation_and_drafts_are_both_kept_an
     prompts = mixed_prompts(lm, 12)
     params = [SamplingParams(max_tokens=8 + 3 * i, temperature=0.0) for i in range(len(prompts))]
     plain = generate(lm, prompts, params)
+    assert sum(s.drafted for s in plain) == 0  # a runner without speculation drafts nothing
     fast = generate(lm, prompts, params, runner=speculative_runner(lm, 4, num_tokens=4), max_batch=4)
     assert [s.generated for s in fast] == [s.generated for s in plain]
     assert [s.finish_reason for s in fast] == [s.finish_reason for s in plain]

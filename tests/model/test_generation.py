@@ -347,7 +347,8 @@ def test_a_finished_hypothesis_is_scored_with_the_length_penalty():
 
 
 def test_a_checkpoint_without_generation_eos_ids_ends_on_the_tokenizers_eos(tiny_lm):
-    """No eos ids in generation_config.json: the tokenizer's eos ends a sequence, not the model config's."""
+    """No eos ids in generation_config.json: the tokenizer's eos ends a sequence, not the model config's (which
+    does without a tokenizer)."""
     from dataclasses import replace
 
     from tserve.model.decoding import DecoderRunner, TextSequence
@@ -361,6 +362,8 @@ def test_a_checkpoint_without_generation_eos_ids_ends_on_the_tokenizers_eos(tiny
     seq = TextSequence([other], SamplingParams(max_tokens=8, temperature=0.0))
     assert runner.append(seq, other) is None and runner.append(seq, eos) == "stop"
     assert seq.generated == [other]
+    # Without a tokenizer either: the model config's eos.
+    assert DecoderRunner(replace(lm, tokenizer=None), num_slots=1, cuda_graphs=False).eos_ids == {other}
 
 
 def test_an_ending_candidate_outside_the_top_num_beams_does_not_finish():
