@@ -421,3 +421,14 @@ def test_a_prompt_counts_the_positions_it_found_in_the_prefix_cache(tiny_lm):
     (a,) = generate(lm, [first], params, runner=runner)
     (b,) = generate(lm, [second], params, runner=runner)
     assert (a.cached_tokens, b.cached_tokens) == (0, 8)
+
+
+def test_a_search_where_fewer_hypotheses_than_beams_can_finish_returns_only_those():
+    """Two beams, one position, only eos allowed there (Marian's forced eos at the length limit): one hypothesis
+    finishes, and the other slot, never filled, is not returned as one."""
+    start, eos = 0, 3
+    only_eos = torch.full((2, 4), float("-inf"))
+    only_eos[:, eos] = 0.0
+    search = BeamSearch(BeamSettings(num_beams=2, max_new_tokens=1, eos_token_id=eos), start)
+    search.advance(only_eos)
+    assert search.done and search.hypotheses(2) == [([eos], 0.0)]
