@@ -77,7 +77,7 @@ CACHE_BUGS = [
         "        if False:",
         ("tests/engine/test_translation_preemption.py::test_a_source_longer_than_the_runner_holds_claims_nothing",)),
     Bug("cpu-decode-reads-keys-one-position-late", "tserve/model/kernels/paged_decode.cpp",
-        "t % block_size;\n        const kv_t* kp", "(t + 1) % block_size;\n        const kv_t* kp",
+        "(start + t) % block_size;\n        const kv_t* kp", "(start + t + 1) % block_size;\n        const kv_t* kp",
         CPU_KERNEL_TESTS),
     Bug("cpu-decode-leaves-the-softmax-unnormalised", "tserve/model/kernels/paged_decode.cpp",
         "const float inv = 1.0f / total[j];", "const float inv = 1.0f;",
