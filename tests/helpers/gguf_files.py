@@ -154,6 +154,11 @@ sys.path[:0] = [root, root + "/gguf-py"]
 import conversion.base as base
 # Our tiny tokenizers are not among the pre-tokenizers llama.cpp recognises by hash; theirs is GPT-2's.
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+# Gemma 2's and Phi-3's converters read a SentencePiece tokenizer.model only; our tiny Gemma 2 and Phi-3 have a
+# byte-level BPE tokenizer.json, which they write as the converter writes any (Gemma 3's, Phi-4-mini's do so).
+import conversion.gemma as gemma, conversion.phi as phi
+for model in (gemma.Gemma2Model, phi.Phi3MiniModel):
+    model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv[0] = root + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -203,3 +208,39 @@ def header(n_tensors: int, n_kv: int, version: int = 3, magic: bytes = b"GGUF") 
 def gguf_string(s: str | bytes, length: int | None = None) -> bytes:
     raw = s.encode() if isinstance(s, str) else s
     return struct.pack("<Q", len(raw) if length is None else length) + raw
+
+
+def rewrite_gguf(src: Path, out: Path, kind: str = "F32", metadata: dict | None = None) -> Path:
+    """A copy of the GGUF file `src` (an F32 file, from llama.cpp's converter say) with its 2-D weights quantized to
+    `kind` by the `gguf` library as llama.cpp's quantizer writes them (norms, rope factors stay F32), and
+    `metadata` (key: value) added or replaced: what a file of that type or with that key holds."""
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(out, arch)
+    metadata = dict(metadata or {})
+    skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture", *metadata}
+    for key, field in reader.fields.items():
+        if key in skip:
+            continue
+        kinds = field.types
+        if kinds[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, field.contents())
+        else:
+            w.add_key_value(key, field.contents(), kinds[0])
+    for key, value in metadata.items():
+        if isinstance(value, list):
+            w.add_array(key, value)
+        else:
+            w.add_key_value(key, value, gguf.GGUFValueType.UINT32 if isinstance(value, int) else
+                            gguf.GGUFValueType.FLOAT32)
+    for t in reader.tensors:
+        data = np.array(t.data, dtype=np.float32).reshape(tuple(reversed([int(n) for n in t.shape])))
+        if data.ndim == 2 and kind != "F32":
+            w.add_tensor(t.name, gguf.quants.quantize(data, TYPES[kind]), raw_dtype=TYPES[kind])
+        else:
+            w.add_tensor(t.name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tserve.model.gguf.families import family_of, hf_config
+from tserve.model.gguf.families import CONFIG_TENSORS, family_of, hf_config
 from tserve.model.gguf.header import MAGIC, read_header
 from tserve.model.gguf.tensors import GGUFWeights
 from tserve.model.gguf.tokenizer import end_ids, gguf_tokenizer
@@ -50,10 +50,10 @@ class GGUFCheckpoint:
         self.meta: dict[str, Any] = self.header.metadata
         _, family = family_of(self.meta, path)
         data = np.memmap(path, dtype=np.uint8, mode="r")
-        self.weights = GGUFWeights(data, self.header, path, permuted_qk=family.permuted_qk)
-        rope_freqs = self.weights.read("rope_freqs.weight")
-        self.raw = hf_config(self.meta, self.header.tensors, path,
-                             None if rope_freqs is None else rope_freqs.double().numpy())
+        self.weights = GGUFWeights(data, self.header, path, family)
+        config_tensors = {name: t.double().numpy() for name in CONFIG_TENSORS
+                          if (t := self.weights.read(name)) is not None}
+        self.raw = hf_config(self.meta, self.header.tensors, path, config_tensors)
         self.weights.set_heads(self.raw["num_attention_heads"], self.raw["num_key_value_heads"])
         self.family = family
 

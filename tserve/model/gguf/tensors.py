@@ -12,7 +12,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from torch import Tensor
 
-from tserve.model.gguf.families import CONFIG_TENSORS, hf_name, unpermute_qk
+from tserve.model.gguf.families import CONFIG_TENSORS, Family, hf_name, unpermute_qk
 from tserve.model.gguf.header import Header, TensorInfo
 from tserve.model.importers.base import CheckpointError
 
@@ -65,22 +65,23 @@ def to_float(raw: np.ndarray, info: TensorInfo) -> Tensor:
 class GGUFWeights:
     """A GGUF file's tensors under Hugging Face names, read and dequantized one at a time when asked for:
     the interface of `model.importers.base.WeightSource`, so the family's importer reads it unchanged. q/k
-    rows are put back in Hugging Face's order where llama.cpp's converter reordered them."""
+    rows are put back in Hugging Face's order where llama.cpp's converter reordered them, and norm weights as
+    they were where it shifted them (`Family.norm_shift`)."""
 
-    def __init__(self, data: np.ndarray, header: Header, path: object, *, permuted_qk: bool) -> None:
+    def __init__(self, data: np.ndarray, header: Header, path: object, family: Family) -> None:
         self.file = path
-        self._data, self._header, self._permuted_qk = data, header, permuted_qk
+        self._data, self._header, self._family = data, header, family
         self._heads: dict[str, int] = {}
         self._where: dict[str, TensorInfo] = {}
         for name, info in header.tensors.items():
-            if (hf := hf_name(name)) is not None:
+            if (hf := hf_name(name, family)) is not None:
                 self._where[hf] = info
             elif name not in CONFIG_TENSORS:
                 raise CheckpointError(f"{path}: tensor {name!r} is not one the Llama layout has")
 
     def set_heads(self, n_heads: int, n_kv_heads: int) -> None:
         """The head counts the q and k rows are put back by (where the architecture's were reordered)."""
-        self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads} if self._permuted_qk else {}
+        self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads} if self._family.permuted_qk else {}
 
     def raw(self, info: TensorInfo) -> np.ndarray:
         start = self._header.data_start + info.offset
@@ -103,6 +104,8 @@ class GGUFWeights:
         projection = name.split(".")[-2]
         if projection in self._heads:
             tensor = unpermute_qk(tensor, self._heads[projection])
+        if self._family.norm_shift and name.endswith("norm.weight"):
+            tensor = tensor - self._family.norm_shift
         return tensor
 
     def get(self, name: str) -> Tensor | None:
