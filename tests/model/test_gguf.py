@@ -116,6 +116,7 @@ RELEASED_PRE_TOKENIZERS = {  # name: (normalizer, pre-tokenizers, ignore_merges)
     "qwen2": ({"type": "NFC"}, [_SPLIT | {"pattern": {"Regex": _QWEN2}}, _BYTES], False),
     "smollm": (None, [{"type": "Digits", "individual_digits": True}, _BYTES | {"use_regex": True}], False),
 }
+RELEASED_PRE_TOKENIZERS["refact"] = RELEASED_PRE_TOKENIZERS["smollm"]  # StarCoder's tokenizer.json, as SmolLM's
 
 
 @pytest.mark.parametrize("pre", sorted(RELEASED_PRE_TOKENIZERS))

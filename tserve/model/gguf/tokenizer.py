@@ -43,6 +43,8 @@ PRE_TOKENIZERS: dict[str, Any] = {
 # The names llama.cpp gives the same pre-tokenizers (`llama_vocab::impl::load`).
 PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in ("llama3", "llama-v3", "smaug-bpe")}
 PRE_TOKENIZERS["deepseek-r1-qwen"] = PRE_TOKENIZERS["qwen2"]
+# StarCoder's and Refact's pre-tokenizers are SmolLM's: llama.cpp splits all three alike (digits one by one).
+PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["smollm"] for name in ("starcoder", "refact")}
 # Tokens that end a turn, which llama.cpp ends generation at besides eos (`llama_vocab`'s end-of-generation list).
 END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
                "<|end_of_text|>", "<end_of_utterance>")
