@@ -189,11 +189,12 @@ def llama_cpp_dir(cache: Path) -> Path:
     return root
 
 
-def llama_cpp_convert(root: Path, d: Path, out: Path, outtype: str = "f32") -> Path:
+def llama_cpp_convert(root: Path, d: Path, out: Path, outtype: str = "f32", *options: str) -> Path:
+    """`d` converted by llama.cpp's convert_hf_to_gguf.py to `out` (`options`: more of its flags, `--fuse-qkv`)."""
     copy = out.parent / (d.name + "-for-llama-cpp")
     shutil.copytree(d, copy, dirs_exist_ok=True)
     done = subprocess.run([sys.executable, "-c", _CONVERT, str(root), str(copy), "--outfile", str(out),
-                           "--outtype", outtype], capture_output=True, text=True, timeout=300)
+                           "--outtype", outtype, *options], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 

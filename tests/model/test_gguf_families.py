@@ -28,9 +28,14 @@ def originals(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def converted(originals, tmp_path_factory):
+def llama_cpp_root(tmp_path_factory):
+    return llama_cpp_dir(tmp_path_factory.mktemp("llama-cpp"))
+
+
+@pytest.fixture(scope="module")
+def converted(originals, llama_cpp_root, tmp_path_factory):
     """family -> the F32 file llama.cpp's converter writes from the committed fixture."""
-    root = llama_cpp_dir(tmp_path_factory.mktemp("llama-cpp"))
+    root = llama_cpp_root
     out = tmp_path_factory.mktemp("gguf-families")
     return {f: llama_cpp_convert(root, d, out / f"{f}.gguf") for f, d in originals.items()}
 
@@ -87,6 +92,20 @@ def test_a_stored_sliding_pattern_wins(converted, originals, tmp_path):
     got, fixture = checkpoint.load(file), checkpoint.load(originals["gemma3"])
     assert got.config.sliding_layers == fixture.config.sliding_layers == [0]
     assert checkpoint.load(converted["gemma3"]).config.sliding_layers == [0, 1]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_q_k_v_fused_by_the_converter_are_split_again(family, llama_cpp_root, tmp_path):
+    """`convert_hf_to_gguf.py --fuse-qkv` stores one `attn_qkv` per layer (weights and, for Qwen2, biases), after
+    the q/k row reordering of the `llama` architecture: read as the original's q, k and v projections."""
+    original = checkpoint.load(factories.hf_family_dir(family, tmp_path / family))
+    file = llama_cpp_convert(llama_cpp_root, original.path, tmp_path / "fused.gguf", "f32", "--fuse-qkv")
+    from tserve.model.gguf.header import read_header
+
+    names = read_header(file).tensors
+    assert "blk.0.attn_qkv.weight" in names and "blk.0.attn_q.weight" not in names
+    assert ("blk.0.attn_qkv.bias" in names) == (family == "qwen2")
+    _assert_same_model(original, checkpoint.load(file))
 
 
 @pytest.mark.parametrize(("kind", "floor"), [("Q8_0", 0.95), ("Q4_0", 0.85)])

@@ -66,21 +66,30 @@ class GGUFWeights:
     """A GGUF file's tensors under Hugging Face names, read and dequantized one at a time when asked for:
     the interface of `model.importers.base.WeightSource`, so the family's importer reads it unchanged. q/k
     rows are put back in Hugging Face's order where llama.cpp's converter reordered them, and norm weights as
-    they were where it shifted them (`Family.norm_shift`)."""
+    they were where it shifted them (`Family.norm_shift`). q, k and v fused into one `attn_qkv` (the converter's
+    `--fuse-qkv`) are split again for a family whose checkpoints keep them apart."""
 
     def __init__(self, data: np.ndarray, header: Header, path: object, family: Family) -> None:
         self.file = path
         self._data, self._header, self._family = data, header, family
         self._heads: dict[str, int] = {}
+        self._n_heads = (0, 0)  # query and kv heads (`set_heads`)
         self._where: dict[str, TensorInfo] = {}
+        self._fused_part: dict[str, int] = {}  # q_proj / k_proj / v_proj name -> its place in a fused attn_qkv
         for name, info in header.tensors.items():
             if (hf := hf_name(name, family)) is not None:
                 self._where[hf] = info
+            elif name.split(".")[2:3] == ["attn_qkv"] and (q := hf_name(name.replace("attn_qkv", "attn_q"), family)):
+                for part, projection in enumerate(("q_proj", "k_proj", "v_proj")):
+                    self._where[q.replace("q_proj", projection)] = info
+                    self._fused_part[q.replace("q_proj", projection)] = part
             elif name not in CONFIG_TENSORS:
                 raise CheckpointError(f"{path}: tensor {name!r} is not one the Llama layout has")
 
     def set_heads(self, n_heads: int, n_kv_heads: int) -> None:
-        """The head counts the q and k rows are put back by (where the architecture's were reordered)."""
+        """The head counts the q and k rows are put back by (where the architecture's were reordered), and a
+        fused attn_qkv split by."""
+        self._n_heads = (n_heads, n_kv_heads)
         self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads} if self._family.permuted_qk else {}
 
     def raw(self, info: TensorInfo) -> np.ndarray:
@@ -101,6 +110,10 @@ class GGUFWeights:
     def __getitem__(self, name: str) -> Tensor:
         info = self._where[name]  # KeyError: the loader names the file and the tensor
         tensor = to_float(self.raw(info), info)
+        if name in self._fused_part:  # rows: q of every head, then k and v of every kv head
+            heads, kv = self._n_heads
+            head_dim = tensor.shape[0] // (heads + 2 * kv)
+            tensor = tensor.split([heads * head_dim, kv * head_dim, kv * head_dim])[self._fused_part[name]]
         projection = name.split(".")[-2]
         if projection in self._heads:
             tensor = unpermute_qk(tensor, self._heads[projection])
@@ -113,13 +126,14 @@ class GGUFWeights:
 
     def strip_prefix(self, prefix: str) -> GGUFWeights:
         if any(n.startswith(prefix) for n in self._where):
-            self._where = {(n[len(prefix):] if n.startswith(prefix) else n): w for n, w in self._where.items()}
+            self._where = {n.removeprefix(prefix): w for n, w in self._where.items()}
+            self._fused_part = {n.removeprefix(prefix): p for n, p in self._fused_part.items()}
         return self
 
     def weight_types(self) -> Counter[str]:
         """Elements per GGUF type over the 2-D weights (the linear layers and the embedding)."""
         counts: Counter[str] = Counter()
-        for info in self._where.values():
+        for info in {i.name: i for i in self._where.values()}.values():  # a fused attn_qkv once
             if len(info.shape) == 2:
                 counts[info.kind.name] += int(np.prod(info.shape))
         return counts
@@ -127,7 +141,7 @@ class GGUFWeights:
     def nearest_quantization(self) -> str:
         """tserve's format nearest the type most of the linear layers' weights have (`NEAREST_QUANTIZATION`)."""
         counts: Counter[Q] = Counter()
-        for name, info in self._where.items():
+        for name, info in {i.name: (n, i) for n, i in self._where.items()}.values():
             if len(info.shape) == 2 and name.startswith(("model.layers.", "layers.")):
                 counts[info.kind] += int(np.prod(info.shape))
         if not counts:
