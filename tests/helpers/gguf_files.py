@@ -1,7 +1,9 @@
 """GGUF files for the tests: a `save_pretrained` Llama-family directory written as llama.cpp's converter writes
-it (`write_gguf`, with the `gguf` library's GGUFWriter: metadata, tokenizer, q/k rows permuted for the `llama`
-architecture, Llama 3's rope scaling as `rope_freqs`), or converted by llama.cpp's own `convert_hf_to_gguf.py`
-(`llama_cpp_convert`, from the llama-cpp-python source distribution); and hostile files."""
+it (`write_gguf`, with the `gguf` library's GGUFWriter: metadata, tokenizer, q/k rows permuted for the `llama` and
+`granite` architectures, Llama 3's rope scaling as `rope_freqs`, Phi-3's LongRoPE factors as tensors, Gemma's norms
+as 1 + w), or converted by llama.cpp's own `convert_hf_to_gguf.py` (`llama_cpp_convert`, from the llama-cpp-python
+source distribution), a file copied with its weights quantized or metadata added (`rewrite_gguf`); and hostile
+files."""
 
 from __future__ import annotations
 
@@ -20,14 +22,20 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3",
+         "gemma2": "gemma2", "phi3": "phi3", "granite": "granite"}
+PERMUTED = ("llama", "granite")  # the architectures whose q/k rows llama.cpp's converter reorders
 TYPES = {"F32": gguf.GGMLQuantizationType.F32, "F16": gguf.GGMLQuantizationType.F16,
          "BF16": gguf.GGMLQuantizationType.BF16,
          "Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
 HF_TO_GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
               "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+              # Gemma's norms after attention, before and after the MLP; Phi-3's fused projections
+              "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+              "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+GEMMA_POST_ATTENTION = {"post_attention_layernorm": "post_attention_norm"}
 
 
 def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -38,14 +46,15 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def _gguf_name(name: str) -> str:
+def _gguf_name(name: str, arch: str = "llama") -> str:
     name = name.removeprefix("model.")
     if name in ("embed_tokens.weight", "norm.weight", "lm_head.weight"):
         return {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
                 "lm_head.weight": "output.weight"}[name]
     _, layer, rest = name.split(".", 2)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{HF_TO_GGUF[module]}.{kind}"
+    names = HF_TO_GGUF | (GEMMA_POST_ATTENTION if arch.startswith("gemma") else {})
+    return f"blk.{layer}.{names[module]}.{kind}"
 
 
 def _rope_factors(rope: dict, base: float, dim: int) -> np.ndarray:
@@ -100,6 +109,34 @@ def _tokenizer(w: gguf.GGUFWriter, d: Path, pre: str) -> None:
         w.add_chat_template(template)
 
 
+def _family_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict, rope: dict, local: dict | None) -> None:
+    """What llama.cpp's converter stores for Gemma 2 / 3, Phi-3 and Granite, and Gemma's sliding pattern (one flag
+    per layer, which its converter leaves to llama.cpp's hard-coded one)."""
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
+    if arch.startswith("gemma"):
+        w.add_array(f"{arch}.attention.sliding_window_pattern",
+                    [t == "sliding_attention" for t in cfg["layer_types"]])
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if cfg.get(key):
+                w.add_float32(f"{arch}.{key}", cfg[key])
+        if local:
+            w.add_rope_freq_base_swa(local["rope_theta"])
+    if rope.get("rope_type") == "longrope":
+        original = rope["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(original)
+        scale = cfg["max_position_embeddings"] / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+    if arch == "granite":
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
+
+
 def write_gguf(d: Path, out: Path, family: str, kind: str = "F32", pre: str = "gpt-2") -> Path:
     """`d` (a save_pretrained directory of `family`) as a GGUF file of `kind` (F32, F16, BF16, Q8_0, Q4_0: the 2-D
     weights; norms and rope factors stay F32, as llama.cpp keeps them); `pre`: its byte-level BPE's pre-tokenizer
@@ -117,25 +154,34 @@ def write_gguf(d: Path, out: Path, family: str, kind: str = "F32", pre: str = "g
     w.add_head_count_kv(kv)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
     rope = cfg.get("rope_parameters") or {}
+    local = rope.get("sliding_attention")
+    rope = rope.get("full_attention", rope)
+    rotary = int(head_dim * rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0))
+    w.add_rope_dimension_count(rotary)
     theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    _family_metadata(w, arch, cfg, rope, local)
     _tokenizer(w, d, pre)
     tensors = load_file(str(d / "model.safetensors"))
     if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _rope_factors(rope, theta, head_dim))
+    if rope.get("rope_type") == "longrope":
+        for which in ("long", "short"):
+            w.add_tensor(f"rope_factors_{which}.weight", np.array(rope[f"{which}_factor"], dtype=np.float32))
     for name, t in tensors.items():
         t = t.astype(np.float32)
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        if arch in PERMUTED and name.endswith(("q_proj.weight", "q_proj.bias")):
             t = permute(t, heads, heads)
-        if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        if arch in PERMUTED and name.endswith(("k_proj.weight", "k_proj.bias")):
             t = permute(t, heads, kv)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            t = t + 1  # Gemma's converter stores its (1 + w) norms' weights as 1 + w
         if t.ndim == 2 and kind != "F32":
-            w.add_tensor(_gguf_name(name), gguf.quants.quantize(t, TYPES[kind]), raw_dtype=TYPES[kind])
+            w.add_tensor(_gguf_name(name, arch), gguf.quants.quantize(t, TYPES[kind]), raw_dtype=TYPES[kind])
         else:
-            w.add_tensor(_gguf_name(name), t)
+            w.add_tensor(_gguf_name(name, arch), t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

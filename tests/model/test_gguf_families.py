@@ -2,7 +2,8 @@
 own `convert_hf_to_gguf.py` from the committed tiny trained fixtures: the model llama.cpp runs from the file (for
 Gemma, the original with what the file cannot say read as llama.cpp reads it: the attention scale and Gemma 3's
 sliding pattern are hard-coded there, not stored) gives the same logits, greedy tokens, tokenizer ids and chat
-prompts; Q8_0 / Q4_0 copies of the file agree on the next token."""
+prompts; Q8_0 / Q4_0 copies of the file agree on the next token. The same from the tests' own writer
+(`gguf_files.write_gguf`, no llama.cpp needed), and what llama.cpp hard-codes from metadata alone."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
-from tests.helpers.gguf_files import llama_cpp_convert, llama_cpp_dir, rewrite_gguf
+from tests.helpers.gguf_files import llama_cpp_convert, llama_cpp_dir, rewrite_gguf, write_gguf
 from tests.model.test_gguf import CHAT, TEXTS, _agreement, _assert_same_model
 from tserve.model import checkpoint
 
@@ -40,7 +41,7 @@ def converted(originals, llama_cpp_root, tmp_path_factory):
     return {f: llama_cpp_convert(root, d, out / f"{f}.gguf") for f, d in originals.items()}
 
 
-def _as_llama_cpp_reads(d, out):
+def _as_llama_cpp_reads(d, out, pattern_stored: bool = False):
     """The fixture with the two settings a GGUF file of its architecture cannot hold as llama.cpp reads them:
     scores scaled by 1 / sqrt(head size) (query_pre_attn_scalar: llama.cpp hard-codes it but for the 27B models) and
     Gemma 3's sliding pattern of five layers in six (both of the fixture's two layers slide)."""
@@ -49,7 +50,7 @@ def _as_llama_cpp_reads(d, out):
     if not cfg["model_type"].startswith("gemma"):
         return d
     cfg["query_pre_attn_scalar"] = cfg["head_dim"]
-    if cfg["model_type"] == "gemma3_text":
+    if cfg["model_type"] == "gemma3_text" and not pattern_stored:
         cfg["layer_types"] = ["sliding_attention"] * cfg["num_hidden_layers"]
     (d / "config.json").write_text(json.dumps(cfg))
     return d
@@ -92,6 +93,18 @@ def test_a_stored_sliding_pattern_wins(converted, originals, tmp_path):
     got, fixture = checkpoint.load(file), checkpoint.load(originals["gemma3"])
     assert got.config.sliding_layers == fixture.config.sliding_layers == [0]
     assert checkpoint.load(converted["gemma3"]).config.sliding_layers == [0, 1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_files_of_the_test_writer_are_the_model_llama_cpp_runs(family, originals, tmp_path):
+    """The same from the `gguf` library's writer as llama.cpp's converter writes these families (no llama.cpp
+    needed), with Gemma's sliding pattern stored (`attention.sliding_window_pattern`); Q8_0 / Q4_0 files of it agree
+    on the next token."""
+    want = checkpoint.load(_as_llama_cpp_reads(originals[family], tmp_path / "ref", pattern_stored=True))
+    _assert_same_model(want, checkpoint.load(write_gguf(originals[family], tmp_path / "f32.gguf", family)))
+    for kind, floor in (("Q8_0", 0.95), ("Q4_0", 0.85)):
+        file = write_gguf(originals[family], tmp_path / f"{kind}.gguf", family, kind)
+        assert _agreement(want, checkpoint.load(file, quantize="auto"), CYCLE_TEXT) >= floor, kind
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
