@@ -1,5 +1,5 @@
-"""llama.cpp as the yardstick for CPU decoding: one greedy request on the same weights, tserve in float32, int8
-and int4 beside llama.cpp in f32, Q8_0 and Q4_0, 2 threads each, same run.
+"""llama.cpp as the yardstick for CPU decoding: one greedy request on the same weights, tserve in float32, int8,
+q8_0, int4 and q4_0 beside llama.cpp in f32, Q8_0 and Q4_0, 2 threads each, same run.
 
     python bench/llama_cpp.py --llama-cpp-src DIR --llama-python PY
 
@@ -64,7 +64,8 @@ for fmt, ftype in (("f32", 0), ("Q8_0", 7), ("Q4_0", 2)):
 print(json.dumps(out))
 """
 
-PAIRS = (("float32", "f32"), ("int8", "Q8_0"), ("int4", "Q4_0"))
+# tserve's formats beside llama.cpp's: q8_0 / q4_0 are llama.cpp's own blocks on our kernels.
+PAIRS = (("float32", "f32"), ("int8", "Q8_0"), ("q8_0", "Q8_0"), ("int4", "Q4_0"), ("q4_0", "Q4_0"))
 
 
 def to_gguf(directory: Path, src: Path, work: Path) -> Path:

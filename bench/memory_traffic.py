@@ -29,6 +29,7 @@ def step_bytes(loaded, context: int) -> tuple[int, int]:  # noqa: ANN001 - a Loa
     """(weight bytes, KV bytes) one decode step reads at `context` positions."""
     import torch
 
+    from tserve.model.block_quant import BlockLinear
     from tserve.model.packed_linear import PackedLinear
     from tserve.model.quantize import Int4Linear, Int8Linear
 
@@ -37,7 +38,7 @@ def step_bytes(loaded, context: int) -> tuple[int, int]:  # noqa: ANN001 - a Loa
     for module in model.modules():
         if isinstance(module, PackedLinear):
             size = module.in_features * module.out_features * 4
-        elif isinstance(module, Int4Linear):  # packed codes, a scale and a zero per group
+        elif isinstance(module, (Int4Linear, BlockLinear)):  # packed codes and their scales (and zeros)
             size = module.weight_bytes()
         elif isinstance(module, Int8Linear):  # int8 weights, a scale and a row sum per output
             size = module.in_features * module.out_features + module.out_features * 8

@@ -40,7 +40,13 @@ from tserve.model.importers.base import read_json
 from tserve.model.layers import fuse_gated_mlps
 from tserve.model.packed_linear import pack_linears
 from tserve.model.preprocessing import ImagePreprocessing
-from tserve.model.quantize import QUANTIZATIONS, quantize_int4, quantize_int8, resolve_activations
+from tserve.model.quantize import (
+    QUANTIZATIONS,
+    quantize_blocks,
+    quantize_int4,
+    quantize_int8,
+    resolve_activations,
+)
 from tserve.model.seq2seq import Seq2Seq
 from tserve.model.tokenizer import Tokenizer, load_tokenizer
 from tserve.model.vit import ViT
@@ -246,7 +252,8 @@ def load(
     """Load our checkpoint, a Hugging Face directory or a GGUF file (`model.gguf`) onto `device`. `quantize="int8"`:
     int8 weights for every linear layer (`model.quantize`; float32 on the CPU only), with activations quantized
     as `int8_activations` says (`model.quantize.ACTIVATIONS`); `quantize="int4"`: group-wise int4 weights
-    (`int4_group_size` weights per scale; float32 on the CPU only). `pack_weights`: float32
+    (`int4_group_size` weights per scale; float32 on the CPU only); `quantize="q8_0"` / `"q4_0"`: llama.cpp's
+    block formats (`model.block_quant`). `pack_weights`: float32
     linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only).
     `quantize="auto"`: the checkpoint's own, int8 or int4 for a block-quantized GGUF file (`gguf_quantization`),
     none for every other."""
@@ -280,6 +287,9 @@ def load(
         quantized["int4_group_size"] = int4_group_size
         quantize_int4(loaded.model, int4_group_size)
         loaded.quantization = "int4"
+    elif quantize in ("q8_0", "q4_0"):  # llama.cpp's blocks of 32 (model.block_quant)
+        quantize_blocks(loaded.model, quantize)
+        loaded.quantization = quantize
     elif pack_weights:
         pack_linears(loaded.model)
     log.info(

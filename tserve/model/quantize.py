@@ -49,9 +49,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from tserve.model.block_quant import FORMATS as BLOCK_FORMATS
+from tserve.model.block_quant import BlockLinear
 from tserve.model.kernels import cpu as cpu_kernels
 
-QUANTIZATIONS = ("none", "int8", "int4")
+QUANTIZATIONS = ("none", "int8", "int4", *BLOCK_FORMATS)  # q8_0 / q4_0: llama.cpp's blocks (model.block_quant)
 INT4_GROUP_SIZES = (32, 64, 128)
 _INT4_N_MULTIPLE = 16  # the packed layout takes output features in tiles of 16
 
@@ -322,12 +324,19 @@ def quantize_int4(model: nn.Module, group_size: int = 32) -> nn.Module:
     return _replace_linears(model, lambda linear: Int4Linear(linear, group_size))
 
 
+def quantize_blocks(model: nn.Module, fmt: str) -> nn.Module:
+    """Replace every `nn.Linear` of a float32 CPU `model` (the output layer too) with a `BlockLinear` of `fmt`
+    (`q8_0` or `q4_0`) in place; returns it."""
+    _check_cpu_float32(model, fmt)
+    return _replace_linears(model, lambda linear: BlockLinear(linear, fmt))
+
+
 def is_int8_linear(module: nn.Module) -> bool:
     return isinstance(module, Int8Linear)
 
 
 def is_quantized_linear(module: nn.Module) -> bool:
-    return isinstance(module, (Int8Linear, Int4Linear))
+    return isinstance(module, (Int8Linear, Int4Linear, BlockLinear))
 
 
 def linear_weight_bytes(model: nn.Module) -> int:
@@ -335,7 +344,7 @@ def linear_weight_bytes(model: nn.Module) -> int:
     counted once per layer)."""
     total = 0
     for m in model.modules():
-        if isinstance(m, Int4Linear):
+        if isinstance(m, (Int4Linear, BlockLinear)):
             total += m.weight_bytes()
         elif isinstance(m, Int8Linear):
             w = m.int8_weight()

@@ -28,9 +28,10 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
-    quantize: Literal["auto", "none", "int8", "int4"] = Field(
+    quantize: Literal["auto", "none", "int8", "int4", "q8_0", "q4_0"] = Field(
         "auto", description="int8: int8 weights for every linear layer of every model; int4: group-wise int4 "
-        "weights (float32 on the CPU only); auto: a block-quantized GGUF file's nearest (Q8_0: int8, Q4_0: int4), "
+        "weights; q8_0 / q4_0: llama.cpp's blocks of 32 weights with one scale, on our AVX-512 VNNI / AVX2 "
+        "kernels (float32 on the CPU only); auto: a block-quantized GGUF file's nearest (Q8_0: int8, Q4_0: int4), "
         "none for every other checkpoint")
     int4_group_size: int = Field(
         32, description="with --quantize int4: weights per scale and zero, 32, 64 or 128 (smaller: more accurate, "

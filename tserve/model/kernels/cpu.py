@@ -15,6 +15,9 @@ built (no compiler) a warning says why and the PyTorch paths serve instead.
   out, bitwise equal to the chain of PyTorch calls it replaces.
 - `int8_gemm.cpp`: a whole int8 layer with 8-bit activations, exact on AVX2 (int32 pair sums, `vpmaddwd`), where
   PyTorch's int8 GEMM would saturate (CPUs without VNNI): `--int8-activations full` there.
+- `block_quant.cpp`: linear layers on llama.cpp's Q8_0 / Q4_0 blocks (`model.block_quant`, `--quantize q8_0` /
+  `q4_0`), AVX-512 VNNI and AVX2 paths compiled for their own instruction sets (function attributes) and chosen at
+  run time; only on x86-64 (`block_isas()` is empty elsewhere).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from torch import Tensor
 log = logging.getLogger("tserve.kernels")
 
 _SOURCES = [Path(__file__).with_name(name)
-            for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp")]
+            for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp", "block_quant.cpp")]
 _HEADERS = [Path(__file__).with_name("int8_row_range.h")]
 
 

@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <string>
 #include <vector>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
@@ -13,6 +14,9 @@ torch::Tensor int8_rows_out(torch::Tensor product, torch::Tensor low, torch::Ten
 torch::Tensor int8_pack_panels(torch::Tensor weight);
 torch::Tensor int8_linear_exact(torch::Tensor x, torch::Tensor panels, torch::Tensor coefficients,
                                 torch::Tensor row_sums, c10::optional<torch::Tensor> bias);
+std::vector<std::string> block_isas();
+torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
+                           c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa);
 
 // How many of PyTorch's threads a parallel loop of `n` items runs on, as the kernels' loops do (1 where the module
 // was compiled without OpenMP: `at::parallel_for` is a header template, serial unless compiled with it).
@@ -29,4 +33,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_rows_out", &int8_rows_out, "an int8 GEMM's product mapped back to each row's range, plus the bias");
   m.def("int8_pack_panels", &int8_pack_panels, "int8 weights (N, K) as the exact GEMM's panels of 16 columns");
   m.def("int8_linear_exact", &int8_linear_exact, "an int8 linear layer with 8-bit activations, exact on AVX2");
+  m.def("block_isas", &block_isas, "the instruction sets this CPU runs the Q8_0 / Q4_0 kernels on");
+  m.def("block_linear", &block_linear, "a linear layer on Q8_0 (format 0) or Q4_0 (format 1) weight panels");
 }

@@ -1,0 +1,309 @@
+// Linear layers on block-quantized weights in llama.cpp's Q8_0 and Q4_0 formats (`model.block_quant`): 32 weights
+// a block with one float16 scale, int8 codes (Q8_0) or 4-bit codes with an offset of 8 (Q4_0). Each row of the
+// input is quantized here to int8 in the same blocks of 32 (one float32 scale a block, llama.cpp's Q8_0 for
+// activations), each block's dot product is an exact int32 sum, and the float32 output adds the blocks' terms in
+// order:
+//
+//   out[m, n] = bias[n] + Σ_b float(isum[m, n, b]) * (w_scale[n, b] * x_scale[m, b])     (b = 0, 1, ... in turn)
+//
+// `model.block_quant.reference_linear` states the same maths as PyTorch calls; every ISA path here equals it bit
+// for bit, whatever the number of rows (a row's result is its own: the same alone and in any batch).
+//
+// The weights are repacked at load (not requantized) into panels of 16 output columns: for each block, the 16
+// columns' codes four at a time, so that one vector holds 16 columns x 4 inputs and one `vpdpbusd` (or
+// `vpmaddubsw` + `vpmaddwd`) adds each column's 4 products against a broadcast run of 4 activations. The 16
+// columns' accumulators are then one vector each, and each block's float terms are added to them in order: the
+// order the reference adds them in. Q8_0 codes are stored plus 128 (unsigned, what `vpdpbusd` multiplies by the
+// signed activations; each block's 128 x Σ activations is taken off after), Q4_0 codes as llama.cpp's nibbles
+// (low: inputs 0..15 of the block, high: 16..31; 0..15 with 8 taken off the same way).
+//
+// A pass takes a tile of rows over a chunk of blocks of one panel (the chunk stays in L1 while every tile of
+// rows reads it): decode steps (1 to 8 rows) read each weight once, as one tile; prefill reads it once per
+// chunk. Threads split the panels (the output columns).
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define TSERVE_BLOCK_KERNELS 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;      // weights (and activations) per scale
+constexpr int64_t kCols = 16;       // output columns per panel
+constexpr int64_t kChunk = 8;       // blocks per pass of a tile of rows over a panel
+constexpr int kQ8 = 0, kQ4 = 1;     // formats
+constexpr int kAvx2 = 1, kAvx512 = 2;  // instruction sets
+
+int64_t block_bytes(int format) { return format == kQ8 ? kBlock * kCols : kBlock * kCols / 2; }
+int32_t code_offset(int format) { return format == kQ8 ? 128 : 8; }
+
+// Each row's activations as int8 codes in blocks of 32, with each block's scale and the sum of its codes.
+struct Activations {
+  int64_t K = 0, blocks = 0;
+  std::vector<int8_t> codes;   // (M, K)
+  std::vector<float> scales;   // (M, blocks)
+  std::vector<int32_t> sums;   // (M, blocks)
+};
+
+// llama.cpp's quantize_row_q8_0: d = amax / 127, code = round-half-even(x * (127 / amax)). Plain float32
+// operations (compiled without contraction), as the reference's.
+Activations quantize_rows(const float* x, int64_t M, int64_t K) {
+  Activations a;
+  a.K = K;
+  a.blocks = K / kBlock;
+  a.codes.resize(M * K);
+  a.scales.resize(M * a.blocks);
+  a.sums.resize(M * a.blocks);
+  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const float* v = x + m * K + b * kBlock;
+        float amax = 0.0f;
+        for (int64_t k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(v[k]));
+        const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int8_t* code = a.codes.data() + m * K + b * kBlock;
+        int32_t sum = 0;
+        for (int64_t k = 0; k < kBlock; ++k) {
+          code[k] = static_cast<int8_t>(std::nearbyint(v[k] * inverse));
+          sum += code[k];
+        }
+        a.scales[m * a.blocks + b] = amax / 127.0f;
+        a.sums[m * a.blocks + b] = sum;
+      }
+    }
+  });
+  return a;
+}
+
+// One pass: rows [row0, row0 + R) over blocks [b0, b1) of one panel, into out's columns [n0, n0 + cols).
+struct Pass {
+  const Activations* a;
+  int64_t row0, b0, b1, n0, ldo;
+  int cols;
+  const uint8_t* panel;     // the panel's first block
+  const uint16_t* scales;   // the panel's first block's 16 float16 scales
+  float* out;
+};
+
+#if defined(TSERVE_BLOCK_KERNELS)
+
+#define TSERVE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define TSERVE_AVX2 __attribute__((target("avx2,f16c,fma")))
+
+inline int32_t quad(const int8_t* codes) {  // 4 activation codes, to broadcast
+  int32_t v;
+  std::memcpy(&v, codes, sizeof(v));
+  return v;
+}
+
+template <int kFormat, int R>
+TSERVE_AVX512 void pass_avx512(const Pass& p) {
+  const Activations& a = *p.a;
+  const __mmask16 mask = static_cast<__mmask16>((1u << p.cols) - 1u);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = p.b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, p.out + (p.row0 + r) * p.ldo + p.n0);
+  }
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  for (int64_t b = p.b0; b < p.b1; ++b) {
+    const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat);
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    if constexpr (kFormat == kQ8) {
+      for (int j = 0; j < 8; ++j) {
+        const __m512i wv = _mm512_loadu_si512(w + 64 * j);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          isum[r] = _mm512_dpbusd_epi32(isum[r], wv, _mm512_set1_epi32(quad(x)));
+        }
+      }
+    } else {
+      for (int j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_loadu_si512(w + 64 * j);
+        const __m512i lo = _mm512_and_si512(v, low_nibbles);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(quad(x)));
+          isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(quad(x + 16)));
+        }
+      }
+    }
+    const __m512 w_scale = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.scales + (b - p.b0) * kCols)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (p.row0 + r) * a.blocks + b;
+      const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(code_offset(kFormat) * a.sums[at]));
+      const __m512 scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(a.scales[at]));
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(exact), scale));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(p.out + (p.row0 + r) * p.ldo + p.n0, mask, acc[r]);
+}
+
+// AVX2: each half of a panel (8 columns) in turn. `vpmaddubsw` sums pairs of u8 x s8 products into a saturating
+// int16, so Q8_0 multiplies |w| by the activation carrying w's sign (`vpsignb`: 2 x 127 x 127 fits), and Q4_0
+// its 0..15 codes by the activations (2 x 2 x 15 x 127 fits even for a low and a high pair summed).
+template <int kFormat, int R>
+TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
+  const Activations& a = *p.a;
+  const int cols = std::min(8, p.cols - 8 * half);
+  if (cols <= 0) return;
+  const int64_t n0 = p.n0 + 8 * half;
+  alignas(32) int32_t lanes[8];
+  for (int c = 0; c < 8; ++c) lanes[c] = c < cols ? -1 : 0;
+  const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = p.b0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(p.out + (p.row0 + r) * p.ldo + n0, mask);
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = p.b0; b < p.b1; ++b) {
+    const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat) + 32 * half;
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    if constexpr (kFormat == kQ8) {
+      for (int j = 0; j < 8; ++j) {
+        const __m256i signed_w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j)), flip);
+        const __m256i magnitude = _mm256_sign_epi8(signed_w, signed_w);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(quad(x)), signed_w));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    } else {
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j));
+        const __m256i lo = _mm256_and_si256(v, low_nibbles);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(x))),
+                                                 _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(x + 16))));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    const __m256 w_scale = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + (b - p.b0) * kCols + 8 * half)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (p.row0 + r) * a.blocks + b;
+      // Q8_0's signed products need no offset taken off here; Q4_0's codes do (8 x Σ activations).
+      const int32_t offset = kFormat == kQ8 ? 0 : code_offset(kFormat) * a.sums[at];
+      const __m256i exact = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(offset));
+      const __m256 scale = _mm256_mul_ps(w_scale, _mm256_set1_ps(a.scales[at]));
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_maskstore_ps(p.out + (p.row0 + r) * p.ldo + n0, mask, acc[r]);
+}
+
+template <int kFormat, int R>
+TSERVE_AVX2 void pass_avx2(const Pass& p) {
+  half_pass_avx2<kFormat, R>(p, 0);
+  half_pass_avx2<kFormat, R>(p, 1);
+}
+
+using PassFn = void (*)(const Pass&);
+constexpr int kMaxRows512 = 8;  // 8 int32 + 8 float32 accumulators of 16 lanes
+constexpr int kMaxRows2 = 4;    // per half panel: 4 + 4 accumulators of 8 lanes, beside the weights
+
+template <int kFormat>
+constexpr PassFn kPasses512[kMaxRows512 + 1] = {
+    nullptr, pass_avx512<kFormat, 1>, pass_avx512<kFormat, 2>, pass_avx512<kFormat, 3>, pass_avx512<kFormat, 4>,
+    pass_avx512<kFormat, 5>, pass_avx512<kFormat, 6>, pass_avx512<kFormat, 7>, pass_avx512<kFormat, 8>};
+template <int kFormat>
+constexpr PassFn kPasses2[kMaxRows2 + 1] = {nullptr, pass_avx2<kFormat, 1>, pass_avx2<kFormat, 2>,
+                                            pass_avx2<kFormat, 3>, pass_avx2<kFormat, 4>};
+
+#endif  // TSERVE_BLOCK_KERNELS
+
+}  // namespace
+
+// The instruction sets this CPU runs the kernels on ("avx2", "avx512": AVX-512 with VNNI); none where they are
+// not compiled (not x86-64).
+std::vector<std::string> block_isas() {
+  std::vector<std::string> isas;
+#if defined(TSERVE_BLOCK_KERNELS)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    isas.emplace_back("avx2");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+      isas.emplace_back("avx512");
+    }
+  }
+#endif
+  return isas;
+}
+
+// x (M, K) float32, K a multiple of 32; panels (ceil(N / 16), K / 32, block bytes) uint8 and scales
+// (ceil(N / 16), K / 32, 16) float16 (`model.block_quant.pack_panels`) -> x W^T + bias (M, N) float32.
+torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
+                           c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa) {
+  TORCH_CHECK(format == kQ8 || format == kQ4, "format: 0 (Q8_0) or 1 (Q4_0)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: (M, K) float32");
+  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock, n_panels = (N + kCols - 1) / kCols;
+  TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32");
+  TORCH_CHECK(panels.scalar_type() == torch::kByte && panels.is_contiguous() && panels.dim() == 3 &&
+                  panels.size(0) == n_panels && panels.size(1) == blocks &&
+                  panels.size(2) == block_bytes(static_cast<int>(format)),
+              "panels do not match x, N and the format");
+  TORCH_CHECK(scales.scalar_type() == torch::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(0) == n_panels && scales.size(1) == blocks && scales.size(2) == kCols,
+              "scales do not match the panels");
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N && bias->is_contiguous() && bias->scalar_type() == torch::kFloat, "bias");
+    b = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+#if defined(TSERVE_BLOCK_KERNELS)
+  const auto supported = block_isas();
+  TORCH_CHECK(std::find(supported.begin(), supported.end(), isa) != supported.end(),
+              "this CPU does not run the block kernels' ", isa, " path");
+  const bool wide = isa == "avx512";
+  const int max_rows = wide ? kMaxRows512 : kMaxRows2;
+  const PassFn* passes = wide ? (format == kQ8 ? kPasses512<kQ8> : kPasses512<kQ4>)
+                              : (format == kQ8 ? kPasses2<kQ8> : kPasses2<kQ4>);
+  const Activations acts = quantize_rows(x.data_ptr<float>(), M, K);
+  const uint8_t* w = panels.data_ptr<uint8_t>();
+  const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+  float* o = out.data_ptr<float>();
+  const int64_t panel_bytes = blocks * block_bytes(static_cast<int>(format));
+  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      Pass p{&acts, 0, 0, 0, j * kCols, N, static_cast<int>(std::min(kCols, N - j * kCols)), nullptr, nullptr, o};
+      for (p.b0 = 0; p.b0 < blocks; p.b0 += kChunk) {
+        p.b1 = std::min(blocks, p.b0 + kChunk);
+        p.panel = w + j * panel_bytes + p.b0 * block_bytes(static_cast<int>(format));
+        p.scales = s + (j * blocks + p.b0) * kCols;
+        for (p.row0 = 0; p.row0 < M; p.row0 += max_rows) {
+          passes[std::min<int64_t>(max_rows, M - p.row0)](p);
+        }
+      }
+      if (b != nullptr) {
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t c = 0; c < p.cols; ++c) o[m * N + p.n0 + c] += b[p.n0 + c];
+        }
+      }
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "the block kernels are not compiled on this CPU (", isa, ")");
+#endif
+}
