@@ -13,6 +13,7 @@ weight, int4 0.5 + 4 bytes a group of 32 (its PyTorch layout), Q8_0 34 and Q4_0 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,16 +25,17 @@ SHAPES = [(768, 2304), (768, 3072), (3072, 768), (768, 50257), (576, 3072), (153
 FORMATS = ("int8", "int4", "q8_0", "q4_0")
 
 
-def per_call_us(fn, calls: int) -> float:  # noqa: ANN001
-    for _ in range(5):
-        fn()
-    best = float("inf")
-    for _ in range(3):  # best of 3 rounds: the machine is shared
-        start = time.perf_counter()
-        for _ in range(calls):
+def interleaved_us(fns: dict, calls: int) -> dict[str, float]:  # noqa: ANN001 - name -> a call
+    """Each call's median time in µs, the calls of every format taken in turn (a busy spell of a shared machine
+    then slows all of them alike, not the one running at the time)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(calls + 3):
+        for name, fn in fns.items():
+            start = time.perf_counter()
             fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
+            if i >= 3:  # the first calls warm the caches and the threads
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -67,8 +69,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                             "q8_0": layers["q8_0"].weight_bytes(), "q4_0": layers["q4_0"].weight_bytes()}
             for m in args.rows:
                 x = torch.randn(m, k)
-                us = {f: per_call_us(lambda layer=layer, x=x: layer(x), max(2, args.calls // max(1, m // 8)))
-                      for f, layer in layers.items()}
+                us = interleaved_us({f: lambda layer=layer, x=x: layer(x) for f, layer in layers.items()},
+                                    max(3, args.calls // max(1, m // 8)))
                 rows.append({"shape": f"{k}x{n}", "rows": m, "us": us,
                              "gb_s": {f: weight_bytes[f] / us[f] / 1e3 for f in FORMATS}})
     print(f"\nCPU: {cpu_name()} (ATen {torch.backends.cpu.get_cpu_capability()}, block kernels: "

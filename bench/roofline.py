@@ -5,6 +5,7 @@ those bytes take.
     python bench/roofline.py                      # GPT-2 small and SmolLM2-135M shapes, float32, int8, int4
                                                   # and bfloat16 (emulated without AVX512-BF16 or AMX)
     python bench/roofline.py --tiny               # tiny shapes, small arrays (the tests run this)
+    python bench/roofline.py --formats int8 q8_0 int4 q4_0   # llama.cpp's blocks beside int8 and int4
 
 Bandwidth: a STREAM-style triad `a = b + 3 c` over float32 arrays of --array-mb each (bytes: 3 arrays; best
 of --repeats), and a read-only pass (`sum`) over one array, with --threads threads. A decode step reads every
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=65)
     ap.add_argument("--work", default=None)
+    ap.add_argument("--formats", nargs="+", default=["float32", "int8", "int4", "bfloat16"],
+                    choices=["float32", "int8", "int4", "bfloat16", "q8_0", "q4_0"])
     args = ap.parse_args(argv)
     sizes = ["gpt2-small", "smollm2-135m"]
     if args.tiny:
@@ -129,9 +132,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     for size in sizes:
         directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
         hf_ms = hf_step_ms(directory, args.prompt, args.new, args.repeats)
-        for fmt in ("float32", "int8", "int4", "bfloat16"):
+        for fmt in args.formats:
             loaded = checkpoint.load(directory, device="cpu", dtype="bfloat16" if fmt == "bfloat16" else "float32",
-                                     quantize=fmt if fmt in ("int8", "int4") else "none", pack_weights=True)
+                                     quantize="none" if fmt in ("float32", "bfloat16") else fmt, pack_weights=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
             ms = step_ms(loaded, args.prompt, args.new, args.repeats)
             rate = (weights + kv) / (ms / 1000) / 1e9

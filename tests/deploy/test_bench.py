@@ -207,6 +207,13 @@ def test_embeddings_benchmark_scores_every_model(tmp_path, capsys):
     assert "| embedding | nearest neighbour same domain |" in capsys.readouterr().out
 
 
+def test_block_linear_benchmark_times_every_format(capsys):
+    rows = bench_script("block_linear").main(["--tiny", "--rows", "1", "9", "--calls", "2"])
+    assert [(r["shape"], r["rows"]) for r in rows] == [(s, m) for s in ("64x96", "96x200") for m in (1, 9)]
+    assert all(min(r["us"].values()) > 0 and min(r["gb_s"].values()) > 0 for r in rows)
+    assert "| in x out | rows | int8 µs | int4 µs | Q8_0 µs | Q4_0 µs |" in capsys.readouterr().out
+
+
 def test_int8_linear_benchmark_times_every_activation_scheme(capsys):
     table = bench_script("int8_linear").main(["--rows", "1", "4", "--repeats", "1", "--calls", "2"])
     assert len(table) == 2 * 3

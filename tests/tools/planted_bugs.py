@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.tools.block_kernel_bugs import BLOCK_KERNEL_BUGS  # noqa: E402
 from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
 from tests.tools.service_bugs import SERVICE_BUGS  # noqa: E402
@@ -412,14 +413,14 @@ BUGS = [
         'python3 -m tserve.training half "$runs/$name" && cp', "cp",
         ("tests/training/test_gpu_session_train.py::test_the_gpu_train_step_continues_the_bundled_text_models_from_a_data_pack",)),
 ]
-BUGS += SERVICE_BUGS + CACHE_BUGS
+BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS
 
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
 # by a test that `make test-avx2` runs (marked `kernels`). The Triton kernels (tserve/model/kernels/flash.py) are GPU
 # code, run on the CPU by Triton's interpreter, whatever the CPU's kernels.
 KERNEL_CODE = ("tserve/model/kernels/cpu.py", "tserve/model/kernels/int8", "tserve/model/kernels/paged_decode", "tserve/model/quantize.py",
-               "tserve/model/packed_linear.py")
+               "tserve/model/packed_linear.py", "tserve/model/kernels/block_quant", "tserve/model/block_quant.py")
 
 # Which tests each half of CI runs (the Makefile's marker expressions): `make test` natively, `make test-avx2` on
 # AVX2-only kernels. A bug's test outside a half's selection does not run in that half here either.
