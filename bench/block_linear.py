@@ -5,9 +5,13 @@ one: microseconds per call and the rate each reads its weights at, beside this m
     python bench/block_linear.py                                   # this CPU's kernels (AVX-512 VNNI here)
     python -m tserve.testing.avx2_only bench/block_linear.py        # held to AVX2 (the block kernels follow)
     python bench/block_linear.py --tiny                            # small shapes (the tests run this)
+    python bench/block_linear.py --models --work DIR               # and one request's decode step, whole models
 
 Shapes: GPT-2 small's layers and output layer, SmolLM2-135M's MLP and output layer. Weight bytes: int8 1 a
 weight, int4 0.5 + 4 bytes a group of 32 (its PyTorch layout), Q8_0 34 and Q4_0 18 bytes a block of 32.
+`--models`: GPT-2 small and SmolLM2-135M shapes (random weights) loaded as the server loads them in each format;
+a decode step is (t(prompt + new tokens) - t(prompt + 1 token)) / (new - 1) of one greedy request, as
+bench/roofline.py measures it, but the formats' runs taken in turns (best of --repeats each).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +43,30 @@ def interleaved_us(fns: dict, calls: int) -> dict[str, float]:  # noqa: ANN001 -
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
+def decode_steps_in_turns(directory: Path, prompt: int, new: int, repeats: int) -> dict[str, float]:
+    """ms per decode step of each format's model (`FORMATS` and float32), their timed runs taken in turns."""
+    from tserve.model import checkpoint
+    from tserve.model.decoding import SamplingParams, generate
+    from tserve.model.decoding.lm_runner import DecoderRunner
+
+    runs = {}
+    for fmt in ("float32", *FORMATS):
+        loaded = checkpoint.load(directory, device="cpu", quantize="none" if fmt == "float32" else fmt,
+                                 pack_weights=True)
+        runner = DecoderRunner(loaded, num_slots=1, cuda_graphs=False)
+        ids = [[(7 * i + 3) % 200 + 10 for i in range(prompt)]]
+        runs[fmt] = lambda tokens, loaded=loaded, runner=runner, ids=ids: generate(
+            loaded, ids, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True), runner=runner)
+        runs[fmt](new)  # warm-up
+    best = {(fmt, tokens): float("inf") for fmt in runs for tokens in (new, 1)}
+    for _ in range(repeats):
+        for (fmt, tokens), so_far in best.items():
+            start = time.perf_counter()
+            runs[fmt](tokens)
+            best[fmt, tokens] = min(so_far, time.perf_counter() - start)
+    return {fmt: (best[fmt, new] - best[fmt, 1]) / (new - 1) * 1000 for fmt in runs}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true")
@@ -45,6 +74,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--array-mb", type=int, default=256, help="triad arrays (bench/memory_traffic.py)")
+    ap.add_argument("--models", action="store_true", help="also whole models' decode steps")
+    ap.add_argument("--only-models", action="store_true", help="whole models' decode steps alone")
+    ap.add_argument("--work", default=None, help="where the --models checkpoints are made (kept for reruns)")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=33)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     import torch
     from torch import nn
@@ -61,7 +96,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     triad, _read = bandwidth(args.threads, 8 if args.tiny else args.array_mb, 3 if args.tiny else 5)
     rows = []
     with torch.inference_mode():
-        for k, n in shapes:
+        for k, n in [] if args.only_models else shapes:
             linear = nn.Linear(k, n)
             layers = {"int8": Int8Linear(linear, activations), "int4": Int4Linear(linear, 32),
                       "q8_0": BlockLinear(linear, "q8_0"), "q4_0": BlockLinear(linear, "q4_0")}
@@ -83,6 +118,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"| {r['shape']} | {r['rows']} | {us['int8']:.0f} | {us['int4']:.0f} | {us['q8_0']:.0f} | "
               f"{us['q4_0']:.0f} | {us['int8'] / us['q8_0']:.2f}x | {us['int4'] / us['q4_0']:.2f}x | "
               f"{rate['q8_0']:.1f} | {rate['q4_0']:.1f} | {rate['q8_0'] / triad:.2f} |")
+    if args.models or args.only_models:
+        from bench.load import make_checkpoint
+        from bench.roofline import make_gpt2_small
+
+        work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-blocks-"))
+        sizes = ["tiny"] if args.tiny else ["gpt2-small", "smollm2-135m"]
+        print(f"\nOne greedy request's decode step, {args.prompt}-token prompt, {args.new - 1} steps, best of "
+              f"{args.repeats}, formats in turns\n")
+        print("| model | float32 ms | int8 ms | Q8_0 ms | int4 ms | Q4_0 ms | Q8_0 / int8 speed | Q4_0 / int4 speed "
+              "|\n|---|---|---|---|---|---|---|---|")
+        for size in sizes:
+            directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
+            ms = decode_steps_in_turns(directory, args.prompt, args.new, args.repeats)
+            rows.append({"model": size, "step_ms": ms})
+            print(f"| {size} | {ms['float32']:.2f} | {ms['int8']:.2f} | {ms['q8_0']:.2f} | {ms['int4']:.2f} | "
+                  f"{ms['q4_0']:.2f} | {ms['int8'] / ms['q8_0']:.2f}x | {ms['int4'] / ms['q4_0']:.2f}x |", flush=True)
     return rows
 
 
