@@ -17,7 +17,6 @@ bench/roofline.py measures it, but the formats' runs taken in turns (best of --r
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -31,16 +30,17 @@ FORMATS = ("int8", "int4", "q8_0", "q4_0")
 
 
 def interleaved_us(fns: dict, calls: int) -> dict[str, float]:  # noqa: ANN001 - name -> a call
-    """Each call's median time in µs, the calls of every format taken in turn (a busy spell of a shared machine
-    then slows all of them alike, not the one running at the time)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    """Each format's fastest call in µs, the calls of every format taken in turns. The fastest, not the median: on
+    a shared machine a call whose threads lost the CPU waits out another process's time slice (tens of ms, far
+    longer than the call), and taking the formats in turns gives each the same chances of a quiet moment."""
+    times: dict[str, float] = dict.fromkeys(fns, float("inf"))
     for i in range(calls + 3):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
             if i >= 3:  # the first calls warm the caches and the threads
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+                times[name] = min(times[name], time.perf_counter() - start)
+    return {name: t * 1e6 for name, t in times.items()}
 
 
 def decode_steps_in_turns(directory: Path, prompt: int, new: int, repeats: int) -> dict[str, float]:

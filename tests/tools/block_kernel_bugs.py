@@ -9,10 +9,14 @@ BITWISE = "tests/model/test_block_kernels.py::test_each_path_equals_the_statemen
 AVX512, AVX2 = (tuple(f"{BITWISE}[{isa}-{fmt}]" for fmt in ("q8_0", "q4_0")) for isa in ("avx512", "avx2"))
 
 BLOCK_KERNEL_BUGS = [
-    Bug("block-kernel-scale-of-the-next-block", "tserve/model/kernels/block_quant.cpp",
+    Bug("block-kernel-avx512-scale-of-the-next-block", "tserve/model/kernels/block_quant.cpp",
         "_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.scales + (b - p.b0) * kCols)));",
         "_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.scales + (std::min(b + 1, p.b1 - 1) - p.b0) * kCols)));",
         AVX512),
+    Bug("block-kernel-avx2-scale-of-the-next-block", "tserve/model/kernels/block_quant.cpp",
+        "_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + (b - p.b0) * kCols + 8 * half)));",
+        "_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + (std::min(b + 1, p.b1 - 1) - p.b0) * kCols + 8 * half)));",
+        AVX2),
     Bug("block-kernel-activations-truncated", "tserve/model/kernels/block_quant.cpp",
         "std::nearbyint(v[k] * inverse)", "std::trunc(v[k] * inverse)", AVX512 + AVX2),
     Bug("block-kernel-avx2-tail-skipped", "tserve/model/kernels/block_quant.cpp",
