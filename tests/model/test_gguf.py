@@ -256,6 +256,7 @@ def llama_cpp_root(tmp_path_factory):
     return llama_cpp_dir(tmp_path_factory.mktemp("llama-cpp"))
 
 
+@pytest.mark.slow  # llama.cpp's converter: CI's `make test SLOW=1`
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_llama_cpp_converted_file_is_the_original(family, llama_cpp_root, originals, loaded_originals, tmp_path):
     """A file written by llama.cpp's convert_hf_to_gguf.py (f32): the original's logits, greedy tokens and

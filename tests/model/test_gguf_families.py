@@ -62,6 +62,7 @@ def references(originals, tmp_path_factory):
     return {f: checkpoint.load(_as_llama_cpp_reads(d, root / f)) for f, d in originals.items()}
 
 
+@pytest.mark.slow  # llama.cpp's converter on four fixtures: CI's `make test SLOW=1`
 @pytest.mark.parametrize("family", FAMILIES)
 def test_llama_cpp_converted_file_is_the_model_llama_cpp_runs(family, converted, references):
     """Gemma: norms stored as 1 + w by the converter read back as w, the names of its four norms, the sliding
@@ -85,6 +86,7 @@ def test_llama_cpp_converted_file_is_the_model_llama_cpp_runs(family, converted,
     assert set(want.generation.eos_token_ids) <= set(got.generation.eos_token_ids)
 
 
+@pytest.mark.slow  # llama.cpp's converter on four fixtures: CI's `make test SLOW=1`
 def test_a_stored_sliding_pattern_wins(converted, originals, tmp_path):
     """`gemma3.attention.sliding_window_pattern` (one flag per layer), which llama.cpp reads before its
     hard-coded pattern: the committed fixture's own layer types (sliding, then global)."""
@@ -121,6 +123,7 @@ def test_q_k_v_fused_by_the_converter_are_split_again(family, llama_cpp_root, tm
     _assert_same_model(original, checkpoint.load(file))
 
 
+@pytest.mark.slow  # llama.cpp's converter on four fixtures: CI's `make test SLOW=1`
 @pytest.mark.parametrize(("kind", "floor"), [("Q8_0", 0.95), ("Q4_0", 0.85)])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_block_quantized_files_agree_on_the_next_token(family, kind, floor, converted, references, tmp_path):
