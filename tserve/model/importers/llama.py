@@ -125,12 +125,17 @@ def generation(raw: dict[str, Any], path: Path) -> GenerationDefaults:
     return GenerationDefaults(eos_token_ids=eos_ids(hf_generation(path, raw).get("eos_token_id")))
 
 
-def weights(cfg: DecoderConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
+def outer_weights(cfg: DecoderConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
+    """The embeddings, the final norm and an untied output layer: the same names in every family of the layout."""
     hf.strip_prefix("model.")
     yield "tok_emb.weight", hf["embed_tokens.weight"]
     yield "norm_f.weight", hf["norm.weight"]
     if not cfg.tie_embeddings:
         yield "lm_head.weight", hf["lm_head.weight"]
+
+
+def weights(cfg: DecoderConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
+    yield from outer_weights(cfg, hf)
     for i in range(cfg.n_layers):
         theirs, ours = f"layers.{i}", f"blocks.{i}"
         # q, k and v in one projection, in that order (model.attention splits them by width).

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from tserve.model.config import DecoderConfig
 from tserve.model.importers.base import WeightSource
-from tserve.model.importers.llama import decoder_config, generation, sliding_layers
+from tserve.model.importers.llama import decoder_config, generation, outer_weights, sliding_layers
 
 MODEL_TYPES = ("phi3",)
 __all__ = ["MODEL_TYPES", "config", "generation", "weights"]
@@ -27,11 +27,7 @@ def config(raw: dict[str, Any], path: Path) -> DecoderConfig:
 
 
 def weights(cfg: DecoderConfig, hf: WeightSource) -> Iterator[tuple[str, Tensor]]:
-    hf.strip_prefix("model.")
-    yield "tok_emb.weight", hf["embed_tokens.weight"]
-    yield "norm_f.weight", hf["norm.weight"]
-    if not cfg.tie_embeddings:
-        yield "lm_head.weight", hf["lm_head.weight"]
+    yield from outer_weights(cfg, hf)
     for i in range(cfg.n_layers):
         theirs, ours = f"layers.{i}", f"blocks.{i}"
         yield f"{ours}.attn.qkv.weight", hf[f"{theirs}.self_attn.qkv_proj.weight"]  # q, k, v: our order too
