@@ -360,3 +360,23 @@ def test_generation_config_json_says_which_ids_end_a_sequence_where_config_json_
     config_only = load(d)
     assert config_only.generation.eos_token_ids == [endoftext]
     assert ends_at(config_only, endoftext) and not ends_at(config_only, im_end)
+
+
+def test_a_short_rows_padding_past_the_window_leaves_no_nan_in_the_cache(tmp_path):
+    """A batched prefill after a cached prefix: a row that starts at 16 with 2 new tokens, beside one of 45 from 0,
+    is padded to positions 16..60, past the 45 keys by more than Gemma 2's window (16). Those padding queries still
+    see keys (no NaN softmax written into the cache, where another row's masked read would pick it up), and the
+    real rows' logits are those of each row alone."""
+    loaded = load(hf_family_dir("gemma2", tmp_path / "gemma2"))
+    model = loaded.model
+    ids = loaded.tokenizer.encode(" ".join(cycle_prompts(4, seed=31)))[:45]
+    assert len(ids) == 45
+    cache = model.new_cache(2, 128, num_blocks=40, block_size=4)
+    cache.set_tables([0, 1], [list(range(1, 17)), list(range(17, 33))])
+    with torch.no_grad():
+        model.prefill(torch.tensor([ids[:16]]), torch.tensor([16]), cache, torch.tensor([0]))
+        batch = torch.tensor([ids[16:18] + [0] * 43, ids])
+        logits = model.prefill(batch, torch.tensor([2, 45]), cache, torch.tensor([0, 1]), start=torch.tensor([16, 0]))
+        assert not cache.k.isnan().any() and not cache.v.isnan().any()
+        torch.testing.assert_close(logits[0], model(torch.tensor([ids[:18]]))[0, -1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits[1], model(torch.tensor([ids]))[0, -1], atol=1e-4, rtol=1e-4)

@@ -158,11 +158,13 @@ def padding_mask(lengths: Tensor, max_len: int) -> Tensor:
 
 def causal_mask(query_positions: Tensor, key_len: int, window: int | None = None) -> Tensor:
     """(B, 1, Tq, key_len) True where key position <= query position (keys are cache positions 0..L-1), and
-    with a `window`, query position - key position < window (the query's last `window` positions)."""
+    with a `window`, query position - key position < window (the query's last `window` positions). A padding
+    query past the keys (a short row's padding in a batch whose longest row reaches further) sees the last
+    `window` keys: never none, whose softmax would be NaN and reach the cache through its keys and values."""
     keys = torch.arange(key_len, device=query_positions.device)[None, None, :]
     allowed = keys <= query_positions[:, :, None]
     if window is not None:
-        allowed &= keys > query_positions[:, :, None] - window
+        allowed &= keys > query_positions[:, :, None].clamp(max=key_len - 1) - window
     return allowed[:, None]
 
 
