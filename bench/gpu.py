@@ -16,6 +16,10 @@ compute the same function and generate the same number of tokens.
 - vit: ms per image at batch 1, images/s at batch 256.
 - kernels: our flash prefill kernel vs PyTorch SDPA (FlashAttention) and the explicit softmax; our
   flash-decoding kernel vs SDPA over a padded cache, for 64 sequences of mixed lengths.
+- device busy: after the timed runs, one more engine run at the largest concurrency (and of the 32 sentences)
+  under torch.profiler with CUDA activity: the union of the GPU's kernel, copy and fill intervals over the run's
+  wall window (tserve/testing/device_busy.py). A separate run, since the profiler slows the host; without CUDA
+  activity the row says why instead of a number.
 
 Prints a table with ratios (ours / HF, or speed-ups) and writes the rows as JSON with --out.
 """
@@ -62,13 +66,23 @@ class Table:
         self.rows: list[dict] = []
 
     def add(self, section: str, what: str, hf: float | None, ours: float, unit: str, higher_is_better: bool,
-            baseline: str = "HF transformers") -> None:
+            baseline: str = "HF transformers", **extra: object) -> None:
         ratio = None if hf is None else (ours / hf if higher_is_better else hf / ours)
         self.rows.append(dict(section=section, what=what, baseline=baseline, baseline_value=hf, tserve=ours,
-                              unit=unit, speedup=ratio))
+                              unit=unit, speedup=ratio, **extra))
         base = "-" if hf is None else f"{hf:,.3f}"
         speed = "-" if ratio is None else f"{ratio:.2f}x"
         print(f"| {section} | {what} | {baseline}: {base} | {ours:,.3f} | {unit} | {speed} |", flush=True)
+
+    def busy(self, section: str, what: str, measured: dict) -> None:
+        """A device-busy row: a percentage of the run's wall time, or, where it could not be measured, why."""
+        if measured.get("busy") is None:
+            self.rows.append(dict(section=section, what=what, baseline=None, baseline_value=None, tserve=None,
+                                  unit="% of wall time", speedup=None, note=measured["note"]))
+            print(f"| {section} | {what} | - | {measured['note']} | % of wall time | - |", flush=True)
+            return
+        self.add(section, what, None, 100.0 * measured["busy"], "% of wall time", True, "-",
+                 window_s=measured["window_s"], device_events=measured["device_events"])
 
 
 def sync(device: torch.device) -> None:
@@ -146,6 +160,34 @@ def engine_inter_token(engine, ids: list[int], params) -> float:
     return (t[-1] - t[0]) / (len(t) - 1)
 
 
+BUSY_WINDOW = "tserve-device-busy-window"  # the record_function range that marks a profiled run's wall window
+
+
+def device_busy(device: torch.device, run: Callable[[], object]) -> dict:
+    """The device's busy fraction over one more call of `run` under torch.profiler: {"busy", "window_s",
+    "device_events"}, or {"busy": None, "note": why} where CUDA activity cannot be recorded."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from tserve.testing.device_busy import trace_busy
+
+    if device.type != "cuda":
+        return {"busy": None, "note": f"unavailable: no CUDA activity on {device.type}"}
+    if ProfilerActivity.CUDA not in torch.profiler.supported_activities():
+        return {"busy": None, "note": "unavailable: this torch records no CUDA activity (CUPTI)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with record_function(BUSY_WINDOW):
+                run()
+            sync(device)
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        try:
+            busy, window_s, events = trace_busy(json.loads(path.read_text()), BUSY_WINDOW)
+        except LookupError as exc:
+            return {"busy": None, "note": f"unavailable: {exc}"}
+    return {"busy": busy, "window_s": round(window_s, 4), "device_events": events}
+
+
 # --------------------------------------------------------------------------------------------------
 # Language model
 # --------------------------------------------------------------------------------------------------
@@ -218,6 +260,10 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
             assert tokens == c * n_new, (tokens, c * n_new)
             table.add(section, f"{c} requests at once", c * n_new / hf_s, tokens / secs, "tokens/s", True,
                       "HF static batch" if c > 1 else "HF transformers")
+            if c == max_c:  # the goal's figure: how much of the engine's wall time the device works
+                measured = device_busy(device, lambda rows=rows, params=params, c=c: run_requests(
+                    engine, lambda i: engine.submit(rows[i], params), c))
+                table.busy(section, f"device busy at {c} requests", measured)
     finally:
         engine.stop()
 
@@ -272,8 +318,10 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
 
             run_requests(engine, submit, n)
             secs = statistics.median(run_requests(engine, submit, n)[0] for _ in range(3))
-            table.add("translation", f"{n} sentences, {beams} beam{'s' if beams > 1 else ''}", n / hf_s, n / secs,
-                      "sentences/s", True)
+            what = f"{n} sentences, {beams} beam{'s' if beams > 1 else ''}"
+            table.add("translation", what, n / hf_s, n / secs, "sentences/s", True)
+            table.busy("translation", f"device busy, {what}",
+                       device_busy(device, lambda submit=submit: run_requests(engine, submit, n)))
     finally:
         engine.stop()
 

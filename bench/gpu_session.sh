@@ -3,7 +3,9 @@
 # the carried wheels are installed, then each named step runs with its own time limit and writes its log and
 # JSON under $OUT (default /tmp/gpu-out).
 #
-#   bash bench/gpu_session.sh tests bench load     # steps: env tests flash bench load train (and pack, see train)
+#   bash bench/gpu_session.sh tests bench load     # steps: env tests flash bench load train lease (and pack)
+#   TRAIN_MINUTES=5 bash bench/gpu_session.sh lease   # a whole lease in one command (see step_lease)
+#   DRY_RUN=1 bash bench/gpu_session.sh lease         # the same control flow on this CPU in a few minutes
 #
 # tests: the `gpu`-marked tests with $TSERVE_REQUIRE_GPU (a skip is a failure) and the kernel and CUDA-graph
 # tests, which run on the GPU when one is present. bench: bench/gpu.py, one process per section. load:
@@ -18,7 +20,19 @@ if [ -d .whl ] && [ ! -f /tmp/site/.installed ] && [ -z "${NO_WHEELS:-}" ] && [ 
     && touch /tmp/site/.installed || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+if [ -n "${DRY_RUN:-}" ]; then  # lease's control flow on a CPU: tiny shapes, a moment of training, tests collected
+  : "${TRAIN_DEVICE:=cpu}" "${TRAIN_MINUTES:=0.05}" "${MT_BATCH:=400}" "${LM_BATCH:=2}" "${OMP_NUM_THREADS:=1}"
+  : "${BENCH_ARGS:=--tiny --device cpu}" "${LM_SHAPES:=gpt2 tiny-llama}" "${LOAD_SIZES:=tiny-llama}"
+  : "${LOAD_ARGS:=--device cpu --dtype float32 --concurrency 2 --requests 2 --max-tokens 4 --skip-hf}"
+  : "${PYTEST_ARGS:=--collect-only}" "${LEASE_S:=900}"
+  export TRAIN_DEVICE TRAIN_MINUTES MT_BATCH LM_BATCH OMP_NUM_THREADS
+fi
 STEP_S=${STEP_S:-240}
+DEADLINE=${DEADLINE:-1000000000}  # in $SECONDS: no process of a step runs past it (the lease step sets it)
+limit() {  # seconds the next process may run: $STEP_S, or what is left before $DEADLINE
+  local left=$((DEADLINE - SECONDS))
+  [ "$left" -lt "$STEP_S" ] && echo $((left > 1 ? left : 1)) || echo "$STEP_S"
+}
 PACK=${PACK:-.gpu-data/train-data.tar.xz}  # the training data a train step unpacks (made by pack)
 
 step_env() {
@@ -29,10 +43,12 @@ step_env() {
 }
 
 step_tests() {
-  TSERVE_REQUIRE_GPU=1 timeout "$STEP_S" python3 -m pytest -p no:cacheprovider -q -m gpu tests/engine/test_gpu.py \
-    --junitxml="$OUT/gpu-tests.xml"
-  timeout "$STEP_S" python3 -m pytest -p no:cacheprovider -q tests/model/test_flash_kernels.py \
-    tests/model/test_cuda_graphs.py --junitxml="$OUT/kernel-tests.xml"
+  local rc=0
+  TSERVE_REQUIRE_GPU=${TSERVE_REQUIRE_GPU-1} timeout "$(limit)" python3 -m pytest -p no:cacheprovider -q -m gpu \
+    tests/engine/test_gpu.py --junitxml="$OUT/gpu-tests.xml" ${PYTEST_ARGS:-} || rc=1
+  timeout "$(limit)" python3 -m pytest -p no:cacheprovider -q tests/model/test_flash_kernels.py \
+    tests/model/test_cuda_graphs.py --junitxml="$OUT/kernel-tests.xml" ${PYTEST_ARGS:-} || rc=1
+  return $rc
 }
 
 step_flash() {  # the kernel tests alone (a quick re-check after a kernel change)
@@ -40,25 +56,29 @@ step_flash() {  # the kernel tests alone (a quick re-check after a kernel change
 }
 
 step_bench() {  # one process per section, and per shape in the lm section (a slow shape cannot starve the next)
+  local rc=0
   for section in ${SECTIONS:-lm translation vit kernels}; do
     if [ "$section" = lm ]; then
       for shape in ${LM_SHAPES:-gpt2 qwen2.5-0.5b}; do
-        timeout "$STEP_S" python3 bench/gpu.py --sections lm --attention-backend "${BACKEND:-auto}" \
-          --lm-shapes "$shape" --out "$OUT/gpu-lm-$shape-${BACKEND:-auto}.json"
+        timeout "$(limit)" python3 bench/gpu.py --sections lm --attention-backend "${BACKEND:-auto}" \
+          --lm-shapes "$shape" --out "$OUT/gpu-lm-$shape-${BACKEND:-auto}.json" ${BENCH_ARGS:-} || rc=1
       done
     else
-      timeout "$STEP_S" python3 bench/gpu.py --sections "$section" --attention-backend "${BACKEND:-auto}" \
-        --out "$OUT/gpu-$section-${BACKEND:-auto}.json"
+      timeout "$(limit)" python3 bench/gpu.py --sections "$section" --attention-backend "${BACKEND:-auto}" \
+        --out "$OUT/gpu-$section-${BACKEND:-auto}.json" ${BENCH_ARGS:-} || rc=1
     fi
   done
+  return $rc
 }
 
 step_load() {
+  local rc=0
   for size in ${LOAD_SIZES:-small qwen2.5-0.5b}; do
-    timeout "$STEP_S" python3 bench/load.py --device cuda --dtype bfloat16 --size "$size" \
+    timeout "$(limit)" python3 bench/load.py --device cuda --dtype bfloat16 --size "$size" \
       --concurrency 1 8 64 --requests 32 --max-tokens 128 --threads 4 --hf-sequential one-client ${LOAD_ARGS:-} \
-      --out "$OUT/load-$size.json"
+      --out "$OUT/load-$size.json" || rc=1
   done
+  return $rc
 }
 
 step_train() {  # the bundled translators and LM, trained on from their weights with mixed precision, side by side
@@ -84,6 +104,41 @@ step_train() {  # the bundled translators and LM, trained on from their weights 
     python3 -m tserve.training half "$runs/$name" && cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors" || rc=1
   done
   tar -czf "$OUT/train-records.tar.gz" -C "$runs" --exclude='*.safetensors' --exclude=data . || rc=1
+  return $rc
+}
+
+step_lease() {  # a whole lease in one command of $LEASE_S seconds at most (the machine's wheels included)
+  # The three trainings start in the background and the GPU tests run beside them; the benchmarks wait for the
+  # trainings to end, so that nothing else runs on the GPU while they time it; then one load run (64 clients)
+  # if at least $LOAD_MIN_S seconds are left. Each process stops at $STEP_S or at the lease's end, whichever
+  # comes first. What comes back: the three float16 weights files, lease.log and results.tar.gz (every other
+  # log, JSON and test report, and the trainings' records), then a summary table, printed last.
+  local final=$OUT work=$OUT/lease rc=0 train_pid name
+  DEADLINE=$((${LEASE_S:-540} - ${LEASE_RESERVE_S:-15}))  # $SECONDS counts from the script's start
+  rm -rf "$work" && mkdir -p "$work" && OUT=$work || return 1
+  echo "--- train (background) $(date -u +%T), ${TRAIN_MINUTES:-7} minutes"
+  (step_train >"$work/train.log" 2>&1; echo $? >"$work/train.rc") & train_pid=$!
+  echo "--- tests $(date -u +%T)"
+  step_tests >"$work/tests.log" 2>&1 || rc=1
+  tail -n 2 "$work/tests.log"
+  wait "$train_pid"
+  echo "--- train exit $(cat "$work/train.rc" 2>/dev/null) $(date -u +%T)"
+  [ "$(cat "$work/train.rc" 2>/dev/null)" = 0 ] || rc=1
+  for name in en-de de-en lm; do
+    [ -f "$work/$name.safetensors" ] && mv "$work/$name.safetensors" "$final/$name.safetensors"
+  done
+  echo "--- bench $(date -u +%T), $((DEADLINE - SECONDS)) s left"
+  SECTIONS=${SECTIONS:-lm translation vit} step_bench >"$work/bench.log" 2>&1 || rc=1
+  if [ $((DEADLINE - SECONDS)) -ge "${LOAD_MIN_S:-90}" ]; then
+    echo "--- load $(date -u +%T), $((DEADLINE - SECONDS)) s left"
+    LOAD_SIZES=${LOAD_SIZES:-small} LOAD_ARGS=${LOAD_ARGS:---concurrency 64 --skip-hf} step_load >"$work/load.log" 2>&1 \
+      || rc=1
+  else
+    echo "--- load skipped: $((DEADLINE - SECONDS)) s left, under LOAD_MIN_S=${LOAD_MIN_S:-90}"
+  fi
+  OUT=$final
+  tar -czf "$final/results.tar.gz" -C "$work" . && rm -rf "$work" || rc=1
+  python3 bench/gpu_lease_summary.py "$final" || rc=1
   return $rc
 }
 

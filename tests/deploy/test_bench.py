@@ -35,7 +35,13 @@ def test_gpu_benchmark_runs_on_tiny_shapes(tmp_path, capsys):
             ("lm tiny-llama", "decode step, batch 1"), ("lm tiny-llama", "4 requests at once"),
             ("translation", "4 sentences, 1 beam"), ("translation", "4 sentences, 4 beams"),
             ("vit", "batch 1"), ("vit", "batch 8")} <= what
-    for r in rows:
+    busy = [r for r in rows if r["what"].startswith("device busy")]
+    assert {(r["section"], r["what"]) for r in busy} == {
+        ("lm", "device busy at 4 requests"), ("lm tiny-llama", "device busy at 4 requests"),
+        ("translation", "device busy, 4 sentences, 1 beam"), ("translation", "device busy, 4 sentences, 4 beams")}
+    for r in busy:  # on the CPU the column says why there is no figure, rather than a number
+        assert r["tserve"] is None and r["note"] == "unavailable: no CUDA activity on cpu"
+    for r in (r for r in rows if r not in busy):
         assert r["tserve"] > 0 and r["baseline_value"] > 0
         # The speed-up is >1 when tserve is faster: a ratio of rates, or the inverse ratio of times.
         faster = r["tserve"] / r["baseline_value"] if r["unit"].endswith("/s") else r["baseline_value"] / r["tserve"]

@@ -416,6 +416,14 @@ BUGS = [
     Bug("gpu-train-step-brings-back-float32", "bench/gpu_session.sh",
         'python3 -m tserve.training half "$runs/$name" && cp', "cp",
         ("tests/training/test_gpu_session_train.py::test_the_gpu_train_step_continues_the_bundled_text_models_from_a_data_pack",)),
+    Bug("device-busy-sums-overlapping-kernels", "tserve/testing/device_busy.py",
+        "        if reach is None or start >= reach:\n            total += end - start",
+        "        if True:\n            total += end - start",
+        ("tests/deploy/test_device_busy.py::test_overlapping_intervals_count_once",
+         "tests/deploy/test_device_busy.py::test_a_profiler_trace_gives_the_device_busy_share_of_the_marked_run")),
+    Bug("device-busy-counts-annotations-as-work", "tserve/testing/device_busy.py",
+        '{"kernel", "gpu_memcpy", "gpu_memset"}', '{"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}',
+        ("tests/deploy/test_device_busy.py::test_a_profiler_trace_gives_the_device_busy_share_of_the_marked_run",)),
 ]
 BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS
 
