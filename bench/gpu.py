@@ -74,15 +74,19 @@ class Table:
         speed = "-" if ratio is None else f"{ratio:.2f}x"
         print(f"| {section} | {what} | {baseline}: {base} | {ours:,.3f} | {unit} | {speed} |", flush=True)
 
-    def busy(self, section: str, what: str, measured: dict) -> None:
-        """A device-busy row: a percentage of the run's wall time, or, where it could not be measured, why."""
+    def busy(self, section: str, what: str, measured: dict, timed_s: float) -> None:
+        """A device-busy row: a percentage of the profiled run's wall time, or, where it could not be measured, why.
+        `timed_s`, the wall time of the same work unprofiled, gives the other bound: the device's busy seconds over it
+        (the profiler slows the host, rarely the device)."""
         if measured.get("busy") is None:
             self.rows.append(dict(section=section, what=what, baseline=None, baseline_value=None, tserve=None,
                                   unit="% of wall time", speedup=None, note=measured["note"]))
             print(f"| {section} | {what} | - | {measured['note']} | % of wall time | - |", flush=True)
             return
+        busy_s = measured["busy"] * measured["window_s"]
         self.add(section, what, None, 100.0 * measured["busy"], "% of wall time", True, "-",
-                 window_s=measured["window_s"], device_events=measured["device_events"])
+                 window_s=measured["window_s"], device_events=measured["device_events"], busy_s=round(busy_s, 4),
+                 timed_s=round(timed_s, 4), busy_of_timed_pct=round(100.0 * min(busy_s / timed_s, 1.0), 1))
 
 
 def sync(device: torch.device) -> None:
@@ -263,7 +267,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
             if c == max_c:  # the goal's figure: how much of the engine's wall time the device works
                 measured = device_busy(device, lambda rows=rows, params=params, c=c: run_requests(
                     engine, lambda i: engine.submit(rows[i], params), c))
-                table.busy(section, f"device busy at {c} requests", measured)
+                table.busy(section, f"device busy at {c} requests", measured, secs)
     finally:
         engine.stop()
 
@@ -321,7 +325,7 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
             what = f"{n} sentences, {beams} beam{'s' if beams > 1 else ''}"
             table.add("translation", what, n / hf_s, n / secs, "sentences/s", True)
             table.busy("translation", f"device busy, {what}",
-                       device_busy(device, lambda submit=submit: run_requests(engine, submit, n)))
+                       device_busy(device, lambda submit=submit: run_requests(engine, submit, n)), secs)
     finally:
         engine.stop()
 

@@ -61,6 +61,8 @@ def summary(out: Path) -> list[str]:
     for name in sorted(n for n in files if n.startswith("gpu-") and n.endswith(".json")):
         for r in json.loads(files[name]):
             ours = r.get("note") if r["tserve"] is None else _fmt(r["tserve"])
+            if r.get("busy_of_timed_pct") is not None:  # the device's busy seconds over the unprofiled run's wall
+                ours += f" (timed run: {r['busy_of_timed_pct']})"
             speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
             lines.append(f"| {r['section']} | {r['what']} | {_fmt(r['baseline_value'])} | {ours} | {r['unit']} | "
                          f"{speed} |")

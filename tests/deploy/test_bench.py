@@ -243,3 +243,38 @@ def test_load_benchmark_runs_a_llama_family_shape_against_transformers(tmp_path,
     out = capsys.readouterr().out
     assert "1 clients: tserve / hf generate" in out and "triad bandwidth" in out and "of roofline" in out
     assert f"PyTorch kernels at {torch.backends.cpu.get_cpu_capability()})" in out
+
+
+def test_the_gpu_lease_summary_reads_the_bundle_and_the_weights_beside_it(tmp_path, capsys):
+    import io  # noqa: PLC0415
+    import tarfile  # noqa: PLC0415
+
+    def tar_of(files: dict[str, bytes]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for name, body in files.items():
+                member = tarfile.TarInfo(f"./{name}")
+                member.size = len(body)
+                tar.addfile(member, io.BytesIO(body))
+        return buf.getvalue()
+
+    training = {"steps": 4118, "kept_step": 4000, "validation": [{"step": 4000, "val_loss": 2.79},
+                                                                 {"step": 4118, "val_loss": 2.81}]}
+    rows = [{"section": "lm", "what": "64 requests at once", "baseline": "HF static batch", "baseline_value": 11143.0,
+             "tserve": 15633.0, "unit": "tokens/s", "speedup": 1.403},
+            {"section": "lm", "what": "device busy at 64 requests", "baseline": "-", "baseline_value": None,
+             "tserve": 71.5, "unit": "% of wall time", "speedup": None, "busy_of_timed_pct": 88.2}]
+    junit = (b'<testsuites><testsuite name="pytest" tests="32" failures="1" errors="0" skipped="2">'
+             b"</testsuite></testsuites>")
+    (tmp_path / "results.tar.gz").write_bytes(tar_of({
+        "gpu-tests.xml": junit, "gpu-lm-gpt2-auto.json": json.dumps(rows).encode(),
+        "train-records.tar.gz": tar_of({"en-de/training.json": json.dumps(training).encode()}),
+        "train.log": b"", "tests.log": b"", "bench.log": b""}))
+    (tmp_path / "en-de.safetensors").write_bytes(b"\0" * 2**20)
+    bench_script("gpu_lease_summary").main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| gpu-tests.xml | 29 | 1 | 0 | 2 |" in out and "| kernel-tests.xml | no report |" in out
+    assert "| en-de | 4118 | 4000 | 2.790 | 1.0 MiB |" in out and "| lm | - | - | - | missing |" in out
+    assert "| lm | 64 requests at once | 11,143.0 | 15,633.0 | tokens/s | 1.40x |" in out
+    assert "| lm | device busy at 64 requests | - | 71.500 (timed run: 88.2) | % of wall time | - |" in out
+    assert "missing from" not in out

@@ -28,7 +28,7 @@ from tserve.training.data.sources import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _write_processed_data(processed: Path) -> None:
+def write_tiny_processed_data(processed: Path) -> None:
     processed.mkdir(parents=True)
     pairs = "".join(json.dumps({"en": en, "de": de, "source": "ding"}) + "\n" for en, de in zip(EN, DE, strict=True))
     text = " ".join(EN * 20)
@@ -41,7 +41,7 @@ def _write_processed_data(processed: Path) -> None:
 
 
 def test_the_gpu_train_step_continues_the_bundled_text_models_from_a_data_pack(tmp_path):
-    _write_processed_data(tmp_path / "data" / "processed")
+    write_tiny_processed_data(tmp_path / "data" / "processed")
     out = tmp_path / "out"
     env = {**os.environ, "TSERVE_DATA_DIR": str(tmp_path / "data"), "PACK": str(tmp_path / "pack" / "data.tar.xz"),
            "TRAIN_RUNS": str(tmp_path / "runs"), "OUT": str(out), "TRAIN_DEVICE": "cpu", "TRAIN_MINUTES": "0.001",
