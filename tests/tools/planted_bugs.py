@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.tools.async_bugs import ASYNC_BUGS  # noqa: E402
 from tests.tools.block_kernel_bugs import BLOCK_KERNEL_BUGS  # noqa: E402
 from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
@@ -72,8 +73,8 @@ BUGS = [
         "prefix = [self.cls_token] if self.dist_token is None else [self.dist_token, self.cls_token]",
         ("tests/model/test_hf_parity.py::test_image_classifier_logits_and_top5",)),
     Bug("lm-decode-reads-another-requests-kv-slot", "tserve/model/decoding/lm_runner.py",
-        "self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,",
-        "self.cache, torch.tensor([s.slot for s in seqs][1:] + [s.slot for s in seqs][:1], device=dev), "
+        "self.cache, to_device([s.slot for s in seqs], dev), kv_len=max(positions) + 1,",
+        "self.cache, to_device([s.slot for s in seqs][1:] + [s.slot for s in seqs][:1], dev), "
         "kv_len=max(positions) + 1,",
         ("tests/engine/test_engine.py::test_greedy_alone_equals_among_fifty_others",
          "tests/engine/test_engine.py::test_a_fault_in_one_request_leaves_the_others_identical",
@@ -163,8 +164,8 @@ BUGS = [
          "tests/engine/test_engine.py::test_logit_bias_forces_and_bans_beside_unbiased_requests",
          "tests/http/test_http_decoding.py::test_logit_bias_over_http_forces_bans_and_leaves_neighbours_alone")),
     Bug("logit-bias-lands-on-the-first-row", "tserve/model/decoding/logits.py",
-        "return scores.index_put((torch.tensor(i, device=dev), torch.tensor(t, device=dev)),",
-        "return scores.index_put((torch.tensor(i, device=dev) * 0, torch.tensor(t, device=dev)),",
+        "return scores.index_put((to_device(i, dev), to_device(t, dev)),",
+        "return scores.index_put((to_device(i, dev) * 0, to_device(t, dev)),",
         ("tests/engine/test_engine.py::test_logit_bias_forces_and_bans_beside_unbiased_requests",)),
     Bug("beam-rows-read-another-sources-keys", "tserve/model/kv_cache.py",
         "positions[row] = u * width + g", "positions[row] = u * width",
@@ -202,8 +203,8 @@ BUGS = [
         ("tests/model/test_flash_kernels.py::test_grouped_query_family_on_flash_equals_math[qwen3]",
          "tests/model/test_flash_kernels.py::test_lm_decode_step_with_mixed_lengths_on_flash_equals_math[grouping2-flash]")),
     Bug("grammar-mask-lands-on-the-next-row", "tserve/model/decoding/logits.py",
-        "idx = torch.tensor([i for i, _ in masked], device=dev)",
-        "idx = (torch.tensor([i for i, _ in masked], device=dev) + 1) % scores.size(0)",
+        "idx = to_device([i for i, _ in masked], dev)",
+        "idx = (to_device([i for i, _ in masked], dev) + 1) % scores.size(0)",
         ("tests/model/test_structured_output.py::test_constrained_and_free_rows_share_a_batch_and_keep_their_tokens",
          "tests/http/test_structured_output_http.py::test_every_concurrent_answer_that_stops_validates_and_free_ones_do_not[qwen2]")),
     Bug("grammar-not-advanced-after-a-token", "tserve/model/decoding/lm_runner.py",
@@ -432,7 +433,7 @@ BUGS = [
         '{"kernel", "gpu_memcpy", "gpu_memset"}', '{"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}',
         ("tests/deploy/test_device_busy.py::test_a_profiler_trace_gives_the_device_busy_share_of_the_marked_run",)),
 ]
-BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS
+BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS
 
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,

@@ -158,16 +158,19 @@ class Decoder(nn.Module):
 
     @torch.inference_mode()
     def prefill(self, tokens: Tensor, lengths: Tensor, cache: PagedKVCache, slots: Tensor,
-                start: Tensor | None = None) -> Tensor:
+                start: Tensor | None = None, kv_len: int | None = None) -> Tensor:
         """Right-padded prompts (B, T) with valid `lengths` (B,) into cache rows `slots` (B,), from positions
         `start` (B,) on (default 0: the positions before are already in the cache, e.g. a cached prefix).
+        `kv_len`: max(start + lengths) when the caller knows it (reading it from the device waits for it).
         Returns next-token logits (B, V) taken at each prompt's last real token."""
         positions = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
-        mask, kv_len = None, None
-        if start is not None and bool((start > 0).any()):  # attend over the cached positions too
+        mask = None
+        if start is not None and (kv_len is not None or bool((start > 0).any())):  # attend over the cached ones too
             positions = positions + start[:, None]
-            kv_len = int((start + lengths).max())
+            kv_len = kv_len or int((start + lengths).max())
             mask = causal_mask(positions, kv_len)
+        else:
+            kv_len = None
         hidden, _ = self._run(tokens, positions, mask=mask, is_causal=mask is None, cache=cache, slots=slots,
                               kv_len=kv_len)
         last = hidden[torch.arange(tokens.size(0), device=tokens.device), lengths - 1]

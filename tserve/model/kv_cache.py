@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tserve.model.device_inputs import to_device
+
 # (q (B, H, 1, D), k/v blocks (num_blocks, H, block_len, D), block tables (B, W), lengths (B,), bound) -> (B, H, 1, D)
 CachedDecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int | None], Tensor]
 
@@ -76,7 +78,7 @@ class PagedKVCache(nn.Module):
         index = torch.tensor(rows)
         self._host_tables[index] = padded
         if self.tables.device.type != "cpu":  # on the CPU `tables` is this very tensor
-            self.tables[index.to(self.tables.device)] = padded.to(self.tables.device)
+            self.tables[to_device(index, self.tables.device)] = to_device(padded, self.tables.device)
 
     def copy_positions(self, copies: list[tuple[int, int, int]]) -> None:
         """For each (source block, destination block, n): copy the first n positions (every layer), the part of a

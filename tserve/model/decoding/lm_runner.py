@@ -24,9 +24,44 @@ from tserve.model.decoding.params import SamplingParams
 from tserve.model.decoding.sampler import sample, token_logprobs
 from tserve.model.decoding.speculative import NgramIndex, Speculation, accept
 from tserve.model.decoding.structured import GrammarCompiler, GrammarState, masks_for
+from tserve.model.device_inputs import to_device
 from tserve.model.kv_cache import SlotAllocator
 
 StepLogprobs = tuple[list[float], list[list[float]], list[list[int]]]  # chosen, top values, top ids
+
+
+class ChosenTokens:
+    """A step's chosen tokens (and the logprobs asked for) on the device, copied to the host without waiting:
+    an engine launches the next step, which feeds these very tokens from the device, before it reads them here
+    (`result`). Until then each of its sequences counts the token as `unresolved`."""
+
+    def __init__(self, seqs: Sequence[TextSequence], tokens: Tensor, logprobs: tuple[Tensor, ...] | None) -> None:
+        self.seqs, self.tokens = list(seqs), tokens
+        self._ready: torch.cuda.Event | None = None
+        if tokens.device.type == "cuda":
+            self._host = [_pinned_copy(t) for t in (tokens, *(logprobs or ()))]
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = [tokens, *(logprobs or ())]
+        self._result: tuple[list[int], StepLogprobs | None] | None = None
+        for row, seq in enumerate(self.seqs):
+            seq.unresolved += 1
+            seq.fed_from = (self, row)
+
+    def result(self) -> tuple[list[int], StepLogprobs | None]:
+        """Every row's token and the step's logprobs (None unless a row asked), once the device has them."""
+        if self._result is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            tokens, *logprobs = (t.tolist() for t in self._host)
+            self._result = tokens, (tuple(logprobs) if logprobs else None)
+        return self._result
+
+
+def _pinned_copy(t: Tensor) -> Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
 
 
 class TextSequence:
@@ -42,6 +77,10 @@ class TextSequence:
         self.pending_names: list[bytes] = []  # names of its prompt blocks it has yet to compute
         self.generated: list[int] = []  # eos excluded
         self.next_token: int | None = None  # chosen, not yet fed to the model
+        # Tokens chosen on the device and not yet appended (an engine reads a step's tokens after launching the
+        # next), and the step and row the newest of them is fed from.
+        self.unresolved = 0
+        self.fed_from: tuple[ChosenTokens, int] | None = None
         self.finish_reason: str | None = None  # "stop" | "length"
         # On the model's device, so that sampling needs no copy of the probabilities to the host.
         self.generator = params.make_generator(device)
@@ -61,7 +100,13 @@ class TextSequence:
 
     @property
     def num_generated(self) -> int:
-        return len(self.generated)
+        """Tokens chosen so far, those still on their way from the device too."""
+        return len(self.generated) + self.unresolved
+
+    @property
+    def has_next(self) -> bool:
+        """A token is chosen for the next step to feed (on the host or still on the device)."""
+        return self.next_token is not None or self.unresolved > 0
 
     def token_ids(self) -> list[int]:
         """The tokens fed or to be fed to the model: the prompt, then every generated token (the last one is
@@ -216,9 +261,10 @@ class DecoderRunner:
         for i, (t, b) in enumerate(zip(ids, start, strict=True)):
             tokens[i, : lengths[i]] = torch.tensor(t[b:])
         dev = self.device
-        logits = self.model.prefill(tokens.to(dev), torch.tensor(lengths, device=dev), self.cache,
-                                    torch.tensor([s.slot for s in seqs], device=dev),
-                                    torch.tensor(start, device=dev) if any(start) else None)
+        logits = self.model.prefill(to_device(tokens, dev), to_device(lengths, dev), self.cache,
+                                    to_device([s.slot for s in seqs], dev),
+                                    to_device(start, dev) if any(start) else None,
+                                    kv_len=max(b + n for b, n in zip(start, lengths, strict=True)))
         self._computed(seqs, [len(t) for t in ids])
         for s in seqs:
             self._computed_or_dropped(s)
@@ -228,17 +274,36 @@ class DecoderRunner:
         """Feeds each sequence's `next_token` (after `grow` made room for it); logits (B, V)."""
         self._start_masks(seqs)
         positions = [s.num_computed for s in seqs]
+        fed = self._fed_tokens(seqs)
         if self.graphed is not None:  # static shapes: every row's whole table, batch padded to a captured bucket
-            logits = self.graphed([s.next_token for s in seqs], positions, [s.slot for s in seqs])
+            logits = self.graphed(fed, positions, [s.slot for s in seqs])
         else:
             dev = self.device
             # Eager (CPU): attend only over the positions in use, which is where a CPU spends its time.
             logits = self._decode_step(
-                torch.tensor([s.next_token for s in seqs], device=dev), torch.tensor(positions, device=dev),
-                self.cache, torch.tensor([s.slot for s in seqs], device=dev), kv_len=max(positions) + 1,
+                fed if isinstance(fed, Tensor) else to_device(fed, dev), to_device(positions, dev),
+                self.cache, to_device([s.slot for s in seqs], dev), kv_len=max(positions) + 1,
             )
         self._computed(seqs, [p + 1 for p in positions])
         return logits
+
+    def _fed_tokens(self, seqs: Sequence[TextSequence]) -> list[int] | Tensor:
+        """The tokens a decode step feeds: host ints, or, where some were chosen by a step whose tokens the host
+        has not read yet, a device tensor gathered from those steps' outputs (no host sync)."""
+        if not any(s.unresolved for s in seqs):
+            return [s.next_token for s in seqs]
+        dev = self.device
+        fed = to_device([0 if s.unresolved else s.next_token for s in seqs], dev)
+        by_step: dict[int, tuple[ChosenTokens, list[int], list[int]]] = {}
+        for i, s in enumerate(seqs):
+            if s.unresolved:
+                step, row = s.fed_from
+                _, at, rows = by_step.setdefault(id(step), (step, [], []))
+                at.append(i)
+                rows.append(row)
+        for step, at, rows in by_step.values():
+            fed.index_copy_(0, to_device(at, dev), step.tokens.index_select(0, to_device(rows, dev)))
+        return fed
 
     # ----------------------------------------------------------------------------------------------
     # Speculative steps
@@ -337,6 +402,12 @@ class DecoderRunner:
     def choose(self, seqs: Sequence[TextSequence], logits: Tensor) -> tuple[list[int], StepLogprobs | None]:
         """Every row's next token (one host sync), and the log-probabilities of the rows that asked for
         them (over the constrained scores, before temperature)."""
+        return self.resolve(self.choose_later(seqs, logits))
+
+    def choose_later(self, seqs: Sequence[TextSequence], logits: Tensor) -> ChosenTokens:
+        """`choose` without waiting for the device: the tokens stay there (a next `decode` feeds them) until
+        `resolve`. Rows whose choice depends on their tokens so far (penalties, a grammar) must be resolved
+        before their next step is chosen (`needs_tokens`)."""
         params = [s.params for s in seqs]
         self._attach_masks(seqs)
         constrained = self.pipeline.constrain(logits, seqs)
@@ -344,10 +415,29 @@ class DecoderRunner:
                         [s.generator for s in seqs])
         logprobs = None
         if any(p.logprobs is not None for p in params):
-            n_top = max(p.logprobs or 0 for p in params)
-            chosen, top_v, top_i = (t.tolist() for t in token_logprobs(constrained, tokens, n_top))
-            logprobs = (chosen, top_v, top_i)
-        return tokens.tolist(), logprobs
+            logprobs = token_logprobs(constrained, tokens, max(p.logprobs or 0 for p in params))
+        return ChosenTokens(seqs, tokens, logprobs)
+
+    def resolve(self, chosen: ChosenTokens) -> tuple[list[int], StepLogprobs | None]:
+        """A step's tokens on the host (waiting for the device if it is still at it); each sequence counts them
+        unresolved no longer, and its next step feeds from the host unless a later step of it is on its way."""
+        result = chosen.result()
+        for seq in chosen.seqs:
+            seq.unresolved -= 1
+            if seq.fed_from is not None and seq.fed_from[0] is chosen:
+                seq.fed_from = None
+        return result
+
+    @staticmethod
+    def needs_tokens(seq: TextSequence) -> bool:
+        """Its next step's choice reads the tokens it has (penalty counts, a grammar's state): a step may not
+        be chosen for it while one of its tokens is still on the device."""
+        return seq.params.penalized or seq.grammar is not None
+
+    def ends_by_length(self, seq: TextSequence) -> bool:
+        """Its unresolved tokens bring it to max_tokens or the context's end: no step follows them."""
+        n = len(seq.generated) + seq.unresolved
+        return seq.unresolved > 0 and (n >= seq.params.max_tokens or len(seq.prompt_ids) + n >= self.max_len)
 
     def append(self, seq: TextSequence, token: int) -> str | None:
         """Record a chosen token; returns the finish reason when the sequence ends with it. Eos (unless
@@ -357,6 +447,9 @@ class DecoderRunner:
             seq.finish_reason = "stop"
         else:
             seq.generated.append(token)
+            if seq.table is not None and seq.num_computed > len(seq.token_ids()) - 1:
+                # a step fed it from the device past the tokens known then: name the blocks it filled
+                self.blocks.name_full_blocks(seq.table, seq.token_ids()[:seq.num_computed])
             if seq.counts is not None:
                 seq.counts[token] += 1
             if seq.grammar is not None:

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from tserve.model.decoding.params import SamplingParams
 from tserve.model.decoding.structured import disallowed
+from tserve.model.device_inputs import to_device
 
 
 class DecodingRow(Protocol):
@@ -76,10 +77,10 @@ class LogitsPipeline:
             return scores
         dev, V = scores.device, scores.size(-1)
         counts = torch.stack([rows[i].token_counts(V, dev) for i in idx])
-        presence = torch.tensor([rows[i].params.presence_penalty for i in idx], device=dev)
-        frequency = torch.tensor([rows[i].params.frequency_penalty for i in idx], device=dev)
+        presence = to_device([rows[i].params.presence_penalty for i in idx], dev)
+        frequency = to_device([rows[i].params.frequency_penalty for i in idx], dev)
         penalty = frequency[:, None] * counts + presence[:, None] * (counts > 0).to(scores.dtype)
-        return scores.index_add(0, torch.tensor(idx, device=dev), -penalty)
+        return scores.index_add(0, to_device(idx, dev), -penalty)
 
     @staticmethod
     def logit_bias(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
@@ -88,8 +89,8 @@ class LogitsPipeline:
             return scores
         dev = scores.device
         i, t, b = zip(*entries, strict=True)
-        return scores.index_put((torch.tensor(i, device=dev), torch.tensor(t, device=dev)),
-                                torch.tensor(b, device=dev, dtype=scores.dtype), accumulate=True)
+        return scores.index_put((to_device(i, dev), to_device(t, dev)),
+                                to_device(b, dev, scores.dtype), accumulate=True)
 
     def ban_eos(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         """No eos before min_tokens, nor ever with ignore_eos."""
@@ -100,14 +101,14 @@ class LogitsPipeline:
             return scores
         dev = scores.device
         rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)
-        return scores.index_put((torch.tensor(rows_, device=dev), torch.tensor(ids, device=dev)),
-                                torch.tensor(float("-inf"), device=dev))
+        return scores.index_put((to_device(rows_, dev), to_device(ids, dev)),
+                                to_device(float("-inf"), dev))
 
     def ban_ids(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         """Ids the checkpoint never generates (Marian: pad)."""
         if not self.banned:
             return scores
-        return scores.index_fill(-1, torch.tensor(self.banned, device=scores.device), float("-inf"))
+        return scores.index_fill(-1, to_device(self.banned, scores.device), float("-inf"))
 
     def force_eos(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         """Marian's forced_eos_token_id: at a row's last position only eos may come (scored 0, as
@@ -119,7 +120,7 @@ class LogitsPipeline:
             return scores
         only_eos = torch.full_like(scores[0], float("-inf"))
         only_eos[self.eos_ids[0]] = 0.0
-        return torch.where(torch.tensor(last, device=scores.device)[:, None], only_eos, scores)
+        return torch.where(to_device(last, scores.device)[:, None], only_eos, scores)
 
     @staticmethod
     def force_first(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
@@ -130,7 +131,7 @@ class LogitsPipeline:
         if not forced:
             return scores
         dev = scores.device
-        idx, tokens = (torch.tensor(x, device=dev) for x in zip(*forced, strict=True))
+        idx, tokens = (to_device(x, dev) for x in zip(*forced, strict=True))
         only = torch.full((len(forced), scores.size(-1)), float("-inf"), device=dev, dtype=scores.dtype)
         only[torch.arange(len(forced), device=dev), tokens] = 0.0
         return scores.index_copy(0, idx, only)
@@ -143,7 +144,7 @@ class LogitsPipeline:
         if not masked:
             return scores
         dev = scores.device
-        idx = torch.tensor([i for i, _ in masked], device=dev)
+        idx = to_device([i for i, _ in masked], dev)
         banned = disallowed(torch.stack([m for _, m in masked]).to(dev), scores.size(-1))
         rows_scores = scores.index_select(0, idx).masked_fill(banned, float("-inf"))
         if self.eos_ids:
@@ -159,7 +160,7 @@ class LogitsPipeline:
         temps = [1.0 if r.params.greedy else r.params.temperature for r in rows]
         if all(t == 1.0 for t in temps):
             return scores
-        return scores / torch.tensor(temps, device=scores.device)[:, None]
+        return scores / to_device(temps, scores.device)[:, None]
 
     @staticmethod
     def top_k_top_p(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
@@ -167,9 +168,9 @@ class LogitsPipeline:
         if not idx:
             return scores
         dev = scores.device
-        rows_t = torch.tensor(idx, device=dev)
-        top_k = torch.tensor([max(rows[i].params.top_k, 0) for i in idx], device=dev)
-        top_p = torch.tensor([rows[i].params.top_p for i in idx], device=dev)
+        rows_t = to_device(idx, dev)
+        top_k = to_device([max(rows[i].params.top_k, 0) for i in idx], dev)
+        top_p = to_device([rows[i].params.top_p for i in idx], dev)
         return scores.index_copy(0, rows_t, filter_top_k_top_p(scores[rows_t], top_k, top_p))
 
 

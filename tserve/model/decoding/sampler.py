@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from tserve.model.decoding.params import SamplingParams
+from tserve.model.device_inputs import to_device
 
 # Noise of exactly 0 would divide a zero probability by zero; the smallest normal float changes nothing else.
 _TINY = torch.finfo(torch.float32).tiny
@@ -27,7 +28,7 @@ def sample(scores: Tensor, params: Sequence[SamplingParams], generators: Sequenc
     if not sampled:
         return tokens
     dev = scores.device
-    idx = torch.tensor(sampled, device=dev)
+    idx = to_device(sampled, dev)
     probs = torch.softmax(scores[idx].float(), dim=-1)
     noise = torch.stack([exponential_noise(probs.size(-1), generators[i]) for i in sampled])
     return tokens.index_copy(0, idx, (probs / noise).argmax(dim=-1))

@@ -3,6 +3,15 @@ cached prefix shared with others), every running request advances by one token p
 does not depend on its neighbours. The `DecoderRunner` does the model work and the next-token rules; this
 engine schedules requests onto it and hands each token to the output stage (`output.py`).
 
+Asynchronous scheduling (`async_scheduling`, on by default on CUDA): a step is launched before the tokens of the
+step before are read. Its rows are fed those tokens on the device (`ChosenTokens`), and while the device
+computes, the host reads the earlier step's tokens and does the per-request work (finish rules, detokenizing,
+stop strings, streaming). A request that an eos or a stop string ends is computed once more and that row's
+token dropped; one that max_tokens or the context ends is known on the host and not stepped again. Rows whose
+next choice reads their tokens (penalties, a grammar), speculative steps and preemption read every token
+first, so the output is the same token for token. Off (the CPU's default: nothing runs beside the host
+there), every step's tokens are read before the next is planned: the same code, in the other order.
+
 Admission counts blocks: a request is admitted when a row and the blocks of its uncached tokens are free. When
 the pool runs dry mid-decode, the newest running requests are preempted: their blocks go back, they return
 to the head of the queue, and when admitted again they recompute what they had from their tokens and go on
@@ -24,7 +33,7 @@ from tserve.model.decoding import (
     generate,
     token_logprobs,
 )
-from tserve.model.decoding.lm_runner import StepLogprobs
+from tserve.model.decoding.lm_runner import ChosenTokens, StepLogprobs
 from tserve.model.tokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import text_event, token_logprob
@@ -52,7 +61,7 @@ class GenerationEngine(Worker):
                  max_model_len: int | None, timeout_s: float, metrics: Metrics, cuda_graphs: bool = True,
                  compile: bool = False, max_grammar_compile_ms: float = 2000.0, kv_cache_budget: tuple[int | None, float | None] = (None, None),
                  kv_block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None,
-                 draft: LoadedModel | None = None) -> None:
+                 draft: LoadedModel | None = None, async_scheduling: str = "auto") -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_slots)
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
@@ -65,6 +74,8 @@ class GenerationEngine(Worker):
         self._drafted = self._accepted = 0  # since start, for the acceptance-rate gauge
         self.max_len, self.device = self.runner.max_len, loaded.device
         self.prefix_caching = prefix_caching
+        self.overlap = async_scheduling == "on" or (async_scheduling == "auto" and self.device.type == "cuda")
+        self._in_flight: list[ChosenTokens] = []  # steps launched, tokens not read yet, oldest first
         self.m.kv_bytes_per_token.set(self.runner.cache.bytes_per_token())
         self.m.kv_bytes.set(self.runner.cache.nbytes())
         self.m.kv_blocks_total.set(self.runner.blocks.num_usable)
@@ -128,15 +139,19 @@ class GenerationEngine(Worker):
     def _release(self, req: GenerationRequest) -> None:
         self.runner.release(req)
 
-    def _make_room(self, reqs: list[GenerationRequest], drafts: dict[int, list[int]]) -> list[GenerationRequest]:
+    def _make_room(self, reqs: list[GenerationRequest],
+                   drafts: dict[int, list[int]]) -> list[GenerationRequest] | None:
         """A block for every running request's next position, oldest first; when none is free, the newest
         request holding blocks is preempted (it may be the one asking). Then blocks for the drafts (`drafts` by
         id) from what is left: a draft that does not fit is dropped, never a reason to preempt. Returns the
-        requests that keep running."""
+        requests that keep running; None when a preemption is due while tokens are on their way (the caller
+        reads them and asks again: a preempted request resumes from every token it has)."""
         asking = set(reqs)
         order = [r for r in self.running if r in asking]  # admission order
         for req in order:
             while req.table is not None and not self.runner.grow(req):
+                if self._in_flight:
+                    return None
                 victim = next(r for r in reversed(order) if r.table is not None)
                 self._preempt(victim)
         running = [r for r in order if r.table is not None]
@@ -154,17 +169,31 @@ class GenerationEngine(Worker):
         super()._update_gauges()
         self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)
 
+    def step(self) -> None:
+        earlier = set(map(id, self._in_flight))  # launched by the step before: read once this step's are launched
+        super().step()
+        still = sum(id(c) in earlier for c in self._in_flight)  # the oldest ones, unless a rule read them already
+        self._read_tokens(still if self.running else len(self._in_flight))
+
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
-        self._isolated(reqs, self._prefill_forward, self._choose_and_emit)
+        self._isolated(reqs, self._prefill_forward, self._launched)
 
     def _decode(self) -> None:
-        reqs = [r for r in self.running if r.next_token is not None]
-        drafts = {id(r): d for r, d in zip(reqs, self.runner.drafts(reqs), strict=True)}
-        reqs = self._make_room(reqs, drafts)
+        if not self.overlap or self.runner.speculation is not None or any(
+                self.runner.needs_tokens(r) for r in self.running):
+            self._read_tokens(len(self._in_flight))
+        while True:
+            reqs = [r for r in self.running if r.has_next and not self.runner.ends_by_length(r)]
+            drafts = {id(r): d for r, d in zip(reqs, self.runner.drafts(reqs), strict=True)}
+            planned = self._make_room(reqs, drafts)
+            if planned is not None:
+                break
+            self._read_tokens(len(self._in_flight))
+        reqs = planned
         if not reqs:
             return
         if not any(drafts[id(r)] for r in reqs):
-            self._isolated(reqs, self._decode_forward, self._choose_and_emit)
+            self._isolated(reqs, self._decode_forward, self._launched)
             return
 
         def forward(rows: list[GenerationRequest]) -> torch.Tensor:
@@ -174,20 +203,38 @@ class GenerationEngine(Worker):
         self._isolated(reqs, forward, lambda rows, logits: self._emit_ahead(rows, [drafts[id(r)] for r in rows],
                                                                               logits))
 
-    def _prefill_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
+    def _prefill_forward(self, reqs: list[GenerationRequest]) -> ChosenTokens:
         self.m.batch_size.observe(len(reqs))
-        return self.runner.prefill(reqs)
+        return self.runner.choose_later(reqs, self.runner.prefill(reqs))
 
-    def _decode_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
+    def _decode_forward(self, reqs: list[GenerationRequest]) -> ChosenTokens:
         self.m.batch_size.observe(len(reqs))
-        return self.runner.decode(reqs)
+        return self.runner.choose_later(reqs, self.runner.decode(reqs))
 
-    def _choose_and_emit(self, reqs: list[GenerationRequest], logits: torch.Tensor) -> None:
-        tokens, logprobs = self.runner.choose(reqs, logits)
+    def _launched(self, reqs: list[GenerationRequest], chosen: ChosenTokens) -> None:
+        self._in_flight.append(chosen)
+        if not self.overlap:
+            self._read_tokens(len(self._in_flight))
+
+    def _read_tokens(self, n: int) -> None:
+        """Read the tokens of the `n` oldest steps on their way (waiting for the device) and hand each to its
+        request; a request finished meanwhile (eos or a stop string one step before, cancelled) drops its row."""
+        steps, self._in_flight = self._in_flight[:n], self._in_flight[n:]
+        for chosen in steps:
+            self._hand_out(chosen)
+
+    def _hand_out(self, chosen: ChosenTokens) -> None:
+        try:
+            tokens, logprobs = self.runner.resolve(chosen)
+        except Exception as exc:  # the device failed the step: its requests, not the engine
+            for req in chosen.seqs:
+                if not req.finished:
+                    self._fail(req, exc)
+            return
         now = time.perf_counter()
-        row = {id(r): i for i, r in enumerate(reqs)}
-        self._each(reqs, lambda req: self._emit(req, tokens[row[id(req)]], self._logprob(req, row[id(req)],
-                                                                                         tokens, logprobs), now))
+        row = {id(r): i for i, r in enumerate(chosen.seqs)}
+        self._each([r for r in chosen.seqs if not r.finished], lambda req: self._emit(
+            req, tokens[row[id(req)]], self._logprob(req, row[id(req)], tokens, logprobs), now))
 
     def _emit_ahead(self, reqs: list[GenerationRequest], drafts: list[list[int]], logits: torch.Tensor) -> None:
         """A speculative step: each request's kept draft and the model's next token, one event each."""

@@ -53,6 +53,7 @@ class ServedLanguageModel(ServedModel):
                                        max_queue=s.max_queue, max_model_len=s.max_model_len,
                                        timeout_s=s.request_timeout_s, metrics=self.metrics,
                                        cuda_graphs=s.cuda_graphs, compile=s.compile,
+                                       async_scheduling=s.async_scheduling,
                                        max_grammar_compile_ms=s.max_grammar_compile_ms,
                                        kv_cache_budget=s.kv_cache_budget, kv_block_size=s.kv_block_size,
                                        prefix_caching=s.prefix_cache, speculation=speculation(s), draft=self.draft)

@@ -1,0 +1,39 @@
+"""Planted bugs of asynchronous scheduling: a step fed stale tokens, a finished request's extra row reaching its
+stream, a step taken past max_tokens, blocks never named, a preemption or a penalty that does not wait for the
+tokens on their way, the overlap silently off (part of `tests/tools/planted_bugs.py`'s list)."""
+
+from __future__ import annotations
+
+from tests.tools.planted_bug import Bug
+
+ASYNC = "tests/engine/test_async_scheduling.py::"
+EVERY_OPTION = ASYNC + "test_every_option_streams_what_the_synchronous_engine_streams"
+ROW_COUNTS = ASYNC + "test_a_request_ended_by_max_tokens_is_not_stepped_again_and_one_ended_by_eos_is_once"
+PREEMPTION = ASYNC + "test_preemption_speculation_and_cancelled_clients_stream_what_the_synchronous_engine_streams"
+FOLLOW_UP = ASYNC + "test_blocks_filled_by_tokens_fed_from_the_device_are_found_by_a_follow_up_prompt"
+
+ASYNC_BUGS = [
+    Bug("async-step-feeds-the-last-token-read", "tserve/model/decoding/lm_runner.py",
+        "        if not any(s.unresolved for s in seqs):", "        if True:",
+        (EVERY_OPTION,)),
+    Bug("async-finished-request-streams-its-extra-row", "tserve/service/engine/generation.py",
+        "        self._each([r for r in chosen.seqs if not r.finished], lambda req: self._emit(",
+        "        self._each(list(chosen.seqs), lambda req: self._emit(",
+        (ROW_COUNTS,)),
+    Bug("async-steps-past-max-tokens", "tserve/model/decoding/lm_runner.py",
+        "        return seq.unresolved > 0 and (n >= seq.params.max_tokens", "        return False and (n >= seq.params.max_tokens",
+        (ROW_COUNTS,)),
+    Bug("async-blocks-fed-from-the-device-never-named", "tserve/model/decoding/lm_runner.py",
+        "            if seq.table is not None and seq.num_computed > len(seq.token_ids()) - 1:",
+        "            if False:",
+        (FOLLOW_UP,)),
+    Bug("async-preempts-before-reading-the-tokens-on-their-way", "tserve/service/engine/generation.py",
+        "                if self._in_flight:\n                    return None", "                if False:\n                    return None",
+        (PREEMPTION,)),
+    Bug("async-penalties-and-grammars-read-stale-tokens", "tserve/model/decoding/lm_runner.py",
+        "        return seq.params.penalized or seq.grammar is not None", "        return False",
+        (EVERY_OPTION,)),
+    Bug("async-overlap-never-on", "tserve/service/engine/generation.py",
+        '        self.overlap = async_scheduling == "on" or', '        self.overlap = False and',
+        (EVERY_OPTION,)),
+]
