@@ -12,10 +12,9 @@ import pytest
 
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts
-from tests.helpers.sampling_options import option_matrix
+from tests.helpers.sampling_options import events, option_jobs
 from tserve.model import checkpoint
 from tserve.model.decoding import SamplingParams, Speculation
-from tserve.model.decoding.structured import Constraint
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -34,38 +33,6 @@ def engine_of(lm, mode: str, **kw) -> GenerationEngine:  # noqa: ANN001
                                   "kv_block_size": 4} | kw))
     engine.start()
     return engine
-
-
-def events(engine: GenerationEngine, jobs: list, cancel_after: dict[int, int] | None = None) -> list[list[tuple]]:
-    """Every job submitted at once; each request's events as (text, token ids, logprobs, finish reason), then
-    the tokens it counts once finished. `cancel_after`: job index -> events after which its client leaves."""
-    async def one(i: int, req) -> list[tuple]:  # noqa: ANN001
-        out = []
-        async for event in engine.stream(req):
-            out.append((event.text, event.token_ids, [(lp.token, round(lp.logprob, 5), sorted(lp.top))
-                                                      for lp in event.logprobs], event.finish_reason))
-            if cancel_after and len(out) == cancel_after.get(i):
-                return out
-        return [*out, ("tokens counted", req.generated, req.finish_reason)]  # what usage reports
-
-    async def run() -> list:
-        reqs = [engine.submit(p, sp) for p, sp in jobs]
-        return await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
-
-    try:
-        return asyncio.run(run())
-    finally:
-        engine.stop()
-
-
-def option_jobs(lm, engine: GenerationEngine) -> list:  # noqa: ANN001
-    """Each option of the API and a grammar, on two prompts, all in one batch."""
-    options = dict(option_matrix(lm))
-    digits = engine.runner.grammars.compile(Constraint("regex", "[0-9]{2,6}( [a-z]{1,5}){0,3}"))
-    options["grammar, greedy"] = SamplingParams(max_tokens=16, temperature=0.0, grammar=digits)
-    options["grammar, seeded"] = SamplingParams(max_tokens=16, temperature=1.0, seed=3, grammar=digits)
-    prompts = [lm.tokenizer.encode(t) for t in cycle_prompts(2, seed=31)]
-    return [(p, sp) for sp in options.values() for p in prompts]
 
 
 def counting_rows(engine: GenerationEngine) -> list[int]:

@@ -13,12 +13,13 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.kv_rows import row_keys
 from tests.helpers.one_request import job_tokens, lm_tokens
+from tests.helpers.sampling_options import events, option_jobs
 from tserve.model import checkpoint
 from tserve.model.attention import math_attention, resolve_backend, sdpa_attention
 from tserve.model.config import DecoderConfig
 from tserve.model.cuda_graphs import BucketedDecode, default_buckets
 from tserve.model.decoder import Decoder
-from tserve.model.decoding import SamplingParams, Speculation
+from tserve.model.decoding import SamplingParams, Speculation, TextSequence
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -190,3 +191,67 @@ def test_t5_on_flash_equals_math(tmp_path):
     for beams in (1, 4):
         assert [s.output_ids for s in translate(flash, sources, beams, 16)] == \
             [s.output_ids for s in translate(math, sources, beams, 16)]
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_async_engine_on_gpu_streams_what_the_synchronous_engine_streams(lm_dir, graphs):
+    """Every sampling and stopping option (grammars too where llguidance is installed), 18 or more rows in a batch
+    of 8, on the GPU where each step runs beside the host: the overlapped engine's events are the synchronous one's,
+    and its steps were launched with the step before unread."""
+    from tserve.model.decoding import structured  # noqa: PLC0415 - whether grammars can run here
+
+    lm = checkpoint.load(lm_dir, device=CUDA, dtype="float32")
+
+    def engine(mode: str) -> GenerationEngine:
+        e = GenerationEngine("lm", lm, max_slots=8, max_queue=64, max_model_len=128, timeout_s=60.0,
+                             metrics=Metrics(), cuda_graphs=graphs, kv_block_size=4, async_scheduling=mode)
+        e.start()
+        return e
+
+    sync, overlapped = engine("off"), engine("on")
+    jobs = option_jobs(lm, sync, grammars=structured.llguidance is not None)
+    launched_unread = []
+    decode = overlapped.runner.decode
+
+    def counted(seqs):  # noqa: ANN001, ANN202
+        launched_unread.append(bool(overlapped._in_flight))
+        return decode(seqs)
+
+    overlapped.runner.decode = counted
+    assert events(overlapped, jobs) == events(sync, jobs)
+    assert any(launched_unread)
+    assert overlapped.runner.blocks.num_in_use == 0
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_an_overlapped_decode_step_never_waits_for_the_device(lm_dir, graphs):
+    """Launching a decode step fed from the last step's tokens on the device, with sampled, seeded, filtered,
+    biased and logprob rows and a row growing into a new block, makes no synchronizing CUDA call (PyTorch's sync
+    debug mode raises on one): the host is free to do the last step's work while it runs."""
+    lm = checkpoint.load(lm_dir, device=CUDA, dtype="float32")
+    engine = GenerationEngine("lm", lm, max_slots=8, max_queue=8, max_model_len=128, timeout_s=60.0,
+                              metrics=Metrics(), cuda_graphs=graphs, kv_block_size=4, async_scheduling="on")
+    runner = engine.runner
+    eos = lm.tokenizer.eos_id
+    params = [SamplingParams(max_tokens=40, temperature=0.0), SamplingParams(max_tokens=40, temperature=0.9, seed=1),
+              SamplingParams(max_tokens=40, temperature=1.1, top_k=5, top_p=0.8, seed=2, logprobs=3),
+              SamplingParams(max_tokens=40, temperature=0.0, min_tokens=30, logit_bias={eos: 5.0})]
+    seqs = [TextSequence(lm.tokenizer.encode(f"{i} {CYCLE_TEXT[9 * i:9 * i + 30]}"), sp, runner.device)
+            for i, sp in enumerate(params)]
+    for s in seqs:
+        assert runner.admit(s)
+    chosen = runner.choose_later(seqs, runner.prefill(seqs))
+    for _ in range(6):  # past a block boundary for every row (blocks of 4)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for s in seqs:
+                assert runner.grow(s)
+            later = runner.choose_later(seqs, runner.decode(seqs))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        runner.resolve(chosen)
+        chosen = later
+    tokens, logprobs = runner.resolve(chosen)
+    assert len(tokens) == len(seqs) and logprobs is not None
+    for s in seqs:
+        runner.release(s)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.helpers.fixture_training import cycle_prompts
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.decoding import SamplingParams
+from tserve.model.decoding.structured import Constraint
 from tserve.service.engine import GenerationEngine
 
 
@@ -53,3 +55,36 @@ def streamed(engine: GenerationEngine, jobs: list[tuple[list[int], SamplingParam
     finally:
         if stop:
             engine.stop()
+
+
+def events(engine: GenerationEngine, jobs: list, cancel_after: dict[int, int] | None = None) -> list[list[tuple]]:
+    """Every job submitted at once; each request's events as (text, token ids, logprobs, finish reason), then
+    the tokens it counts once finished. `cancel_after`: job index -> events after which its client leaves."""
+    async def one(i: int, req) -> list[tuple]:  # noqa: ANN001
+        out = []
+        async for event in engine.stream(req):
+            out.append((event.text, event.token_ids, [(lp.token, round(lp.logprob, 5), sorted(lp.top))
+                                                      for lp in event.logprobs], event.finish_reason))
+            if cancel_after and len(out) == cancel_after.get(i):
+                return out
+        return [*out, ("tokens counted", req.generated, req.finish_reason)]  # what usage reports
+
+    async def run() -> list:
+        reqs = [engine.submit(p, sp) for p, sp in jobs]
+        return await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
+
+    try:
+        return asyncio.run(run())
+    finally:
+        engine.stop()
+
+
+def option_jobs(lm: LoadedModel, engine: GenerationEngine, grammars: bool = True) -> list:
+    """Each option of the API and (`grammars`) two grammars, on two prompts, all in one batch."""
+    options = dict(option_matrix(lm))
+    if grammars:
+        digits = engine.runner.grammars.compile(Constraint("regex", "[0-9]{2,6}( [a-z]{1,5}){0,3}"))
+        options["grammar, greedy"] = SamplingParams(max_tokens=16, temperature=0.0, grammar=digits)
+        options["grammar, seeded"] = SamplingParams(max_tokens=16, temperature=1.0, seed=3, grammar=digits)
+    prompts = [lm.tokenizer.encode(t) for t in cycle_prompts(2, seed=31)]
+    return [(p, sp) for sp in options.values() for p in prompts]
