@@ -447,9 +447,11 @@ class DecoderRunner:
             seq.finish_reason = "stop"
         else:
             seq.generated.append(token)
-            if seq.table is not None and seq.num_computed > len(seq.token_ids()) - 1:
-                # a step fed it from the device past the tokens known then: name the blocks it filled
-                self.blocks.name_full_blocks(seq.table, seq.token_ids()[:seq.num_computed])
+            known = min(seq.num_computed, len(seq.prompt_ids) + len(seq.generated))
+            if seq.table is not None and known // self.blocks.block_size > len(seq.table.hashes) and \
+                    self.blocks.prefix_caching:
+                # a step fed it from the device before its tokens were known: name the blocks they filled
+                self.blocks.name_full_blocks(seq.table, seq.token_ids()[:known])
             if seq.counts is not None:
                 seq.counts[token] += 1
             if seq.grammar is not None:
