@@ -268,6 +268,15 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
                 measured = device_busy(device, lambda rows=rows, params=params, c=c: run_requests(
                     engine, lambda i: engine.submit(rows[i], params), c))
                 table.busy(section, f"device busy at {c} requests", measured, secs)
+                if engine.overlap:  # the same requests with every step's tokens read before the next is launched
+                    engine.overlap = False
+                    try:
+                        sync_s, _ = run_requests(engine, lambda i, rows=rows, params=params: engine.submit(
+                            rows[i], params), c)
+                    finally:
+                        engine.overlap = True
+                    table.add(section, f"{c} requests at once, --async-scheduling off", c * n_new / hf_s,
+                              tokens / sync_s, "tokens/s", True, "HF static batch")
     finally:
         engine.stop()
 
