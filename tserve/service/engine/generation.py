@@ -37,7 +37,7 @@ from tserve.model.decoding.lm_runner import ChosenTokens, StepLogprobs
 from tserve.model.tokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import text_event, token_logprob
-from tserve.service.engine.request import EngineRequest, TokenLogprob
+from tserve.service.engine.request import EngineRequest, Event, TokenLogprob
 from tserve.service.engine.worker import Worker
 from tserve.service.metrics import Metrics
 
@@ -54,6 +54,15 @@ class GenerationRequest(EngineRequest, TextSequence):
         self.detok = detokenizer
         self.input_tokens = len(prompt_ids)
         self.stops = StopStrings(params.stop)
+
+    def render(self, event: Event) -> Event:
+        """Text for an event whose request has no stop strings: detokenized here, on the event loop, while the
+        engine's thread goes on with the next step (the text cannot change how the request ends)."""
+        if event.text_pending is None:
+            return event
+        token, is_eos = event.text_pending
+        return text_event(self.detok, self.stops, token, is_eos, event.finish_reason,
+                          event.logprobs[0] if event.logprobs else None)
 
 
 class GenerationEngine(Worker):
@@ -271,7 +280,11 @@ class GenerationEngine(Worker):
         before = len(req.generated)
         finish = self.runner.append(req, token)
         is_eos = len(req.generated) == before  # an eos that ends the sequence is not part of the output
-        event = text_event(req.detok, req.stops, token, is_eos, finish, lp)
+        if req.stops.stops:  # the text decides whether it stops: rendered now
+            event = text_event(req.detok, req.stops, token, is_eos, finish, lp)
+        else:
+            event = Event("", [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish,
+                          text_pending=(token, is_eos))
         if event.finish_reason == "stop":
             req.finish_reason = "stop"  # eos, or a stop string: the runner decodes it no further
         self.m.generated_tokens.inc()

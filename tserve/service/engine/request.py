@@ -82,6 +82,8 @@ class Event:
     finish_reason: str | None = None  # "stop" | "length"
     error: BaseException | None = None
     result: Any = None  # what a batch item or a call job computed (its only event)
+    # (token, is_eos): the text is left to the stream's reader (`EngineRequest.render`), off the engine's thread
+    text_pending: tuple[int, bool] | None = None
 
 
 class EngineRequest:
@@ -110,6 +112,10 @@ class EngineRequest:
         self.input_tokens = self.output_tokens = 0
         self.finish_reason: str | None = None
         self.finished_step = -1  # the engine step at which it finished (-1: not yet)
+
+    def render(self, event: Event) -> Event:
+        """The event as its client sees it (on the event loop): what the engine left to the reader."""
+        return event
 
     def cancel(self) -> None:
         """Called from the event loop when the client goes away; the engine frees its rows next step."""

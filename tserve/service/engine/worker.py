@@ -158,7 +158,7 @@ class Worker:
         """Events of one request until it finishes. Leaving early (disconnect) cancels the request."""
         try:
             while True:
-                event = await req.events.get()
+                event = req.render(await req.events.get())
                 if event.error is not None:
                     raise event.error
                 yield event
