@@ -11,14 +11,17 @@ EVERY_OPTION = ASYNC + "test_every_option_streams_what_the_synchronous_engine_st
 ROW_COUNTS = ASYNC + "test_a_request_ended_by_max_tokens_is_not_stepped_again_and_one_ended_by_eos_is_once"
 PREEMPTION = ASYNC + "test_preemption_speculation_and_cancelled_clients_stream_what_the_synchronous_engine_streams"
 FOLLOW_UP = ASYNC + "test_blocks_filled_by_tokens_fed_from_the_device_are_found_by_a_follow_up_prompt"
+TRANSLATION = "tests/engine/test_async_translation.py::"
+MT_STREAMS = TRANSLATION + "test_greedy_beams_glossary_and_preemption_stream_what_the_synchronous_engine_streams"
+MT_ROWS = TRANSLATION + "test_a_greedy_row_ended_by_max_tokens_is_not_stepped_again_and_one_ended_by_eos_is_once"
 
 ASYNC_BUGS = [
     Bug("async-step-feeds-the-last-token-read", "tserve/model/decoding/lm_runner.py",
         "        if not any(s.unresolved for s in seqs):", "        if True:",
         (EVERY_OPTION,)),
-    Bug("async-finished-request-streams-its-extra-row", "tserve/service/engine/generation.py",
-        "        self._each([r for r in chosen.seqs if not r.finished], lambda req: self._emit(",
-        "        self._each(list(chosen.seqs), lambda req: self._emit(",
+    Bug("async-finished-request-streams-its-extra-row", "tserve/service/engine/worker.py",
+        "            live = [i for i, r in enumerate(chosen.seqs) if not r.finished]",
+        "            live = list(range(len(chosen.seqs)))",
         (ROW_COUNTS,)),
     Bug("async-steps-past-max-tokens", "tserve/model/decoding/lm_runner.py",
         "        return seq.unresolved > 0 and (n >= seq.params.max_tokens", "        return False and (n >= seq.params.max_tokens",
@@ -33,7 +36,15 @@ ASYNC_BUGS = [
     Bug("async-penalties-and-grammars-read-stale-tokens", "tserve/model/decoding/lm_runner.py",
         "        return seq.params.penalized or seq.grammar is not None", "        return False",
         (EVERY_OPTION,)),
-    Bug("async-overlap-never-on", "tserve/service/engine/generation.py",
-        '        self.overlap = async_scheduling == "on" or', '        self.overlap = False and',
+    Bug("async-overlap-never-on", "tserve/service/engine/worker.py",
+        '    return async_scheduling == "on" or', '    return False and',
         (EVERY_OPTION,)),
+    Bug("async-translation-feeds-from-the-host", "tserve/model/decoding/seq2seq_runner.py",
+        "            if s.greedy and s.unresolved and not s.replaying:", "            if False:",
+        (MT_STREAMS,)),
+    Bug("async-translation-steps-past-max-tokens", "tserve/model/decoding/seq2seq_runner.py",
+        "        return seq.unresolved > 0 and len(seq.generated) + seq.unresolved >= seq.job.max_new_tokens",
+        "        return False", (MT_ROWS,)),
+    Bug("async-translation-logprobs-not-added", "tserve/service/engine/translation.py",
+        "            req.logprob_sum += logprob", "            pass", (MT_STREAMS,)),
 ]

@@ -48,7 +48,8 @@ class Settings(BaseSettings):
         True, description="on CUDA, replay LM decode steps from CUDA graphs captured per batch-size bucket")
     compile: bool = Field(False, description="compile the LM decode step with torch.compile (slower start-up)")
     async_scheduling: Literal["auto", "on", "off"] = Field(
-        "auto", description="language models: launch each decode step before reading the tokens of the one before "
+        "auto", description="language models and greedy translation: launch each decode step before reading the "
+        "tokens of the one before "
         "(the host detokenizes, streams and plans while the device computes; a request's last step is computed "
         "once more and dropped); auto: on CUDA, off on the CPU, where nothing runs beside the host")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="JSON logs to stderr")

@@ -18,6 +18,7 @@ from torch import Tensor
 from tserve.model.block_pool import BlockPool, BlockTable
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.cuda_graphs import BucketedDecode, default_buckets
+from tserve.model.decoding.chosen_tokens import ChosenTokens, feed_tokens
 from tserve.model.decoding.draft_model import DraftModel
 from tserve.model.decoding.logits import LogitsPipeline
 from tserve.model.decoding.params import SamplingParams
@@ -28,40 +29,6 @@ from tserve.model.device_inputs import to_device
 from tserve.model.kv_cache import SlotAllocator
 
 StepLogprobs = tuple[list[float], list[list[float]], list[list[int]]]  # chosen, top values, top ids
-
-
-class ChosenTokens:
-    """A step's chosen tokens (and the logprobs asked for) on the device, copied to the host without waiting:
-    an engine launches the next step, which feeds these very tokens from the device, before it reads them here
-    (`result`). Until then each of its sequences counts the token as `unresolved`."""
-
-    def __init__(self, seqs: Sequence[TextSequence], tokens: Tensor, logprobs: tuple[Tensor, ...] | None) -> None:
-        self.seqs, self.tokens = list(seqs), tokens
-        self._ready: torch.cuda.Event | None = None
-        if tokens.device.type == "cuda":
-            self._host = [_pinned_copy(t) for t in (tokens, *(logprobs or ()))]
-            self._ready = torch.cuda.Event()
-            self._ready.record()
-        else:
-            self._host = [tokens, *(logprobs or ())]
-        self._result: tuple[list[int], StepLogprobs | None] | None = None
-        for row, seq in enumerate(self.seqs):
-            seq.unresolved += 1
-            seq.fed_from = (self, row)
-
-    def result(self) -> tuple[list[int], StepLogprobs | None]:
-        """Every row's token and the step's logprobs (None unless a row asked), once the device has them."""
-        if self._result is None:
-            if self._ready is not None:
-                self._ready.synchronize()
-            tokens, *logprobs = (t.tolist() for t in self._host)
-            self._result = tokens, (tuple(logprobs) if logprobs else None)
-        return self._result
-
-
-def _pinned_copy(t: Tensor) -> Tensor:
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    return host.copy_(t, non_blocking=True)
 
 
 class TextSequence:
@@ -289,21 +256,11 @@ class DecoderRunner:
 
     def _fed_tokens(self, seqs: Sequence[TextSequence]) -> list[int] | Tensor:
         """The tokens a decode step feeds: host ints, or, where some were chosen by a step whose tokens the host
-        has not read yet, a device tensor gathered from those steps' outputs (no host sync)."""
+        has not read yet, a device tensor with those taken from that step's output (no host sync)."""
         if not any(s.unresolved for s in seqs):
             return [s.next_token for s in seqs]
-        dev = self.device
-        fed = to_device([0 if s.unresolved else s.next_token for s in seqs], dev)
-        by_step: dict[int, tuple[ChosenTokens, list[int], list[int]]] = {}
-        for i, s in enumerate(seqs):
-            if s.unresolved:
-                step, row = s.fed_from
-                _, at, rows = by_step.setdefault(id(step), (step, [], []))
-                at.append(i)
-                rows.append(row)
-        for step, at, rows in by_step.values():
-            fed.index_copy_(0, to_device(at, dev), step.tokens.index_select(0, to_device(rows, dev)))
-        return fed
+        return feed_tokens([0 if s.unresolved else s.next_token for s in seqs],
+                           [(i, *s.fed_from) for i, s in enumerate(seqs) if s.unresolved], self.device)
 
     # ----------------------------------------------------------------------------------------------
     # Speculative steps
@@ -418,15 +375,10 @@ class DecoderRunner:
             logprobs = token_logprobs(constrained, tokens, max(p.logprobs or 0 for p in params))
         return ChosenTokens(seqs, tokens, logprobs)
 
-    def resolve(self, chosen: ChosenTokens) -> tuple[list[int], StepLogprobs | None]:
-        """A step's tokens on the host (waiting for the device if it is still at it); each sequence counts them
-        unresolved no longer, and its next step feeds from the host unless a later step of it is on its way."""
-        result = chosen.result()
-        for seq in chosen.seqs:
-            seq.unresolved -= 1
-            if seq.fed_from is not None and seq.fed_from[0] is chosen:
-                seq.fed_from = None
-        return result
+    @staticmethod
+    def resolve(chosen: ChosenTokens) -> tuple[list[int], StepLogprobs | None]:
+        """A step's tokens and logprobs on the host (waiting for the device if it is still at it)."""
+        return chosen.read()
 
     @staticmethod
     def needs_tokens(seq: TextSequence) -> bool:

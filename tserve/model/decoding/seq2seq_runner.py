@@ -31,9 +31,11 @@ from tserve.model.block_pool import BlockPool, BlockTable
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.cuda_graphs import BucketedDecode, default_buckets
 from tserve.model.decoding.beam_search import BeamSearch, BeamSettings
+from tserve.model.decoding.chosen_tokens import ChosenTokens, feed_tokens
 from tserve.model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 from tserve.model.decoding.logits import LogitsPipeline
 from tserve.model.decoding.params import SamplingParams
+from tserve.model.device_inputs import to_device
 from tserve.model.kv_cache import SlotAllocator
 from tserve.model.tokenizer import Tokenizer
 
@@ -82,6 +84,10 @@ class TranslationSequence:
         self.finish_reason: str | None = None
         self.resume_at = 0  # after a preemption: the positions its cache must hold again before it goes on
         self.replayed = 0  # of those, recomputed so far
+        # Greedy tokens chosen on the device, not yet appended (an engine reads a step's tokens after launching
+        # the next), and the step and row the newest of them is fed from (`ChosenTokens`).
+        self.unresolved = 0
+        self.fed_from: tuple[ChosenTokens, int] | None = None
 
     @property
     def replaying(self) -> bool:
@@ -90,7 +96,7 @@ class TranslationSequence:
     @property
     def next_position(self) -> int:
         """The decoder position of the tokens the next step feeds (0: the decoder start token)."""
-        return len(self.generated) if self.greedy else self.search.step_index
+        return len(self.generated) + self.unresolved if self.greedy else self.search.step_index
 
     @property
     def step_position(self) -> int:
@@ -107,7 +113,7 @@ class TranslationSequence:
 
     @property
     def num_generated(self) -> int:
-        return len(self.generated) if self.greedy else self.search.step_index
+        return len(self.generated) + self.unresolved if self.greedy else self.search.step_index
 
     def token_counts(self, vocab_size: int, device: torch.device) -> Tensor:
         return torch.zeros(vocab_size, device=device).index_add_(
@@ -367,6 +373,7 @@ class Seq2SeqRunner:
     def decode(self, seqs: Sequence[TranslationSequence]) -> tuple[Tensor, Spans]:
         """One decoder step for every row of every sequence: logits (rows, V) and each sequence's span."""
         rows, crosses, tokens, positions, spans = [], [], [], [], []
+        from_device: list[tuple[int, ChosenTokens, int]] = []
         beam_rows: list[int] = []
         beam_tokens: list[Tensor] = []
         grown: list[int] = []
@@ -375,7 +382,10 @@ class Seq2SeqRunner:
                 raise RuntimeError("the translation KV cache ran out of blocks")
             n, start, position = len(s.rows), len(rows), s.step_position
             spans.append((start, start + n))
-            if s.greedy:
+            if s.greedy and s.unresolved and not s.replaying:  # its last token is still on the device
+                from_device.append((start, *s.fed_from))
+                tokens.append(0)
+            elif s.greedy:
                 tokens.append(s.generated[position - 1] if position else self.cfg.decoder_start_token_id)
             else:
                 beam_rows += [start + place for place in s.batch_places()]
@@ -386,14 +396,14 @@ class Seq2SeqRunner:
             crosses += [s.cross_slot] * n
         self.cache.self_kv.set_tables(grown, [self.tables[row].blocks for row in grown])
         dev = self.device
-        token_ids = torch.tensor(tokens, device=dev)
+        token_ids = feed_tokens(tokens, from_device, dev)
         if beam_rows:  # the beams' tokens stay on the device: no copy to the host and back
-            token_ids[torch.tensor(beam_rows, device=dev)] = torch.cat(beam_tokens)
+            token_ids[to_device(beam_rows, dev)] = torch.cat(beam_tokens)
         if self.graphed is not None:  # the whole static caches, batch padded to a captured bucket
             return self.graphed(token_ids, positions, rows, crosses).float(), spans
         logits = self.model.decode_step(
-            token_ids, torch.tensor(positions, device=dev), self.cache,
-            torch.tensor(rows, device=dev), torch.tensor(crosses, device=dev),
+            token_ids, to_device(positions, dev), self.cache,
+            to_device(rows, dev), to_device(crosses, dev),
             kv_len=max(positions) + 1, src_len=max(len(s.job.source_ids) for s in seqs),
         ).float()
         return logits, spans
@@ -407,21 +417,43 @@ class Seq2SeqRunner:
         together. Returns the greedy sequences' tokens (None for beam ones, `REPLAYED` for those that recomputed
         a position of their cache). A group whose step fails is passed to `on_group_error` (its beam states may
         have moved, so it cannot run again); without it, it raises."""
+        results, greedy = self.advance_later(seqs, logits, spans, on_group_error)
+        if greedy is not None:
+            place = {id(s): i for i, s in enumerate(seqs)}
+            for s, token, logprob in zip(greedy.seqs, *self.read_greedy(greedy), strict=True):
+                results[place[id(s)]] = token
+                s.logprob_sum += logprob
+        return results
+
+    @staticmethod
+    def read_greedy(chosen: ChosenTokens) -> tuple[list[int], list[float]]:
+        """A step's greedy tokens and their log-probabilities on the host (waiting for the device)."""
+        tokens, (logprobs,) = chosen.read()
+        return tokens, logprobs
+
+    def ends_by_length(self, seq: TranslationSequence) -> bool:
+        """Its unresolved token is its last (max_new_tokens): no step follows it."""
+        return seq.unresolved > 0 and len(seq.generated) + seq.unresolved >= seq.job.max_new_tokens
+
+    def advance_later(self, seqs: Sequence[TranslationSequence], logits: Tensor, spans: Spans,
+                      on_group_error: Callable[[list[TranslationSequence], Exception], None] | None = None,
+                      ) -> tuple[list[int | None], ChosenTokens | None]:
+        """`advance` without waiting for the greedy rows' tokens: they stay on the device (a next `decode`
+        feeds them), returned as a `ChosenTokens` with their log-probabilities (None without greedy rows), and
+        None in their places in the list until read. Beam groups advance now (their rows are reassigned on the
+        host)."""
         span = {id(s): sp for s, sp in zip(seqs, spans, strict=True)}
         replayed = {id(s) for s in seqs if s.replaying}  # their logits are dropped: nothing is chosen
         for s in seqs:
             s.replayed += id(s) in replayed
         choosing = [s for s in seqs if id(s) not in replayed]
         greedy = [s for s in choosing if s.greedy]
-        chosen: dict[int, int] = {}
+        pending = None
         if greedy:
-            scores = logits[torch.tensor([span[id(s)][0] for s in greedy], device=logits.device)]
+            scores = logits[to_device([span[id(s)][0] for s in greedy], logits.device)]
             log_probs = torch.log_softmax(scores.float(), dim=-1)  # before the constraints, which write in place
             tokens = self.pipeline.constrain(scores, greedy).argmax(dim=-1)
-            picked = torch.stack((tokens.float(), log_probs.gather(1, tokens[:, None])[:, 0])).tolist()
-            for s, token, logprob in zip(greedy, picked[0], picked[1], strict=True):
-                chosen[id(s)] = int(token)
-                s.logprob_sum += logprob
+            pending = ChosenTokens(greedy, tokens, (log_probs.gather(1, tokens[:, None])[:, 0],))
         groups: dict[tuple, list[TranslationSequence]] = {}
         for s in choosing:
             if not s.greedy:
@@ -433,11 +465,11 @@ class Seq2SeqRunner:
                 if on_group_error is None:
                     raise
                 on_group_error(group, exc)
-        return [REPLAYED if id(s) in replayed else chosen.get(id(s)) for s in seqs]
+        return [REPLAYED if id(s) in replayed else None for s in seqs], pending
 
     def _advance_beams(self, group: list[TranslationSequence], logits: Tensor, span: dict[int, tuple[int, int]]) -> None:
         dev = logits.device
-        idx = torch.tensor([span[id(s)][0] + place for s in group for place in s.batch_places()], device=dev)
+        idx = to_device([span[id(s)][0] + place for s in group for place in s.batch_places()], dev)
         rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
         log_probs = self.pipeline.constrain(torch.log_softmax(logits[idx].float(), dim=-1), rows)
         # Positions of each row's cache written so far (the group's sequences may be at different steps).

@@ -38,7 +38,7 @@ from tserve.model.tokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import text_event, token_logprob
 from tserve.service.engine.request import EngineRequest, Event, TokenLogprob
-from tserve.service.engine.worker import Worker
+from tserve.service.engine.worker import Worker, overlaps
 from tserve.service.metrics import Metrics
 
 DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
@@ -83,8 +83,7 @@ class GenerationEngine(Worker):
         self._drafted = self._accepted = 0  # since start, for the acceptance-rate gauge
         self.max_len, self.device = self.runner.max_len, loaded.device
         self.prefix_caching = prefix_caching
-        self.overlap = async_scheduling == "on" or (async_scheduling == "auto" and self.device.type == "cuda")
-        self._in_flight: list[ChosenTokens] = []  # steps launched, tokens not read yet, oldest first
+        self.overlap = overlaps(async_scheduling, self.device)
         self.m.kv_bytes_per_token.set(self.runner.cache.bytes_per_token())
         self.m.kv_bytes.set(self.runner.cache.nbytes())
         self.m.kv_blocks_total.set(self.runner.blocks.num_usable)
@@ -178,26 +177,20 @@ class GenerationEngine(Worker):
         super()._update_gauges()
         self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)
 
-    def step(self) -> None:
-        earlier = set(map(id, self._in_flight))  # launched by the step before: read once this step's are launched
-        super().step()
-        still = sum(id(c) in earlier for c in self._in_flight)  # the oldest ones, unless a rule read them already
-        self._read_tokens(still if self.running else len(self._in_flight))
-
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
         self._isolated(reqs, self._prefill_forward, self._launched)
 
     def _decode(self) -> None:
         if not self.overlap or self.runner.speculation is not None or any(
                 self.runner.needs_tokens(r) for r in self.running):
-            self._read_tokens(len(self._in_flight))
+            self._read_tokens()
         while True:
             reqs = [r for r in self.running if r.has_next and not self.runner.ends_by_length(r)]
             drafts = {id(r): d for r, d in zip(reqs, self.runner.drafts(reqs), strict=True)}
             planned = self._make_room(reqs, drafts)
             if planned is not None:
                 break
-            self._read_tokens(len(self._in_flight))
+            self._read_tokens()
         reqs = planned
         if not reqs:
             return
@@ -220,30 +213,11 @@ class GenerationEngine(Worker):
         self.m.batch_size.observe(len(reqs))
         return self.runner.choose_later(reqs, self.runner.decode(reqs))
 
-    def _launched(self, reqs: list[GenerationRequest], chosen: ChosenTokens) -> None:
-        self._in_flight.append(chosen)
-        if not self.overlap:
-            self._read_tokens(len(self._in_flight))
-
-    def _read_tokens(self, n: int) -> None:
-        """Read the tokens of the `n` oldest steps on their way (waiting for the device) and hand each to its
-        request; a request finished meanwhile (eos or a stop string one step before, cancelled) drops its row."""
-        steps, self._in_flight = self._in_flight[:n], self._in_flight[n:]
-        for chosen in steps:
-            self._hand_out(chosen)
-
-    def _hand_out(self, chosen: ChosenTokens) -> None:
-        try:
-            tokens, logprobs = self.runner.resolve(chosen)
-        except Exception as exc:  # the device failed the step: its requests, not the engine
-            for req in chosen.seqs:
-                if not req.finished:
-                    self._fail(req, exc)
-            return
+    def _take(self, reqs: list[GenerationRequest], tokens: list[int], logprobs: StepLogprobs | None) -> None:
         now = time.perf_counter()
-        row = {id(r): i for i, r in enumerate(chosen.seqs)}
-        self._each([r for r in chosen.seqs if not r.finished], lambda req: self._emit(
-            req, tokens[row[id(req)]], self._logprob(req, row[id(req)], tokens, logprobs), now))
+        row = {id(r): i for i, r in enumerate(reqs)}
+        self._each(reqs, lambda req: self._emit(req, tokens[row[id(req)]],
+                                                self._logprob(req, row[id(req)], tokens, logprobs), now))
 
     def _emit_ahead(self, reqs: list[GenerationRequest], drafts: list[list[int]], logits: torch.Tensor) -> None:
         """A speculative step: each request's kept draft and the model's next token, one event each."""

@@ -22,7 +22,7 @@ from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
 from tserve.service.engine.request import EngineRequest
 from tserve.service.engine.translation_input import Translator
-from tserve.service.engine.worker import Worker
+from tserve.service.engine.worker import Worker, overlaps
 from tserve.service.metrics import Metrics
 
 
@@ -37,10 +37,11 @@ class SegmentRequest(EngineRequest, TranslationSequence):
 class TranslationEngine(Worker):
     def __init__(self, name: str, loaded: LoadedModel, *, max_rows: int, max_queue: int, timeout_s: float,
                  metrics: Metrics, cuda_graphs: bool = True, max_len: int | None = None,
-                 reuse_sources: bool = True, kv_cache_budget: tuple[int | None, float | None] = (None, None),
+                 reuse_sources: bool = True, async_scheduling: str = "auto", kv_cache_budget: tuple[int | None, float | None] = (None, None),
                  kv_block_size: int = 16) -> None:
         super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, capacity=max_rows)
         self.loaded, self.tokenizer, self.cfg, self.device = loaded, loaded.tokenizer, loaded.config, loaded.device
+        self.overlap = overlaps(async_scheduling, self.device)  # greedy rows' steps
         cfg, bs = loaded.config, kv_block_size
         target_len = min(cfg.max_target_len, max_len or cfg.max_target_len)
         source_len = min(cfg.max_source_len, max_len or cfg.max_source_len)
@@ -113,16 +114,23 @@ class TranslationEngine(Worker):
         self._each(reqs, self.runner.begin)
 
     def _decode(self) -> None:
-        self._make_room()
-        self._isolated(sorted(self.running, key=lambda r: r.rows[0]), self._decode_forward, self._advance)
+        while not self._make_room():
+            self._read_tokens()  # a preempted request replays from every token it has
+        reqs = [r for r in self.running if not self.runner.ends_by_length(r)]
+        if reqs:
+            self._isolated(sorted(reqs, key=lambda r: r.rows[0]), self._decode_forward, self._advance)
 
-    def _make_room(self) -> None:
+    def _make_room(self) -> bool:
         """Blocks for the position every running request writes next, oldest first; when none is free, the newest
-        request holding rows is preempted (it may be the one asking)."""
-        order = list(self.running)  # admission order
+        request holding rows is preempted (it may be the one asking). False when a preemption is due while tokens
+        are on their way: the caller reads them and asks again."""
+        order = [r for r in self.running if not self.runner.ends_by_length(r)]  # admission order
         for req in order:
             while req.rows and not self.runner.grow(req):
+                if self._in_flight:
+                    return False
                 self._preempt(next(r for r in reversed(order) if r.rows))
+        return True
 
     def _preempt(self, req: SegmentRequest) -> None:
         """Free its rows, blocks and cross slot (its encoder output, kept for reuse, stays until its blocks are
@@ -142,7 +150,8 @@ class TranslationEngine(Worker):
 
     def _advance(self, reqs: list[SegmentRequest], output: tuple[torch.Tensor, list[tuple[int, int]]]) -> None:
         """Batched first (the runner chooses every row's token), then each request's own part (text,
-        events) in isolation. A beam group whose step failed cannot run again: its requests fail."""
+        events) in isolation. A beam group whose step failed cannot run again: its requests fail. Greedy rows'
+        tokens are read from the device later (`_take`), after the next step is launched with `overlap`."""
         failed: set[int] = set()
 
         def fail_group(group: list[SegmentRequest], exc: Exception) -> None:
@@ -150,8 +159,21 @@ class TranslationEngine(Worker):
             for r in group:
                 self._fail(r, exc)
 
-        tokens = self.runner.advance(reqs, *output, on_group_error=fail_group)
-        token = {id(r): t for r, t in zip(reqs, tokens, strict=True)}
+        tokens, greedy = self.runner.advance_later(reqs, *output, on_group_error=fail_group)
+        later = set() if greedy is None else set(map(id, greedy.seqs))
+        self._record([r for r in reqs if id(r) not in failed and id(r) not in later],
+                     {id(r): t for r, t in zip(reqs, tokens, strict=True)})
+        if greedy is not None:
+            self._launched(greedy.seqs, greedy)
+
+    def _take(self, reqs: list[SegmentRequest], tokens: list[int], logprobs: tuple | None) -> None:
+        for req, logprob in zip(reqs, logprobs[0], strict=True):
+            req.logprob_sum += logprob
+        self._record(reqs, {id(r): t for r, t in zip(reqs, tokens, strict=True)})
+
+    def _record(self, reqs: list[SegmentRequest], token: dict[int, int | None]) -> None:
+        """Each request's token of a step (None: a beam request's step, `REPLAYED`: a recomputed position):
+        counted, appended, and its event or, once it ends, its hypotheses published."""
         now = time.perf_counter()
         finishing: dict[int, str] = {}
 
@@ -165,7 +187,7 @@ class TranslationEngine(Worker):
             elif req.greedy:
                 self._publish(req, greedy_translation_event(req.detok, token[id(req)], None), now)
 
-        self._each([r for r in reqs if id(r) not in failed], record)
+        self._each(reqs, record)
         done = [r for r in reqs if id(r) in finishing and not r.finished]
 
         def publish(req: SegmentRequest) -> None:

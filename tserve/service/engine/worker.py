@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from tserve.model.checkpoint import select_device
+from tserve.model.decoding.chosen_tokens import ChosenTokens
 from tserve.service.engine.admission import admission_order, queue_refusal, takes_reserved_rows
 from tserve.service.engine.request import (
     CallRequest,
@@ -64,6 +65,10 @@ class Worker:
         self._admissions = 0
         self._last_admitted: dict[object, int] = {}  # client -> when it was last admitted (`_admissions`)
         self.steps = 0  # steps taken so far (each request records the one it finished at)
+        # Asynchronous scheduling: steps launched whose tokens are not read yet, oldest first (`_launched`); with
+        # `overlap`, a step's tokens are read once the next step is launched.
+        self.overlap = False
+        self._in_flight: list[ChosenTokens] = []
         # Tests only: called with each request as it is processed after a step; raising fails that request.
         self.fault_hook: Callable[[EngineRequest], None] | None = None
         self.m = metrics.for_model(name)
@@ -241,6 +246,12 @@ class Worker:
                 self._fail(req, exc)
 
     def step(self) -> None:
+        earlier = set(map(id, self._in_flight))  # launched by the step before: read once this step's are launched
+        self._step()
+        still = sum(id(c) in earlier for c in self._in_flight)  # the oldest ones, unless a rule read them already
+        self._read_tokens(still if self.running else None)
+
+    def _step(self) -> None:
         self.steps += 1
         now = time.perf_counter()
         for req in [r for r in self.running if r.cancelled or now > r.deadline]:
@@ -256,6 +267,31 @@ class Worker:
         if self.running:
             self._decode()
         self._update_gauges()
+
+    def _launched(self, reqs: list[EngineRequest], chosen: ChosenTokens) -> None:
+        """A step's tokens are on their way: read now, or (with `overlap`) once the next step is launched."""
+        self._in_flight.append(chosen)
+        if not self.overlap:
+            self._read_tokens()
+
+    def _read_tokens(self, n: int | None = None) -> None:
+        """Read the tokens of the `n` oldest steps on their way (default: all; waiting for the device) and hand
+        them to their requests (`_take`); a request finished meanwhile (eos one step before, cancelled, failed)
+        drops its row."""
+        n = len(self._in_flight) if n is None else n
+        steps, self._in_flight = self._in_flight[:n], self._in_flight[n:]
+        for chosen in steps:
+            try:
+                tokens, logprobs = chosen.read()
+            except Exception as exc:  # the device failed the step: its requests, not the engine
+                for req in chosen.seqs:
+                    if not req.finished:
+                        self._fail(req, exc)
+                continue
+            live = [i for i, r in enumerate(chosen.seqs) if not r.finished]
+            if live:
+                self._take([chosen.seqs[i] for i in live], [tokens[i] for i in live],
+                           None if logprobs is None else tuple([x[i] for i in live] for x in logprobs))
 
     def _run_call(self, call: CallRequest) -> None:
         try:
@@ -382,3 +418,13 @@ class Worker:
 
     def _decode(self) -> None:
         raise NotImplementedError
+
+    def _take(self, reqs: list[EngineRequest], tokens: list[int], logprobs: tuple | None) -> None:
+        """A step's tokens read from the device, row by row of `reqs` (those still running): engines that
+        launch steps through `_launched` hand them to their requests here."""
+        raise NotImplementedError
+
+
+def overlaps(async_scheduling: str, device: torch.device) -> bool:
+    """--async-scheduling: on, off, or auto (on where a device runs beside the host: CUDA)."""
+    return async_scheduling == "on" or (async_scheduling == "auto" and device.type == "cuda")

@@ -263,7 +263,7 @@ class ServedTranslator(ServedModel):
                                         max_queue=s.max_queue, timeout_s=s.request_timeout_s, metrics=self.metrics,
                                         cuda_graphs=s.cuda_graphs, max_len=s.max_model_len,
                                         reuse_sources=s.prefix_cache, kv_cache_budget=s.kv_cache_budget,
-                                        kv_block_size=s.kv_block_size)
+                                        kv_block_size=s.kv_block_size, async_scheduling=s.async_scheduling)
         self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))
         self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)
         self.memory = shared_memory(s.translation_memory, s.translation_memory_max_entries)
