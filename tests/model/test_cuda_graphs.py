@@ -8,7 +8,7 @@ import torch
 
 from tests.helpers.kv_rows import row_keys
 from tserve.model.config import DecoderConfig
-from tserve.model.cuda_graphs import BucketedDecode, default_buckets
+from tserve.model.cuda_graphs import BucketedDecode, DecodeAhead, default_buckets
 from tserve.model.decoder import Decoder
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
@@ -136,3 +136,63 @@ def test_reused_input_buffers_never_read_the_cache_through_an_old_view(lm):
     for slots, positions in (([0, 1], [3, 2]), ([3, 2], [1, 4])):
         ref = lm.decode_step(torch.tensor([5, 6]), torch.tensor(positions), eager_cache, torch.tensor(slots))
         torch.testing.assert_close(runner([5, 6], positions, slots), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_speculative_step_equals_unpadded_step(lm):
+    """Speculative steps at the captured width and batch bucket (`DecodeAhead`, eager here): each real row's
+    logits at its real positions equal the unpadded step's, its positions hold the same keys, and no padding
+    position writes into a block outside the null block and the row's own."""
+    bs, width, scratch = 4, 5, 4
+    prompts = [[5, 9, 2, 7, 1, 3, 3, 6], [4, 8], [6, 1, 2, 9, 9, 4, 2, 8, 11, 12, 13]]  # the first ends a block
+    rows = [2, 0, 3]
+    caches = [lm.new_cache(scratch, 48, num_blocks=40, block_size=bs) for _ in range(2)]
+    # Each row's next blocks are another row's (interleaved), so a write past a row's table would land in them.
+    free = iter(range(1, 40))
+    tables = {r: [] for r in rows}
+    computed = [len(p) for p in prompts]
+
+    def grow(upto: list[int]) -> None:
+        for r, n in zip(rows, upto, strict=True):
+            while len(tables[r]) * bs < n:
+                tables[r].append(next(free))
+            for cache in caches:
+                cache.set_table(r, tables[r])
+
+    grow(computed)
+    for cache in caches:
+        tokens = torch.zeros(3, max(computed), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            tokens[i, : len(p)] = torch.tensor(p)
+        lm.prefill(tokens, torch.tensor(computed), cache, torch.tensor(rows))
+    ahead = DecodeAhead(lm, caches[1], width=width, max_rows=scratch, max_positions=48, use_graphs=False)
+    assert ahead.bucketed.bucket(3) == 4  # the batch is padded with the spare row too
+    next_tokens = [3, 10, 20]
+    for step, drafts in enumerate(([[1, 2], [], [7, 7, 7, 7]], [[5], [2, 2, 2], []], [[], [], [1]])):
+        fed = [[t, *d] for t, d in zip(next_tokens, drafts, strict=True)]
+        grow([c + len(f) for c, f in zip(computed, fed, strict=True)])  # blocks for the real feed only
+        longest = max(map(len, fed))
+        tokens = torch.tensor([f + [0] * (longest - len(f)) for f in fed])
+        positions = torch.tensor(computed)[:, None] + torch.arange(longest)
+        ref = lm.decode_tokens(tokens, positions, caches[0], torch.tensor(rows), kv_len=int(positions.max()) + 1)
+        assert ahead.fits(computed, [len(f) for f in fed])
+        out = ahead(fed, computed, rows)
+        assert out.shape == ref.shape, step
+        for i, f in enumerate(fed):
+            torch.testing.assert_close(out[i, : len(f)], ref[i, : len(f)], atol=1e-5, rtol=1e-5)
+        computed = [c + len(f) for c, f in zip(computed, fed, strict=True)]
+        next_tokens = [int(ref[i, len(f) - 1].argmax()) for i, f in enumerate(fed)]
+    for r, n in zip(rows, computed, strict=True):
+        keys = [row_keys(cache, torch.tensor([r]))[:, :, :n] for cache in caches]
+        torch.testing.assert_close(keys[1], keys[0])
+        assert keys[0].abs().sum() > 0
+    held = sorted(b for t in tables.values() for b in t)
+    untouched = caches[1].k.view(caches[1].k.size(0), -1, bs, *caches[1].k.shape[2:])[:, held[-1] + 1:]
+    assert untouched.abs().sum() == 0  # blocks no row holds: never written
+
+
+def test_a_speculative_step_whose_padding_passes_the_models_positions_does_not_fit(lm):
+    ahead = DecodeAhead(lm, lm.new_cache(2, 48), width=5, max_rows=2, max_positions=48, use_graphs=False)
+    assert ahead.fits([10, 43], [5, 1])
+    assert not ahead.fits([10, 44], [5, 1])  # position 48 would be fed: no embedding for it
+    assert not ahead.fits([10], [6])  # wider than captured
+    assert not ahead.fits([1, 2, 3], [1, 1, 1])  # more rows than the largest bucket

@@ -8,6 +8,9 @@ each bucket's step is captured once as a CUDA graph and replayed with new inputs
 buffers. Padding rows point at a scratch cache slot that no request owns, so whatever they write is never
 read.
 
+A speculative step (each row's next token and its draft, `DecodeAhead`) is padded the same way, and also in
+width: every row feeds the captured number of positions.
+
 The same padding runs eagerly on the CPU, which is how the test suite checks that a padded step gives every
 real row exactly the logits of an unpadded one.
 """
@@ -16,9 +19,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from tserve.model.decoder import Decoder
+    from tserve.model.kv_cache import PagedKVCache
 
 log = logging.getLogger("tserve.cuda_graphs")
 
@@ -32,8 +40,9 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class BucketedDecode:
-    """Runs `step(*inputs)` (every input a (B,) tensor, output (B, ...)) at the smallest bucket size >= B,
-    padding input i with `pad_values[i]`; with `use_graphs` (CUDA only), each bucket is a CUDA graph.
+    """Runs `step(*inputs)` (input i a (B, *shapes[i]) tensor, default (B,); output (B, ...)) at the smallest
+    bucket size >= B, padding input i with `pad_values[i]`; with `use_graphs` (CUDA only), each bucket is a CUDA
+    graph.
 
     Batches larger than the largest bucket run eagerly at their own size.
     """
@@ -47,21 +56,24 @@ class BucketedDecode:
         *,
         use_graphs: bool = False,
         dtype: torch.dtype = torch.long,
+        shapes: Sequence[tuple[int, ...]] | None = None,
     ) -> None:
         self.step = step
         self.pad_values = list(pad_values)
+        shapes = list(shapes) if shapes is not None else [()] * len(self.pad_values)
         self.buckets = sorted(set(buckets))
         self.device = torch.device(device)
         if use_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.use_graphs = use_graphs
         self._inputs = {
-            b: [torch.full((b,), pad, dtype=dtype, device=self.device) for pad in self.pad_values]
+            b: [torch.full((b, *shape), pad, dtype=dtype, device=self.device)
+                for pad, shape in zip(self.pad_values, shapes, strict=True)]
             for b in self.buckets
         }
         # Host staging buffers in pinned memory, so the copy to the device is asynchronous.
         pin = self.device.type == "cuda"
-        self._staging = [torch.empty(max(self.buckets), dtype=dtype, pin_memory=pin) for _ in self.pad_values]
+        self._staging = [torch.empty(max(self.buckets), *shape, dtype=dtype, pin_memory=pin) for shape in shapes]
         # Marks when the last asynchronous copy out of the staging buffers has finished, so that they are not
         # overwritten while a copy may still be reading them.
         self._copied = torch.cuda.Event() if pin else None
@@ -96,7 +108,7 @@ class BucketedDecode:
         log.info("captured decode graphs", extra={"buckets": self.buckets})
 
     def __call__(self, *inputs: Sequence[int] | Tensor) -> Tensor:
-        """Inputs as lists of ints (copied through pinned memory) or (B,) tensors. Returns the output rows
+        """Inputs as (nested) lists of ints (copied through pinned memory) or tensors. Returns the output rows
         of the real batch; with graphs it is a view of a static buffer, valid until the next call."""
         n = len(inputs[0])
         b = self.bucket(n)
@@ -123,3 +135,43 @@ class BucketedDecode:
 
     def _to_device(self, x: Sequence[int] | Tensor) -> Tensor:
         return x.to(self.device) if isinstance(x, Tensor) else torch.tensor(list(x), device=self.device)
+
+
+class DecodeAhead:
+    """Speculative steps of a `Decoder` (each row feeds its next token, then its draft) at static shapes: every
+    row is padded to `width` positions, the batch to a bucket of up to `max_rows` rows, and the step attends
+    over the rows' whole tables (the causal mask from the positions leaves out the rest). With `use_graphs`
+    (CUDA only) each bucket is a CUDA graph.
+
+    Where the padding writes: a row's padding positions follow its real ones, so each one lies in the row's
+    own last block past what it has written (read by no one: the next step that feeds that position writes it
+    first), or past the blocks the row holds, where its table names the null block. Padding rows use the
+    cache's spare row (`cache.num_rows`), whose table is all null blocks. A step whose padding would pass
+    `max_positions` (a position the model has no embedding for) does not fit: it runs eagerly instead.
+    """
+
+    def __init__(self, model: Decoder, cache: PagedKVCache, *, width: int, max_rows: int, max_positions: int,
+                 use_graphs: bool) -> None:
+        self.width, self.max_positions = width, max_positions
+        self.bucketed = BucketedDecode(
+            lambda tokens, positions, rows: model.decode_tokens(tokens, positions, cache, rows, kv_len=cache.max_len),
+            pad_values=(0, 0, cache.num_rows), buckets=default_buckets(max_rows), device=cache.k.device,
+            use_graphs=use_graphs, shapes=((width,), (width,), ()),
+        )
+
+    def fits(self, starts: Sequence[int], widths: Sequence[int]) -> bool:
+        """Whether rows feeding `widths[i]` tokens from position `starts[i]` run here: a bucket holds them,
+        no row feeds more than `width` and no row's padding passes `max_positions`."""
+        return (len(starts) <= self.bucketed.buckets[-1] and max(widths) <= self.width
+                and max(starts) + self.width <= self.max_positions)
+
+    def capture(self) -> None:
+        self.bucketed.capture()
+
+    def __call__(self, fed: Sequence[Sequence[int]], starts: Sequence[int], rows: Sequence[int]) -> Tensor:
+        """Logits (B, T, V) of rows `rows` feeding `fed[i]` from position `starts[i]`, T = the longest feed
+        (a row's positions past its own feed are padding); with graphs a view of a static buffer."""
+        W = self.width
+        tokens = [list(f) + [0] * (W - len(f)) for f in fed]
+        positions = [list(range(p, p + W)) for p in starts]  # padding past the feed: see the class's note
+        return self.bucketed(tokens, positions, rows)[:, : max(map(len, fed))]

@@ -10,7 +10,8 @@ The draft model has its own paged KV cache, on the target's rows (`seq.slot`) wi
 remembers how many of its tokens the draft cache holds (`draft_computed`): a step feeds the draft model what
 it has not seen yet (the prompt at first; then the last step's kept tokens and the target's own token) in one
 ragged prefill, then k - 1 single-token steps. Draft positions the target kept stay valid; the rest are
-overwritten by the next step's feed.
+overwritten by the next step's feed. On CUDA the single-token steps replay CUDA graphs captured per batch bucket
+(padding rows on the draft cache's spare row); the ragged prefill stays eager.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from torch import Tensor
 
 from tserve.model.block_pool import BlockPool
 from tserve.model.checkpoint import LoadedModel
+from tserve.model.cuda_graphs import BucketedDecode, default_buckets
 
 
 class DraftModel:
     def __init__(self, loaded: LoadedModel, target: LoadedModel, *, num_slots: int, max_len: int, num_blocks: int,
-                 block_size: int) -> None:
+                 block_size: int, max_rows: int, cuda_graphs: bool = True) -> None:
+        """`max_rows`: the most rows a step drafts for (`Speculation.max_rows`); `cuda_graphs`: on CUDA, the
+        single-token steps of up to that many rows replay CUDA graphs."""
         check_same_vocabulary(target, loaded)
         self.model, self.device = loaded.model, loaded.device
         self.max_len = min(max_len, loaded.config.max_seq_len)
@@ -34,6 +38,13 @@ class DraftModel:
         self.vocab_size = min(target.config.vocab_size, loaded.config.vocab_size)
         self.cache = self.model.new_cache(num_slots, self.max_len, num_blocks=num_blocks, block_size=block_size)
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=False)
+        self.graphed: BucketedDecode | None = None
+        if cuda_graphs and self.device.type == "cuda" and not loaded.config.n_experts:  # (MoE: dynamic shapes)
+            self.graphed = BucketedDecode(
+                lambda tokens, positions, rows: self.model.decode_step(tokens, positions, self.cache, rows),
+                pad_values=(0, 0, num_slots), buckets=default_buckets(min(max_rows, num_slots)), device=self.device,
+                use_graphs=True)
+            self.graphed.capture()
 
     def draft(self, seqs: Sequence[object], rooms: Sequence[int]) -> list[list[int]]:
         """Up to `rooms[i]` greedy draft tokens after each sequence's tokens ([] where the draft cache or the
@@ -55,12 +66,15 @@ class DraftModel:
                 s.draft_base, s.draft_len = length, k
             step = 1
             while live := [(i, s, length) for i, s, k, length in rows if k > step]:
-                dev = self.device
-                logits = self.model.decode_step(
-                    torch.tensor([out[i][-1] for i, _, _ in live], device=dev),
-                    torch.tensor([length + step - 1 for _, _, length in live], device=dev), self.cache,
-                    torch.tensor([s.slot for _, s, _ in live], device=dev),
-                    kv_len=max(length for _, _, length in live) + step)
+                tokens, positions = [out[i][-1] for i, _, _ in live], [length + step - 1 for _, _, length in live]
+                slots = [s.slot for _, s, _ in live]
+                if self.graphed is not None:
+                    logits = self.graphed(tokens, positions, slots)
+                else:
+                    dev = self.device
+                    logits = self.model.decode_step(torch.tensor(tokens, device=dev),
+                                                    torch.tensor(positions, device=dev), self.cache,
+                                                    torch.tensor(slots, device=dev), kv_len=max(positions) + 1)
                 for (i, _, _), token in zip(live, self._greedy(logits), strict=True):
                     out[i].append(token)
                 step += 1

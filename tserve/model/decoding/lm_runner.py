@@ -17,7 +17,7 @@ from torch import Tensor
 
 from tserve.model.block_pool import BlockPool, BlockTable
 from tserve.model.checkpoint import LoadedModel
-from tserve.model.cuda_graphs import BucketedDecode, default_buckets
+from tserve.model.cuda_graphs import BucketedDecode, DecodeAhead, default_buckets
 from tserve.model.decoding.chosen_tokens import ChosenTokens, feed_tokens
 from tserve.model.decoding.draft_model import DraftModel
 from tserve.model.decoding.logits import LogitsPipeline
@@ -122,10 +122,11 @@ class DecoderRunner:
         # The pool is this model's in this dtype: nothing else changes what a block holds.
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=prefix_caching,
                                 salt=f"{cfg.n_layers}/{cfg.kv_heads}/{cfg.d_head}/{self.cache.k.dtype}")
-        self.drafter = None if draft is None else DraftModel(draft, loaded, num_slots=num_slots, max_len=self.max_len,
-                                                             num_blocks=num_blocks, block_size=block_size)
         # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
         graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
+        self.drafter = None if draft is None else DraftModel(
+            draft, loaded, num_slots=num_slots, max_len=self.max_len, num_blocks=num_blocks, block_size=block_size,
+            max_rows=self.speculation.max_rows, cuda_graphs=cuda_graphs)
         # Shapes vary only in the batch size (and, on CPU, the attended length): compiled dynamically.
         self._compiled = torch.compile(self.model.decode_step, dynamic=None) if compile else None
         self.graphed: BucketedDecode | None = None
@@ -136,6 +137,12 @@ class DecoderRunner:
                 use_graphs=True,
             )
             self.graphed.capture()
+        self.graphed_ahead: DecodeAhead | None = None
+        if graphs and self.speculation is not None:  # speculative steps: rows padded to 1 + num_tokens positions
+            self.graphed_ahead = DecodeAhead(self.model, self.cache, width=1 + self.speculation.num_tokens,
+                                             max_rows=min(self.speculation.max_rows, num_slots),
+                                             max_positions=cfg.max_seq_len, use_graphs=True)
+            self.graphed_ahead.capture()
 
     def check(self, prompt_len: int, max_tokens: int) -> None:
         """Raise ValueError when a prompt cannot run here."""
@@ -289,13 +296,16 @@ class DecoderRunner:
 
     def decode_ahead(self, seqs: Sequence[TextSequence], drafts: Sequence[list[int]]) -> Tensor:
         """Feeds each sequence's `next_token` and its draft (after `grow(seq, len(draft))`); logits (B, T, V),
-        T = 1 + the longest draft."""
+        T = 1 + the longest draft. On CUDA with graphs, at the captured width and batch bucket (`DecodeAhead`)."""
         self._start_masks(seqs)
-        width = 1 + max(map(len, drafts))
+        fed, starts = [[s.next_token, *d] for s, d in zip(seqs, drafts, strict=True)], [s.num_computed for s in seqs]
+        if self.graphed_ahead is not None and self.graphed_ahead.fits(starts, [len(f) for f in fed]):
+            return self.graphed_ahead(fed, starts, [s.slot for s in seqs])
+        width = max(map(len, fed))  # eager: padded to the longest draft only
         tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)):
-            tokens[i, : 1 + len(d)] = torch.tensor([s.next_token, *d])
-        positions = torch.tensor([s.num_computed for s in seqs])[:, None] + torch.arange(width)
+        for i, f in enumerate(fed):
+            tokens[i, : len(f)] = torch.tensor(f)
+        positions = torch.tensor(starts)[:, None] + torch.arange(width)
         dev = self.device
         return self.model.decode_tokens(tokens.to(dev), positions.to(dev), self.cache,
                                         torch.tensor([s.slot for s in seqs], device=dev),
