@@ -17,6 +17,7 @@ from tests.helpers.fixture_training import CYCLE_TEXT, cycle_prompts
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.sampling_options import option_matrix, streamed
 from tserve.model import checkpoint
+from tserve.model.cuda_graphs import DecodeAhead
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
 from tserve.model.decoding.speculative import JUDGED_EVERY, PAUSE_TOKENS, NgramIndex
 from tserve.service.engine import GenerationEngine
@@ -92,6 +93,28 @@ def test_greedy_output_is_identical_with_speculation_and_drafts_are_both_kept_an
     assert [s.finish_reason for s in fast] == [s.finish_reason for s in plain]
     drafted, kept = sum(s.drafted for s in fast), sum(s.accepted for s in fast)
     assert 0 < kept < drafted, (kept, drafted)
+
+
+def test_steps_padded_to_the_captured_width_and_bucket_give_the_same_output(lm, monkeypatch):
+    """The speculative step that CUDA graphs replay (`DecodeAhead`: every row fed 1 + num_tokens positions, the
+    batch padded with the spare row), eager here: greedy output equals decoding without speculation. Steps whose
+    padding would pass the last position it allows run unpadded, and give the same too."""
+    prompts = mixed_prompts(lm, 6)
+    params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.0, ignore_eos=True) for i in range(len(prompts))]
+    plain = generate(lm, prompts, params)
+    runner = speculative_runner(lm, 3, num_tokens=4)
+    runner.graphed_ahead = DecodeAhead(lm.model, runner.cache, width=5, max_rows=4,  # buckets 1, 2, 4
+                                       max_positions=max(map(len, prompts)) + 4, use_graphs=False)
+    shapes, calls = [], []
+    padded = runner.graphed_ahead.bucketed.step
+    runner.graphed_ahead.bucketed.step = lambda *inputs: shapes.append(tuple(inputs[0].shape)) or padded(*inputs)
+    eager = lm.model.decode_tokens
+    monkeypatch.setattr(lm.model, "decode_tokens", lambda *a, **kw: calls.append(1) or eager(*a, **kw))
+    fast = generate(lm, prompts, params, runner=runner, max_batch=3)
+    assert [s.generated for s in fast] == [s.generated for s in plain]
+    assert sum(s.accepted for s in fast) > 0
+    assert (4, 5) in shapes and set(shapes) <= {(1, 5), (2, 5), (4, 5)}, set(shapes)  # 3 rows: one spare
+    assert len(calls) > len(shapes) > 0  # some steps padded, some (near the limit) not
 
 
 @pytest.mark.parametrize("family", ["gemma3", "phi3"])

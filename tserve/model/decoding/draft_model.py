@@ -24,6 +24,8 @@ from torch import Tensor
 from tserve.model.block_pool import BlockPool
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.cuda_graphs import BucketedDecode, default_buckets
+from tserve.model.decoder import Decoder
+from tserve.model.kv_cache import PagedKVCache
 
 
 class DraftModel:
@@ -40,10 +42,7 @@ class DraftModel:
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=False)
         self.graphed: BucketedDecode | None = None
         if cuda_graphs and self.device.type == "cuda" and not loaded.config.n_experts:  # (MoE: dynamic shapes)
-            self.graphed = BucketedDecode(
-                lambda tokens, positions, rows: self.model.decode_step(tokens, positions, self.cache, rows),
-                pad_values=(0, 0, num_slots), buckets=default_buckets(min(max_rows, num_slots)), device=self.device,
-                use_graphs=True)
+            self.graphed = bucketed_steps(self.model, self.cache, max_rows=min(max_rows, num_slots), use_graphs=True)
             self.graphed.capture()
 
     def draft(self, seqs: Sequence[object], rooms: Sequence[int]) -> list[list[int]]:
@@ -143,6 +142,14 @@ class DraftModel:
 
     def _greedy(self, logits: Tensor) -> list[int]:
         return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+
+
+def bucketed_steps(model: Decoder, cache: PagedKVCache, *, max_rows: int, use_graphs: bool) -> BucketedDecode:
+    """The draft model's single-token steps over its whole cache rows, at bucketed batch sizes of up to
+    `max_rows` rows; padding rows use the cache's spare row (its table is all null blocks)."""
+    return BucketedDecode(lambda tokens, positions, rows: model.decode_step(tokens, positions, cache, rows),
+                          pad_values=(0, 0, cache.num_rows), buckets=default_buckets(max_rows), device=cache.k.device,
+                          use_graphs=use_graphs)
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
