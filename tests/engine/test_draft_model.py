@@ -15,6 +15,7 @@ from tests.helpers.kv_rows import row_keys
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.sampling_options import streamed
 from tserve.model import checkpoint
+from tserve.model.cuda_graphs import DecodeAhead
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
 from tserve.model.decoding.draft_model import bucketed_steps
 from tserve.service.engine import GenerationEngine
@@ -69,31 +70,18 @@ def test_a_draft_model_with_the_targets_weights_has_every_greedy_draft_kept(lm, 
     assert runner.drafter.blocks.num_in_use == 0
 
 
-def test_the_draft_models_steps_at_bucketed_batch_sizes_draft_what_its_eager_steps_draft(lm, noisy):
-    """The draft model's single-token steps as CUDA graphs replay them (`bucketed_steps`: every row's whole
-    table, the batch padded with the spare row), eager here: every sequence is drafted and keeps the very tokens
-    it does with unpadded steps."""
-    prompts = mixed_prompts(lm, 6)
-    params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.0, ignore_eos=True) for i in range(len(prompts))]
-    eager = generate(lm, prompts, params, runner=drafting_runner(lm, noisy, rows=3, num_tokens=4), max_batch=3)
-    runner = drafting_runner(lm, noisy, rows=3, num_tokens=4)
-    drafter = runner.drafter
-    drafter.graphed = bucketed_steps(drafter.model, drafter.cache, max_rows=4, use_graphs=False)  # 1, 2, 4
-    sizes = []
-    step = drafter.graphed.step
-    drafter.graphed.step = lambda *inputs: sizes.append(len(inputs[0])) or step(*inputs)
-    out = generate(lm, prompts, params, runner=runner, max_batch=3)
-    assert [s.generated for s in out] == [s.generated for s in eager]
-    assert [(s.drafted, s.accepted) for s in out] == [(s.drafted, s.accepted) for s in eager]
-    assert 0 < sum(s.accepted for s in out) < sum(s.drafted for s in out)
-    assert 4 in sizes and set(sizes) <= {1, 2, 4}  # 3 rows: one spare
-
-
-def test_the_draft_cache_holds_exactly_each_sequences_tokens(lm, twin):
+@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded"])
+def test_the_draft_cache_holds_exactly_each_sequences_tokens(lm, twin, padded):
     """With the target's own weights, the draft cache's keys at every position it counts as its own are the
     target cache's keys there: after each speculative step, and after a sequence is released (preempted: its
-    draft blocks then hold other content) and admitted again."""
+    draft blocks then hold other content) and admitted again. `padded`: both models' steps as CUDA graphs replay
+    them (eager here): three rows padded to a bucket of four with the spare row, the target's rows to 5 positions."""
     runner = drafting_runner(lm, twin, rows=3, num_tokens=4)
+    if padded:
+        drafter = runner.drafter
+        drafter.graphed = bucketed_steps(drafter.model, drafter.cache, max_rows=4, use_graphs=False)
+        runner.graphed_ahead = DecodeAhead(lm.model, runner.cache, width=5, max_rows=4,
+                                           max_positions=lm.config.max_seq_len, use_graphs=False)
     words = CYCLE_TEXT.split()
     seqs = [TextSequence(lm.tokenizer.encode(" ".join(words[a:a + 8])),
                          SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)) for a in (3, 20, 41)]

@@ -17,7 +17,7 @@ from tests.helpers.sampling_options import events, option_jobs
 from tserve.model import checkpoint
 from tserve.model.attention import math_attention, resolve_backend, sdpa_attention
 from tserve.model.config import DecoderConfig
-from tserve.model.cuda_graphs import BucketedDecode, default_buckets
+from tserve.model.cuda_graphs import BucketedDecode, DecodeAhead, default_buckets
 from tserve.model.decoder import Decoder
 from tserve.model.decoding import SamplingParams, Speculation, TextSequence
 from tserve.service.engine import GenerationEngine
@@ -141,6 +141,99 @@ def test_engine_on_gpu_with_drafts_and_a_small_pool_equals_alone(lm_dir, graphs)
     assert engine.m.spec_accepted._value.get() > 0
     assert engine.m.preemptions._value.get() > 0
     assert engine.runner.blocks.num_in_use == 0
+
+
+@pytest.mark.parametrize("shape", [{}, GROUPED], ids=["mha", "gqa"])
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+def test_cuda_graph_speculative_step_equals_eager_step(backend, shape):
+    """`DecodeAhead` replayed: each real row's logits at its real positions (rows padded to 5 positions, 3 rows
+    to a bucket of 4) equal the unpadded eager step's, and the rows' cache positions hold the same keys."""
+    torch.manual_seed(0)
+    cfg = DecoderConfig(**{"vocab_size": 512, "d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3,
+                           "max_seq_len": 256} | shape)
+    model = Decoder(cfg, backend=backend).to(CUDA).eval()
+    scratch = 4
+    caches = [model.new_cache(scratch, 256) for _ in range(2)]
+    prompts = torch.randint(0, 512, (3, 30), device=CUDA)
+    lengths, rows = torch.tensor([30, 3, 17], device=CUDA), [3, 0, 2]
+    for cache in caches:
+        model.prefill(prompts, lengths, cache, torch.tensor(rows, device=CUDA))
+    graphed = DecodeAhead(model, caches[1], width=5, max_rows=scratch, max_positions=256, use_graphs=True)
+    graphed.capture()
+    computed, next_tokens = lengths.tolist(), prompts[torch.arange(3), lengths - 1].tolist()
+    g = torch.Generator().manual_seed(1)
+    for step in range(12):
+        fed = [[t, *torch.randint(0, 512, (int(torch.randint(0, 5, (), generator=g)),), generator=g).tolist()]
+               for t in next_tokens]
+        longest = max(map(len, fed))
+        tokens = torch.tensor([f + [0] * (longest - len(f)) for f in fed], device=CUDA)
+        positions = torch.tensor(computed, device=CUDA)[:, None] + torch.arange(longest, device=CUDA)
+        eager = model.decode_tokens(tokens, positions, caches[0], torch.tensor(rows, device=CUDA),
+                                    kv_len=max(computed) + longest)
+        replay = graphed(fed, computed, rows)
+        assert replay.shape == eager.shape, step
+        for i, f in enumerate(fed):
+            torch.testing.assert_close(replay[i, : len(f)], eager[i, : len(f)], atol=1e-4, rtol=1e-4)
+        computed = [c + len(f) for c, f in zip(computed, fed, strict=True)]
+        next_tokens = [int(eager[i, len(f) - 1].argmax()) for i, f in enumerate(fed)]
+    for r, n in zip(rows, computed, strict=True):
+        keys = [row_keys(cache, torch.tensor([r], device=CUDA))[:, :, :n] for cache in caches]
+        torch.testing.assert_close(keys[1], keys[0], atol=1e-5, rtol=1e-5)
+
+
+class CountedCalls:
+    """Counts the calls of a graphed step (its replays), passing everything through."""
+
+    def __init__(self, inner) -> None:  # noqa: ANN001
+        self.inner, self.calls = inner, 0
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+    def __call__(self, *inputs):  # noqa: ANN002, ANN204
+        self.calls += 1
+        return self.inner(*inputs)
+
+
+@pytest.mark.parametrize("drafts", ["ngram", "draft-model"])
+def test_speculative_requests_with_graphs_equal_them_without(lm_dir, drafts):
+    """Greedy requests drafting (prompt lookup, or a draft model: the target's weights with noise) with CUDA graphs
+    (the speculative steps, and the draft model's own, replayed) give the tokens they give without graphs."""
+    lm = checkpoint.load(lm_dir, device=CUDA, dtype="float32")
+    draft = None
+    if drafts == "draft-model":
+        draft = checkpoint.load(lm_dir, device=CUDA, dtype="float32")
+        g = torch.Generator(device=CUDA).manual_seed(0)
+        with torch.no_grad():
+            for p in draft.model.parameters():
+                p.add_(torch.randn(p.shape, generator=g, device=CUDA) * p.std() * 0.3)
+    words = CYCLE_TEXT.split()
+    prompts = [lm.tokenizer.encode(" ".join(words[a:a + 12] + words[a + 20:a + 26] + words[a:a + 6]))
+               for a in (0, 7, 19, 30, 41)]
+    jobs = [(p, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)) for p in prompts]
+    outputs, counted = [], {}
+    for graphs in (True, False):
+        engine = GenerationEngine("lm", lm, max_slots=3, max_queue=8, max_model_len=128, timeout_s=60.0,
+                                  metrics=Metrics(), cuda_graphs=graphs, speculation=Speculation(num_tokens=4),
+                                  draft=draft)
+        runner = engine.runner
+        assert (runner.graphed_ahead is not None) == graphs
+        if graphs:
+            runner.graphed_ahead = counted["ahead"] = CountedCalls(runner.graphed_ahead)
+            if draft is not None:
+                runner.drafter.graphed = counted["draft"] = CountedCalls(runner.drafter.graphed)
+        engine.start()
+
+        async def run(engine=engine):  # noqa: ANN001
+            return await token_ids(engine, [engine.submit(p, sp) for p, sp in jobs])
+
+        try:
+            outputs.append(asyncio.run(run()))
+        finally:
+            engine.stop()
+        assert engine.m.spec_accepted._value.get() > 0
+    assert outputs[0] == outputs[1]
+    assert all(c.calls > 0 for c in counted.values()), {k: c.calls for k, c in counted.items()}
 
 
 @pytest.mark.parametrize("graphs", [True, False])
