@@ -122,11 +122,11 @@ class DecoderRunner:
         # The pool is this model's in this dtype: nothing else changes what a block holds.
         self.blocks = BlockPool(num_blocks, block_size, prefix_caching=prefix_caching,
                                 salt=f"{cfg.n_layers}/{cfg.kv_heads}/{cfg.d_head}/{self.cache.k.dtype}")
-        # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
-        graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
         self.drafter = None if draft is None else DraftModel(
             draft, loaded, num_slots=num_slots, max_len=self.max_len, num_blocks=num_blocks, block_size=block_size,
             max_rows=self.speculation.max_rows, cuda_graphs=cuda_graphs)
+        # Mixture-of-experts layers route tokens with data-dependent shapes, which a graph cannot capture.
+        graphs = cuda_graphs and self.device.type == "cuda" and not cfg.n_experts
         # Shapes vary only in the batch size (and, on CPU, the attended length): compiled dynamically.
         self._compiled = torch.compile(self.model.decode_step, dynamic=None) if compile else None
         self.graphed: BucketedDecode | None = None
