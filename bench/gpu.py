@@ -335,6 +335,14 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
             table.add("translation", what, n / hf_s, n / secs, "sentences/s", True)
             table.busy("translation", f"device busy, {what}",
                        device_busy(device, lambda submit=submit: run_requests(engine, submit, n)), secs)
+            if beams == 1 and engine.overlap:  # the same sentences with every step read before the next
+                engine.overlap = False
+                try:
+                    sync_s = statistics.median(run_requests(engine, submit, n)[0] for _ in range(3))
+                finally:
+                    engine.overlap = True
+                table.add("translation", f"{what}, --async-scheduling off", n / hf_s, n / sync_s, "sentences/s",
+                          True)
     finally:
         engine.stop()
 
