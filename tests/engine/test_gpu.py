@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
-from tests.helpers.kv_rows import row_keys
+from tests.helpers.kv_rows import advance_if_real_rows_equal, eager_multi_token_step, row_keys
 from tests.helpers.one_request import job_tokens, lm_tokens
 from tests.helpers.sampling_options import events, option_jobs
 from tserve.model import checkpoint
@@ -162,20 +162,11 @@ def test_cuda_graph_speculative_step_equals_eager_step(backend, shape):
     graphed.capture()
     computed, next_tokens = lengths.tolist(), prompts[torch.arange(3), lengths - 1].tolist()
     g = torch.Generator().manual_seed(1)
-    for step in range(12):
+    for _ in range(12):
         fed = [[t, *torch.randint(0, 512, (int(torch.randint(0, 5, (), generator=g)),), generator=g).tolist()]
                for t in next_tokens]
-        longest = max(map(len, fed))
-        tokens = torch.tensor([f + [0] * (longest - len(f)) for f in fed], device=CUDA)
-        positions = torch.tensor(computed, device=CUDA)[:, None] + torch.arange(longest, device=CUDA)
-        eager = model.decode_tokens(tokens, positions, caches[0], torch.tensor(rows, device=CUDA),
-                                    kv_len=max(computed) + longest)
-        replay = graphed(fed, computed, rows)
-        assert replay.shape == eager.shape, step
-        for i, f in enumerate(fed):
-            torch.testing.assert_close(replay[i, : len(f)], eager[i, : len(f)], atol=1e-4, rtol=1e-4)
-        computed = [c + len(f) for c, f in zip(computed, fed, strict=True)]
-        next_tokens = [int(eager[i, len(f) - 1].argmax()) for i, f in enumerate(fed)]
+        eager = eager_multi_token_step(model, fed, computed, caches[0], rows, CUDA)
+        computed, next_tokens = advance_if_real_rows_equal(graphed(fed, computed, rows), eager, fed, computed, 1e-4)
     for r, n in zip(rows, computed, strict=True):
         keys = [row_keys(cache, torch.tensor([r], device=CUDA))[:, :, :n] for cache in caches]
         torch.testing.assert_close(keys[1], keys[0], atol=1e-5, rtol=1e-5)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.kv_rows import row_keys
+from tests.helpers.kv_rows import advance_if_real_rows_equal, eager_multi_token_step, row_keys
 from tserve.model.config import DecoderConfig
 from tserve.model.cuda_graphs import BucketedDecode, DecodeAhead, default_buckets
 from tserve.model.decoder import Decoder
@@ -167,20 +167,12 @@ def test_padded_speculative_step_equals_unpadded_step(lm):
     ahead = DecodeAhead(lm, caches[1], width=width, max_rows=scratch, max_positions=48, use_graphs=False)
     assert ahead.bucketed.bucket(3) == 4  # the batch is padded with the spare row too
     next_tokens = [3, 10, 20]
-    for step, drafts in enumerate(([[1, 2], [], [7, 7, 7, 7]], [[5], [2, 2, 2], []], [[], [], [1]])):
+    for drafts in ([[1, 2], [], [7, 7, 7, 7]], [[5], [2, 2, 2], []], [[], [], [1]]):
         fed = [[t, *d] for t, d in zip(next_tokens, drafts, strict=True)]
         grow([c + len(f) for c, f in zip(computed, fed, strict=True)])  # blocks for the real feed only
-        longest = max(map(len, fed))
-        tokens = torch.tensor([f + [0] * (longest - len(f)) for f in fed])
-        positions = torch.tensor(computed)[:, None] + torch.arange(longest)
-        ref = lm.decode_tokens(tokens, positions, caches[0], torch.tensor(rows), kv_len=int(positions.max()) + 1)
+        ref = eager_multi_token_step(lm, fed, computed, caches[0], rows)
         assert ahead.fits(computed, [len(f) for f in fed])
-        out = ahead(fed, computed, rows)
-        assert out.shape == ref.shape, step
-        for i, f in enumerate(fed):
-            torch.testing.assert_close(out[i, : len(f)], ref[i, : len(f)], atol=1e-5, rtol=1e-5)
-        computed = [c + len(f) for c, f in zip(computed, fed, strict=True)]
-        next_tokens = [int(ref[i, len(f) - 1].argmax()) for i, f in enumerate(fed)]
+        computed, next_tokens = advance_if_real_rows_equal(ahead(fed, computed, rows), ref, fed, computed, 1e-5)
     for r, n in zip(rows, computed, strict=True):
         keys = [row_keys(cache, torch.tensor([r]))[:, :, :n] for cache in caches]
         torch.testing.assert_close(keys[1], keys[0])
