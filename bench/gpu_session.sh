@@ -15,9 +15,11 @@
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-if [ -d .whl ] && [ ! -f /tmp/site/.installed ] && [ -z "${NO_WHEELS:-}" ] && [ "$*" != pack ]; then  # once a machine
+WHEELS=$( (cd .whl 2>/dev/null && ls *.whl) | tr '\n' ' ')  # installed again on a warm machine when they change
+if [ -d .whl ] && [ "$(cat /tmp/site/.installed 2>/dev/null)" != "$WHEELS" ] && [ -z "${NO_WHEELS:-}" ] \
+    && [ "$*" != pack ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && touch /tmp/site/.installed || exit 1
+    && echo "$WHEELS" >/tmp/site/.installed || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 if [ -n "${DRY_RUN:-}" ]; then  # lease's control flow on a CPU: tiny shapes, a moment of training, tests collected
