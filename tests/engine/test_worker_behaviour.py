@@ -345,3 +345,21 @@ def test_a_call_job_waits_in_the_same_queue_and_runs_in_the_worker_thread(worker
     finally:
         w.inner.stop(drain_timeout_s=0)
     assert len(ran) == 2 and set(ran) == {w.inner._thread.name}
+
+
+def test_a_steps_latencies_observed_at_once_fill_the_buckets_one_by_one_would():
+    """The engine records a step's inter-token latencies in one call (`observe_all`): the same buckets, count and
+    sum as observing each, values on a bucket's bound and past the last one included."""
+    from tserve.service.metrics import Metrics, observe_all  # noqa: PLC0415
+
+    values = [0.0005, 0.001, 0.001, 0.0025, 0.003, 0.02, 0.64, 2.56, 3.0, 17.5, 0.0]
+    at_once, each = Metrics(), Metrics()
+    observe_all(at_once.itl.labels("m"), values)
+    for v in values:
+        each.itl.labels("m").observe(v)
+    def series(m: Metrics) -> list[str]:
+        return [line for line in m.render().decode().splitlines() if "inter_token" in line and "_created" not in line]
+
+    lines = series(at_once)
+    assert lines == series(each)
+    assert 'tserve_inter_token_latency_seconds_bucket{le="0.001",model="m"} 4.0' in lines  # 0, 0.0005, 2 on it

@@ -47,4 +47,7 @@ ASYNC_BUGS = [
         "        return False", (MT_ROWS,)),
     Bug("async-translation-logprobs-not-added", "tserve/service/engine/translation.py",
         "            req.logprob_sum += logprob", "            pass", (MT_STREAMS,)),
+    Bug("step-latencies-observed-one-bucket-late", "tserve/service/metrics.py",
+        "bisect.bisect_left(bounds, v)", "bisect.bisect_right(bounds, v)",
+        ("tests/engine/test_worker_behaviour.py::test_a_steps_latencies_observed_at_once_fill_the_buckets_one_by_one_would",)),
 ]

@@ -261,5 +261,5 @@ class GenerationEngine(Worker):
                           text_pending=(token, is_eos))
         if event.finish_reason == "stop":
             req.finish_reason = "stop"  # eos, or a stop string: the runner decodes it no further
-        self.m.generated_tokens.inc()
+        self._step_tokens += 1
         self._publish(req, event, now)

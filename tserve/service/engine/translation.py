@@ -180,7 +180,7 @@ class TranslationEngine(Worker):
         def record(req: SegmentRequest) -> None:
             if token[id(req)] == REPLAYED:  # a position of its cache recomputed after a preemption
                 return
-            self.m.generated_tokens.inc()
+            self._step_tokens += 1
             finish = self.runner.append(req, token[id(req)])
             if finish is not None:
                 finishing[id(req)] = finish

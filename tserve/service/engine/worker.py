@@ -37,7 +37,7 @@ from tserve.service.engine.request import (
     request_error,
     step_outbox,
 )
-from tserve.service.metrics import Metrics
+from tserve.service.metrics import Metrics, observe_all
 
 log = logging.getLogger("tserve.engine")
 MAX_CLIENTS_REMEMBERED = 4096  # clients whose last admission is kept for the round-robin
@@ -69,6 +69,9 @@ class Worker:
         # `overlap`, a step's tokens are read once the next step is launched.
         self.overlap = False
         self._in_flight: list[ChosenTokens] = []
+        # This step's inter-token latencies and tokens, recorded in the metrics once at its end.
+        self._step_itl: list[float] = []
+        self._step_tokens = 0
         # Tests only: called with each request as it is processed after a step; raising fails that request.
         self.fault_hook: Callable[[EngineRequest], None] | None = None
         self.m = metrics.for_model(name)
@@ -250,6 +253,15 @@ class Worker:
         self._step()
         still = sum(id(c) in earlier for c in self._in_flight)  # the oldest ones, unless a rule read them already
         self._read_tokens(still if self.running else None)
+        self._record_step_metrics()
+
+    def _record_step_metrics(self) -> None:
+        if self._step_itl:
+            observe_all(self.m.itl, self._step_itl)
+            self._step_itl = []
+        if self._step_tokens:
+            self.m.generated_tokens.inc(self._step_tokens)
+            self._step_tokens = 0
 
     def _step(self) -> None:
         self.steps += 1
@@ -366,7 +378,7 @@ class Worker:
             self.m.ttft.observe(now - req.arrival)
             req.first_token_ns = time.time_ns()
         else:
-            self.m.itl.observe(now - req.last_emit)
+            self._step_itl.append(now - req.last_emit)
         req.last_emit = now
         if event.finish_reason is not None:
             self._finish(req, event)
