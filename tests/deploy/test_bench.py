@@ -168,6 +168,7 @@ def test_families_benchmark_times_both_sides_of_each_shape(capsys, tmp_path):
     assert "CPU:" in out
 
 
+@pytest.mark.slow  # 20 s: the machine's bandwidth is measured too
 def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
     rows = bench_script("roofline").main(["--tiny"])
     formats = ["float32", "int8", "int4", "bfloat16"]

@@ -228,6 +228,7 @@ def test_lm_decode_step_with_mixed_lengths_on_flash_equals_math(grouping, backen
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # 9-16 s in Triton's interpreter; on a GPU it runs natively
 def test_translation_on_flash_equals_math(tiny_mt):
     ref, fl = _twins(tiny_mt)  # trained: each source has its own translation (fixture_training)
     tok = load_tokenizer(tiny_mt)
