@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "linear_args.h"
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define TSERVE_BLOCK_KERNELS 1
@@ -264,11 +266,7 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
   TORCH_CHECK(scales.scalar_type() == torch::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
                   scales.size(0) == n_panels && scales.size(1) == blocks && scales.size(2) == kCols,
               "scales do not match the panels");
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N && bias->is_contiguous() && bias->scalar_type() == torch::kFloat, "bias");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = tserve::checked_bias(bias, N);
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
 #if defined(TSERVE_BLOCK_KERNELS)

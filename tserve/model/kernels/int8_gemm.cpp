@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "int8_row_range.h"
+#include "linear_args.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -115,11 +116,7 @@ torch::Tensor int8_linear_exact(torch::Tensor x, torch::Tensor panels, torch::Te
               "panels do not match x and the coefficients");
   TORCH_CHECK(row_sums.numel() == N && coefficients.is_contiguous() && row_sums.is_contiguous(), "row sums");
   TORCH_CHECK(coefficients.scalar_type() == torch::kFloat && row_sums.scalar_type() == torch::kFloat, "float32");
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N && bias->is_contiguous() && bias->scalar_type() == torch::kFloat, "bias");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = tserve::checked_bias(bias, N);
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   // Each row's codes (int16, padded to whole pairs with a 0), its minimum and its span.
