@@ -248,6 +248,7 @@ def load(
     int8_activations: str = "auto",
     int4_group_size: int = 32,
     pack_weights: bool = False,
+    fused_layers: bool = False,
 ) -> LoadedModel:
     """Load our checkpoint, a Hugging Face directory or a GGUF file (`model.gguf`) onto `device`. `quantize="int8"`:
     int8 weights for every linear layer (`model.quantize`; float32 on the CPU only), with activations quantized
@@ -256,7 +257,8 @@ def load(
     block formats (`model.block_quant`). `pack_weights`: float32
     linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only).
     `quantize="auto"`: the checkpoint's own, int8 or int4 for a block-quantized GGUF file (`gguf_quantization`),
-    none for every other."""
+    none for every other. `fused_layers`: a language model's one-token decode steps run through all its layers in
+    one C++ call where its layout and weights allow (`model.fused_decode`)."""
     if quantize not in (*QUANTIZATIONS, "auto"):
         raise ValueError(f"quantize must be one of {(*QUANTIZATIONS, 'auto')}, got {quantize!r}")
     path = Path(path)
@@ -292,6 +294,8 @@ def load(
         loaded.quantization = quantize
     elif pack_weights:
         pack_linears(loaded.model)
+    if fused_layers and hasattr(loaded.model, "fuse_decode"):  # after the weights took their final form
+        quantized["fused_layers"] = loaded.model.fuse_decode()
     log.info(
         "model loaded",
         extra={"path": str(path), "task": loaded.task, "format": loaded.source_format, "device": str(dev),

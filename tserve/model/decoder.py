@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from tserve.model.attention import Rotary, causal_mask
 from tserve.model.config import DecoderConfig
+from tserve.model.fused_decode import FusedDecode
 from tserve.model.kv_cache import PagedKVCache
 from tserve.model.layers import Block, make_norm, sinusoidal_table
 
@@ -47,6 +48,14 @@ class Decoder(nn.Module):
         self.apply(_init_weights)
         self.embed_scale = (math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0) * cfg.embedding_multiplier
         self.sliding_layers = frozenset(cfg.sliding_layers)
+        self.fused: FusedDecode | None = None  # one-token steps in one C++ call (`fuse_decode`)
+
+    def fuse_decode(self) -> bool:
+        """Run one-token decode steps through every layer in one C++ call from now on, where the layers' layout
+        allows (`model.fused_decode`); inference only, after the weights are in their final form (quantized,
+        packed). Returns whether it does."""
+        self.fused = FusedDecode.build(self)
+        return self.fused is not None
 
     # ----------------------------------------------------------------------------------------------
     def _embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Rotary | None, Rotary | None]:
@@ -185,6 +194,10 @@ class Decoder(nn.Module):
         covers every position saves work on CPU). Returns logits (B, V)."""
         kv_len = kv_len or cache.max_len
         positions = positions[:, None]
+        if self.fused is not None and tokens.device.type == "cpu" and self.blocks[0].attn.backend == "cpu-decode":
+            x, rotary, local_rotary = self._embed(tokens[:, None], positions)
+            hidden = self.fused.run(x[:, 0], cache, cache.view(slots, positions, kv_len), rotary, local_rotary)
+            return self.logits(self.norm_f(hidden))
         mask = None if _attends_to_all(positions, kv_len) else causal_mask(positions, kv_len)
         hidden, _ = self._run(
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len

@@ -109,7 +109,7 @@ class ModelRegistry:
         self._check_memory(name, path, device)
         loaded = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                  int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
-                                 pack_weights=True)
+                                 pack_weights=True, fused_layers=s.fused_layers)
         served_class = tasks.served_class(loaded.task)
         extra = {}
         if served_class.drafts and s.draft_model:
@@ -130,7 +130,7 @@ class ModelRegistry:
         path = hub.checkpoint_dir(s.draft_model)
         draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                 int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
-                                pack_weights=True)
+                                pack_weights=True, fused_layers=s.fused_layers)
         if draft.task != task:
             raise ValueError(f"--draft-model {s.draft_model}: a {draft.task} model, not a {task} model")
         log.info("draft model loaded", extra={"path": str(path), "parameters": draft.num_parameters()})

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
         "kernel builds, else sdpa)")
     cuda_graphs: bool = Field(
         True, description="on CUDA, replay LM decode steps from CUDA graphs captured per batch-size bucket")
+    fused_layers: bool = Field(
+        True, description="on the CPU, run a language model's one-token decode steps through all its layers in one "
+        "C++ call (float32, Q8_0 / Q4_0 weights; layouts it does not compute keep their layers)")
     compile: bool = Field(False, description="compile the LM decode step with torch.compile (slower start-up)")
     async_scheduling: Literal["auto", "on", "off"] = Field(
         "auto", description="language models and greedy translation: launch each decode step before reading the "

@@ -18,6 +18,8 @@ built (no compiler) a warning says why and the PyTorch paths serve instead.
 - `block_quant.cpp`: linear layers on llama.cpp's Q8_0 / Q4_0 blocks (`model.block_quant`, `--quantize q8_0` /
   `q4_0`), AVX-512 VNNI and AVX2 paths compiled for their own instruction sets (function attributes) and chosen at
   run time; only on x86-64 (`block_isas()` is empty elsewhere).
+- `decode_layers.cpp`: a language model's one-token decode step through every layer in one call
+  (`model.fused_decode`): the products on the layers' own kernels, everything between them in loops over the rows.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from torch import Tensor
 log = logging.getLogger("tserve.kernels")
 
 _SOURCES = [Path(__file__).with_name(name)
-            for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp", "block_quant.cpp")]
+            for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp", "block_quant.cpp",
+                         "decode_layers.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("int8_row_range.h", "linear_args.h")]
 
 

@@ -1,0 +1,128 @@
+"""A causal language model's one-token decode step through all its layers in one C++ call, on the CPU
+(`tserve/model/kernels/decode_layers.cpp`; `--fused-layers`).
+
+A decode step of a small model on a CPU is mostly dispatch: each layer was ~180 PyTorch operators (norms, splits,
+the rotation, cache writes, views, the activation, residual adds) around its four products, each operator a few
+µs, more than the arithmetic on one row. `FusedDecode` hands the layers' weights to the kernel once, and a step
+is then one call that runs every layer's products on their own kernels (Q8_0 / Q4_0 panels, oneDNN's pre-packed
+float32 weights or `at::linear`) with loops over the rows' vectors in between.
+
+It serves what `Block` computes for the layouts it knows (`FusedDecode.build` says which; anything else keeps the
+modules): pre-norm blocks with LayerNorm or RMSNorm (Gemma's offset), GPT-2's and Llama's MLPs (gated ones
+fused as `MLP.gate_fc1`), q/k norms, rotary positions (partial, local tables for sliding layers, layers
+without), sliding windows, sandwich norms, residual multipliers and attention scales, on float32 weights and the
+cache in float32, with the `cpu-decode` attention backend. Equal to the modules within float32 rounding (a
+norm's sum adds in another order); greedy tokens equal on the tests' models.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, nn
+
+from tserve.model.block_quant import BlockLinear
+from tserve.model.kernels import cpu as cpu_kernels
+from tserve.model.packed_linear import PackedLinear
+
+log = logging.getLogger("tserve.fused")
+
+_ACTIVATIONS = {"swiglu": 0, "gated_gelu_tanh": 1, "gelu": 2, "gelu_tanh": 3, "relu": 4, "silu": 5}
+_DENSE, _PACKED, _Q8, _Q4 = 0, 1, 2, 3
+_NONE = torch.empty(0)
+
+
+def _product(layer: nn.Module) -> tuple[int, int, Tensor, Tensor, Tensor] | None:
+    """(kind, outputs, weight or panels, scales, bias) of a linear layer the kernel runs, else None."""
+    if type(layer) is nn.Linear and layer.weight.dtype == torch.float32:
+        return _DENSE, layer.out_features, layer.weight.detach(), _NONE, _bias(layer.bias)
+    if isinstance(layer, PackedLinear):
+        return _PACKED, layer.out_features, layer.packed_weight, _NONE, _bias(layer.bias)
+    if isinstance(layer, BlockLinear) and layer.isa is not None:
+        return _Q8 if layer.fmt == "q8_0" else _Q4, layer.out_features, layer.codes, layer.scales, _bias(layer.bias)
+    return None
+
+
+def _bias(bias: Tensor | None) -> Tensor:
+    return _NONE if bias is None else bias.detach()
+
+
+def _norm(norm: nn.Module) -> tuple[Tensor, Tensor]:
+    return norm.weight.detach(), _bias(getattr(norm, "bias", None))
+
+
+class FusedDecode:
+    """The kernel's arguments that do not change between steps: every layer's tensors and integers, the config,
+    and the block kernels' instruction set."""
+
+    def __init__(self, tensors: list[Tensor], ints: list[int], config: list[float], isa: str) -> None:
+        self.tensors, self.ints, self.config, self.isa = tensors, ints, config, isa
+
+    @classmethod
+    def build(cls, model: nn.Module) -> FusedDecode | None:
+        """The fused step of `model` (a `model.decoder.Decoder`), or None with the reason logged at debug level:
+        the kernels are not built, or a layer's layout is one the kernel does not compute."""
+        reason = _unfusable(model)
+        if reason is not None:
+            log.debug("decode steps run layer by layer", extra={"why": reason})
+            return None
+        cfg = model.cfg
+        tensors: list[Tensor] = []
+        ints: list[int] = []
+        isas = {m.isa for m in model.modules() if isinstance(m, BlockLinear)}
+        for i, block in enumerate(model.blocks):
+            attn, mlp = block.attn, block.mlp
+            products = [_product(attn.qkv), _product(attn.proj), _product(mlp.gate_fc1 or mlp.fc1), _product(mlp.fc2)]
+            if any(p is None for p in products):
+                return None
+            norm1, norm2 = _norm(block.norm1), _norm(block.norm2)
+            q_norm = attn.q_norm.weight.detach() if attn.q_norm is not None else _NONE
+            k_norm = attn.k_norm.weight.detach() if attn.k_norm is not None else _NONE
+            qkv, o, up, down = products
+            tensors += [*norm1, *qkv[2:], q_norm, k_norm, *o[2:], *norm2, *up[2:], *down[2:],
+                        block.norm1_out.weight.detach() if block.norm1_out is not None else _NONE,
+                        block.norm2_out.weight.detach() if block.norm2_out is not None else _NONE]
+            rotates = cfg.positions == "rope" and attn.rotates
+            ints += [qkv[0], qkv[1], o[0], o[1], up[0], up[1], down[0], down[1], int(rotates),
+                     attn.window or 0]
+        first = model.blocks[0].attn
+        qk_eps = first.q_norm.eps if first.q_norm is not None else 0.0
+        rotary = (cfg.rotary_dim or cfg.d_head) if cfg.positions == "rope" else 0
+        config = [cfg.n_heads, cfg.kv_heads, cfg.d_head, 0, rotary, _ACTIVATIONS[cfg.activation],
+                  float(cfg.norm == "layernorm"), float(cfg.qk_norm), float(cfg.local_rope_base is not None),
+                  cfg.norm_eps, cfg.norm_weight_offset, qk_eps, first.query_scale or 0.0, cfg.residual_multiplier]
+        return cls(tensors, ints, config, next(iter(isas), None) or "avx2")
+
+    def run(self, x: Tensor, cache, view, rotary, local_rotary) -> Tensor:  # noqa: ANN001 - model.kv_cache types
+        """x (B, C): one new token's embeddings per row; the cache and the step's `PagedView`; the rows' rotary
+        tables (`model.attention.Rotary`, or None). -> the last layer's output (B, C)."""
+        config = list(self.config)
+        config[3] = cache.block_size
+        half = lambda r: r.cos.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731
+        sin = lambda r: r.sin.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731
+        return cpu_kernels.extension().decode_layers(
+            x, self.tensors, self.ints, config, self.isa, cache.k, cache.v, view.write, view.row_tables,
+            view.lengths, half(rotary), sin(rotary), half(local_rotary), sin(local_rotary))
+
+
+def _unfusable(model: nn.Module) -> str | None:
+    """Why `model`'s decode step cannot run fused, or None when it can."""
+    cfg = model.cfg
+    if not cpu_kernels.available():
+        return "the CPU kernels are not built"
+    first = next(model.parameters())
+    if first.device.type != "cpu" or first.dtype != torch.float32:
+        return f"{first.dtype} on {first.device} (float32 on the CPU only)"
+    if cfg.norm_placement != "pre" or cfg.n_experts or cfg.attention_softcap is not None:
+        return "post-norm blocks, experts or soft-capped attention"
+    if cfg.sandwich_norms and cfg.norm != "rmsnorm":
+        return "sandwich LayerNorms"
+    if cfg.positions not in ("rope", "learned", "sinusoidal") or cfg.activation not in _ACTIVATIONS:
+        return f"positions {cfg.positions}, activation {cfg.activation}"
+    for block in model.blocks:
+        if block.attn.backend != "cpu-decode" or block.cross_attn is not None:
+            return f"attention backend {block.attn.backend}"
+        if block.mlp.gated and block.mlp.gate_fc1 is None:
+            return "gate and fc1 not fused (`MLP.fuse_gate`)"
+    return None

@@ -1,0 +1,249 @@
+// A language model's one-token decode step through every decoder layer in one call (`model.fused_decode`): the
+// norms, the products, q/k norms, rotary positions, the cache writes, the paged attention, the activation and the
+// residual adds, with no Python between them. A step was ~180 PyTorch operators a layer (each a few µs of
+// dispatch on a CPU, more than the arithmetic of one row); here it is the products, on the layers' own kernels
+// (our Q8_0 / Q4_0 kernels, oneDNN's pre-packed float32 product or `at::linear`), and a few loops over one
+// row's vector in between.
+//
+// The maths is the modules' (`model.layers.Block`, `model.attention.Attention`, `model.norms.RMSNorm`): the
+// same operations in the same order, in float32; reductions (a norm's mean) may add in another order, so results
+// equal the modules' within float32 rounding, not bit for bit.
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
+                           torch::Tensor lengths, int64_t block_size, double scale, int64_t window);
+torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
+                           c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa);
+
+namespace {
+
+// Per layer, `kTensors` tensors in this order (an empty tensor where the layer has none), and `kInts` integers.
+enum Slot {
+  kNorm1W, kNorm1B, kQkvA, kQkvS, kQkvBias, kQNormW, kKNormW, kOA, kOS, kOBias, kNorm2W, kNorm2B,
+  kUpA, kUpS, kUpBias, kDownA, kDownS, kDownBias, kNorm1OutW, kNorm2OutW, kTensors
+};
+// Integers: each product's kind and output width (qkv, o, up, down), whether the layer rotates, its window.
+enum IntSlot { kQkvKind, kQkvN, kOKind, kON, kUpKind, kUpN, kDownKind, kDownN, kRotates, kWindow, kInts };
+// Product kinds: a float32 weight (`at::linear`), oneDNN's pre-packed weight, Q8_0 / Q4_0 panels.
+enum Kind { kDense = 0, kPacked = 1, kQ8 = 2, kQ4 = 3 };
+// Activations (`Config::activation`).
+enum Activation { kSiluGated = 0, kGeluTanhGated = 1, kGelu = 2, kGeluTanh = 3, kRelu = 4, kSilu = 5 };
+
+struct Config {
+  int64_t heads, kv_heads, head_dim, block_size, rotary_dim, activation;
+  bool layer_norm, qk_norm, has_local_rope;
+  double norm_eps, norm_offset, qk_norm_eps, query_scale, residual_multiplier;
+  std::string isa;
+};
+
+Config read_config(const std::vector<double>& c, const std::string& isa) {
+  TORCH_CHECK(c.size() == 14, "decode_layers: 14 config values");
+  return Config{static_cast<int64_t>(c[0]), static_cast<int64_t>(c[1]), static_cast<int64_t>(c[2]),
+                static_cast<int64_t>(c[3]), static_cast<int64_t>(c[4]), static_cast<int64_t>(c[5]),
+                c[6] != 0.0, c[7] != 0.0, c[8] != 0.0, c[9], c[10], c[11], c[12], c[13], isa};
+}
+
+bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
+
+c10::optional<torch::Tensor> maybe(const torch::Tensor& t) {
+  return present(t) ? c10::optional<torch::Tensor>(t) : c10::nullopt;
+}
+
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  // `model.packed_linear.PackedLinear`'s forward: oneDNN's product on the weight it laid out at load.
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack{x, weight, maybe(bias), std::string("none"), c10::List<c10::optional<at::Scalar>>(),
+                                 c10::optional<std::string>()};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// x (M, K) -> (M, N) through one layer's product of `kind`.
+torch::Tensor product(const torch::Tensor& x, int64_t kind, int64_t N, const torch::Tensor& a, const torch::Tensor& s,
+                      const torch::Tensor& bias, const std::string& isa) {
+  if (kind == kDense) return at::linear(x, a, maybe(bias));
+  if (kind == kPacked) return packed_linear(x, a, bias);
+  const int64_t pad = a.size(1) * 32 - x.size(1);  // input features padded to whole blocks (zero weights)
+  const auto rows = pad > 0 ? at::constant_pad_nd(x, {0, pad}) : x;
+  return block_linear(rows.contiguous(), a, s, maybe(bias), N, kind == kQ8 ? 0 : 1, isa);
+}
+
+// `model.norms.RMSNorm` / `nn.LayerNorm` of each row of x (M, C) into out.
+void norm_rows(const float* x, float* out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& weight,
+               const torch::Tensor& bias) {
+  const float* w = weight.data_ptr<float>();
+  const float* b = present(bias) ? bias.data_ptr<float>() : nullptr;
+  const float eps = static_cast<float>(cfg.norm_eps), offset = static_cast<float>(cfg.norm_offset);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * C;
+    float* o = out + m * C;
+    if (cfg.layer_norm) {
+      double sum = 0.0, squares = 0.0;
+      for (int64_t c = 0; c < C; ++c) sum += r[c];
+      const double mean = sum / C;
+      for (int64_t c = 0; c < C; ++c) squares += (r[c] - mean) * (r[c] - mean);
+      const float inv = static_cast<float>(1.0 / std::sqrt(squares / C + cfg.norm_eps));
+      const float mu = static_cast<float>(mean);
+      for (int64_t c = 0; c < C; ++c) o[c] = (r[c] - mu) * inv * w[c] + (b != nullptr ? b[c] : 0.0f);
+    } else {
+      float squares = 0.0f;
+      for (int64_t c = 0; c < C; ++c) squares += r[c] * r[c];
+      const float inv = 1.0f / std::sqrt(squares / static_cast<float>(C) + eps);
+      for (int64_t c = 0; c < C; ++c) o[c] = r[c] * inv * (offset + w[c]);
+    }
+  }
+}
+
+// One head's RMSNorm (q/k norms: Qwen3, Gemma 3), in place.
+void norm_head(float* h, int64_t D, const float* w, float eps, float offset) {
+  float squares = 0.0f;
+  for (int64_t d = 0; d < D; ++d) squares += h[d] * h[d];
+  const float inv = 1.0f / std::sqrt(squares / static_cast<float>(D) + eps);
+  for (int64_t d = 0; d < D; ++d) h[d] = h[d] * inv * (offset + w[d]);
+}
+
+// GPT-NeoX's rotation of a head's first `rotary` channels in place: halves (x1, x2) -> (x1 cos - x2 sin,
+// x1 sin + x2 cos).
+void rotate_head(float* h, int64_t rotary, const float* cos, const float* sin) {
+  const int64_t half = rotary / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = h[i], x2 = h[half + i];
+    h[i] = x1 * cos[i] - x2 * sin[i];
+    h[half + i] = x1 * sin[i] + x2 * cos[i];
+  }
+}
+
+float activate(float x, int64_t kind) {
+  switch (kind) {
+    case kSiluGated:
+    case kSilu:
+      return x / (1.0f + std::exp(-x));
+    case kGeluTanhGated:
+    case kGeluTanh: {
+      const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+      return 0.5f * x * (1.0f + std::tanh(inner));
+    }
+    case kGelu:
+      return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
+    default:
+      return x > 0.0f ? x : 0.0f;
+  }
+}
+
+// A sub-layer's output into the residual stream: out = sandwich norm (Gemma) of out, times the residual multiplier
+// (Granite), added to x in place.
+void add_residual(float* x, torch::Tensor out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& out_norm) {
+  if (present(out_norm)) {
+    auto normed = torch::empty_like(out);
+    Config plain = cfg;
+    plain.layer_norm = false;
+    norm_rows(out.data_ptr<float>(), normed.data_ptr<float>(), M, C, plain, out_norm, torch::Tensor());
+    out = normed;
+  }
+  const float* o = out.data_ptr<float>();
+  const float multiplier = static_cast<float>(cfg.residual_multiplier);
+  for (int64_t i = 0; i < M * C; ++i) x[i] += multiplier == 1.0f ? o[i] : o[i] * multiplier;
+}
+
+}  // namespace
+
+// x (M, C) float32: the embeddings of one new token per row (scaled, positions added). tensors / ints: per layer, as
+// `Slot` / `IntSlot` list them. k_cache, v_cache (layers, positions, kv heads, head dim) float32; write (M,) each
+// row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over; cos / sin
+// (M, rotary / 2) at each row's position (local_cos / local_sin: the sliding layers' own, or empty). Returns the
+// hidden states after the last layer (before the final norm), (M, C).
+torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
+                            const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
+                            torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
+                            torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos, torch::Tensor local_sin) {
+  const Config cfg = read_config(config, isa);
+  const int64_t layers = k_cache.size(0), M = x.size(0), C = x.size(1);
+  const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
+  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors &&
+                  static_cast<int64_t>(ints.size()) == layers * kInts, "decode_layers: tensors / ints per layer");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x: (M, C) float32");
+  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == KV && k_cache.size(3) == D,
+              "k_cache / v_cache: (layers, positions, kv heads, head dim) float32");
+  TORCH_CHECK(write.scalar_type() == torch::kLong && write.numel() == M, "write: (M,) int64");
+  const int64_t positions = k_cache.size(1);
+  write = write.contiguous();
+  const int64_t* at_pos = write.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) TORCH_CHECK(at_pos[m] >= 0 && at_pos[m] < positions, "write position out of range");
+  const int64_t half = cfg.rotary_dim / 2;
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  if (half > 0) TORCH_CHECK(cos.size(0) == M && cos.size(1) == half && sin.sizes() == cos.sizes(), "cos / sin");
+  if (cfg.has_local_rope) {
+    local_cos = local_cos.contiguous();
+    local_sin = local_sin.contiguous();
+    TORCH_CHECK(local_cos.sizes() == cos.sizes() && local_sin.sizes() == cos.sizes(), "local cos / sin");
+  }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const float query_scale = static_cast<float>(cfg.query_scale);
+  auto hidden = x.contiguous().clone();
+  float* h = hidden.data_ptr<float>();
+  auto normed = torch::empty_like(hidden);
+  const int64_t q_width = H * D, kv_width = KV * D;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const torch::Tensor* t = tensors.data() + layer * kTensors;
+    const int64_t* n = ints.data() + layer * kInts;
+    // Attention.
+    norm_rows(h, normed.data_ptr<float>(), M, C, cfg, t[kNorm1W], t[kNorm1B]);
+    auto qkv = product(normed, n[kQkvKind], n[kQkvN], t[kQkvA], t[kQkvS], t[kQkvBias], cfg.isa).contiguous();
+    TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "qkv width");
+    auto q = torch::empty({M, H, D}, x.options());
+    float* kc = k_cache.data_ptr<float>() + layer * positions * kv_width;
+    float* vc = v_cache.data_ptr<float>() + layer * positions * kv_width;
+    const bool local = cfg.has_local_rope && n[kWindow] > 0;
+    const float* cos_rows = half > 0 ? (local ? local_cos : cos).data_ptr<float>() : nullptr;
+    const float* sin_rows = half > 0 ? (local ? local_sin : sin).data_ptr<float>() : nullptr;
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = qkv.data_ptr<float>() + m * (q_width + 2 * kv_width);
+      float* qm = q.data_ptr<float>() + m * q_width;
+      std::copy(row, row + q_width, qm);
+      float* km = kc + at_pos[m] * kv_width;
+      std::copy(row + q_width, row + q_width + kv_width, km);
+      std::copy(row + q_width + kv_width, row + q_width + 2 * kv_width, vc + at_pos[m] * kv_width);
+      for (int64_t j = 0; j < H + KV; ++j) {
+        float* head = j < H ? qm + j * D : km + (j - H) * D;
+        if (cfg.qk_norm) {
+          norm_head(head, D, t[j < H ? kQNormW : kKNormW].data_ptr<float>(), static_cast<float>(cfg.qk_norm_eps),
+                    static_cast<float>(cfg.norm_offset));
+        }
+        if (half > 0 && n[kRotates] != 0) rotate_head(head, cfg.rotary_dim, cos_rows + m * half, sin_rows + m * half);
+        if (j < H && query_scale != 0.0f) {
+          for (int64_t d = 0; d < D; ++d) head[d] *= query_scale;
+        }
+      }
+    }
+    auto k_layer = k_cache.select(0, layer), v_layer = v_cache.select(0, layer);
+    auto attended = paged_decode(q, k_layer, v_layer, tables, lengths, cfg.block_size, scale, n[kWindow]);
+    auto out = product(attended.view({M, q_width}), n[kOKind], n[kON], t[kOA], t[kOS], t[kOBias], cfg.isa);
+    add_residual(h, out.contiguous(), M, C, cfg, t[kNorm1OutW]);
+    // MLP.
+    norm_rows(h, normed.data_ptr<float>(), M, C, cfg, t[kNorm2W], t[kNorm2B]);
+    auto up = product(normed, n[kUpKind], n[kUpN], t[kUpA], t[kUpS], t[kUpBias], cfg.isa).contiguous();
+    const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
+    const int64_t width = gated ? n[kUpN] / 2 : n[kUpN];
+    auto act = torch::empty({M, width}, x.options());
+    for (int64_t m = 0; m < M; ++m) {
+      const float* u = up.data_ptr<float>() + m * n[kUpN];
+      float* a = act.data_ptr<float>() + m * width;
+      if (gated) {  // [gate | fc1] as one product (`MLP.fuse_gate`): act(gate) * fc1
+        for (int64_t i = 0; i < width; ++i) a[i] = activate(u[i], cfg.activation) * u[width + i];
+      } else {
+        for (int64_t i = 0; i < width; ++i) a[i] = activate(u[i], cfg.activation);
+      }
+    }
+    out = product(act, n[kDownKind], n[kDownN], t[kDownA], t[kDownS], t[kDownBias], cfg.isa);
+    add_residual(h, out.contiguous(), M, C, cfg, t[kNorm2OutW]);
+  }
+  return hidden;
+}
