@@ -111,7 +111,7 @@ def test_fused_steps_equal_the_layers_steps(layout, fmt):
         else:
             assert (b - a).abs().max() < 0.15, f"step {step}"
     if fmt not in ("float32", "packed"):
-        close = [((b - a).abs() <= 1e-4 + 1e-4 * a.abs()).float().mean() for a, b in zip(layered, one_call)]
+        close = [((b - a).abs() <= 1e-4 + 1e-4 * a.abs()).float().mean() for a, b in zip(layered, one_call, strict=True)]
         assert sum(close) / len(close) > 0.8
 
 

@@ -71,7 +71,7 @@ class FusedDecode:
         tensors: list[Tensor] = []
         ints: list[int] = []
         isas = {m.isa for m in model.modules() if isinstance(m, BlockLinear)}
-        for i, block in enumerate(model.blocks):
+        for block in model.blocks:
             attn, mlp = block.attn, block.mlp
             products = [_product(attn.qkv), _product(attn.proj), _product(mlp.gate_fc1 or mlp.fc1), _product(mlp.fc2)]
             if any(p is None for p in products):
