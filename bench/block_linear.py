@@ -6,12 +6,17 @@ one: microseconds per call and the rate each reads its weights at, beside this m
     python -m tserve.testing.avx2_only bench/block_linear.py        # held to AVX2 (the block kernels follow)
     python bench/block_linear.py --tiny                            # small shapes (the tests run this)
     python bench/block_linear.py --models --work DIR               # and one request's decode step, whole models
+    python bench/block_linear.py --fused --work DIR                # decode steps layer by layer against fused
 
 Shapes: GPT-2 small's layers and output layer, SmolLM2-135M's MLP and output layer. Weight bytes: int8 1 a
 weight, int4 0.5 + 4 bytes a group of 32 (its PyTorch layout), Q8_0 34 and Q4_0 18 bytes a block of 32.
 `--models`: GPT-2 small and SmolLM2-135M shapes (random weights) loaded as the server loads them in each format;
 a decode step is (t(prompt + new tokens) - t(prompt + 1 token)) / (new - 1) of one greedy request, as
 bench/roofline.py measures it, but the formats' runs taken in turns (best of --repeats each).
+`--fused`: the same steps in float32 (pre-packed), Q8_0 and Q4_0, each layer by layer and through every layer in
+one call (`--fused-layers`, `model.fused_decode`), in turns; and the PyTorch operators a whole decode step dispatches
+(the profiler's count over (prompt + 9 tokens) - (prompt + 1 token), / 8 steps: the layers' and what is outside
+them, the embedding, final norm, output layer, sampling and the runner's bookkeeping, the same in both).
 """
 
 from __future__ import annotations
@@ -67,6 +72,49 @@ def decode_steps_in_turns(directory: Path, prompt: int, new: int, repeats: int) 
     return {fmt: (best[fmt, new] - best[fmt, 1]) / (new - 1) * 1000 for fmt in runs}
 
 
+def fused_against_layers(directory: Path, prompt: int, new: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Per format: ms a decode step and operators a step, layer by layer and fused, runs in turns."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tserve.model import checkpoint
+    from tserve.model.decoding import SamplingParams, generate
+    from tserve.model.decoding.lm_runner import DecoderRunner
+
+    runs, plans, models = {}, {}, {}
+    for fmt in ("float32", "q8_0", "q4_0"):
+        loaded = checkpoint.load(directory, device="cpu", quantize="none" if fmt == "float32" else fmt,
+                                 pack_weights=True, fused_layers=True)
+        assert loaded.model.fused is not None, f"{fmt}: not fused"
+        runner = DecoderRunner(loaded, num_slots=1, cuda_graphs=False)
+        ids = [[(7 * i + 3) % 200 + 10 for i in range(prompt)]]
+        runs[fmt] = lambda tokens, loaded=loaded, runner=runner, ids=ids: generate(
+            loaded, ids, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True), runner=runner)
+        plans[fmt], models[fmt] = loaded.model.fused, loaded.model
+        runs[fmt](new)  # warm-up
+    out: dict[str, dict[str, float]] = {}
+    best = {(fmt, mode, tokens): float("inf") for fmt in runs for mode in ("layers", "fused") for tokens in (new, 1)}
+    for _ in range(repeats):
+        for (fmt, mode, tokens), so_far in best.items():
+            models[fmt].fused = plans[fmt] if mode == "fused" else None
+            start = time.perf_counter()
+            runs[fmt](tokens)
+            best[fmt, mode, tokens] = min(so_far, time.perf_counter() - start)
+    for fmt in runs:
+        row = out.setdefault(fmt, {})
+        for mode in ("layers", "fused"):
+            row[f"{mode}_ms"] = (best[fmt, mode, new] - best[fmt, mode, 1]) / (new - 1) * 1000
+            models[fmt].fused = plans[fmt] if mode == "fused" else None
+            counts = []
+            for tokens in (9, 1):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    runs[fmt](tokens)
+                counts.append(sum(e.count for e in prof.key_averages()))
+            row[f"{mode}_ops"] = (counts[0] - counts[1]) / 8
+            row["layers"] = models[fmt].cfg.n_layers
+        models[fmt].fused = plans[fmt]
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true")
@@ -76,6 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--array-mb", type=int, default=256, help="triad arrays (bench/memory_traffic.py)")
     ap.add_argument("--models", action="store_true", help="also whole models' decode steps")
     ap.add_argument("--only-models", action="store_true", help="whole models' decode steps alone")
+    ap.add_argument("--fused", action="store_true", help="whole models' decode steps, layer by layer and fused")
     ap.add_argument("--work", default=None, help="where the --models checkpoints are made (kept for reruns)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=33)
@@ -96,7 +145,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     triad, _read = bandwidth(args.threads, 8 if args.tiny else args.array_mb, 3 if args.tiny else 5)
     rows = []
     with torch.inference_mode():
-        for k, n in [] if args.only_models else shapes:
+        for k, n in [] if args.only_models or args.fused else shapes:
             linear = nn.Linear(k, n)
             layers = {"int8": Int8Linear(linear, activations), "int4": Int4Linear(linear, 32),
                       "q8_0": BlockLinear(linear, "q8_0"), "q4_0": BlockLinear(linear, "q4_0")}
@@ -111,19 +160,35 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"\nCPU: {cpu_name()} (ATen {torch.backends.cpu.get_cpu_capability()}, block kernels: "
           f"{kernel_isa() or 'PyTorch statement'}), {args.threads} threads; int8 activations {activations}; "
           f"triad {triad:.1f} GB/s\n")
-    print("| in x out | rows | int8 µs | int4 µs | Q8_0 µs | Q4_0 µs | Q8_0 / int8 speed | Q4_0 / int4 speed "
-          "| Q8_0 GB/s | Q4_0 GB/s | Q8_0 of triad |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    if rows:
+        print("| in x out | rows | int8 µs | int4 µs | Q8_0 µs | Q4_0 µs | Q8_0 / int8 speed | Q4_0 / int4 speed "
+              "| Q8_0 GB/s | Q4_0 GB/s | Q8_0 of triad |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, rate = r["us"], r["gb_s"]
         print(f"| {r['shape']} | {r['rows']} | {us['int8']:.0f} | {us['int4']:.0f} | {us['q8_0']:.0f} | "
               f"{us['q4_0']:.0f} | {us['int8'] / us['q8_0']:.2f}x | {us['int4'] / us['q4_0']:.2f}x | "
               f"{rate['q8_0']:.1f} | {rate['q4_0']:.1f} | {rate['q8_0'] / triad:.2f} |")
-    if args.models or args.only_models:
+    if args.models or args.only_models or args.fused:
         from bench.load import make_checkpoint
         from bench.roofline import make_gpt2_small
 
         work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-blocks-"))
         sizes = ["tiny"] if args.tiny else ["gpt2-small", "smollm2-135m"]
+    if args.fused:
+        print(f"\nOne greedy request's decode step, {args.prompt}-token prompt, {args.new - 1} steps, best of "
+              f"{args.repeats}, layer by layer against one call through every layer, runs in turns\n")
+        print("| model | format | layers ms | fused ms | speed-up | operators a step: layers | fused | layers |\n"
+              "|---|---|---|---|---|---|---|---|")
+        for size in sizes:
+            directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
+            result = fused_against_layers(directory, args.prompt, args.new, args.repeats)
+            rows.append({"model": size, "fused": result})
+            for fmt, r in result.items():
+                print(f"| {size} | {fmt} | {r['layers_ms']:.2f} | {r['fused_ms']:.2f} | "
+                      f"{r['layers_ms'] / r['fused_ms']:.2f}x | {r['layers_ops']:.0f} | {r['fused_ops']:.0f} | {r['layers']} |",
+                      flush=True)
+        return rows
+    if args.models or args.only_models:
         print(f"\nOne greedy request's decode step, {args.prompt}-token prompt, {args.new - 1} steps, best of "
               f"{args.repeats}, formats in turns\n")
         print("| model | float32 ms | int8 ms | Q8_0 ms | int4 ms | Q4_0 ms | Q8_0 / int8 speed | Q4_0 / int4 speed "

@@ -221,6 +221,17 @@ def test_block_linear_benchmark_times_every_format(capsys):
     assert "| in x out | rows | int8 µs | int4 µs | Q8_0 µs | Q4_0 µs |" in capsys.readouterr().out
 
 
+@pytest.mark.kernels
+def test_block_linear_benchmark_times_decode_steps_layer_by_layer_and_fused(tmp_path, capsys):
+    rows = bench_script("block_linear").main(["--tiny", "--fused", "--repeats", "1", "--new", "9", "--work",
+                                              str(tmp_path)])
+    result = rows[0]["fused"]
+    assert sorted(result) == ["float32", "q4_0", "q8_0"]
+    for r in result.values():  # one call through the layers dispatches fewer operators than the layers did
+        assert r["layers_ms"] > 0 and r["fused_ms"] > 0 and r["fused_ops"] < r["layers_ops"] - 50
+    assert "| model | format | layers ms | fused ms | speed-up |" in capsys.readouterr().out
+
+
 def test_int8_linear_benchmark_times_every_activation_scheme(capsys):
     table = bench_script("int8_linear").main(["--rows", "1", "4", "--repeats", "1", "--calls", "2"])
     assert len(table) == 2 * 3
