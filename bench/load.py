@@ -40,14 +40,15 @@ SIZES = {  # GPT-2 family shapes
     "small": {"n_layer": 12, "n_embd": 768, "n_head": 12},
 }
 # Llama-family shapes and vocabularies as the published configs have them (random weights; the prompts are
-# tokenized by a small byte-level tokenizer, whose ids all lie inside the real vocabulary).
+# tokenized by a small byte-level tokenizer, whose ids all lie inside the real vocabulary). head_dim is given: the
+# fixture config a shape starts from may set its own (hf-llama: 16), which would otherwise stay.
 FAMILY_SIZES = {
     "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                   num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
                                    max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
                                    rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
     "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                   num_attention_heads=14, num_key_value_heads=2, head_dim=64, vocab_size=151936,
                                    max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     "tiny-llama": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
