@@ -556,6 +556,8 @@ def test_eval_records_int8_figures_beside_the_float32_ones(tiny_vit, tmp_path, m
     assert cli.main(["eval", str(ckpt), "--quantize", "int4"]) == 0
     assert json.loads((ckpt / "metrics.json").read_text())["int4"] == {"limit": None, "group_size": 32,
                                                                        "accuracy": 0.3}
+    assert cli.main(["eval", str(ckpt), "--quantize", "q4_0"]) == 0
+    assert json.loads((ckpt / "metrics.json").read_text())["q4_0"]["group_size"] == 32 and seen[-1] == ("q4_0",)
     evaluate.evaluate_checkpoint(ckpt, device="cpu")
     stored = json.loads((ckpt / "metrics.json").read_text())
     assert stored["accuracy"] == 0.6 and stored["int8_split"]["accuracy"] == 0.5 and stored["int4"]["accuracy"] == 0.3

@@ -60,8 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     e.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     e.add_argument("--no-write", action="store_true", help="print metrics without writing them")
-    e.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
-                   help="int8 / int4: evaluate the quantized model (--quantize int8 / int4); stored beside the "
+    e.add_argument("--quantize", default="none", choices=("none", "int8", "int4", "q8_0", "q4_0"),
+                   help="int8 / int4 / q8_0 / q4_0: evaluate the quantized model (as served with that --quantize; a "
+                        "language model also reports its next-token agreement with float32); stored beside the "
                         "float32 figures")
     e.add_argument("--int8-activations", default="auto", choices=("auto", "full", "split", "7bit", "7bit-weights"),
                    help="with --quantize int8: how activations are quantized (as `tserve serve --int8-activations`); "

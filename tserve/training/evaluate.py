@@ -38,7 +38,7 @@ PROBES = {"en": ["Good morning.", "Where is the station?", "I don't know.", "Tha
 # metrics.json's key for the int8 figures of each kind of activations: 8-bit ones (what a CPU with VNNI or AMX
 # runs) keep the key they always had.
 QUANTIZED_FIGURES = {"full": "int8", "split": "int8_split", "7bit": "int8_7bit", "7bit-weights": "int8_7bit_weights",
-                     "int4": "int4"}
+                     "int4": "int4", "q8_0": "q8_0", "q4_0": "q4_0"}
 LM_PROMPTS = ["The king said", "It is a truth universally acknowledged", "Love is"]
 
 
@@ -255,6 +255,18 @@ def evaluate_loaded(loaded: LoadedModel, path: Path, *, limit: int | None = None
     return {"dataset": dataset, **evaluate_vit(loaded, x, y, inverted=full)}
 
 
+def _lm_agreement(path: Path, quantized: LoadedModel, limit: int | None, data_root: str | None) -> float:
+    """Teacher-forced top-1 agreement of a quantized LM with the float32 model of the same checkpoint on (the first
+    `limit` texts of) its test split, over the positions its perplexity scores."""
+    from tserve.training.lm import strided_top1_agreement, token_stream  # noqa: PLC0415
+
+    reference = load(path, device=quantized.device, dtype="float32")
+    test = data_mod.load_lm_corpus(data_root)["test"]
+    stream = token_stream(quantized.tokenizer, list(test[:limit] if limit else test))
+    context = quantized.model.cfg.max_seq_len
+    return strided_top1_agreement(reference.model, quantized.model, stream, context, context // 2)[0]
+
+
 def evaluate_checkpoint(path: str | Path, *, limit: int | None = None, device: str = "auto",
                         data_root: str | None = None, write: bool = True, quantize: str = "none",
                         int8_activations: str = "auto") -> dict[str, Any]:
@@ -263,16 +275,19 @@ def evaluate_checkpoint(path: str | Path, *, limit: int | None = None, device: s
     `metrics.json` next to the weights and re-render the model card. `quantize="int8"`: the figures of the
     int8 model (`--quantize int8`, activations as `int8_activations` says), stored beside the float32 ones
     under the key `QUANTIZED_FIGURES` gives those activations; `quantize="int4"`: the int4 model's (group size
-    32, the default), under `int4`."""
+    32, the default), under `int4`; `"q8_0"` / `"q4_0"`: llama.cpp's block formats', under their names. A language
+    model's quantized figures include its teacher-forced top-1 agreement with the float32 model."""
     configure_threads()
     path = Path(path)
     loaded = load(path, device=resolve_device(device), dtype="float32", quantize=quantize,
                   int8_activations=int8_activations)
     if quantize != "none":
         metrics = evaluate_loaded(loaded, path, limit=limit, data_root=data_root)
-        scheme = "int4" if quantize == "int4" else resolve_activations(int8_activations)
-        detail = {"group_size": 32} if quantize == "int4" else {"activations": scheme}
+        scheme = quantize if quantize in ("int4", "q8_0", "q4_0") else resolve_activations(int8_activations)
+        detail = {"group_size": 32} if quantize in ("int4", "q8_0", "q4_0") else {"activations": scheme}
         figures = {"limit": limit, **detail, **{k: v for k, v in metrics.items() if k != "samples"}}
+        if task_of(loaded) == "lm":  # the quantized model's next tokens against the float32 model's
+            figures["top1_agreement"] = round(_lm_agreement(path, loaded, limit, data_root), 4)
         if write:
             stored = read_json(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else {}
             write_json(path / METRICS_FILE, stored | {QUANTIZED_FIGURES[scheme]: figures})

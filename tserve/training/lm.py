@@ -168,6 +168,21 @@ def strided_nll(model: Decoder, stream: np.ndarray, context: int, stride: int | 
     return total / max(1, count), count
 
 
+@torch.no_grad()
+def strided_top1_agreement(reference: Decoder, model: Decoder, stream: np.ndarray, context: int,
+                           stride: int | None = None, batch_size: int = 16) -> tuple[float, int]:
+    """Teacher-forced next-token agreement: over the same scored positions as `strided_nll`, the share where
+    `model`'s most likely token is `reference`'s (a quantized model against its float32 weights), and the count."""
+    device = next(reference.parameters()).device
+    inputs, targets = strided_windows(stream, context, stride)
+    same, count = 0, 0
+    for i in range(0, len(inputs), batch_size):
+        inp, scored = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device) != -100
+        same += int((reference(inp).argmax(-1) == model(inp).argmax(-1))[scored].sum())
+        count += int(scored.sum())
+    return same / max(1, count), count
+
+
 def lm_loss(model: Decoder, batch: Tensor, device: torch.device) -> tuple[Tensor, int]:
     batch = batch.to(device, non_blocking=True)
     logits = model(batch[:, :-1])
