@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from tests.helpers.gguf_kquants import K_TYPES, QK_K, quantize_k
+
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3",
          "gemma2": "gemma2", "phi3": "phi3", "granite": "granite"}
 PERMUTED = ("llama", "granite")  # the architectures whose q/k rows llama.cpp's converter reorders
@@ -137,10 +139,13 @@ def _family_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict, rope: dict, local
         w.add_logit_scale(cfg["logits_scaling"])
 
 
-def write_gguf(d: Path, out: Path, family: str, kind: str = "F32", pre: str = "gpt-2") -> Path:
-    """`d` (a save_pretrained directory of `family`) as a GGUF file of `kind` (F32, F16, BF16, Q8_0, Q4_0: the 2-D
-    weights; norms and rope factors stay F32, as llama.cpp keeps them); `pre`: its byte-level BPE's pre-tokenizer
-    name (`tokenizer.ggml.pre`)."""
+def write_gguf(d: Path, out: Path, family: str, kind: str = "F32", pre: str = "gpt-2",
+               types: dict[str, str] | None = None) -> Path:
+    """`d` (a save_pretrained directory of `family`) as a GGUF file of `kind` (F32, F16, BF16, Q8_0, Q4_0, and the
+    K-quants Q4_K, Q5_K, Q6_K: the 2-D weights; norms and rope factors stay F32, as llama.cpp keeps them; a K-quant
+    file's tensors whose rows are not whole super-blocks of 256 Q8_0, as llama.cpp falls back); `pre`: its
+    byte-level BPE's pre-tokenizer name (`tokenizer.ggml.pre`); `types`: GGUF tensor name -> its own kind, as
+    llama.cpp's mixes keep some (the output layer as Q6_K, say)."""
     cfg = json.loads((d / "config.json").read_text())
     arch = ARCHS[family]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -178,8 +183,13 @@ def write_gguf(d: Path, out: Path, family: str, kind: str = "F32", pre: str = "g
             t = permute(t, heads, kv)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1  # Gemma's converter stores its (1 + w) norms' weights as 1 + w
-        if t.ndim == 2 and kind != "F32":
-            w.add_tensor(_gguf_name(name, arch), gguf.quants.quantize(t, TYPES[kind]), raw_dtype=TYPES[kind])
+        stored = (types or {}).get(_gguf_name(name, arch), kind)
+        if stored in K_TYPES and t.ndim == 2 and t.shape[1] % QK_K:
+            stored = "Q8_0"
+        if t.ndim == 2 and stored in K_TYPES:
+            w.add_tensor(_gguf_name(name, arch), quantize_k(t, stored), raw_dtype=gguf.GGMLQuantizationType[stored])
+        elif t.ndim == 2 and stored != "F32":
+            w.add_tensor(_gguf_name(name, arch), gguf.quants.quantize(t, TYPES[stored]), raw_dtype=TYPES[stored])
         else:
             w.add_tensor(_gguf_name(name, arch), t)
     w.write_header_to_file()

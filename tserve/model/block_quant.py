@@ -139,17 +139,26 @@ _CAPABILITIES = {"avx512": ("AVX512",), "avx2": ("AVX2", "AVX512")}  # torch.bac
 class BlockLinear(nn.Module):
     """`nn.Linear`'s forward on Q8_0 or Q4_0 weights (`fmt`), on our kernels' panels where they run (`isa`: the
     path, default `kernel_isa()`; None: the PyTorch reference, on the plain codes). Input features that are not a
-    multiple of 32 are padded with zero weights (and the input with zeros)."""
+    multiple of 32 are padded with zero weights (and the input with zeros). `blocks`: the layer's codes and scales
+    already made (a GGUF file's own, `model.gguf.blocks`), held as they are instead of quantizing its weight."""
 
-    def __init__(self, linear: nn.Linear, fmt: str, isa: str | None = "auto") -> None:
+    def __init__(self, linear: nn.Linear, fmt: str, isa: str | None = "auto",
+                 blocks: tuple[Tensor, Tensor] | None = None) -> None:
         super().__init__()
         if fmt not in FORMATS:
             raise ValueError(f"block format must be one of {FORMATS}, got {fmt!r}")
         self.in_features, self.out_features, self.fmt = linear.in_features, linear.out_features, fmt
         self.isa = kernel_isa() if isa == "auto" else isa
         self._k_pad = -self.in_features % BLOCK
-        weight = F.pad(linear.weight.detach().float(), (0, self._k_pad))
-        codes, scales = (quantize_q8_0 if fmt == "q8_0" else quantize_q4_0)(weight)
+        if blocks is None:
+            weight = F.pad(linear.weight.detach().float(), (0, self._k_pad))
+            codes, scales = (quantize_q8_0 if fmt == "q8_0" else quantize_q4_0)(weight)
+        else:
+            codes, scales = blocks
+            width = self.in_features + self._k_pad
+            if codes.shape != (self.out_features, width) or scales.shape != (self.out_features, width // BLOCK):
+                raise ValueError(f"blocks of shapes {tuple(codes.shape)} and {tuple(scales.shape)} do not fit a "
+                                 f"({self.out_features}, {self.in_features}) layer")
         if self.isa is not None:
             codes, scales = pack_panels(codes, scales, fmt)
         self.register_buffer("codes", codes, persistent=False)  # plain, or the kernel's panels

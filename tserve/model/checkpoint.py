@@ -33,6 +33,7 @@ from tserve.model.attention import resolve_backend
 from tserve.model.config import BlockConfig, DecoderConfig, Seq2SeqConfig
 from tserve.model.decoder import Decoder
 from tserve.model.gguf import GGUFCheckpoint, is_gguf
+from tserve.model.gguf.blocks import FileBlocks
 from tserve.model.gguf.families import CONFIG_TENSORS
 from tserve.model.gguf.header import read_header
 from tserve.model.importers import CheckpointError, GenerationDefaults, WeightSource, importer_for
@@ -41,6 +42,7 @@ from tserve.model.layers import fuse_gated_mlps
 from tserve.model.packed_linear import pack_linears
 from tserve.model.preprocessing import ImagePreprocessing
 from tserve.model.quantize import (
+    BLOCK_FORMATS,
     QUANTIZATIONS,
     quantize_blocks,
     quantize_int4,
@@ -256,9 +258,10 @@ def load(
     (`int4_group_size` weights per scale; float32 on the CPU only); `quantize="q8_0"` / `"q4_0"`: llama.cpp's
     block formats (`model.block_quant`). `pack_weights`: float32
     linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only).
-    `quantize="auto"`: the checkpoint's own, int8 or int4 for a block-quantized GGUF file (`gguf_quantization`),
-    none for every other. `fused_layers`: a language model's one-token decode steps run through all its layers in
-    one C++ call where its layout and weights allow (`model.fused_decode`)."""
+    `quantize="auto"`: the checkpoint's own, the nearest of ours for a block-quantized GGUF file (`gguf_quantization`;
+    with q8_0 / q4_0 a GGUF file's own Q8_0 / Q4_0 blocks are kept as they are), none for every other.
+    `fused_layers`: a language model's one-token decode steps run through all its layers in one C++ call where its
+    layout and weights allow (`model.fused_decode`)."""
     if quantize not in (*QUANTIZATIONS, "auto"):
         raise ValueError(f"quantize must be one of {(*QUANTIZATIONS, 'auto')}, got {quantize!r}")
     path = Path(path)
@@ -290,7 +293,12 @@ def load(
         quantize_int4(loaded.model, int4_group_size)
         loaded.quantization = "int4"
     elif quantize in ("q8_0", "q4_0"):  # llama.cpp's blocks of 32 (model.block_quant)
-        quantize_blocks(loaded.model, quantize)
+        # A GGUF file's own Q8_0 / Q4_0 blocks as they are (model.gguf.blocks); every other layer quantized.
+        given = None if gguf_file is None else \
+            FileBlocks(gguf_file.weights, importer_for(raw, path)[0], loaded.config, loaded.model)
+        quantize_blocks(loaded.model, quantize, given)
+        if given is not None:
+            given.report(path, quantize, dict(gguf_file.weights.weight_types()))
         loaded.quantization = quantize
     elif pack_weights:
         pack_linears(loaded.model)
@@ -318,17 +326,19 @@ def _config_json(path: Path) -> dict[str, Any]:
 
 
 def gguf_quantization(gguf_file: GGUFCheckpoint, device: torch.device, dtype: torch.dtype) -> str:
-    """quantize="auto" for a GGUF file: tserve's format nearest its block quantization, on a float32 CPU model
-    (int8 / int4 layers are CPU-only); logged, since the file's blocks are dequantized and quantized again."""
+    """quantize="auto" for a GGUF file: tserve's format nearest its block quantization (`tensors.NEAREST_QUANTIZATION`:
+    Q8_0 / Q4_0 on their own blocks, q8_0 / q4_0; K-quants and the rest dequantized and quantized again as int8 /
+    int4), on a float32 CPU model (those layers are CPU-only; elsewhere the dequantized floats); logged."""
     types = dict(gguf_file.weights.weight_types())
     nearest = gguf_file.weights.nearest_quantization()
     served = nearest if device.type == "cpu" and dtype == torch.float32 else "none"
-    if nearest != "none":
-        log.info("GGUF block-quantized weights dequantized and quantized again in tserve's format (llama.cpp's "
-                 "block kernels are not used)",
+    if nearest not in ("none", *BLOCK_FORMATS):
+        log.info("GGUF block-quantized weights dequantized and quantized again in tserve's format",
+                 extra={"path": str(gguf_file.path), "gguf_types": types, "nearest": nearest, "quantization": served})
+    if served != nearest:
+        log.info("GGUF block-quantized weights dequantized to floats",
                  extra={"path": str(gguf_file.path), "gguf_types": types, "nearest": nearest, "quantization": served,
-                        **({} if served == nearest else {"why": f"int8 / int4 layers need float32 on the CPU, "
-                                                                f"not {dtype} on {device}"})})
+                        "why": f"{nearest} layers need float32 on the CPU, not {dtype} on {device}"})
     return served
 
 

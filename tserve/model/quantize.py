@@ -324,11 +324,23 @@ def quantize_int4(model: nn.Module, group_size: int = 32) -> nn.Module:
     return _replace_linears(model, lambda linear: Int4Linear(linear, group_size))
 
 
-def quantize_blocks(model: nn.Module, fmt: str) -> nn.Module:
+# A layer's own codes, scales and format where they are already made (a GGUF file's blocks), else None.
+GivenBlocks = Callable[[nn.Linear], "tuple[Tensor, Tensor, str] | None"]
+
+
+def quantize_blocks(model: nn.Module, fmt: str, given: GivenBlocks | None = None) -> nn.Module:
     """Replace every `nn.Linear` of a float32 CPU `model` (the output layer too) with a `BlockLinear` of `fmt`
-    (`q8_0` or `q4_0`) in place; returns it."""
+    (`q8_0` or `q4_0`) in place; returns it. `given`: a layer's blocks as they are where it has them (of either
+    format), quantized from its weight where it answers None."""
     _check_cpu_float32(model, fmt)
-    return _replace_linears(model, lambda linear: BlockLinear(linear, fmt))
+
+    def block_linear(linear: nn.Linear) -> BlockLinear:
+        blocks = given(linear) if given is not None else None
+        if blocks is None:
+            return BlockLinear(linear, fmt)
+        return BlockLinear(linear, blocks[2], blocks=blocks[:2])
+
+    return _replace_linears(model, block_linear)
 
 
 def is_int8_linear(module: nn.Module) -> bool:

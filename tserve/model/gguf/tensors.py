@@ -1,7 +1,10 @@
 """A GGUF file's tensors as float tensors, one at a time: F32 / F16 / BF16 as they are, Q8_0 and Q4_0 blocks
 dequantized here (PyTorch: the two formats every GGUF release ships), every other block format (K-quants
-Q2_K..Q6_K, Q4_1, Q5_0, Q5_1, ...) by the `gguf` library's numpy dequantizers. The loader then quantizes the
-linear layers again in tserve's own formats where asked (`model.checkpoint.load`, quantize="auto")."""
+Q2_K..Q6_K, Q4_1, Q5_0, Q5_1, ...) by the `gguf` library's numpy dequantizers. The model is filled with those
+floats; then, with quantize="auto" (`model.checkpoint.load`), its linear layers take the nearest of tserve's
+formats (`NEAREST_QUANTIZATION`): Q8_0 and Q4_0 layers are served on the file's own blocks, codes and float16
+scales as stored (`GGUFWeights.rows` / `block_rows`, assembled per layer by `gguf.blocks`), K-quants and the rest
+are quantized again from the floats."""
 
 from __future__ import annotations
 
@@ -19,13 +22,17 @@ from tserve.model.importers.base import CheckpointError
 Q = GGMLQuantizationType
 FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 QK = 32  # weights per Q8_0 / Q4_0 block
-# Which of tserve's formats serves a file whose linear weights are mostly of a type: the nearest one that
-# loses nothing the file kept (5- and 6-bit weights into int8, not int4).
+# Which of tserve's formats serves a file whose linear weights are mostly of a type: llama.cpp's own blocks for
+# Q8_0 and Q4_0 (`model.block_quant`: the file's blocks as they are), else the nearest one that loses nothing the
+# file kept (5- and 6-bit weights into int8, not int4).
 NEAREST_QUANTIZATION = {
     Q.F32: "none", Q.F16: "none", Q.BF16: "none",
-    Q.Q8_0: "int8", Q.Q6_K: "int8", Q.Q5_K: "int8", Q.Q5_0: "int8", Q.Q5_1: "int8",
-    Q.Q4_0: "int4", Q.Q4_1: "int4", Q.Q4_K: "int4", Q.Q3_K: "int4", Q.Q2_K: "int4",
+    Q.Q8_0: "q8_0", Q.Q4_0: "q4_0",
+    Q.Q6_K: "int8", Q.Q5_K: "int8", Q.Q5_0: "int8", Q.Q5_1: "int8",
+    Q.Q4_1: "int4", Q.Q4_K: "int4", Q.Q3_K: "int4", Q.Q2_K: "int4",
 }
+BLOCK_FORMATS = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_0"}  # the GGUF types `model.block_quant`'s layers hold as they are
+_ROW_BITS = 32  # `GGUFWeights.rows`: a row's id is (tensor number << 32) + row
 
 
 def dequantize_q8_0(blocks: Tensor) -> Tensor:
@@ -42,6 +49,27 @@ def dequantize_q4_0(blocks: Tensor) -> Tensor:
     packed = blocks[:, 2:].to(torch.int16)  # (n, 16)
     q = torch.cat([packed & 0x0F, packed >> 4], dim=1) - 8  # (n, 32)
     return d * q.float()
+
+
+def q8_0_codes(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """(n, 34) uint8 Q8_0 blocks -> codes (n, 32) int8 and scales (n,) float16, as stored."""
+    return blocks[:, 2:].contiguous().view(torch.int8), blocks[:, :2].contiguous().view(torch.float16)[:, 0]
+
+
+def q4_0_codes(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """(n, 18) uint8 Q4_0 blocks -> codes (n, 32) uint8 0..15 (weight = (code - 8) x scale, `model.block_quant`'s
+    convention: the stored nibble itself) and scales (n,) float16; low nibbles are weights 0..15, high 16..31."""
+    packed = blocks[:, 2:]
+    return torch.cat([packed & 0x0F, packed >> 4], dim=1), blocks[:, :2].contiguous().view(torch.float16)[:, 0]
+
+
+def to_blocks(raw: np.ndarray, info: TensorInfo) -> tuple[Tensor, Tensor]:
+    """A Q8_0 / Q4_0 (rows, K) tensor's codes (rows, K) and float16 scales (rows, K / 32), as the file has them."""
+    rows, k = int(np.prod(info.shape[1:])), info.shape[0]
+    data = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True))
+    split = q8_0_codes if info.kind == Q.Q8_0 else q4_0_codes
+    codes, scales = split(data.reshape(-1, 2 + (QK if info.kind == Q.Q8_0 else QK // 2)))
+    return codes.reshape(rows, k), scales.reshape(rows, k // QK)
 
 
 def to_float(raw: np.ndarray, info: TensorInfo) -> Tensor:
@@ -76,6 +104,8 @@ class GGUFWeights:
         self._n_heads = (0, 0)  # query and kv heads (`set_heads`)
         self._where: dict[str, TensorInfo] = {}
         self._fused_part: dict[str, int] = {}  # q_proj / k_proj / v_proj name -> its place in a fused attn_qkv
+        self._number = {name: n for n, name in enumerate(header.tensors)}  # `rows`' ids
+        self._by_number = list(header.tensors.values())
         for name, info in header.tensors.items():
             if (hf := hf_name(name, family)) is not None:
                 self._where[hf] = info
@@ -109,7 +139,14 @@ class GGUFWeights:
 
     def __getitem__(self, name: str) -> Tensor:
         info = self._where[name]  # KeyError: the loader names the file and the tensor
-        tensor = to_float(self.raw(info), info)
+        tensor = self._arranged(name, to_float(self.raw(info), info))
+        if self._family.norm_shift and name.endswith("norm.weight"):
+            tensor = tensor - self._family.norm_shift
+        return tensor
+
+    def _arranged(self, name: str, tensor: Tensor) -> Tensor:
+        """A stored tensor's rows as the Hugging Face tensor `name` has them (of any columns: the same for its
+        float weights and for its `rows`)."""
         if name in self._fused_part:  # rows: q of every head, then k and v of every kv head
             heads, kv = self._n_heads
             head_dim = tensor.shape[0] // (heads + 2 * kv)
@@ -117,9 +154,33 @@ class GGUFWeights:
         projection = name.split(".")[-2]
         if projection in self._heads:
             tensor = unpermute_qk(tensor, self._heads[projection])
-        if self._family.norm_shift and name.endswith("norm.weight"):
-            tensor = tensor - self._family.norm_shift
         return tensor
+
+    def rows(self, name: str) -> Tensor:
+        """Where each row of the tensor `name` (as `self[name]` gives it) is stored: (rows, 1) float64 ids, the
+        stored tensor's number << 32 plus its row. An importer that only moves rows (concatenates, splits) moves
+        these as it moves the weights, so its output says which stored rows a layer of ours is made of."""
+        info = self._where[name]
+        stored_rows = int(np.prod(info.shape[1:]))
+        ids = torch.arange(stored_rows, dtype=torch.float64) + float(self._number[info.name] << _ROW_BITS)
+        return self._arranged(name, ids.unsqueeze(1))
+
+    def block_rows(self, ids: Tensor) -> tuple[Tensor, Tensor, str] | None:
+        """The stored Q8_0 / Q4_0 codes and float16 scales of the rows `ids` (from `rows`), in that order, and their
+        format (`model.block_quant`'s name); None unless every row is of the same one of those two types and width."""
+        ids = ids.reshape(-1).long()
+        numbers = ids >> _ROW_BITS
+        infos = [self._by_number[int(n)] for n in numbers.unique()]
+        if len({(i.kind, i.shape[0]) for i in infos}) != 1 or infos[0].kind not in BLOCK_FORMATS:
+            return None
+        codes = torch.empty(len(ids), infos[0].shape[0], dtype=torch.int8 if infos[0].kind == Q.Q8_0 else torch.uint8)
+        scales = torch.empty(len(ids), infos[0].shape[0] // QK, dtype=torch.float16)
+        for info in infos:  # each stored tensor read once
+            where = (numbers == self._number[info.name]).nonzero().squeeze(1)
+            stored_codes, stored_scales = to_blocks(self.raw(info), info)
+            rows = ids[where] & ((1 << _ROW_BITS) - 1)
+            codes[where], scales[where] = stored_codes[rows], stored_scales[rows]
+        return codes, scales, BLOCK_FORMATS[infos[0].kind]
 
     def get(self, name: str) -> Tensor | None:
         return self[name] if name in self else None
