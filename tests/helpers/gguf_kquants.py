@@ -1,11 +1,17 @@
 """K-quant blocks (Q4_K, Q5_K, Q6_K) for the tests' GGUF files, which the `gguf` library reads but cannot write:
 laid out as its dequantizers (gguf-py's quants.py) read them, each row in super-blocks of 256 weights. The
 codes are plain rounding against each sub-block's scale (llama.cpp's quantizer searches for better scales; the
-layout, which is what a reader must get right, is the same)."""
+layout, which is what a reader must get right, is the same); and a Llama-layout fixture widened to rows of 256
+(`widened_llama`), the same model, for K-quant files of it."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 QK_K = 256
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
@@ -79,3 +85,33 @@ def quantize_k(weights: np.ndarray, kind: str) -> np.ndarray:
     rows, k = weights.shape
     assert k % QK_K == 0, f"{kind} needs rows of whole super-blocks of {QK_K}, got {k}"
     return _QUANTIZERS[kind](weights.astype(np.float32).reshape(-1, QK_K)).reshape(rows, -1)
+
+
+def widened_llama(d: Path, out: Path, width: int = QK_K) -> Path:
+    """The Llama-layout checkpoint `d` with its hidden and MLP widths padded with zeros to `width`, the same model
+    (logits equal): rows of whole K-quant super-blocks for every layer but the attention output (its inputs are the
+    heads'). The residual stream's new features stay zero; RMSNorm's mean over 4x the features is a quarter, so
+    the norms' weights are halved and eps quartered (for `width` 4x the hidden size)."""
+    cfg = json.loads((d / "config.json").read_text())
+    hidden, ffn = cfg["hidden_size"], cfg["intermediate_size"]
+    ratio = width / hidden
+    shutil.copytree(d, out, dirs_exist_ok=True)
+    tensors = {}
+    for name, t in load_file(str(d / "model.safetensors")).items():
+        if name.endswith("norm.weight"):
+            t = np.pad(t / np.sqrt(ratio).astype(t.dtype), (0, width - hidden))
+        elif name.endswith(("embed_tokens.weight", "lm_head.weight", "q_proj.weight", "k_proj.weight",
+                            "v_proj.weight")):
+            t = np.pad(t, ((0, 0), (0, width - hidden)))
+        elif name.endswith("o_proj.weight"):
+            t = np.pad(t, ((0, width - hidden), (0, 0)))
+        elif name.endswith(("gate_proj.weight", "up_proj.weight")):
+            t = np.pad(t, ((0, width - ffn), (0, width - hidden)))
+        elif name.endswith("down_proj.weight"):
+            t = np.pad(t, ((0, width - hidden), (0, width - ffn)))
+        tensors[name] = np.ascontiguousarray(t)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg |= {"hidden_size": width, "intermediate_size": width, "rms_norm_eps": cfg["rms_norm_eps"] / ratio,
+            "head_dim": cfg.get("head_dim") or hidden // cfg["num_attention_heads"]}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out

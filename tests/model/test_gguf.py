@@ -176,16 +176,16 @@ def _agreement(original, quantized, text: str) -> float:
     return (_logits(quantized, ids).argmax(-1) == _logits(original, ids).argmax(-1)).float().mean().item()
 
 
-@pytest.mark.parametrize(("kind", "served", "floor"), [("Q8_0", "int8", 0.95), ("Q4_0", "int4", 0.85)])
+@pytest.mark.parametrize(("kind", "served", "floor"), [("Q8_0", "q8_0", 0.95), ("Q4_0", "q4_0", 0.85)])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_block_quantized_files_are_served_in_our_formats(family, kind, served, floor, gguf_files, loaded_originals,
                                                          caplog):
-    """Q8_0 / Q4_0 blocks dequantized, then (quantize="auto", the default) the linear layers quantized again as
-    int8 / int4, which the log says; teacher-forced next tokens agree with the float model's."""
+    """Q8_0 / Q4_0 files (quantize="auto", the default) served on llama.cpp's blocks, q8_0 / q4_0, which the log
+    says (the blocks' own codes: test_gguf_blocks); teacher-forced next tokens agree with the float model's."""
     with caplog.at_level(logging.INFO, logger="tserve.model.checkpoint"):
         gguf = checkpoint.load(gguf_files[family][kind], quantize="auto")
     assert gguf.quantization == served
-    said = [r for r in caplog.records if "GGUF block-quantized" in r.getMessage()]
+    said = [r for r in caplog.records if "blocks served as they are" in r.getMessage()]
     assert said and said[0].quantization == served and kind in said[0].gguf_types
     assert _agreement(loaded_originals[family], gguf, CYCLE_TEXT) >= floor
     # `--quantize none`: the dequantized floats themselves, as close.
@@ -200,7 +200,7 @@ def test_an_explicit_quantization_wins_and_auto_keeps_floats_where_ours_cannot_r
         bf16 = checkpoint.load(file, dtype="bfloat16", quantize="auto")
     assert (bf16.quantization, bf16.dtype) == ("none", torch.bfloat16)
     said = next(r for r in caplog.records if "GGUF block-quantized" in r.getMessage())
-    assert said.nearest == "int8" and said.quantization == "none" and "float32 on the CPU" in said.why
+    assert said.nearest == "q8_0" and said.quantization == "none" and "float32 on the CPU" in said.why
     assert checkpoint.load(gguf_files["qwen2"]["F32"], quantize="auto").quantization == "none"
 
 

@@ -16,10 +16,12 @@ import torch
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
 from tests.helpers.gguf_files import write_gguf
-from tests.model.test_gguf import _agreement
+from tests.helpers.gguf_kquants import widened_llama
+from tests.model.test_gguf import _agreement, _logits
 from tserve.model import checkpoint
-from tserve.model.block_quant import BlockLinear, reference_linear
+from tserve.model.block_quant import BlockLinear, quantize_q8_0, reference_linear
 from tserve.model.gguf.families import unpermute_qk
+from tserve.model.gguf.tensors import NEAREST_QUANTIZATION
 
 FAMILIES = ("llama", "qwen2", "phi3")  # q/k rows permuted; an output layer tied to the embedding; q|k|v and gate|up
 FLOORS = {"Q8_0": 0.95, "Q4_0": 0.85}  # teacher-forced next tokens equal to the float model's (test_gguf's floors)
@@ -47,18 +49,19 @@ def served(originals, tmp_path_factory):
     return out
 
 
-def _load_logged(file, **options):
+def _load_logged(file, said="blocks served as they are"):
+    """The model quantize="auto" serves from `file`, and the first checkpoint log record that `said` (None: none)."""
     handler = _Records()
     logger = logging.getLogger("tserve.model.checkpoint")
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)
     try:
-        loaded = checkpoint.load(file, quantize="auto", **options)
+        loaded = checkpoint.load(file, quantize="auto")
     finally:
         logger.removeHandler(handler)
-        logger.level = level
-    said = [r for r in handler.records if "blocks served as they are" in r.getMessage()]
-    return loaded, said[0] if said else None
+        logger.setLevel(level)
+    return loaded, next((r for r in handler.records if said in r.getMessage()), None)
 
 
 class _Records(logging.Handler):
@@ -174,3 +177,53 @@ def test_an_explicit_int8_still_requantizes_a_q8_0_file(served, floats):
     explicit = checkpoint.load(served["qwen2", "Q8_0"][0], quantize="int8")
     assert explicit.quantization == "int8" and not _block_layers(explicit)
     assert _agreement(floats["qwen2"], explicit, CYCLE_TEXT) >= FLOORS["Q8_0"]
+
+
+def _halve_q8_0_codes(file) -> None:
+    """Every Q8_0 block of the file rewritten in place as a quantizer with an importance matrix leaves some: codes
+    halved (rounded down), the scale doubled (exact in float16): the largest code about 63, not 127."""
+    for t in gguf.GGUFReader(file, "r+").tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+            blocks = t.data.reshape(-1, 34)
+            scales = blocks[:, :2].view(np.float16)
+            scales[:] = scales * np.float16(2)
+            codes = blocks[:, 2:].view(np.int8)
+            codes[:] = codes >> 1
+
+
+def test_blocks_a_requantization_would_not_give_back_are_kept(originals, floats, tmp_path):
+    """Blocks whose scale is not their largest weight / 127: quantizing their dequantized weights again gives other
+    codes and scales, so only a layer that holds the file's blocks as they are passes."""
+    file = write_gguf(originals["llama"], tmp_path / "halved.gguf", "llama", "Q8_0")
+    _halve_q8_0_codes(file)
+    loaded, said = _load_logged(file)
+    want = expected_layers(file, "llama", loaded.config)
+    for name, layer in _block_layers(loaded).items():
+        codes, scales, _ = want[name]
+        assert torch.equal(layer.plain()[0], codes) and torch.equal(layer.plain()[1], scales), name
+        assert not torch.equal(quantize_q8_0(layer.dequantized_weight())[0], codes), name  # what a round trip gives
+    assert said.layers_requantized == []
+    assert _agreement(floats["llama"], loaded, CYCLE_TEXT) >= FLOORS["Q8_0"]
+
+
+@pytest.fixture(scope="module")
+def widened(originals, tmp_path_factory):
+    """The tiny Llama widened to rows of 256 (K-quants' super-blocks), the same model."""
+    return widened_llama(originals["llama"], tmp_path_factory.mktemp("gguf-k") / "llama-256")
+
+
+@pytest.mark.parametrize(("kind", "floor"), [("Q4_K", 0.9), ("Q5_K", 0.95), ("Q6_K", 0.95)])
+def test_k_quant_files_are_served_in_the_nearest_format(kind, floor, widened, floats, tmp_path):
+    """A K-quant file (its attention output, of 64 inputs, Q8_0 as llama.cpp falls back) is dequantized by the
+    `gguf` library and served as the nearest of tserve's formats (Q4_K int4, Q5_K / Q6_K int8), which the log
+    says; its teacher-forced next tokens agree with the float original's (measured: Q4_K 98%, Q5_K 100%, Q6_K 99%
+    of the tiny Llama's)."""
+    original = floats["llama"]
+    ids = original.tokenizer.encode(CYCLE_TEXT)[: original.config.max_seq_len]
+    torch.testing.assert_close(_logits(checkpoint.load(widened), ids), _logits(original, ids), rtol=0, atol=0)
+    file = write_gguf(widened, tmp_path / f"{kind}.gguf", "llama", kind)
+    loaded, said = _load_logged(file, "quantized again in tserve's format")
+    nearest = NEAREST_QUANTIZATION[gguf.GGMLQuantizationType[kind]]
+    assert loaded.quantization == nearest == ("int4" if kind == "Q4_K" else "int8")
+    assert said.nearest == nearest and said.gguf_types[kind] > said.gguf_types["Q8_0"] > 0
+    assert _agreement(original, loaded, CYCLE_TEXT) >= floor
