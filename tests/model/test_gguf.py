@@ -117,13 +117,22 @@ RELEASED_PRE_TOKENIZERS = {  # name: (normalizer, pre-tokenizers, ignore_merges)
     "smollm": (None, [{"type": "Digits", "individual_digits": True}, _BYTES | {"use_regex": True}], False),
 }
 RELEASED_PRE_TOKENIZERS["refact"] = RELEASED_PRE_TOKENIZERS["smollm"]  # StarCoder's tokenizer.json, as SmolLM's
+# tiktoken's o200k_base `pat_str` (tiktoken_ext/openai_public.py), as it builds it: Phi-4-mini's tokenizer.json splits
+# with it, then maps bytes (no normalizer; merges applied to every word).
+_O200K = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
+])
+RELEASED_PRE_TOKENIZERS["gpt-4o"] = (None, [_SPLIT | {"pattern": {"Regex": _O200K}}, _BYTES], False)
 
 
 @pytest.mark.parametrize("pre", sorted(RELEASED_PRE_TOKENIZERS))
 def test_named_pre_tokenizers_split_as_the_released_tokenizers(pre, originals, tmp_path):
-    """`tokenizer.ggml.pre` llama-bpe / qwen2 / smollm: the tiny vocabulary behind the pre-tokenizer (and
-    normalizer, BPE flags) of Llama 3's / Qwen2's / SmolLM's tokenizer.json gives the same ids from its GGUF file (digits split in threes or
-    one by one, contractions, spaces before punctuation, decomposed accents)."""
+    """`tokenizer.ggml.pre` llama-bpe / qwen2 / smollm / gpt-4o: the tiny vocabulary behind the pre-tokenizer (and
+    normalizer, BPE flags) of Llama 3's / Qwen2's / SmolLM's / o200k's (Phi-4-mini's) tokenizer.json gives the same
+    ids from its GGUF file (digits split in threes or one by one, contractions, case runs, CJK, spaces before
+    punctuation, whitespace runs, decomposed accents)."""
     import json
     import shutil
 
@@ -138,7 +147,9 @@ def test_named_pre_tokenizers_split_as_the_released_tokenizers(pre, originals, t
     (d / "tokenizer.json").write_text(json.dumps(tj))
     want = load_tokenizer(d)
     got = checkpoint.load(write_gguf(d, tmp_path / "t.gguf", "qwen2", pre=pre)).tokenizer
-    texts = [*TEXTS, "It's 1234567 o'clock, isn't it?!  ...\n\n  Cafe\u0301 \u00e9t\u00e9 12 345"]
+    texts = [*TEXTS, "It's 1234567 o'clock, isn't it?!  ...\n\n  Cafe\u0301 \u00e9t\u00e9 12 345",
+             "HelloWorld THEY'RE here, I'M SURE; don'T \u4f60\u597d\u4e16\u754c\u3002\u30c6\u30b9\u30c8 "
+             "\ud55c\uad6d\uc5b4 x=1/2 .\n/usr/bin \t\t  \n\n 9876543210"]
     for text in texts:
         assert got.encode(text) == want.encode(text), text
     # The words BPE sees are the released tokenizer's, which the default (GPT-2's) splits otherwise: the

@@ -23,6 +23,12 @@ _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k's (GPT-4o's; Phi-4-mini's tokenizer.json, llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O): a word is an optional
+# non-letter, then upper-case letters and lower-case ones in either order of runs ("HelloWorld" -> "Hello", "World"),
+# its contraction attached; digits in threes; punctuation runs take trailing newlines and slashes.
+_GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _split_then_bytes(regex: str) -> pre_tokenizers.PreTokenizer:
@@ -37,12 +43,14 @@ PRE_TOKENIZERS: dict[str, Any] = {
     "gpt-2": lambda: (None, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
     "llama-bpe": lambda: (None, _split_then_bytes(_LLAMA3_REGEX), True),
     "qwen2": lambda: (normalizers.NFC(), _split_then_bytes(_QWEN2_REGEX), False),
+    "gpt-4o": lambda: (None, _split_then_bytes(_GPT4O_REGEX), False),
     "smollm": lambda: (None, pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                       pre_tokenizers.ByteLevel(add_prefix_space=False)]), False),
 }
 # The names llama.cpp gives the same pre-tokenizers (`llama_vocab::impl::load`).
 PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in ("llama3", "llama-v3", "smaug-bpe")}
 PRE_TOKENIZERS["deepseek-r1-qwen"] = PRE_TOKENIZERS["qwen2"]
+PRE_TOKENIZERS["llama4"] = PRE_TOKENIZERS["gpt-4o"]
 # StarCoder's and Refact's pre-tokenizers are SmolLM's: llama.cpp splits all three alike (digits one by one).
 PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["smollm"] for name in ("starcoder", "refact")}
 # Tokens that end a turn, which llama.cpp ends generation at besides eos (`llama_vocab`'s end-of-generation list).
