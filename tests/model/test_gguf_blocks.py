@@ -15,7 +15,7 @@ import torch
 
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT
-from tests.helpers.gguf_files import write_gguf
+from tests.helpers.gguf_files import llama_cpp_convert, llama_cpp_dir, write_gguf
 from tests.helpers.gguf_kquants import widened_llama
 from tests.model.test_gguf import _agreement, _logits
 from tserve.model import checkpoint
@@ -227,3 +227,22 @@ def test_k_quant_files_are_served_in_the_nearest_format(kind, floor, widened, fl
     assert loaded.quantization == nearest == ("int4" if kind == "Q4_K" else "int8")
     assert said.nearest == nearest and said.gguf_types[kind] > said.gguf_types["Q8_0"] > 0
     assert _agreement(original, loaded, CYCLE_TEXT) >= floor
+
+
+def test_a_fused_attn_qkv_keeps_its_blocks(originals, tmp_path_factory, tmp_path):
+    """llama.cpp's converter with `--fuse-qkv --outtype q8_0`: one Q8_0 `attn_qkv` per layer, its rows q, k, v
+    after the `llama` architecture's q/k reordering; each layer's q|k|v holds those rows split and put back."""
+    root = llama_cpp_dir(tmp_path_factory.mktemp("llama-cpp"))
+    file = llama_cpp_convert(root, originals["llama"], tmp_path / "fused.gguf", "q8_0", "--fuse-qkv")
+    loaded, said = _load_logged(file)
+    cfg, stored = loaded.config, file_blocks(file)
+    assert loaded.quantization == "q8_0" and "blk.0.attn_q.weight" not in stored
+    widths = [cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head]
+    for i in range(cfg.n_layers):
+        want = []
+        for part in stored[f"blk.{i}.attn_qkv.weight"][:2]:  # codes, then scales
+            q, k, v = part.split(widths)
+            want.append(torch.cat([unpermute_qk(q, cfg.n_heads), unpermute_qk(k, cfg.n_kv_heads), v]))
+        got = _block_layers(loaded)[f"blocks.{i}.attn.qkv"].plain()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), i
+    assert said.layers_from_blocks["q8_0"] >= 4 * cfg.n_layers

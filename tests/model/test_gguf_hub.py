@@ -52,7 +52,7 @@ def test_offline_resolves_a_file_or_a_quantization_from_the_cache(hf_env, gguf_r
     assert hub.resolve("org/tiny-qwen2-GGUF:q8_0") == snapshot / "tiny-qwen2-Q8_0.gguf"  # not the projector
     assert hub.resolve("org/tiny-qwen2-GGUF@main:Q4_0") == snapshot / "tiny-qwen2-q4_0.gguf"  # any case
     loaded = checkpoint.load(hub.checkpoint_dir(Path("org/tiny-qwen2-GGUF:Q8_0")), quantize="auto")
-    assert (loaded.source_format, loaded.quantization) == ("gguf-qwen2", "int8")
+    assert (loaded.source_format, loaded.quantization) == ("gguf-qwen2", "q8_0")
     with pytest.raises(CheckpointError, match="0 GGUF files of the repo name 'Q6_K'.*name one"):
         hub.resolve("org/tiny-qwen2-GGUF:Q6_K")
     with pytest.raises(CheckpointError, match="split files are not read"):

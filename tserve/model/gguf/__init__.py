@@ -5,13 +5,16 @@ A file is read as the Hugging Face checkpoint it was converted from, so the fami
 
     header.py     the header walked and checked against the file's size before anything is read or allocated
     families.py   metadata -> config.json's fields, llama.cpp's tensor names -> Hugging Face's, per family
-    tensors.py    tensors dequantized one at a time (F32/F16/BF16, Q8_0, Q4_0 here; K-quants by `gguf`)
+    tensors.py    tensors dequantized one at a time (F32/F16/BF16, Q8_0, Q4_0 here; K-quants by `gguf`), and a
+                  Q8_0 / Q4_0 tensor's rows as the codes and float16 scales it stores
+    blocks.py     which stored rows each linear layer of the built model is made of: its blocks as they are
     tokenizer.py  `tokenizer.ggml.*` -> a `tokenizers.Tokenizer` with the original's ids
 
 The header (metadata and tensor table) is read by `header.read_header`, which checks it against the file; the
-tensor data is mapped, not read, until the loader asks for a tensor. Block-quantized weights are not served as they are: they are dequantized, and with quantize="auto"
-the loader requantizes the linear layers into the nearest of tserve's formats (Q8_0 -> int8, Q4_0 -> int4;
-`tensors.NEAREST_QUANTIZATION`), and says so in the log.
+tensor data is mapped, not read, until the loader asks for a tensor. The model is filled with the dequantized
+floats; with quantize="auto" the loader then serves the linear layers in the nearest of tserve's formats
+(`tensors.NEAREST_QUANTIZATION`): a Q8_0 / Q4_0 file as q8_0 / q4_0, each such layer on the file's own blocks
+(`blocks.FileBlocks`, no requantizing), a K-quant file as int8 / int4 quantized again; the log says which.
 """
 
 from __future__ import annotations
