@@ -84,14 +84,20 @@ class FileBlocks:
     def __call__(self, linear: nn.Linear) -> tuple[Tensor, Tensor, str] | None:
         weight = linear.weight.detach()
         for ids in self._candidates.get(id(linear.weight), []):
-            if len(ids) != weight.size(0) or (found := self._weights.block_rows(ids)) is None:
-                continue
-            codes, scales, fmt = found
-            if codes.size(1) == weight.size(1) and torch.equal(dequantize(codes, scales, fmt), weight.float()):
-                self._served[fmt] += 1
+            # The first row alone first: it tells a fused layer's orders apart without reading the whole layer.
+            if len(ids) == weight.size(0) and self._encode(ids[:1], weight[:1]) and \
+                    (found := self._encode(ids, weight)):
+                self._served[found[2]] += 1
                 return found
-        self._requantized.append(self._names.get(id(linear.weight), "?"))
+        self._requantized.append(self._names[id(linear.weight)])
         return None
+
+    def _encode(self, ids: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, str] | None:
+        """The stored blocks of `ids`, where they are exactly `rows` (the float weights they were dequantized to)."""
+        found = self._weights.block_rows(ids)
+        if found is None or found[0].size(1) != rows.size(1):
+            return None
+        return found if torch.equal(dequantize(*found), rows.float()) else None
 
     def report(self, path: object, fmt: str, types: dict[str, int]) -> None:
         log.info("GGUF Q8_0 / Q4_0 blocks served as they are; the other linear layers quantized from their "

@@ -63,13 +63,14 @@ def q4_0_codes(blocks: Tensor) -> tuple[Tensor, Tensor]:
     return torch.cat([packed & 0x0F, packed >> 4], dim=1), blocks[:, :2].contiguous().view(torch.float16)[:, 0]
 
 
-def to_blocks(raw: np.ndarray, info: TensorInfo) -> tuple[Tensor, Tensor]:
-    """A Q8_0 / Q4_0 (rows, K) tensor's codes (rows, K) and float16 scales (rows, K / 32), as the file has them."""
-    rows, k = int(np.prod(info.shape[1:])), info.shape[0]
-    data = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True))
-    split = q8_0_codes if info.kind == Q.Q8_0 else q4_0_codes
-    codes, scales = split(data.reshape(-1, 2 + (QK if info.kind == Q.Q8_0 else QK // 2)))
-    return codes.reshape(rows, k), scales.reshape(rows, k // QK)
+def to_blocks(rows: np.ndarray, kind: Q) -> tuple[Tensor, Tensor]:
+    """Stored rows of a Q8_0 / Q4_0 tensor, (n, bytes a row) uint8, as their codes (n, K) and float16 scales
+    (n, K / 32), as the file has them."""
+    n = rows.shape[0]
+    data = torch.from_numpy(np.array(rows, dtype=np.uint8, copy=True))
+    split = q8_0_codes if kind == Q.Q8_0 else q4_0_codes
+    codes, scales = split(data.reshape(-1, 2 + (QK if kind == Q.Q8_0 else QK // 2)))
+    return codes.reshape(n, -1), scales.reshape(n, -1)
 
 
 def to_float(raw: np.ndarray, info: TensorInfo) -> Tensor:
@@ -161,9 +162,8 @@ class GGUFWeights:
         stored tensor's number << 32 plus its row. An importer that only moves rows (concatenates, splits) moves
         these as it moves the weights, so its output says which stored rows a layer of ours is made of."""
         info = self._where[name]
-        stored_rows = int(np.prod(info.shape[1:]))
-        ids = torch.arange(stored_rows, dtype=torch.float64) + float(self._number[info.name] << _ROW_BITS)
-        return self._arranged(name, ids.unsqueeze(1))
+        ids = torch.arange(info.shape[-1], dtype=torch.float64) + float(self._number[info.name] << _ROW_BITS)
+        return self._arranged(name, ids.unsqueeze(1))  # (PyTorch's first dimension is GGUF's last)
 
     def block_rows(self, ids: Tensor) -> tuple[Tensor, Tensor, str] | None:
         """The stored Q8_0 / Q4_0 codes and float16 scales of the rows `ids` (from `rows`), in that order, and their
@@ -175,11 +175,11 @@ class GGUFWeights:
             return None
         codes = torch.empty(len(ids), infos[0].shape[0], dtype=torch.int8 if infos[0].kind == Q.Q8_0 else torch.uint8)
         scales = torch.empty(len(ids), infos[0].shape[0] // QK, dtype=torch.float16)
-        for info in infos:  # each stored tensor read once
+        for info in infos:  # only the rows asked for are read from the file
             where = (numbers == self._number[info.name]).nonzero().squeeze(1)
-            stored_codes, stored_scales = to_blocks(self.raw(info), info)
-            rows = ids[where] & ((1 << _ROW_BITS) - 1)
-            codes[where], scales[where] = stored_codes[rows], stored_scales[rows]
+            rows = (ids[where] & ((1 << _ROW_BITS) - 1)).numpy()
+            stored = self.raw(info).reshape(info.shape[-1], -1)[rows]
+            codes[where], scales[where] = to_blocks(stored, info.kind)
         return codes, scales, BLOCK_FORMATS[infos[0].kind]
 
     def get(self, name: str) -> Tensor | None:
