@@ -67,7 +67,7 @@ def to_blocks(rows: np.ndarray, kind: Q) -> tuple[Tensor, Tensor]:
     """Stored rows of a Q8_0 / Q4_0 tensor, (n, bytes a row) uint8, as their codes (n, K) and float16 scales
     (n, K / 32), as the file has them."""
     n = rows.shape[0]
-    data = torch.from_numpy(np.array(rows, dtype=np.uint8, copy=True))
+    data = torch.from_numpy(np.asarray(rows, dtype=np.uint8))
     split = q8_0_codes if kind == Q.Q8_0 else q4_0_codes
     codes, scales = split(data.reshape(-1, 2 + (QK if kind == Q.Q8_0 else QK // 2)))
     return codes.reshape(n, -1), scales.reshape(n, -1)
@@ -173,14 +173,19 @@ class GGUFWeights:
         infos = [self._by_number[int(n)] for n in numbers.unique()]
         if len({(i.kind, i.shape[0]) for i in infos}) != 1 or infos[0].kind not in BLOCK_FORMATS:
             return None
-        codes = torch.empty(len(ids), infos[0].shape[0], dtype=torch.int8 if infos[0].kind == Q.Q8_0 else torch.uint8)
+        fmt, rows = BLOCK_FORMATS[infos[0].kind], ids & ((1 << _ROW_BITS) - 1)
+        if len(infos) == 1:  # only the rows asked for are read from the file (a copy: fancy indexing)
+            return (*to_blocks(self._stored_rows(infos[0])[rows.numpy()], infos[0].kind), fmt)
+        codes = torch.empty(len(ids), infos[0].shape[0], dtype=torch.int8 if fmt == "q8_0" else torch.uint8)
         scales = torch.empty(len(ids), infos[0].shape[0] // QK, dtype=torch.float16)
-        for info in infos:  # only the rows asked for are read from the file
+        for info in infos:
             where = (numbers == self._number[info.name]).nonzero().squeeze(1)
-            rows = (ids[where] & ((1 << _ROW_BITS) - 1)).numpy()
-            stored = self.raw(info).reshape(info.shape[-1], -1)[rows]
-            codes[where], scales[where] = to_blocks(stored, info.kind)
-        return codes, scales, BLOCK_FORMATS[infos[0].kind]
+            codes[where], scales[where] = to_blocks(self._stored_rows(info)[rows[where].numpy()], info.kind)
+        return codes, scales, fmt
+
+    def _stored_rows(self, info: TensorInfo) -> np.ndarray:
+        """A tensor's bytes as its stored rows, (rows, bytes a row), mapped (nothing read yet)."""
+        return self.raw(info).reshape(info.shape[-1], -1)
 
     def get(self, name: str) -> Tensor | None:
         return self[name] if name in self else None
