@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         gc.collect()
         for fmt in ("float32", "int8"):
             loaded = checkpoint.load(directory, device="cpu", quantize=fmt if fmt == "int8" else "none",
-                                     pack_weights=True)
+                                     pack_weights=True, fused_layers=True)
             rows.append(Row(shape, fmt, step_ms(loaded, args.prompt, args.new, args.repeats), hf_ms))
             del loaded
             gc.collect()

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         hf_ms = hf_step_ms(directory, args.prompt, args.new, args.repeats)
         for fmt in args.formats:
             loaded = checkpoint.load(directory, device="cpu", dtype="bfloat16" if fmt == "bfloat16" else "float32",
-                                     quantize="none" if fmt in ("float32", "bfloat16") else fmt, pack_weights=True)
+                                     quantize="none" if fmt in ("float32", "bfloat16") else fmt, pack_weights=True,
+                                     fused_layers=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
             ms = step_ms(loaded, args.prompt, args.new, args.repeats)
             rate = (weights + kv) / (ms / 1000) / 1e9

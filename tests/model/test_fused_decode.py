@@ -12,7 +12,7 @@ import torch
 from tserve.model.config import DecoderConfig
 from tserve.model.decoder import Decoder
 from tserve.model.fused_decode import FusedDecode
-from tserve.model.layers import fuse_gated_mlps
+from tserve.model.layers import fuse_gated_mlps, set_attention_backend
 from tserve.model.packed_linear import PackedLinear, pack_linears
 from tserve.model.quantize import quantize_blocks, quantize_int8
 
@@ -149,3 +149,18 @@ def test_layouts_the_kernel_does_not_compute_keep_the_layers():
     assert FusedDecode.build(sdpa) is None
     assert FusedDecode.build(served("llama", "packed")) is not None
     assert any(isinstance(m, PackedLinear) for m in served("gpt2", "packed").modules())
+
+
+def test_without_the_kernels_the_layers_serve(monkeypatch):
+    """Where the C++ kernels are not built (no compiler): nothing is fused, the layers' steps serve, and the greedy
+    choice is PyTorch's argmax."""
+    from tserve.model.kernels import cpu as cpu_kernels  # noqa: PLC0415
+
+    model = served("llama", "packed")
+    monkeypatch.setattr(cpu_kernels, "extension", lambda: None)
+    assert FusedDecode.build(model) is None
+    model.fuse_decode()
+    set_attention_backend(model, "sdpa")  # what `auto` resolves to there
+    assert model.fused is None and len(steps(model, None, PROMPTS[:1], 2)) == 3
+    x = torch.randn(2, 10)
+    assert torch.equal(cpu_kernels.argmax(x), x.argmax(dim=-1))

@@ -25,6 +25,7 @@ from tserve.model.block_pool import BlockPool
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.cuda_graphs import BucketedDecode, default_buckets
 from tserve.model.decoder import Decoder
+from tserve.model.kernels.cpu import argmax
 from tserve.model.kv_cache import PagedKVCache
 
 
@@ -141,7 +142,7 @@ class DraftModel:
         return self._greedy(logits)
 
     def _greedy(self, logits: Tensor) -> list[int]:
-        return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+        return argmax(logits[:, : self.vocab_size]).tolist()
 
 
 def bucketed_steps(model: Decoder, cache: PagedKVCache, *, max_rows: int, use_graphs: bool) -> BucketedDecode:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from tserve.model.decoding.logits import LogitsPipeline
 from tserve.model.decoding.sampler import draw
+from tserve.model.kernels.cpu import argmax
 
 JUDGED_EVERY = 8  # draft tokens a request proposes between two judgements of its acceptance
 PAUSE_TOKENS = 16  # tokens a request generates without drafting after a judgement found its drafts rejected
@@ -115,7 +116,7 @@ def accept(pipeline: LogitsPipeline, seqs: Sequence[object], drafts: Sequence[li
     scores = logits.reshape(-1, logits.size(-1)).index_select(0, torch.tensor(flat_index, device=dev))
     constrained = pipeline.constrain(scores, rows)
     shaped = pipeline.shape(constrained, rows)
-    greedy_choice = shaped.argmax(dim=-1).tolist()
+    greedy_choice = argmax(shaped).tolist()
     out: list[list[int]] = []
     chosen = list(greedy_choice)
     positions: list[list[int]] = []

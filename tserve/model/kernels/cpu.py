@@ -20,6 +20,8 @@ built (no compiler) a warning says why and the PyTorch paths serve instead.
   run time; only on x86-64 (`block_isas()` is empty elsewhere).
 - `decode_layers.cpp`: a language model's one-token decode step through every layer in one call
   (`model.fused_decode`): the products on the layers' own kernels, everything between them in loops over the rows.
+- `argmax_rows.cpp`: each row's argmax in two vectorised passes (`argmax`), where PyTorch's CPU argmax over a
+  vocabulary took longer than a small model's output layer.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ log = logging.getLogger("tserve.kernels")
 
 _SOURCES = [Path(__file__).with_name(name)
             for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp", "block_quant.cpp",
-                         "decode_layers.cpp")]
+                         "decode_layers.cpp", "argmax_rows.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("int8_row_range.h", "linear_args.h")]
 
 
@@ -119,3 +121,12 @@ def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, 
                            tables, lengths, block_len, 1.0 / math.sqrt(D), window or 0)
     return out.view(B, H, 1, D).to(q.dtype)
 
+
+def argmax(scores: Tensor) -> Tensor:
+    """`scores.argmax(dim=-1)` of (rows, n) scores: our kernel's on float32 CPU tensors where it is built (the same
+    result, the first of equal maxima, the first NaN), PyTorch's elsewhere."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2 and scores.size(1):
+        ext = extension()
+        if ext is not None:
+            return ext.argmax_rows(scores)
+    return scores.argmax(dim=-1)
