@@ -220,7 +220,7 @@ BUGS = [
         'if style == "fairseq":', 'if False:',
         ("tests/model/test_m2m100.py::test_config_and_logits_with_padded_sources",)),
     Bug("forced-target-language-ignored", "tserve/model/decoding/logits.py",
-        "and r.num_generated == 0]", "and r.num_generated == -1]",
+        "is not None and row.num_generated == 0 else None", "is not None and row.num_generated == -1 else None",
         ("tests/model/test_m2m100.py::test_the_forced_code_comes_first_where_the_model_would_choose_another",)),
     Bug("bcp47-region-refused", "tserve/model/language_codes.py",
         '(?:[-_](?P<script>[A-Za-z]{4}))?(?:[-_][A-Za-z0-9]{2,8})*', '(?:[-_](?P<script>[A-Za-z]{4}))?',

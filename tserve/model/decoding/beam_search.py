@@ -2,8 +2,9 @@
 
 The state is independent of how the model is run: each step the caller feeds next-token log-probs of the
 request's `num_beams` rows, already through the constraints of the logits pipeline (banned ids, forced
-eos), and gets back, per new beam, the row it continues (its parent), so that the caller can reorder its
-KV-cache rows. `Seq2SeqRunner` runs many requests' beams in one decoder batch.
+eos), whole (`advance_many`) or as each row's few best tokens (`advance_top`), and gets back, per new
+beam, the row it continues (its parent), so that the caller can reorder its KV-cache rows. `Seq2SeqRunner`
+runs many requests' beams in one decoder batch.
 
 Scoring (as in transformers' vectorised beam search): each step keeps the top 2 * num_beams candidates
 over all beams x vocabulary by accumulated log-probability; candidates that end (eos or length limit)
@@ -41,6 +42,8 @@ class BeamSearch:
     `width` (optional) sizes the hypothesis buffers, so that requests with different `max_new_tokens` can
     be stacked; positions past a hypothesis' length are never read.
     """
+
+    reads_whole_distribution = False  # a step reads each beam's few best tokens only (`advance_top`)
 
     def __init__(self, settings: BeamSettings, start_token_id: int, device: torch.device | str = "cpu",
                  width: int | None = None) -> None:
@@ -86,26 +89,34 @@ class BeamSearch:
         (num_beams,) of each new running beam."""
         return BeamSearch.advance_many([self], log_probs)[0]
 
+    def tokens_per_beam(self, vocab_size: int) -> int:
+        """How many of each beam's best tokens a step reads (`advance_top`)."""
+        return min(2 * self.s.num_beams, vocab_size)
+
     @staticmethod
     def advance_many(searches: Sequence[BeamSearch], log_probs: Tensor) -> Tensor:
         """One step for R requests of one `group_key`: log_probs (R * num_beams, V), the requests' rows in
         order. Returns parents (R, num_beams); each search's state and `done` are updated (one host sync)."""
+        k = searches[0].tokens_per_beam(log_probs.size(-1))
+        return BeamSearch.advance_top(searches, *torch.topk(log_probs.float(), k=k, dim=-1))
+
+    @staticmethod
+    def advance_top(searches: Sequence[BeamSearch], row_scores: Tensor, row_tokens: Tensor) -> Tensor:
+        """`advance_many` given each row's `tokens_per_beam` best tokens (R * num_beams, k), best first, and
+        their log-probs: the 2 * nb best of nb * V candidates (beam score + token log-prob) are among each
+        beam's own 2 * nb best tokens, so choosing from those nb * 2 * nb gives the same candidates as the full
+        sum and top-k, which with a 256k vocabulary cost more than the rest of the step."""
         first = searches[0]
         s, nb, R = first.s, first.s.num_beams, len(searches)
-        device = log_probs.device
-        V = log_probs.size(-1)
-        lp = log_probs.float().reshape(R, nb, V)
+        device = row_scores.device
+        k = row_scores.size(-1)
+        row_scores, row_tokens = row_scores.float().view(R, nb, k), row_tokens.view(R, nb, k)
         cur_len = torch.tensor([x.cur_len for x in searches], device=device)
         max_length = torch.tensor([x.max_length for x in searches], device=device)
         running = torch.stack([x.running for x in searches])  # (R, nb, W)
         running_scores = torch.stack([x.running_scores for x in searches])
         W = running.size(-1)
 
-        # The 2 * nb best of nb * V candidates (beam score + token log-prob) are among each beam's own 2 * nb
-        # best tokens: choosing from those nb * 2 * nb gives the same candidates as the full sum and top-k, which
-        # with a 256k vocabulary cost more than the rest of the step.
-        k = min(2 * nb, V)
-        row_scores, row_tokens = torch.topk(lp, k=k, dim=2)  # (R, nb, k)
         top_scores, pick = torch.topk((row_scores + running_scores[:, :, None]).view(R, nb * k), k=2 * nb, dim=1)
         beam, token = pick // k, row_tokens.view(R, nb * k).gather(1, pick)
         cand = running.gather(1, beam[:, :, None].expand(R, 2 * nb, W))

@@ -48,6 +48,8 @@ class _Beam:
 class ConstrainedBeamSearch:
     """Same interface as `BeamSearch` for one request with `constraints` (token id lists, none empty)."""
 
+    reads_whole_distribution = True  # a constraint's next token is tried whatever its rank
+
     def __init__(self, settings: BeamSettings, start_token_id: int, constraints: Sequence[Sequence[int]],
                  terms: Sequence[str] | None = None, device: torch.device | str = "cpu") -> None:
         if not constraints or any(not c for c in constraints):

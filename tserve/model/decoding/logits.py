@@ -7,6 +7,8 @@ Order (vLLM's and OpenAI's): the constraints first, then the sampling shape.
     shape         temperature, top-k, top-p (sampled rows only)
 Reported logprobs and beam search read the scores after the constraints. Every processor looks at its
 rows' parameters on the host first and costs nothing when no row uses it; none changes its input in place.
+A row that no constraint touches beyond the checkpoint's banned ids (`whole_rows`) needs no pass over its whole
+distribution for greedy or beam choices: `top_tokens` takes its best tokens and log-sum-exp from the raw logits.
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ class LogitsPipeline:
             scores = processor(scores, rows)
         return scores
 
+    def whole_rows(self, rows: Sequence[DecodingRow]) -> list[bool]:
+        """Per row: does a constraint other than the checkpoint's banned ids apply to it this step? Those rows'
+        choices read their whole constrained distribution; the others' are their raw logits with the banned
+        ids left out (`top_tokens`), which is what the constraints would give them."""
+        return [r.params.penalized or bool(r.params.logit_bias) or self._eos_banned(r) or self._eos_forced(r)
+                or _forced_first(r) is not None or _token_mask(r) is not None for r in rows]
+
+    def banned_ids(self, device: torch.device) -> Tensor | None:
+        """The checkpoint's banned ids on `device` (None: none), for `top_tokens` to leave out."""
+        return to_device(self.banned, device) if self.banned else None
+
     def shape(self, constrained: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         for processor in self.shaping:
             constrained = processor(constrained, rows)
@@ -96,13 +109,16 @@ class LogitsPipeline:
         """No eos before min_tokens, nor ever with ignore_eos."""
         if not self.eos_ids:
             return scores
-        idx = [i for i, r in enumerate(rows) if r.params.ignore_eos or r.num_generated < r.params.min_tokens]
+        idx = [i for i, r in enumerate(rows) if self._eos_banned(r)]
         if not idx:
             return scores
         dev = scores.device
         rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)
         return scores.index_put((to_device(rows_, dev), to_device(ids, dev)),
                                 to_device(float("-inf"), dev))
+
+    def _eos_banned(self, row: DecodingRow) -> bool:
+        return bool(self.eos_ids) and (row.params.ignore_eos or row.num_generated < row.params.min_tokens)
 
     def ban_ids(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         """Ids the checkpoint never generates (Marian: pad)."""
@@ -115,19 +131,21 @@ class LogitsPipeline:
         transformers does)."""
         if not self.force_eos_at_max:
             return scores
-        last = [r.num_generated == r.params.max_tokens - 1 for r in rows]
+        last = [self._eos_forced(r) for r in rows]
         if not any(last):
             return scores
         only_eos = torch.full_like(scores[0], float("-inf"))
         only_eos[self.eos_ids[0]] = 0.0
         return torch.where(to_device(last, scores.device)[:, None], only_eos, scores)
 
+    def _eos_forced(self, row: DecodingRow) -> bool:
+        return self.force_eos_at_max and row.num_generated == row.params.max_tokens - 1
+
     @staticmethod
     def force_first(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
         """A row's forced first token (a multilingual translator's target language, `forced_bos_token_id`):
         at its first step only that token may come, scored 0, as transformers does."""
-        forced = [(i, t) for i, r in enumerate(rows)
-                  if (t := getattr(r, "forced_first_token", None)) is not None and r.num_generated == 0]
+        forced = [(i, t) for i, r in enumerate(rows) if (t := _forced_first(r)) is not None]
         if not forced:
             return scores
         dev = scores.device
@@ -140,7 +158,7 @@ class LogitsPipeline:
         """Structured output: a row with a grammar may take only the tokens its bitmask allows (`token_mask`,
         set by the runner for this step). Where nothing else is left (the grammar is complete but eos is
         banned by min_tokens), eos is: the grammar wins."""
-        masked = [(i, m) for i, r in enumerate(rows) if (m := getattr(r, "token_mask", None)) is not None]
+        masked = [(i, m) for i, r in enumerate(rows) if (m := _token_mask(r)) is not None]
         if not masked:
             return scores
         dev = scores.device
@@ -172,6 +190,16 @@ class LogitsPipeline:
         top_k = to_device([max(rows[i].params.top_k, 0) for i in idx], dev)
         top_p = to_device([rows[i].params.top_p for i in idx], dev)
         return scores.index_copy(0, rows_t, filter_top_k_top_p(scores[rows_t], top_k, top_p))
+
+
+def _forced_first(row: DecodingRow) -> int | None:
+    """The row's forced token at this step, if any (only at its first)."""
+    token = getattr(row, "forced_first_token", None)
+    return token if token is not None and row.num_generated == 0 else None
+
+
+def _token_mask(row: DecodingRow) -> Tensor | None:
+    return getattr(row, "token_mask", None)
 
 
 def filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:

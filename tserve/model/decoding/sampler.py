@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from tserve.model.decoding.params import SamplingParams
+from tserve.model.decoding.top_tokens import top_tokens
 from tserve.model.device_inputs import to_device
 
 # Noise of exactly 0 would divide a zero probability by zero; the smallest normal float changes nothing else.
@@ -23,7 +24,7 @@ _TINY = torch.finfo(torch.float32).tiny
 def sample(scores: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> Tensor:
     """(rows,) next tokens: greedy rows take the argmax, sampled rows draw from softmax(scores), where the
     scores are already tempered and filtered by the pipeline."""
-    tokens = scores.argmax(dim=-1)
+    tokens = top_tokens(scores, 1, lse=False)[1][:, 0]  # argmax (its lowest column on ties), in fewer passes
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled:
         return tokens
@@ -45,8 +46,9 @@ def exponential_noise(vocab_size: int, generator: torch.Generator) -> Tensor:
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Log-probabilities of the chosen tokens (B,) and the top-n alternatives ((B, n) values, ids)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logp.gather(-1, tokens[:, None])[:, 0]
-    top_vals, top_ids = logp.topk(max(n, 1), dim=-1)
-    return chosen, top_vals[:, :n], top_ids[:, :n]
+    """Log-probabilities of the chosen tokens (B,) and the top-n alternatives ((B, n) values, ids): logit -
+    log-sum-exp, with no (B, V) log-softmax written."""
+    logits = logits.float()
+    top_vals, top_ids, lse = top_tokens(logits, max(n, 1))
+    chosen = logits.gather(-1, tokens[:, None])[:, 0] - lse
+    return chosen, (top_vals - lse[:, None])[:, :n], top_ids[:, :n]

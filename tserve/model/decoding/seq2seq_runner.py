@@ -35,6 +35,7 @@ from tserve.model.decoding.chosen_tokens import ChosenTokens, feed_tokens
 from tserve.model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 from tserve.model.decoding.logits import LogitsPipeline
 from tserve.model.decoding.params import SamplingParams
+from tserve.model.decoding.top_tokens import beam_candidates, greedy_tokens
 from tserve.model.device_inputs import to_device
 from tserve.model.kv_cache import SlotAllocator
 from tserve.model.tokenizer import Tokenizer
@@ -450,10 +451,8 @@ class Seq2SeqRunner:
         greedy = [s for s in choosing if s.greedy]
         pending = None
         if greedy:
-            scores = logits[to_device([span[id(s)][0] for s in greedy], logits.device)]
-            log_probs = torch.log_softmax(scores.float(), dim=-1)  # before the constraints, which write in place
-            tokens = self.pipeline.constrain(scores, greedy).argmax(dim=-1)
-            pending = ChosenTokens(greedy, tokens, (log_probs.gather(1, tokens[:, None])[:, 0],))
+            tokens, log_probs = greedy_tokens(self.pipeline, logits, [span[id(s)][0] for s in greedy], greedy)
+            pending = ChosenTokens(greedy, tokens, (log_probs,))
         groups: dict[tuple, list[TranslationSequence]] = {}
         for s in choosing:
             if not s.greedy:
@@ -468,13 +467,18 @@ class Seq2SeqRunner:
         return [REPLAYED if id(s) in replayed else None for s in seqs], pending
 
     def _advance_beams(self, group: list[TranslationSequence], logits: Tensor, span: dict[int, tuple[int, int]]) -> None:
-        dev = logits.device
-        idx = to_device([span[id(s)][0] + place for s in group for place in s.batch_places()], dev)
+        places = [span[id(s)][0] + place for s in group for place in s.batch_places()]
         rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
-        log_probs = self.pipeline.constrain(torch.log_softmax(logits[idx].float(), dim=-1), rows)
         # Positions of each row's cache written so far (the group's sequences may be at different steps).
         filled = {row: s.search.step_index + 1 for s in group for row in s.rows}
-        parents = type(group[0].search).advance_many([s.search for s in group], log_probs)  # one group_key
+        searches = [s.search for s in group]  # one group_key
+        if searches[0].reads_whole_distribution:
+            scores = logits.index_select(0, to_device(places, logits.device))
+            parents = type(searches[0]).advance_many(
+                searches, self.pipeline.constrain(torch.log_softmax(scores.float(), dim=-1), rows))
+        else:
+            k = searches[0].tokens_per_beam(logits.size(-1))
+            parents = BeamSearch.advance_top(searches, *beam_candidates(self.pipeline, logits, places, rows, k))
         # A beam that takes over another parent's cache forks that parent's table: shared full blocks, a copy of
         # the last partial one. Copying whole rows cost more than the decoder step itself.
         src, dst = self._reassign_rows(group, parents.tolist())
