@@ -35,7 +35,7 @@ from tserve.model.decoding.chosen_tokens import ChosenTokens, feed_tokens
 from tserve.model.decoding.constrained_beam import ConstrainedBeamSearch, ConstraintsUnmet
 from tserve.model.decoding.logits import LogitsPipeline
 from tserve.model.decoding.params import SamplingParams
-from tserve.model.decoding.top_tokens import beam_candidates, greedy_tokens
+from tserve.model.decoding.top_tokens import advance_beams, greedy_tokens
 from tserve.model.device_inputs import to_device
 from tserve.model.kv_cache import SlotAllocator
 from tserve.model.tokenizer import Tokenizer
@@ -471,14 +471,7 @@ class Seq2SeqRunner:
         rows = [s for s in group for _ in s.rows]  # each beam row reads its request's parameters
         # Positions of each row's cache written so far (the group's sequences may be at different steps).
         filled = {row: s.search.step_index + 1 for s in group for row in s.rows}
-        searches = [s.search for s in group]  # one group_key
-        if searches[0].reads_whole_distribution:
-            scores = logits.index_select(0, to_device(places, logits.device))
-            parents = type(searches[0]).advance_many(
-                searches, self.pipeline.constrain(torch.log_softmax(scores.float(), dim=-1), rows))
-        else:
-            k = searches[0].tokens_per_beam(logits.size(-1))
-            parents = BeamSearch.advance_top(searches, *beam_candidates(self.pipeline, logits, places, rows, k))
+        parents = advance_beams(self.pipeline, [s.search for s in group], logits, places, rows)  # one group_key
         # A beam that takes over another parent's cache forks that parent's table: shared full blocks, a copy of
         # the last partial one. Copying whole rows cost more than the decoder step itself.
         src, dst = self._reassign_rows(group, parents.tolist())

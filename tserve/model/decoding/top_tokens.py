@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from tserve.model.decoding.beam_search import BeamSearch
+from tserve.model.decoding.constrained_beam import ConstrainedBeamSearch
 from tserve.model.decoding.logits import DecodingRow, LogitsPipeline
 from tserve.model.device_inputs import to_device
 
@@ -42,6 +44,18 @@ def greedy_tokens(pipeline: LogitsPipeline, logits: Tensor, places: Sequence[int
         tokens = tokens.index_copy(0, at, forced)
         chosen = chosen.index_copy(0, at, scores.float().gather(1, forced[:, None])[:, 0])
     return tokens, chosen - lse
+
+
+def advance_beams(pipeline: LogitsPipeline, searches: Sequence[BeamSearch | ConstrainedBeamSearch], logits: Tensor,
+                  places: Sequence[int], rows: Sequence[DecodingRow]) -> Tensor:
+    """One step of beam searches of one `group_key` whose beams are rows `places` of `logits` (one per row of
+    `rows`): from each beam's best tokens (`beam_candidates`), or from the whole constrained log-softmax for a
+    search that reads it (glossary constraints). Returns the parents (searches, num_beams)."""
+    if searches[0].reads_whole_distribution:
+        scores = logits.index_select(0, to_device(places, logits.device)).float()
+        return type(searches[0]).advance_many(searches, pipeline.constrain(torch.log_softmax(scores, -1), rows))
+    k = searches[0].tokens_per_beam(logits.size(-1))
+    return BeamSearch.advance_top(searches, *beam_candidates(pipeline, logits, places, rows, k))
 
 
 def beam_candidates(pipeline: LogitsPipeline, logits: Tensor, places: Sequence[int], rows: Sequence[DecodingRow],
