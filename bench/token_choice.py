@@ -1,16 +1,18 @@
 """A decoder step's token choice after the output layer, alone: the full path (log_softmax over (rows, V), the
-constraints, then topk or argmax) against the raw logits' top tokens and log-sum-exp (`top_tokens`), on a
+constraints, then topk or argmax) against the raw logits' top tokens (`top_tokens`), on a
 step's logits of NLLB-200's vocabulary (256,206) or opus-mt's (15,900).
 
     python bench/token_choice.py                      # NLLB's vocabulary, 32 requests: greedy and 4 beams
     python bench/token_choice.py --vocab 15900 --banned 1
 
-Prints milliseconds per step (best of --repeats) and the ratio.
+Prints milliseconds per step (each way's best of --repeats turns, wall and CPU time) and the median of the
+turns' ratios (full / top tokens: above 1, the top tokens are faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -20,14 +22,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
 
 
-def best_ms(fn: Callable[[], object], repeats: int) -> float:
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU time (both threads) of one call, in ms."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    return (time.perf_counter() - start) * 1e3, (time.process_time() - start_cpu) * 1e3
+
+
+def compare(full: Callable[[], object], raw: Callable[[], object], repeats: int) -> dict[str, float]:
+    """Both ways in turns (the order swapped every turn, so that a shared machine's drifting load moves them
+    alike): each way's best wall and CPU time, and the median of the turns' wall-time ratios."""
+    full(), raw()
+    runs: dict[str, list[tuple[float, float]]] = {"full": [], "raw": []}
+    for turn in range(repeats):
+        for name, fn in (("full", full), ("raw", raw))[:: 1 if turn % 2 else -1]:
+            runs[name].append(timed(fn))
+    ratios = [f[0] / r[0] for f, r in zip(runs["full"], runs["raw"], strict=True)]
+    return {"full": min(w for w, _ in runs["full"]), "full_cpu": min(c for _, c in runs["full"]),
+            "raw": min(w for w, _ in runs["raw"]), "raw_cpu": min(c for _, c in runs["raw"]),
+            "ratio": statistics.median(ratios)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,13 +64,14 @@ def main(argv: list[str] | None = None) -> None:
 
     pipeline = LogitsPipeline(2, list(range(3, 3 + args.banned)))
     print(f"vocabulary {args.vocab}, {args.requests} requests, {args.threads} threads, banned ids {args.banned}; "
-          f"ms per step (best of {args.repeats})")
+          "ms per step")
     for beams in (1, args.beams):
         n = args.requests * beams
         logits = torch.randn(n, args.vocab) * 3
-        full_ms, raw_ms = (best_ms(fn, args.repeats) for fn in step_choices(pipeline, logits, beams, [Row()] * n))
-        print(f"  {'greedy' if beams == 1 else f'{beams} beams'} ({n} rows): full log-softmax path {full_ms:7.1f} ms, "
-              f"top tokens + log-sum-exp {raw_ms:7.1f} ms: {full_ms / raw_ms:.1f}x")
+        t = compare(*step_choices(pipeline, logits, beams, [Row()] * n), args.repeats)
+        print(f"  {'greedy' if beams == 1 else f'{beams} beams'} ({n} rows): full log-softmax path {t['full']:.1f} ms "
+              f"(CPU {t['full_cpu']:.1f}), top tokens {t['raw']:.1f} ms (CPU {t['raw_cpu']:.1f}); "
+              f"median ratio of {args.repeats} turns {t['ratio']:.2f}x")
 
 
 def step_choices(pipeline, logits, beams: int, rows: list) -> tuple[Callable[[], object], Callable[[], object]]:  # noqa: ANN001

@@ -441,8 +441,8 @@ BUGS = [
         "    return new[\"ding_chrf\"] is None or old[\"ding_chrf\"] is None or new[\"ding_chrf\"] >= old[\"ding_chrf\"]",
         "    return True",
         ("tests/training/test_adopt.py::test_better_is_higher_bleu_without_losing_everyday_chrf_or_a_lower_perplexity",)),
-    Bug("beam-candidates-without-log-sum-exp", "tserve/model/decoding/top_tokens.py",
-        "parts.append((fast, values - lse[:, None], ids))", "parts.append((fast, values, ids))",
+    Bug("beam-candidates-scored-by-their-raw-logits", "tserve/model/decoding/top_tokens.py",
+        "parts.append((fast, log_probs, ids))", "parts.append((fast, values, ids))",
         ("tests/model/test_top_tokens.py::test_a_translators_greedy_and_beam_results_equal_the_full_log_softmax_path",
          "tests/model/test_top_tokens.py::"
          "test_every_rule_but_the_banned_ids_sends_its_row_down_the_full_path_and_the_rest_take_top_tokens")),
@@ -451,9 +451,9 @@ BUGS = [
         ("tests/model/test_top_tokens.py::"
          "test_every_rule_but_the_banned_ids_sends_its_row_down_the_full_path_and_the_rest_take_top_tokens",)),
     Bug("top-tokens-keep-the-banned-ids", "tserve/model/decoding/top_tokens.py",
-        "        candidates.masked_fill_(torch.isin(positions, banned), float(\"-inf\"))", "        pass",
+        "            candidates.masked_fill_(torch.isin(positions, banned), float(\"-inf\"))", "            pass",
         ("tests/model/test_top_tokens.py::"
-         "test_top_tokens_are_topk_and_argmax_of_the_allowed_columns_with_the_rows_logsumexp",)),
+         "test_top_tokens_are_topk_and_argmax_of_the_allowed_columns_with_their_log_probabilities",)),
     Bug("device-busy-counts-annotations-as-work", "tserve/testing/device_busy.py",
         '{"kernel", "gpu_memcpy", "gpu_memset"}', '{"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}',
         ("tests/deploy/test_device_busy.py::test_a_profiler_trace_gives_the_device_busy_share_of_the_marked_run",)),

@@ -24,7 +24,7 @@ _TINY = torch.finfo(torch.float32).tiny
 def sample(scores: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> Tensor:
     """(rows,) next tokens: greedy rows take the argmax, sampled rows draw from softmax(scores), where the
     scores are already tempered and filtered by the pipeline."""
-    tokens = top_tokens(scores, 1, lse=False)[1][:, 0]  # argmax (its lowest column on ties), in fewer passes
+    tokens = top_tokens(scores, 1, log_probs=False)[1][:, 0]  # argmax (its lowest column on ties), in fewer passes
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled:
         return tokens
@@ -46,9 +46,9 @@ def exponential_noise(vocab_size: int, generator: torch.Generator) -> Tensor:
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Log-probabilities of the chosen tokens (B,) and the top-n alternatives ((B, n) values, ids): logit -
-    log-sum-exp, with no (B, V) log-softmax written."""
+    """Log-probabilities of the chosen tokens (B,) and the top-n alternatives ((B, n) values, ids), with no
+    (B, V) log-softmax written."""
     logits = logits.float()
-    top_vals, top_ids, lse = top_tokens(logits, max(n, 1))
-    chosen = logits.gather(-1, tokens[:, None])[:, 0] - lse
-    return chosen, (top_vals - lse[:, None])[:, :n], top_ids[:, :n]
+    top_logits, top_ids, top_logprobs = top_tokens(logits, max(n, 1))
+    lse = top_logits[:, 0] - top_logprobs[:, 0]  # each row's log-sum-exp, read off its best token
+    return logits.gather(-1, tokens[:, None])[:, 0] - lse, top_logprobs[:, :n], top_ids[:, :n]
