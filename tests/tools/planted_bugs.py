@@ -451,7 +451,7 @@ BUGS = [
         ("tests/model/test_top_tokens.py::"
          "test_every_rule_but_the_banned_ids_sends_its_row_down_the_full_path_and_the_rest_take_top_tokens",)),
     Bug("top-tokens-keep-the-banned-ids", "tserve/model/decoding/top_tokens.py",
-        "            candidates.masked_fill_(torch.isin(positions, banned), float(\"-inf\"))", "            pass",
+        "values = values.masked_fill(torch.isin(ids, banned), float(\"-inf\"))", "values = values",
         ("tests/model/test_top_tokens.py::"
          "test_top_tokens_are_topk_and_argmax_of_the_allowed_columns_with_their_log_probabilities",)),
     Bug("device-busy-counts-annotations-as-work", "tserve/testing/device_busy.py",
