@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from tserve.model.decoding.params import SamplingParams
-from tserve.model.decoding.top_tokens import top_tokens
+from tserve.model.decoding.top_tokens import log_probs_at, top_tokens
 from tserve.model.device_inputs import to_device
 
 # Noise of exactly 0 would divide a zero probability by zero; the smallest normal float changes nothing else.
@@ -49,6 +49,6 @@ def token_logprobs(logits: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tens
     """Log-probabilities of the chosen tokens (B,) and the top-n alternatives ((B, n) values, ids), with no
     (B, V) log-softmax written."""
     logits = logits.float()
-    top_logits, top_ids, top_logprobs = top_tokens(logits, max(n, 1))
-    lse = top_logits[:, 0] - top_logprobs[:, 0]  # each row's log-sum-exp, read off its best token
-    return logits.gather(-1, tokens[:, None])[:, 0] - lse, top_logprobs[:, :n], top_ids[:, :n]
+    top_ids = top_tokens(logits, max(n, 1), log_probs=False)[1][:, :n]
+    at = log_probs_at(logits, torch.cat((tokens[:, None], top_ids), 1))  # one log-softmax pass for both
+    return at[:, 0], at[:, 1:], top_ids

@@ -107,7 +107,7 @@ def top_tokens(logits: Tensor, k: int, places: Sequence[int] | None = None, bann
     else:
         x, at = logits.index_select(0, to_device(list(places), dev)), None
     values, ids = _top_of_rows(x.float(), k, banned)
-    probs = _log_probs_at(x.float(), ids) if log_probs else None
+    probs = log_probs_at(x.float(), ids) if log_probs else None
     if at is not None and at != list(range(x.size(0))):
         rows = to_device(at, dev)
         values, ids, probs = values[rows], ids[rows], None if probs is None else probs[rows]
@@ -158,8 +158,8 @@ def _top_of_rows(x: Tensor, k: int, banned: Tensor | None) -> tuple[Tensor, Tens
     return values, ids.gather(1, keep)
 
 
-def _log_probs_at(x: Tensor, ids: Tensor) -> Tensor:
-    """log_softmax(x) at `ids`, a block of rows at a time, so that no (rows, V) tensor is written."""
+def log_probs_at(x: Tensor, ids: Tensor) -> Tensor:
+    """log_softmax(x) at `ids` (rows, m), a block of rows at a time, so that no (rows, V) tensor is written."""
     block = x.size(0) if x.device.type != "cpu" else max(1, _BLOCK_BYTES // (4 * x.size(-1)))
     if block >= x.size(0):
         return torch.log_softmax(x, dim=-1).gather(1, ids)
