@@ -3,11 +3,12 @@ and its log-probability) and beam search (each beam's 2 * num_beams best tokens 
 
 With NLLB's 256,206 outputs a (rows, V) float32 step is 1 MiB a row; gathering the rows, `log_softmax`, the
 constraints' copy and `topk` over the whole tensor read and wrote it about seven times, costing more than the
-rest of the step beside the output GEMM. Here a block of rows small enough to stay in the cache is read once
-from memory for the maxima of its chunks of columns (1024 of NLLB's): the best k tokens lie in the k chunks
-with the largest maxima (k + the number of banned columns when some are left out), so `topk` reads a few thousand columns, not
-the whole row. The block's log-softmax is then computed while it is in the cache and read at those k tokens
-only: the very values (bitwise) the full path's log-softmax has there, with no (rows, V) tensor written.
+rest of the step beside the output GEMM. Here one pass takes the maxima of each row's chunks of columns (1024):
+the best k tokens lie in the k chunks with the largest maxima (k + the number of banned columns when some are
+left out) or in the short last chunk, so `topk` reads a few thousand columns, not the whole row. The rows'
+log-softmax is then computed 32 rows at a time (in the cache) and read at those tokens only: the very values
+(bitwise) the full path's log-softmax has there, with no (rows, V) tensor written. Few operations read the
+whole tensor: on a shared CPU each parallel operation waits for both threads, so their number counts too.
 
 Which rows may take this path (those whose constraints only ban a fixed set of columns) is decided once, by
 `LogitsPipeline.whole_rows`; the others get the full log-softmax and the constraints, as before.
