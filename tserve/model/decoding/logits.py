@@ -8,7 +8,7 @@ Order (vLLM's and OpenAI's): the constraints first, then the sampling shape.
 Reported logprobs and beam search read the scores after the constraints. Every processor looks at its
 rows' parameters on the host first and costs nothing when no row uses it; none changes its input in place.
 A row that no constraint touches beyond the checkpoint's banned ids (`whole_rows`) needs no pass over its whole
-distribution for greedy or beam choices: `top_tokens` takes its best tokens and log-sum-exp from the raw logits.
+distribution for greedy or beam choices: `top_tokens` takes its best tokens from the raw logits.
 """
 
 from __future__ import annotations
