@@ -1,28 +1,49 @@
-"""llama.cpp as the yardstick for CPU decoding: one greedy request on the same weights, tserve in float32, int8,
-q8_0, int4 and q4_0 beside llama.cpp in f32, Q8_0 and Q4_0, 2 threads each, same run.
+"""llama.cpp as the yardstick for CPU decoding, on the same weights, 2 threads a side, in two ways.
+
+In process: one greedy request, tserve's runner in float32, int8, q8_0, int4 and q4_0 beside llama.cpp's
+`llama-cpp-python` in f32, Q8_0 and Q4_0; a decode step is (t(prompt + 65 tokens) - t(prompt + 1 token)) / 64
+with a 128-token prompt, best of 3, on both sides:
 
     python bench/llama_cpp.py --llama-cpp-src DIR --llama-python PY
 
-llama.cpp is not a dependency of tserve: PY is a Python with `llama-cpp-python` installed (built from its
-source distribution: 16 minutes on the 2-core machine), DIR the `vendor/llama.cpp` tree of that distribution
-(its `convert_hf_to_gguf.py` and `gguf-py`). The weights are GPT-2 small and SmolLM2-135M shapes with random
-weights (`bench/roofline.py`'s makers), converted to GGUF f32 by llama.cpp's own converter (the pre-tokenizer
-named: the benchmark feeds token ids), then quantized by `llama_model_quantize`. A decode step is
-(t(prompt + 65 tokens) - t(prompt + 1 token)) / 64 with a 128-token prompt, best of 3, on both sides.
+Over HTTP: llama.cpp's own `llama-server` against `tserve serve`, 1 client and 8 clients at once (`-np 8` slots),
+f32 / Q8_0 / Q4_0 against tserve's float32 / q8_0 / q4_0 (int8 / int4 with --formats):
+
+    python -m tserve.testing.avx2_only bench/llama_cpp.py --llama-server BIN --llama-cpp-src DIR
+    python bench/llama_cpp.py --llama-server BIN --llama-cpp-src DIR --tiny     # small shapes, few tokens
+
+llama.cpp is not a dependency of tserve. DIR is the `vendor/llama.cpp` tree of llama-cpp-python's source
+distribution (its `convert_hf_to_gguf.py` and `gguf-py`); PY a Python with `llama-cpp-python` built from it (16
+minutes on the 2-core machine); BIN its `llama-server` built with CMake (`--llama-quantize`: default the
+`llama-quantize` beside it). The weights are GPT-2 small, SmolLM2-135M and Qwen2.5-0.5B shapes with random
+weights (`bench/roofline.py`'s and `bench/load.py`'s makers), converted to GGUF f32 by llama.cpp's own converter
+(the pre-tokenizer named: both sides are fed the same token ids), then quantized by llama.cpp.
+
+The HTTP runs: C clients each send --requests requests back to back to `/v1/completions` (streaming, greedy,
+--max-tokens tokens with `ignore_eos`), every request its own prompt of --prompt tokens: text to tserve, and to
+llama-server the token ids tserve's tokenizer makes of it (a check request first makes sure that both count the
+same prompt and output tokens). The two servers run in turns, never at once, each warmed up at each client count
+first; best of --rounds. Reported per server and format: output tokens/s over the run, ITL p50, and tserve's
+tokens/s over llama.cpp's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # a script: the checkpoints come from bench/load.py's makers
+
+from bench.load import Run  # noqa: E402 - after the path above
 
 CONVERT = """
 import runpy, sys
@@ -66,6 +87,16 @@ print(json.dumps(out))
 
 # tserve's formats beside llama.cpp's: q8_0 / q4_0 are llama.cpp's own blocks on our kernels.
 PAIRS = (("float32", "f32"), ("int8", "Q8_0"), ("q8_0", "Q8_0"), ("int4", "Q4_0"), ("q4_0", "Q4_0"))
+SHAPES = ("gpt2-small", "smollm2-135m", "qwen2.5-0.5b")
+TINY_SHAPES = ("tiny", "tiny-llama")
+
+
+def make_shape(size: str, work: Path) -> Path:
+    """The checkpoint of a shape with random weights: GPT-2 small as published, or one of bench/load.py's sizes."""
+    from bench.load import make_checkpoint
+    from bench.roofline import make_gpt2_small
+
+    return make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
 
 
 def to_gguf(directory: Path, src: Path, work: Path) -> Path:
@@ -77,32 +108,250 @@ def to_gguf(directory: Path, src: Path, work: Path) -> Path:
         config.setdefault("n_ctx", config.get("n_positions", 1024))
         (copy / "config.json").write_text(json.dumps(config))
     out = work / f"{directory.name}-f32.gguf"
-    subprocess.run([sys.executable, "-c", CONVERT, str(src), str(copy), "--outfile", str(out), "--outtype", "f32"],
-                   check=True, capture_output=True)
+    if not out.exists():
+        subprocess.run([sys.executable, "-c", CONVERT, str(src), str(copy), "--outfile", str(out), "--outtype",
+                        "f32"], check=True, capture_output=True)
     return out
 
 
-def main(argv: list[str] | None = None) -> list[tuple[str, str, float, str, float]]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-cpp-src", required=True, type=Path)
-    ap.add_argument("--llama-python", required=True)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=65)
-    ap.add_argument("--work", default=None)
-    args = ap.parse_args(argv)
+# --------------------------------------------------------------------------------------------------
+# Over HTTP: llama-server against tserve serve
+# --------------------------------------------------------------------------------------------------
+TSERVE_QUANTIZE = {"float32": "none", "int8": "int8", "int4": "int4", "q8_0": "q8_0", "q4_0": "q4_0"}
+LLAMA_FORMAT = dict(PAIRS)  # tserve's format -> llama.cpp's file type
+
+
+@dataclass
+class HttpRow:
+    model: str
+    clients: int
+    ours: str  # tserve's format
+    theirs: str  # llama.cpp's
+    tserve: Run
+    llama: Run
+
+    @property
+    def ratio(self) -> float:
+        return self.tserve.tokens_per_s / self.llama.tokens_per_s if self.llama.tokens_per_s else float("nan")
+
+
+def quantized(binary: Path, f32: Path, fmt: str, threads: int) -> Path:
+    """`llama-quantize` of the f32 file to Q8_0 / Q4_0, once."""
+    if fmt == "f32":
+        return f32
+    out = f32.with_name(f32.name.replace("-f32.gguf", f"-{fmt}.gguf"))
+    if not out.exists():
+        subprocess.run([str(binary), str(f32), str(out), fmt, str(threads)], check=True, capture_output=True)
+    return out
+
+
+def llama_server_argv(binary: Path, model: Path, port: int, threads: int, slots: int, context: int) -> list[str]:
+    """llama-server with `slots` parallel slots of `context` positions each (its -c is the slots' total)."""
+    return [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+            "-c", str(slots * context), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+
+
+def llama_build(log: str) -> str:
+    """The instruction sets of llama.cpp's CPU backend as its start-up log lists them (`system_info`): `AVX2`
+    for a build held to AVX2, `AVX512` (and the AVX-512 extensions) where the build uses them."""
+    line = next((x for x in log.splitlines() if "system_info" in x), "")
+    on = [name.strip() for name, _, value in (f.partition("=") for f in line.split("|")) if value.strip() == "1"]
+    wide = [x for x in on if x.startswith("AVX512") or x.startswith("AMX")]
+    if wide:
+        return " ".join(wide)
+    return "AVX2" if "AVX2" in on else ("unknown" if not line else "no AVX2")
+
+
+class LlamaServer:
+    def __init__(self, argv: list[str], port: int, log: Path) -> None:
+        self.url, self.log_file = f"http://127.0.0.1:{port}", log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 600.0) -> LlamaServer:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"llama-server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def prompt_texts(tokenizer, n: int, tokens: int, seed: int = 0) -> list[str]:  # noqa: ANN001
+    """n prompts of random words, each the fewest words whose encoding has at least `tokens` ids."""
+    import random
+
+    from bench.load import WORDS
+
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(tokens)]
+        low, high = 1, tokens  # one word is at least one token
+        while low < high:
+            mid = (low + high) // 2
+            if len(tokenizer.encode(" ".join(words[:mid]))) >= tokens:
+                high = mid
+            else:
+                low = mid + 1
+        texts.append(" ".join(words[:low]))
+    return texts
+
+
+def request_body(prompt, max_tokens: int, stream: bool, server: str) -> dict:  # noqa: ANN001
+    """One `/v1/completions` request: greedy, `max_tokens` tokens whatever is sampled. tserve takes the text
+    (logprobs=0: every token its own chunk, even where random weights emit bytes that do not form UTF-8 yet);
+    llama-server the token ids tserve makes of it."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+    if server == "tserve":
+        body.update(model="lm", logprobs=0)
+    return body
+
+
+async def http_bodies_run(url: str, bodies: list[dict], concurrency: int, name: str) -> Run:
+    """`concurrency` clients send the bodies back to back (streaming), each request `max_tokens` tokens."""
+    import httpx
+
+    from bench.load import one_request
+
+    run, queue = Run(name, concurrency), list(bodies)
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while queue:
+            body = queue.pop(0)
+            await one_request(client, f"{url}/v1/completions", body, run)
+            run.tokens += body["max_tokens"]
+
+    async with httpx.AsyncClient(timeout=1200, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        run.seconds = time.perf_counter() - start
+    return run
+
+
+def counted(url: str, body: dict) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) a server reports for one request, not streamed."""
+    import httpx
+
+    usage = httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, timeout=1200).json()["usage"]
+    return usage["prompt_tokens"], usage["completion_tokens"]
+
+
+def server_runs(url: str, server: str, prompts: list, clients: list[int], requests: int, max_tokens: int,
+                rounds: int) -> dict[int, Run]:
+    """The best of `rounds` runs at each client count on one running server, after a warm-up at that count."""
+    best: dict[int, Run] = {}
+    for c in clients:
+        warm = [request_body(p, 4, True, server) for p in prompts[-c:]]
+        asyncio.run(http_bodies_run(url, warm, c, server))
+        for _ in range(rounds):
+            bodies = [request_body(p, max_tokens, True, server) for p in prompts[:c * requests]]
+            run = asyncio.run(http_bodies_run(url, bodies, c, server))
+            if c not in best or run.tokens_per_s > best[c].tokens_per_s:
+                best[c] = run
+            print(f"{server}, {c} clients: {run.tokens_per_s:.1f} tok/s", file=sys.stderr)
+    return best
+
+
+def http_main(args: argparse.Namespace) -> list[HttpRow]:
     import torch
 
-    from bench.load import make_checkpoint
-    from bench.roofline import make_gpt2_small, step_ms
+    from tserve.model.tokenizer import load_tokenizer
+    from tserve.testing.server import ServerProcess, port_nobody_else_takes
+    from tserve.training.common import cpu_name
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-llama-server-"))
+    quantize = args.llama_quantize or args.llama_server.with_name("llama-quantize")
+    context = args.prompt + args.max_tokens + 64  # positions per slot / request, both sides
+    rows, build = [], "unknown"
+    for size in args.shapes:
+        directory = make_shape(size, work)
+        f32 = to_gguf(directory, args.llama_cpp_src, work)
+        tokenizer = load_tokenizer(directory)
+        texts = prompt_texts(tokenizer, max(args.clients) * (args.requests + 1), args.prompt)
+        ids = [tokenizer.encode(t) for t in texts]
+        for ours in args.formats:
+            theirs = LLAMA_FORMAT[ours]
+            gguf = quantized(quantize, f32, theirs, args.threads)
+            tserve = ServerProcess(["--model", f"lm={directory}", "--quantize", TSERVE_QUANTIZE[ours],
+                                    "--max-running-requests", str(max(args.clients)), "--max-model-len",
+                                    str(context)], work / f"tserve-{size}-{ours}.log",
+                                   env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
+            try:
+                expected = counted(tserve.url, request_body(texts[0], args.max_tokens, False, "tserve"))
+                ours_runs = server_runs(tserve.url, "tserve", texts, args.clients, args.requests, args.max_tokens,
+                                        args.rounds)
+            finally:
+                tserve.stop()
+            theirs_runs = {}
+            for c in args.clients:
+                port = port_nobody_else_takes()
+                llama = LlamaServer(llama_server_argv(args.llama_server, gguf, port, args.threads, c, context), port,
+                                    work / f"llama-{size}-{theirs}-{c}.log").wait_ready()
+                try:
+                    build = llama_build(llama.log_file.read_text(errors="replace"))
+                    got = counted(llama.url, request_body(ids[0], args.max_tokens, False, "llama"))
+                    if got != expected:
+                        raise RuntimeError(f"{size}: tserve counts (prompt, output) tokens {expected}, llama-server "
+                                           f"{got}: the two do not serve the same requests")
+                    theirs_runs.update(server_runs(llama.url, "llama", ids, [c], args.requests, args.max_tokens,
+                                                   args.rounds))
+                finally:
+                    llama.stop()
+            rows.extend(HttpRow(size, c, ours, theirs, ours_runs[c], theirs_runs[c]) for c in args.clients)
+    print(f"\nCPU: {cpu_name()}; tserve's kernels {torch.backends.cpu.get_cpu_capability()}, llama.cpp's build "
+          f"{build}; {args.threads} threads a side; {args.prompt}-token prompts, {args.max_tokens} tokens out, "
+          f"greedy, {args.requests} requests a client, best of {args.rounds}\n")
+    print(render_http_table(rows))
+    return rows
+
+
+def render_http_table(rows: list[HttpRow]) -> str:
+    from bench.load import pct
+
+    lines = ["| model | clients | tserve | tok/s | ITL p50 | llama.cpp | tok/s | ITL p50 | tserve / llama.cpp |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.clients} | {r.ours} | {r.tserve.tokens_per_s:.1f} | "
+                     f"{1000 * pct(r.tserve.itl, 50):.1f} ms | {r.theirs} | {r.llama.tokens_per_s:.1f} | "
+                     f"{1000 * pct(r.llama.itl, 50):.1f} ms | {r.ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# In process: llama-cpp-python against tserve's runner
+# --------------------------------------------------------------------------------------------------
+def in_process_main(args: argparse.Namespace) -> list[tuple[str, str, float, str, float]]:
+    import torch
+
+    from bench.roofline import step_ms
     from tserve.model import checkpoint
     from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
     work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-llama-cpp-"))
     rows = []
-    for size in ("gpt2-small", "smollm2-135m"):
-        directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
+    for size in args.shapes:
+        directory = make_shape(size, work)
         gguf = to_gguf(directory, args.llama_cpp_src, work)
         timed = subprocess.run([args.llama_python, "-c", TIME, str(gguf), str(args.threads), str(args.prompt),
                                 str(args.new)], check=True, capture_output=True, text=True)
@@ -117,6 +366,46 @@ def main(argv: list[str] | None = None) -> list[tuple[str, str, float, str, floa
     for size, ours, ms, theirs, their_ms in rows:
         print(f"| {size} | {ours} | {ms:.2f} | {theirs} | {their_ms:.2f} | {their_ms / ms:.2f}x |")
     return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-cpp-src", required=True, type=Path, help="vendor/llama.cpp of llama-cpp-python's sdist")
+    way = ap.add_mutually_exclusive_group(required=True)
+    way.add_argument("--llama-python", help="in process: a Python with llama-cpp-python")
+    way.add_argument("--llama-server", type=Path, help="over HTTP: llama.cpp's llama-server binary")
+    ap.add_argument("--llama-quantize", type=Path, help="llama.cpp's llama-quantize (default: beside llama-server)")
+    ap.add_argument("--shapes", nargs="+", choices=[*SHAPES, *TINY_SHAPES], default=None,
+                    help=f"default {' '.join(SHAPES)} (in process: the first two); --tiny: {' '.join(TINY_SHAPES)}")
+    ap.add_argument("--tiny", action="store_true", help="small shapes, short prompts, few tokens (a smoke test)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 128; --tiny 16)")
+    ap.add_argument("--new", type=int, default=65, help="in process: tokens generated (the first is not timed)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="over HTTP: tokens a request (default 64; --tiny 8)")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8], help="over HTTP: clients at once")
+    ap.add_argument("--requests", type=int, default=2, help="over HTTP: requests each client sends in a run")
+    ap.add_argument("--rounds", type=int, default=2, help="over HTTP: runs at each client count, the best counts")
+    ap.add_argument("--formats", nargs="+", choices=list(TSERVE_QUANTIZE), default=["float32", "q8_0", "q4_0"],
+                    help="over HTTP: tserve's formats, each against llama.cpp's nearest (int8, q8_0: Q8_0; "
+                         "int4, q4_0: Q4_0)")
+    ap.add_argument("--work", default=None, help="directory for checkpoints, GGUF files and logs (default: a new one)")
+    args = ap.parse_args(argv)
+    if args.shapes is None:
+        args.shapes = list(TINY_SHAPES if args.tiny else SHAPES[:2] if args.llama_python else SHAPES)
+    if args.prompt is None:
+        args.prompt = 16 if args.tiny else 128
+    if args.max_tokens is None:
+        args.max_tokens = 8 if args.tiny else 64
+    if min(args.clients) < 1 or args.requests < 1 or args.rounds < 1:
+        ap.error("--clients, --requests and --rounds must be at least 1")
+    if args.llama_server and not (args.llama_quantize or args.llama_server.with_name("llama-quantize")).exists():
+        ap.error(f"no llama-quantize beside {args.llama_server}: name it with --llama-quantize")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list:
+    args = parse_args(argv)
+    return http_main(args) if args.llama_server else in_process_main(args)
 
 
 if __name__ == "__main__":

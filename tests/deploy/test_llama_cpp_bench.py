@@ -1,0 +1,96 @@
+"""bench/llama_cpp.py's parts that need no llama.cpp build: its arguments, the llama-server command line, the
+build it names from llama-server's log, prompts of a given token count, and the table of the HTTP runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.llama_cpp import (
+    HttpRow,
+    llama_build,
+    llama_server_argv,
+    parse_args,
+    prompt_texts,
+    render_http_table,
+    request_body,
+)
+from bench.load import Run
+from tserve.model.tokenizer import load_tokenizer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_http_mode_defaults_to_three_shapes_and_a_quantizer_beside_the_server(tmp_path):
+    (tmp_path / "llama-server").touch()
+    (tmp_path / "llama-quantize").touch()
+    args = parse_args(["--llama-cpp-src", str(tmp_path), "--llama-server", str(tmp_path / "llama-server")])
+    assert args.shapes == ["gpt2-small", "smollm2-135m", "qwen2.5-0.5b"]
+    assert (args.prompt, args.max_tokens, args.clients, args.formats) == (128, 64, [1, 8], ["float32", "q8_0", "q4_0"])
+    tiny = parse_args(["--llama-cpp-src", str(tmp_path), "--llama-server", str(tmp_path / "llama-server"), "--tiny"])
+    assert tiny.shapes == ["tiny", "tiny-llama"] and (tiny.prompt, tiny.max_tokens) == (16, 8)
+    in_process = parse_args(["--llama-cpp-src", str(tmp_path), "--llama-python", "python"])
+    assert in_process.shapes == ["gpt2-small", "smollm2-135m"]
+
+
+@pytest.mark.parametrize("argv", [[], ["--llama-python", "py", "--llama-server", "BIN"],
+                                  ["--llama-server", "BIN", "--clients", "0"]])
+def test_arguments_that_name_no_way_both_ways_or_no_client_are_refused(tmp_path, argv):
+    (tmp_path / "BIN").touch()
+    (tmp_path / "llama-quantize").touch()
+    argv = [str(tmp_path / a) if a == "BIN" else a for a in argv]
+    with pytest.raises(SystemExit):
+        parse_args(["--llama-cpp-src", str(tmp_path), *argv])
+
+
+def test_a_server_without_llama_quantize_beside_it_is_refused(tmp_path):
+    (tmp_path / "llama-server").touch()
+    with pytest.raises(SystemExit):
+        parse_args(["--llama-cpp-src", str(tmp_path), "--llama-server", str(tmp_path / "llama-server")])
+
+
+def test_llama_server_gets_the_threads_and_a_context_per_slot():
+    argv = llama_server_argv(Path("bin/llama-server"), Path("m.gguf"), 8123, 2, 8, 256)
+    flags = dict(zip(argv[1:-1:2], argv[2::2], strict=True))  # then --no-webui
+    assert flags["-t"] == flags["-tb"] == "2" and flags["-np"] == "8" and flags["-c"] == str(8 * 256)
+    assert (flags["-m"], flags["--port"]) == ("m.gguf", "8123")
+
+
+SYSTEM_INFO = ("system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | "
+               "AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | {} | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |")
+
+
+def test_the_build_is_named_from_the_instruction_sets_in_the_log():
+    avx2 = "main: loading\n" + SYSTEM_INFO.format("AVX512 = 0 | AVX512_VNNI = 0") + "\n"
+    native = SYSTEM_INFO.format("AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1")
+    assert llama_build(avx2) == "AVX2"
+    assert llama_build(native) == "AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_INT8"
+    assert llama_build("no such line") == "unknown"
+
+
+@pytest.mark.parametrize("fixture", ["hf-gpt2", "hf-llama"])
+def test_each_prompt_is_the_fewest_words_that_reach_the_token_count(fixture):
+    tokenizer = load_tokenizer(FIXTURES / fixture)
+    texts = prompt_texts(tokenizer, 3, 40)
+    assert len(set(texts)) == 3
+    for text in texts:
+        assert len(tokenizer.encode(text)) >= 40
+        assert len(tokenizer.encode(text.rsplit(" ", 1)[0])) < 40
+
+
+def test_only_tserve_is_named_the_model_and_asked_for_a_chunk_a_token():
+    ours, theirs = request_body("a b", 64, True, "tserve"), request_body([1, 2], 64, True, "llama")
+    assert ours["model"] == "lm" and ours["logprobs"] == 0 and "model" not in theirs and "logprobs" not in theirs
+    for body in (ours, theirs):
+        assert (body["max_tokens"], body["temperature"], body["ignore_eos"], body["stream"]) == (64, 0, True, True)
+
+
+def test_the_table_gives_each_side_its_rate_and_itl_and_tserve_over_llama_cpp():
+    def run(tokens: int, seconds: float, itl: list[float]) -> Run:
+        return Run("x", 8, seconds=seconds, tokens=tokens, itl=itl)
+
+    rows = [HttpRow("gpt2-small", 8, "q4_0", "Q4_0", run(512, 4.0, [0.05, 0.06, 0.07]), run(512, 8.0, [0.1, 0.2, 0.3]))]
+    table = render_http_table(rows).splitlines()
+    assert table[0].startswith("| model | clients | tserve | tok/s | ITL p50 | llama.cpp | tok/s | ITL p50 |")
+    assert table[2] == "| gpt2-small | 8 | q4_0 | 128.0 | 60.0 ms | Q4_0 | 64.0 | 200.0 ms | 2.00x |"
