@@ -100,17 +100,21 @@ def make_shape(size: str, work: Path) -> Path:
 
 
 def to_gguf(directory: Path, src: Path, work: Path) -> Path:
-    """llama.cpp's converter on a copy of the checkpoint (GPT-2's converter reads `n_ctx`)."""
-    copy = work / (directory.name + "-hf")
-    if not copy.exists():
-        shutil.copytree(directory, copy)
-        config = json.loads((copy / "config.json").read_text())
-        config.setdefault("n_ctx", config.get("n_positions", 1024))
-        (copy / "config.json").write_text(json.dumps(config))
+    """llama.cpp's converter on a copy of the checkpoint (GPT-2's converter reads `n_ctx`), once; the copy is
+    removed after (Qwen2.5-0.5B's is 2 GB)."""
     out = work / f"{directory.name}-f32.gguf"
-    if not out.exists():
+    if out.exists():
+        return out
+    copy = work / (directory.name + "-hf")
+    shutil.copytree(directory, copy, dirs_exist_ok=True)
+    config = json.loads((copy / "config.json").read_text())
+    config.setdefault("n_ctx", config.get("n_positions", 1024))
+    (copy / "config.json").write_text(json.dumps(config))
+    try:
         subprocess.run([sys.executable, "-c", CONVERT, str(src), str(copy), "--outfile", str(out), "--outtype",
                         "f32"], check=True, capture_output=True)
+    finally:
+        shutil.rmtree(copy)
     return out
 
 
