@@ -110,9 +110,11 @@ def to_gguf(directory: Path, src: Path, work: Path) -> Path:
     config = json.loads((copy / "config.json").read_text())
     config.setdefault("n_ctx", config.get("n_positions", 1024))
     (copy / "config.json").write_text(json.dumps(config))
+    part = out.with_name(out.name + ".part")  # a conversion cut short is not taken for a file next time
     try:
-        subprocess.run([sys.executable, "-c", CONVERT, str(src), str(copy), "--outfile", str(out), "--outtype",
+        subprocess.run([sys.executable, "-c", CONVERT, str(src), str(copy), "--outfile", str(part), "--outtype",
                         "f32"], check=True, capture_output=True)
+        part.rename(out)
     finally:
         shutil.rmtree(copy)
     return out
@@ -145,7 +147,9 @@ def quantized(binary: Path, f32: Path, fmt: str, threads: int) -> Path:
         return f32
     out = f32.with_name(f32.name.replace("-f32.gguf", f"-{fmt}.gguf"))
     if not out.exists():
-        subprocess.run([str(binary), str(f32), str(out), fmt, str(threads)], check=True, capture_output=True)
+        part = out.with_name(out.name + ".part")
+        subprocess.run([str(binary), str(f32), str(part), fmt, str(threads)], check=True, capture_output=True)
+        part.rename(out)
     return out
 
 
