@@ -326,6 +326,7 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
                 finally:
                     llama.stop()
             rows.extend(HttpRow(size, c, ours, theirs, ours_runs[c], theirs_runs[c]) for c in args.clients)
+            print(render_http_table(rows), file=sys.stderr)  # so far: a long run cut short keeps its rows
     print(f"\nCPU: {cpu_name()}; tserve's kernels {torch.backends.cpu.get_cpu_capability()}, llama.cpp's build "
           f"{build}; {args.threads} threads a side; {args.prompt}-token prompts, {args.max_tokens} tokens out, "
           f"greedy, {args.requests} requests a client, best of {args.rounds}\n")
