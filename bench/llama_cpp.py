@@ -159,15 +159,15 @@ def llama_server_argv(binary: Path, model: Path, port: int, threads: int, slots:
             "-c", str(slots * context), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
 
 
-def llama_build(log: str) -> str:
-    """The instruction sets of llama.cpp's CPU backend as its start-up log lists them (`system_info`): `AVX2`
-    for a build held to AVX2, `AVX512` (and the AVX-512 extensions) where the build uses them."""
-    line = next((x for x in log.splitlines() if "system_info" in x), "")
-    on = [name.strip() for name, _, value in (f.partition("=") for f in line.split("|")) if value.strip() == "1"]
-    wide = [x for x in on if x.startswith("AVX512") or x.startswith("AMX")]
-    if wide:
-        return " ".join(wide)
-    return "AVX2" if "AVX2" in on else ("unknown" if not line else "no AVX2")
+def llama_build(cmake_cache: str) -> str:
+    """llama.cpp's CPU build as its CMakeCache.txt has it: `native` (-march=native), else the widest instruction
+    sets switched on (`AVX2` for a build held to AVX2; AVX-512 and AMX where it has them)."""
+    on = {line.split(":", 1)[0] for line in cmake_cache.splitlines()
+          if line.startswith("GGML_") and line.endswith(":BOOL=ON")}
+    if "GGML_NATIVE" in on:
+        return "native"
+    wide = [name[5:] for name in sorted(on) if name.startswith(("GGML_AVX512", "GGML_AMX"))]
+    return " ".join(wide) if wide else "AVX2" if "GGML_AVX2" in on else "unknown"
 
 
 class LlamaServer:
@@ -264,15 +264,26 @@ def counted(url: str, body: dict) -> tuple[int, int]:
     return usage["prompt_tokens"], usage["completion_tokens"]
 
 
-def server_runs(url: str, server: str, prompts: list, clients: list[int], requests: int, max_tokens: int,
-                rounds: int) -> dict[int, Run]:
-    """The best of `rounds` runs at each client count on one running server, after a warm-up at that count."""
-    best: dict[int, Run] = {}
+def prompt_plan(clients: list[int], requests: int, rounds: int) -> tuple[dict[int, list[range]], int]:
+    """Which prompts each client count takes: a warm-up (one a client), then each round's (`requests` a client),
+    no prompt twice, so that neither server's prefix cache holds one; and how many prompts that is, with one more
+    at the end for the check request."""
+    plan, used = {}, 0
     for c in clients:
-        warm = [request_body(p, 4, True, server) for p in prompts[-c:]]
-        asyncio.run(http_bodies_run(url, warm, c, server))
-        for _ in range(rounds):
-            bodies = [request_body(p, max_tokens, True, server) for p in prompts[:c * requests]]
+        plan[c] = [range(used, used + c)] + [range(used + c + r * c * requests, used + c + (r + 1) * c * requests)
+                                             for r in range(rounds)]
+        used = plan[c][-1].stop
+    return plan, used + 1
+
+
+def server_runs(url: str, server: str, prompts: list, plan: dict[int, list[range]], max_tokens: int) -> dict[int, Run]:
+    """The best of the rounds at each client count of `plan` on one running server, after a warm-up at that
+    count."""
+    best: dict[int, Run] = {}
+    for c, (warm, *rounds) in plan.items():
+        asyncio.run(http_bodies_run(url, [request_body(prompts[i], 4, True, server) for i in warm], c, server))
+        for chosen in rounds:
+            bodies = [request_body(prompts[i], max_tokens, True, server) for i in chosen]
             run = asyncio.run(http_bodies_run(url, bodies, c, server))
             if c not in best or run.tokens_per_s > best[c].tokens_per_s:
                 best[c] = run
@@ -290,12 +301,14 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
     work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-llama-server-"))
     quantize = args.llama_quantize or args.llama_server.with_name("llama-quantize")
     context = args.prompt + args.max_tokens + 64  # positions per slot / request, both sides
-    rows, build = [], "unknown"
+    cache = args.llama_server.resolve().parent.parent / "CMakeCache.txt"  # BUILD/bin/llama-server
+    build, rows = llama_build(cache.read_text()) if cache.exists() else "unknown", []
     for size in args.shapes:
         directory = make_shape(size, work)
         f32 = to_gguf(directory, args.llama_cpp_src, work)
         tokenizer = load_tokenizer(directory)
-        texts = prompt_texts(tokenizer, max(args.clients) * (args.requests + 1), args.prompt)
+        plan, count = prompt_plan(args.clients, args.requests, args.rounds)
+        texts = prompt_texts(tokenizer, count, args.prompt)
         ids = [tokenizer.encode(t) for t in texts]
         for ours in args.formats:
             theirs = LLAMA_FORMAT[ours]
@@ -305,9 +318,8 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
                                     str(context)], work / f"tserve-{size}-{ours}.log",
                                    env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)
             try:
-                expected = counted(tserve.url, request_body(texts[0], args.max_tokens, False, "tserve"))
-                ours_runs = server_runs(tserve.url, "tserve", texts, args.clients, args.requests, args.max_tokens,
-                                        args.rounds)
+                expected = counted(tserve.url, request_body(texts[-1], args.max_tokens, False, "tserve"))
+                ours_runs = server_runs(tserve.url, "tserve", texts, plan, args.max_tokens)
             finally:
                 tserve.stop()
             theirs_runs = {}
@@ -316,13 +328,11 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
                 llama = LlamaServer(llama_server_argv(args.llama_server, gguf, port, args.threads, c, context), port,
                                     work / f"llama-{size}-{theirs}-{c}.log").wait_ready()
                 try:
-                    build = llama_build(llama.log_file.read_text(errors="replace"))
-                    got = counted(llama.url, request_body(ids[0], args.max_tokens, False, "llama"))
+                    got = counted(llama.url, request_body(ids[-1], args.max_tokens, False, "llama"))
                     if got != expected:
                         raise RuntimeError(f"{size}: tserve counts (prompt, output) tokens {expected}, llama-server "
                                            f"{got}: the two do not serve the same requests")
-                    theirs_runs.update(server_runs(llama.url, "llama", ids, [c], args.requests, args.max_tokens,
-                                                   args.rounds))
+                    theirs_runs.update(server_runs(llama.url, "llama", ids, {c: plan[c]}, args.max_tokens))
                 finally:
                     llama.stop()
             rows.extend(HttpRow(size, c, ours, theirs, ours_runs[c], theirs_runs[c]) for c in args.clients)

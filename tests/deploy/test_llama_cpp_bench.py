@@ -1,5 +1,6 @@
 """bench/llama_cpp.py's parts that need no llama.cpp build: its arguments, the llama-server command line, the
-build it names from llama-server's log, prompts of a given token count, and the table of the HTTP runs."""
+build it names from its CMake cache, which prompts each run takes, prompts of a given token count, and the table of
+the HTTP runs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from bench.llama_cpp import (
     llama_build,
     llama_server_argv,
     parse_args,
+    prompt_plan,
     prompt_texts,
     render_http_table,
     request_body,
@@ -57,16 +59,21 @@ def test_llama_server_gets_the_threads_and_a_context_per_slot():
     assert (flags["-m"], flags["--port"]) == ("m.gguf", "8123")
 
 
-SYSTEM_INFO = ("system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | "
-               "AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | {} | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |")
+CACHE = "GGML_AMX_INT8:BOOL={amx}\nGGML_AVX2:BOOL=ON\nGGML_AVX512:BOOL={avx512}\nGGML_FMA:BOOL=ON\nGGML_NATIVE:BOOL={native}\n"
 
 
-def test_the_build_is_named_from_the_instruction_sets_in_the_log():
-    avx2 = "main: loading\n" + SYSTEM_INFO.format("AVX512 = 0 | AVX512_VNNI = 0") + "\n"
-    native = SYSTEM_INFO.format("AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1")
-    assert llama_build(avx2) == "AVX2"
-    assert llama_build(native) == "AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_INT8"
-    assert llama_build("no such line") == "unknown"
+def test_the_build_is_named_from_its_cmake_cache():
+    assert llama_build(CACHE.format(amx="OFF", avx512="OFF", native="OFF")) == "AVX2"
+    assert llama_build(CACHE.format(amx="ON", avx512="ON", native="OFF")) == "AMX_INT8 AVX512"
+    assert llama_build(CACHE.format(amx="OFF", avx512="OFF", native="ON")) == "native"
+    assert llama_build("CMAKE_BUILD_TYPE:STRING=Release\n") == "unknown"
+
+
+def test_no_prompt_serves_twice_and_the_check_request_has_its_own():
+    plan, count = prompt_plan([1, 8], 2, 3)
+    assert [len(r) for r in plan[1]] == [1, 2, 2, 2] and [len(r) for r in plan[8]] == [8, 16, 16, 16]
+    taken = [i for ranges in plan.values() for r in ranges for i in r]
+    assert sorted(taken) == list(range(count - 1))  # each once; the last is the check request's
 
 
 @pytest.mark.parametrize("fixture", ["hf-gpt2", "hf-llama"])
