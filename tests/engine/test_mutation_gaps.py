@@ -264,14 +264,14 @@ def test_a_fault_in_one_beam_group_fails_that_group_alone(mt, monkeypatch):
     # Submitted in this order, the 2-beam group gets the lower rows and advances before the 4-beam one.
     jobs = [engine.translator.job(t, num_beams=b, max_tokens=12) for b in (2, 1, 4) for t in texts]
     expected = [job_tokens(mt, j) for j in jobs]
-    original = BeamSearch.advance_many
+    original = BeamSearch.advance_top  # what a beam step calls (its rows' best tokens)
 
-    def flaky(searches, log_probs):  # noqa: ANN001, ANN202
+    def flaky(searches, row_scores, row_tokens):  # noqa: ANN001, ANN202
         if searches[0].s.num_beams == 4 and searches[0].step_index == 2:
             raise RuntimeError("injected fault")
-        return original(searches, log_probs)
+        return original(searches, row_scores, row_tokens)
 
-    monkeypatch.setattr(BeamSearch, "advance_many", staticmethod(flaky))
+    monkeypatch.setattr(BeamSearch, "advance_top", staticmethod(flaky))
     engine.start()
     results = run_all(engine, jobs)
     for job, want, got in zip(jobs, expected, results, strict=True):

@@ -1,7 +1,7 @@
 """`tserve serve --model NAME=file.gguf`: one real server process serving the tiny Llama and Qwen2 from their
 safetensors directories and from GGUF F32 files written from them answers /v1/completions and chat the same
-for both; a Q8_0 file is served as int8 (quantize=auto); a hostile .gguf given on the command line ends the
-process with exit code 1 and the reason."""
+for both; a Q8_0 file is served on its own blocks (quantize=auto); a hostile .gguf given on the command line ends
+the process with exit code 1 and the reason."""
 
 from __future__ import annotations
 
@@ -51,14 +51,14 @@ def test_a_gguf_file_answers_as_its_safetensors_original(server, family):
     assert answers[0]["usage"] == answers[1]["usage"]
 
 
-def test_a_q8_0_file_is_served_as_int8(server):
-    """Without --quantize (auto), and the log says why."""
+def test_a_q8_0_file_is_served_on_its_own_blocks(server):
+    """Without --quantize (auto): as q8_0, the file's blocks as they are, and the log says so."""
     lines = server.log_file.read_text().splitlines()
     records = [json.loads(line[line.index('{"time"'):]) for line in lines if '{"time"' in line]
     served = next(r for r in records if r["message"] == "serving model" and r["model"] == "qwen2-q8")
-    assert served["quantization"] == "int8"
-    said = next(r for r in records if r["message"].startswith("GGUF block-quantized weights dequantized"))
-    assert said["gguf_types"]["Q8_0"] > 0 and said["quantization"] == "int8"
+    assert served["quantization"] == "q8_0"
+    said = next(r for r in records if r["message"].startswith("GGUF Q8_0 / Q4_0 blocks served as they are"))
+    assert said["gguf_types"]["Q8_0"] > 0 and said["quantization"] == "q8_0" and said["layers_from_blocks"]
     answer = httpx.post(server.url + "/v1/completions", json={"model": "qwen2-q8", "prompt": "The quick brown",
                                                               "max_tokens": 4, "temperature": 0}, timeout=60)
     assert answer.status_code == 200 and answer.json()["choices"][0]["text"]
@@ -103,5 +103,5 @@ def test_gguf_files_of_a_model_repository_load_by_name(tmp_path):
     assert found == {"qwen2": d, "qwen2-q8": tmp_path / "repo" / "qwen2-q8.gguf"}
     reg = ModelRegistry(Settings(model_repository=tmp_path / "repo", warmup=False), Metrics())
     reg.load_model("qwen2-q8", found["qwen2-q8"])
-    assert reg.models["qwen2-q8"].loaded.quantization == "int8"
+    assert reg.models["qwen2-q8"].loaded.quantization == "q8_0"
     reg.stop()
