@@ -1,85 +1,201 @@
 // One-token attention straight from a paged KV cache, on the CPU: each (row, head) reads its own positions
 // through its block table (no gather of the rows' blocks into one tensor), scores them, and sums the values
-// under an online softmax in one pass over the keys and one over the values. Float32 arithmetic; the cache may
-// hold bfloat16 or float16, each value widened as it is read.
+// under a softmax in one pass over the keys and one over the values. Float32 arithmetic; the cache may hold
+// bfloat16 or float16, each value widened as it is read. A float32 cache is read 8 lanes at a time (AVX2, what the
+// kernels are compiled for on x86-64): 8 positions' scores as one vector, the exponentials 8 at a time.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace {
+
+// The flat cache rows of the positions a row attends over: position t of the run (start + t of the row) is at
+// row table[(start + t) / block_size] * block_size + (start + t) % block_size, walked block by block (no division
+// per position: every head of the row reads them).
+struct Run {
+  const int64_t* rows;
+  int64_t len;
+  int64_t at(int64_t t) const { return rows[t]; }
+};
+
+Run read_run(const int64_t* table, int64_t start, int64_t len, int64_t block_size, int64_t* rows) {
+  int64_t block = start / block_size, offset = start % block_size;
+  for (int64_t t = 0; t < len; ++block, offset = 0) {
+    const int64_t base = table[block] * block_size;
+    for (; offset < block_size && t < len; ++offset, ++t) rows[t] = base + offset;
+  }
+  return Run{rows, len};
+}
+
+// One query head over its run: k / v the head's kv head at flat row 0, `stride` floats (KV x D) between rows;
+// `scores` room for the run's length. Scalar loops, any cache type.
+template <typename kv_t>
+void head_attention(const float* qh, const kv_t* k, const kv_t* v, int64_t stride, const Run& run, int64_t D,
+                    float scale, float* scores, float* oh) {
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < run.len; ++t) {
+    const kv_t* kh = k + run.at(t) * stride;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(kh[d]);
+    s *= scale;
+    scores[t] = s;
+    best = std::max(best, s);
+  }
+  float total = 0.0f;
+  for (int64_t t = 0; t < run.len; ++t) {
+    scores[t] = std::exp(scores[t] - best);
+    total += scores[t];
+  }
+  std::fill(oh, oh + D, 0.0f);
+  for (int64_t t = 0; t < run.len; ++t) {
+    const kv_t* vh = v + run.at(t) * stride;
+    const float p = scores[t];
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) oh[d] += p * static_cast<float>(vh[d]);
+  }
+  const float inv = 1.0f / total;
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// exp(x) of 8 lanes for x <= 0 (a softmax's x - max): Cephes' single-precision polynomial (relative error about
+// 1e-7); below -87 the result is exp(-87), 1.6e-38 (nothing beside the maximum's 1); NaN stays NaN.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(e, _mm256_castsi256_ps(two_n));
+}
+
+// The sums of 8 vectors' lanes, as one vector (lane i: the sum of a[i]).
+inline __m256 lane_sums(const __m256* a) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+// `head_attention` for a float32 cache and D a multiple of 8, 8 lanes wide: each run of 8 positions' scores is
+// one vector (their dot products' lanes summed together), the exponentials 8 at a time.
+void head_attention_avx2(const float* qh, const float* k, const float* v, int64_t stride, const Run& run, int64_t D,
+                         float scale, float* scores, float* oh) {
+  __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t0 = 0; t0 < run.len; t0 += 8) {
+    const int64_t n = std::min<int64_t>(8, run.len - t0);
+    __m256 dots[8];
+    for (int64_t i = 0; i < 8; ++i) {
+      dots[i] = _mm256_setzero_ps();
+      if (i >= n) continue;
+      const float* kh = k + run.at(t0 + i) * stride;
+      for (int64_t d = 0; d < D; d += 8) {
+        dots[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kh + d), dots[i]);
+      }
+    }
+    const __m256 s = _mm256_mul_ps(lane_sums(dots), _mm256_set1_ps(scale));
+    if (n == 8) {
+      _mm256_storeu_ps(scores + t0, s);
+      best = _mm256_max_ps(best, s);
+    } else {
+      alignas(32) float last[8];
+      _mm256_store_ps(last, s);
+      for (int64_t i = 0; i < n; ++i) scores[t0 + i] = last[i];
+    }
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, best);
+  float top = *std::max_element(lanes, lanes + 8);
+  for (int64_t t = run.len & ~int64_t{7}; t < run.len; ++t) top = std::max(top, scores[t]);
+  __m256 sums = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= run.len; t += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(scores + t, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  _mm256_store_ps(lanes, sums);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  if (t < run.len) {
+    alignas(32) float tail[8];
+    for (int64_t i = 0; i < 8; ++i) tail[i] = t + i < run.len ? scores[t + i] - top : -87.0f;
+    _mm256_store_ps(tail, exp_nonpositive(_mm256_load_ps(tail)));
+    for (int64_t i = 0; t + i < run.len; ++i) {
+      scores[t + i] = tail[i];
+      total += tail[i];
+    }
+  }
+  std::fill(oh, oh + D, 0.0f);
+  for (int64_t t = 0; t < run.len; ++t) {
+    const float* vh = v + run.at(t) * stride;
+    const __m256 p = _mm256_set1_ps(scores[t]);
+    for (int64_t d = 0; d < D; d += 8) {
+      _mm256_storeu_ps(oh + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vh + d), _mm256_loadu_ps(oh + d)));
+    }
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
+  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(oh + d, _mm256_mul_ps(_mm256_loadu_ps(oh + d), inv));
+}
+#endif
 
 // q: (B, H, D); k, v: (positions, KV, D) with position p of block b at row b * block_size + p;
 // tables: (B, W) int64 block ids; lengths: (B,) int64; window > 0: only a row's last `window` positions (sliding-window
 // attention). out: (B, H, D).
-// A task is one row's run of `span` kv heads (all of them when there are rows enough for every thread): it reads
-// each position's keys of those heads as one contiguous run, which the prefetcher streams.
+// A task is one row's run of `span` query heads (all of them when there are rows enough for every thread; else
+// fewer, down to one head a task, so that a single row's heads still spread over the threads). A head's
+// arithmetic is the same whatever its task: a row's result does not depend on the batch.
 template <typename kv_t>
 void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64_t* tables,
                        const int64_t* lengths, float* out, int64_t B, int64_t H, int64_t KV, int64_t D,
                        int64_t W, int64_t block_size, int64_t max_len, float scale, int64_t window, int64_t span) {
   const int64_t group = H / KV;  // query heads per kv head
-  const int64_t chunks = KV / span;
+  const int64_t chunks = H / span;
   // PyTorch's own thread pool (its OpenMP runtime, its `torch.set_num_threads`), not a second runtime of ours.
   at::parallel_for(0, B * chunks, 1, [&](int64_t task_begin, int64_t task_end) {
-    std::vector<float> scores(std::max<int64_t>(max_len, 1) * span * group);
-    std::vector<float> best(span * group), total(span * group);
+    std::vector<float> scores(std::max<int64_t>(max_len, 1) + 8);
+    std::vector<int64_t> rows(std::max<int64_t>(max_len, 1));
     for (int64_t task = task_begin; task < task_end; ++task) {
-      const int64_t b = task / chunks, first = (task % chunks) * span;  // kv heads first .. first + span
+      const int64_t b = task / chunks, first = (task % chunks) * span;  // query heads first .. first + span
       const int64_t end = std::min(lengths[b], max_len);
-      const int64_t start = window > 0 ? std::max<int64_t>(end - window, 0) : 0, len = end - start;
-      const int64_t* table = tables + b * W;
-      const int64_t nq = span * group;  // query heads of this task: first * group ..
-      const float* qb = q + (b * H + first * group) * D;
-      float* ob = out + (b * H + first * group) * D;
-      if (len <= 0) {
-        std::fill(ob, ob + nq * D, 0.0f);
-        continue;
-      }
-      std::fill(best.begin(), best.end(), -std::numeric_limits<float>::infinity());
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t pos = table[(start + t) / block_size] * block_size + (start + t) % block_size;
-        const kv_t* kp = k + (pos * KV + first) * D;
-        for (int64_t j = 0; j < nq; ++j) {
-          const kv_t* kh = kp + (j / group) * D;
-          const float* qh = qb + j * D;
-          float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(kh[d]);
-          s *= scale;
-          scores[j * len + t] = s;
-          best[j] = std::max(best[j], s);
+      const int64_t start = window > 0 ? std::max<int64_t>(end - window, 0) : 0;
+      const Run run = read_run(tables + b * W, start, std::max<int64_t>(end - start, 0), block_size, rows.data());
+      for (int64_t j = first; j < first + span; ++j) {
+        const float* qh = q + (b * H + j) * D;
+        float* oh = out + (b * H + j) * D;
+        if (run.len <= 0) {
+          std::fill(oh, oh + D, 0.0f);
+          continue;
         }
-      }
-      for (int64_t j = 0; j < nq; ++j) {
-        float* sj = scores.data() + j * len;
-        float sum = 0.0f;
-        for (int64_t t = 0; t < len; ++t) {
-          sj[t] = std::exp(sj[t] - best[j]);
-          sum += sj[t];
+        const kv_t* kh = k + (j / group) * D;
+        const kv_t* vh = v + (j / group) * D;
+#if defined(__AVX2__) && defined(__FMA__)
+        if constexpr (std::is_same_v<kv_t, float>) {
+          if (D % 8 == 0) {
+            head_attention_avx2(qh, kh, vh, KV * D, run, D, scale, scores.data(), oh);
+            continue;
+          }
         }
-        total[j] = sum;
-      }
-      std::fill(ob, ob + nq * D, 0.0f);
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t pos = table[(start + t) / block_size] * block_size + (start + t) % block_size;
-        const kv_t* vp = v + (pos * KV + first) * D;
-        for (int64_t j = 0; j < nq; ++j) {
-          const kv_t* vh = vp + (j / group) * D;
-          float* o = ob + j * D;
-          const float p = scores[j * len + t];
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += p * static_cast<float>(vh[d]);
-        }
-      }
-      for (int64_t j = 0; j < nq; ++j) {
-        const float inv = 1.0f / total[j];
-        float* o = ob + j * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+#endif
+        head_attention(qh, kh, vh, KV * D, run, D, scale, scores.data(), oh);
       }
     }
   });
@@ -104,9 +220,14 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   const int64_t* ids = tables.data_ptr<int64_t>();
   for (int64_t i = 0; i < tables.numel(); ++i) TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, "block id out of range");
   auto out = torch::empty_like(q);
-  // Whole rows per task when there are at least two rows a thread; else runs of kv heads, halved until there are.
-  int64_t span = KV;
-  while (span % 2 == 0 && B * (KV / span) < 2 * at::get_num_threads()) span /= 2;
+  // Whole rows per task when there are at least two rows a thread; else runs of query heads, the next smaller
+  // divisor of H each time, until there are two tasks a thread or one head a task.
+  int64_t span = H;
+  while (span > 1 && B * (H / span) < 2 * at::get_num_threads()) {
+    int64_t smaller = span - 1;
+    while (H % smaller != 0) --smaller;
+    span = smaller;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
     paged_decode_rows<scalar_t>(q.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                                 tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), out.data_ptr<float>(), B, H,
