@@ -197,7 +197,7 @@ class Decoder(nn.Module):
         if self.fused is not None and tokens.device.type == "cpu" and self.blocks[0].attn.backend == "cpu-decode":
             x, rotary, local_rotary = self._embed(tokens[:, None], positions)
             hidden = self.fused.run(x[:, 0], cache, cache.view(slots, positions, kv_len), rotary, local_rotary)
-            return self.logits(self.norm_f(hidden))
+            return self.logits(hidden)  # (the final norm is the fused step's last)
         mask = None if _attends_to_all(positions, kv_len) else causal_mask(positions, kv_len)
         hidden, _ = self._run(
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len

@@ -86,6 +86,8 @@ class FusedDecode:
             rotates = cfg.positions == "rope" and attn.rotates
             ints += [qkv[0], qkv[1], o[0], o[1], up[0], up[1], down[0], down[1], int(rotates),
                      attn.window or 0]
+        # The final norm (made as the layers' norms are) after the last layer, where the model has one.
+        tensors += list(_norm(model.norm_f)) if model.cfg.final_norm else [_NONE, _NONE]
         first = model.blocks[0].attn
         qk_eps = first.q_norm.eps if first.q_norm is not None else 0.0
         rotary = (cfg.rotary_dim or cfg.d_head) if cfg.positions == "rope" else 0
@@ -96,7 +98,8 @@ class FusedDecode:
 
     def run(self, x: Tensor, cache, view, rotary, local_rotary) -> Tensor:  # noqa: ANN001 - model.kv_cache types
         """x (B, C): one new token's embeddings per row; the cache and the step's `PagedView`; the rows' rotary
-        tables (`model.attention.Rotary`, or None). -> the last layer's output (B, C)."""
+        tables (`model.attention.Rotary`, or None). -> the last layer's output after the final norm (`norm_f`), what
+        the output layer takes (B, C)."""
         config = list(self.config)
         config[3] = cache.block_size
         half = lambda r: r.cos.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731

@@ -48,6 +48,7 @@ class LogitsPipeline:
             else list(eos_token_id)
         self.banned = list(banned_token_ids)
         self.force_eos_at_max = force_eos_at_max and bool(self.eos_ids)
+        self._eos_tensors: dict[torch.device, Tensor] = {}
         self.constraints = [self.penalties, self.logit_bias, self.ban_eos, self.ban_ids, self.force_eos,
                             self.force_first, self.grammar]
         self.shaping = [self.temperature, self.top_k_top_p]
@@ -112,10 +113,18 @@ class LogitsPipeline:
         idx = [i for i, r in enumerate(rows) if self._eos_banned(r)]
         if not idx:
             return scores
+        if len(idx) == scores.size(0):  # every row (ignore_eos on all of them): one fill, no index tensors of rows
+            return scores.index_fill(-1, self._eos_on(scores.device), float("-inf"))
         dev = scores.device
         rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)
         return scores.index_put((to_device(rows_, dev), to_device(ids, dev)),
                                 to_device(float("-inf"), dev))
+
+    def _eos_on(self, device: torch.device) -> Tensor:
+        """The eos ids as a tensor on `device`, made once per device."""
+        if device not in self._eos_tensors:
+            self._eos_tensors[device] = to_device(list(self.eos_ids), device)
+        return self._eos_tensors[device]
 
     def _eos_banned(self, row: DecodingRow) -> bool:
         return bool(self.eos_ids) and (row.params.ignore_eos or row.num_generated < row.params.min_tokens)

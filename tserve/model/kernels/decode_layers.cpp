@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "vector_math.h"
+
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
                            torch::Tensor lengths, int64_t block_size, double scale, int64_t window);
 torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
@@ -136,6 +138,37 @@ float activate(float x, int64_t kind) {
   }
 }
 
+// act(u[i]) (times gate_by[i] where given: [gate | fc1] as one product, `MLP.fuse_gate`) for i in [from, width).
+void activate_rest(const float* u, const float* gate_by, float* a, int64_t from, int64_t width, int64_t kind) {
+  for (int64_t i = from; i < width; ++i) a[i] = activate(u[i], kind) * (gate_by != nullptr ? gate_by[i] : 1.0f);
+}
+
+// The same 8 lanes at a time for SiLU and GELU's tanh form (the exponential as a polynomial: within 1e-6 of
+// std::exp's result); returns where it stopped (0 for the other activations, which `activate_rest` computes).
+int64_t activate_lanes(const float* u, const float* gate_by, float* a, int64_t width, int64_t kind) {
+  int64_t i = 0;
+#if defined(TSERVE_VECTOR_MATH)
+  const bool silu = kind == kSiluGated || kind == kSilu, gelu_tanh = kind == kGeluTanhGated || kind == kGeluTanh;
+  if (!silu && !gelu_tanh) return 0;
+  for (; i + 8 <= width; i += 8) {
+    const __m256 x = _mm256_loadu_ps(u + i);
+    __m256 y;
+    if (silu) {
+      y = tserve_vector::silu(x);
+    } else {
+      const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+      const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                         _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044715f), cube)));
+      y = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x),
+                        _mm256_add_ps(_mm256_set1_ps(1.0f), tserve_vector::tanh(inner)));
+    }
+    if (gate_by != nullptr) y = _mm256_mul_ps(y, _mm256_loadu_ps(gate_by + i));
+    _mm256_storeu_ps(a + i, y);
+  }
+#endif
+  return i;
+}
+
 // A sub-layer's output into the residual stream: out = sandwich norm (Gemma) of out, times the residual multiplier
 // (Granite), added to x in place.
 void add_residual(float* x, torch::Tensor out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& out_norm) {
@@ -157,7 +190,8 @@ void add_residual(float* x, torch::Tensor out, int64_t M, int64_t C, const Confi
 // `Slot` / `IntSlot` list them. k_cache, v_cache (layers, positions, kv heads, head dim) float32; write (M,) each
 // row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over; cos / sin
 // (M, rotary / 2) at each row's position (local_cos / local_sin: the sliding layers' own, or empty). Returns the
-// hidden states after the last layer (before the final norm), (M, C).
+// hidden states after the last layer and the final norm (tensors' last two: its weight and bias, empty where the
+// model has none), (M, C).
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
                             const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
@@ -165,7 +199,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
   const Config cfg = read_config(config, isa);
   const int64_t layers = k_cache.size(0), M = x.size(0), C = x.size(1);
   const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
-  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors &&
+  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors + 2 &&
                   static_cast<int64_t>(ints.size()) == layers * kInts, "decode_layers: tensors / ints per layer");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x: (M, C) float32");
   TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -236,14 +270,14 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
     for (int64_t m = 0; m < M; ++m) {
       const float* u = up.data_ptr<float>() + m * n[kUpN];
       float* a = act.data_ptr<float>() + m * width;
-      if (gated) {  // [gate | fc1] as one product (`MLP.fuse_gate`): act(gate) * fc1
-        for (int64_t i = 0; i < width; ++i) a[i] = activate(u[i], cfg.activation) * u[width + i];
-      } else {
-        for (int64_t i = 0; i < width; ++i) a[i] = activate(u[i], cfg.activation);
-      }
+      const int64_t i = activate_lanes(u, gated ? u + width : nullptr, a, width, cfg.activation);
+      activate_rest(u, gated ? u + width : nullptr, a, i, width, cfg.activation);
     }
     out = product(act, n[kDownKind], n[kDownN], t[kDownA], t[kDownS], t[kDownBias], cfg.isa);
     add_residual(h, out.contiguous(), M, C, cfg, t[kNorm2OutW]);
   }
-  return hidden;
+  const torch::Tensor* final_norm = tensors.data() + layers * kTensors;  // weight, bias (empty: no final norm)
+  if (!present(final_norm[0])) return hidden;
+  norm_rows(h, normed.data_ptr<float>(), M, C, cfg, final_norm[0], final_norm[1]);
+  return normed;
 }

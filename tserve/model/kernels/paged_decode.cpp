@@ -12,9 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "vector_math.h"
 
 namespace {
 
@@ -68,26 +66,7 @@ void head_attention(const float* qh, const kv_t* k, const kv_t* v, int64_t strid
   for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-// exp(x) of 8 lanes for x <= 0 (a softmax's x - max): Cephes' single-precision polynomial (relative error about
-// 1e-7); below -87 the result is exp(-87), 1.6e-38 (nothing beside the maximum's 1); NaN stays NaN.
-inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(e, _mm256_castsi256_ps(two_n));
-}
-
+#if defined(TSERVE_VECTOR_MATH)
 // The sums of 8 vectors' lanes, as one vector (lane i: the sum of a[i]).
 inline __m256 lane_sums(const __m256* a) {
   const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -128,7 +107,7 @@ void head_attention_avx2(const float* qh, const float* k, const float* v, int64_
   __m256 sums = _mm256_setzero_ps();
   int64_t t = 0;
   for (; t + 8 <= run.len; t += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(top)));
+    const __m256 e = tserve_vector::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(top)));
     _mm256_storeu_ps(scores + t, e);
     sums = _mm256_add_ps(sums, e);
   }
@@ -138,7 +117,7 @@ void head_attention_avx2(const float* qh, const float* k, const float* v, int64_
   if (t < run.len) {
     alignas(32) float tail[8];
     for (int64_t i = 0; i < 8; ++i) tail[i] = t + i < run.len ? scores[t + i] - top : -87.0f;
-    _mm256_store_ps(tail, exp_nonpositive(_mm256_load_ps(tail)));
+    _mm256_store_ps(tail, tserve_vector::exp_nonpositive(_mm256_load_ps(tail)));
     for (int64_t i = 0; t + i < run.len; ++i) {
       scores[t + i] = tail[i];
       total += tail[i];
@@ -187,7 +166,7 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
         }
         const kv_t* kh = k + (j / group) * D;
         const kv_t* vh = v + (j / group) * D;
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(TSERVE_VECTOR_MATH)
         if constexpr (std::is_same_v<kv_t, float>) {
           if (D % 8 == 0) {
             head_attention_avx2(qh, kh, vh, KV * D, run, D, scale, scores.data(), oh);
