@@ -44,4 +44,13 @@ BLOCK_KERNEL_BUGS = [
     Bug("fused-window-ignored", "tserve/model/kernels/decode_layers.cpp",
         "cfg.block_size, scale, n[kWindow]);", "cfg.block_size, scale, 0);",
         (f"{FUSED}[phi3-smollm3-granite-float32]", f"{FUSED}[gemma3-q4_0]")),
+    Bug("fused-silu-lanes-take-the-sigmoid-of-minus-x", "tserve/model/kernels/vector_math.h",
+        "_mm256_blendv_ps(one, e, x)", "_mm256_blendv_ps(e, one, x)",
+        (f"{FUSED}[llama-float32]", f"{FUSED}[qwen2-q4_0]")),
+    Bug("fused-gelu-tanh-lanes-lose-the-sign", "tserve/model/kernels/vector_math.h",
+        "return _mm256_or_ps(magnitude, _mm256_and_ps(y, sign));", "return magnitude;",
+        (f"{FUSED}[gpt2-float32]",)),
+    Bug("fused-final-norm-skipped", "tserve/model/kernels/decode_layers.cpp",
+        "  if (!present(final_norm[0])) return hidden;", "  return hidden;",
+        (f"{FUSED}[llama-q8_0]", f"{FUSED}[gpt2-packed]")),
 ]
