@@ -257,7 +257,8 @@ def load(
     as `int8_activations` says (`model.quantize.ACTIVATIONS`); `quantize="int4"`: group-wise int4 weights
     (`int4_group_size` weights per scale; float32 on the CPU only); `quantize="q8_0"` / `"q4_0"`: llama.cpp's
     block formats (`model.block_quant`). `pack_weights`: float32
-    linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only).
+    linear layers on the CPU get pre-packed weights (`model.packed_linear`; the model is for inference only), unless
+    the decode steps fuse on the weights as they are (`fused_layers`).
     `quantize="auto"`: the checkpoint's own, the nearest of ours for a block-quantized GGUF file (`gguf_quantization`;
     with q8_0 / q4_0 a GGUF file's own Q8_0 / Q4_0 blocks are kept as they are), none for every other.
     `fused_layers`: a language model's one-token decode steps run through all its layers in one C++ call where its
@@ -300,10 +301,13 @@ def load(
         if given is not None:
             given.report(path, quantize, dict(gguf_file.weights.weight_types()))
         loaded.quantization = quantize
-    elif pack_weights:
+    fuses = fused_layers and hasattr(loaded.model, "fuse_decode")
+    # A float32 model whose decode steps fuse keeps its weights as they are (the fused step reads them row by row,
+    # `dense_rows`; prefill's larger products pack them per call); the others are pre-packed, then tried again.
+    if pack_weights and quantize == "none" and not (fuses and loaded.model.fuse_decode()):
         pack_linears(loaded.model)
-    if fused_layers and hasattr(loaded.model, "fuse_decode"):  # after the weights took their final form
-        quantized["fused_layers"] = loaded.model.fuse_decode()
+    if fuses:  # after the weights took their final form
+        quantized["fused_layers"] = loaded.model.fused is not None or loaded.model.fuse_decode()
     log.info(
         "model loaded",
         extra={"path": str(path), "task": loaded.task, "format": loaded.source_format, "device": str(dev),

@@ -84,7 +84,10 @@ class Decoder(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """The output layer on final hidden states, with the family's scaling and soft cap."""
-        logits = self.lm_head(hidden)
+        return self.scale_logits(self.lm_head(hidden))
+
+    def scale_logits(self, logits: Tensor) -> Tensor:
+        """The family's scaling and soft cap of the output layer's logits."""
         if self.cfg.logits_divisor != 1.0:
             logits = logits / self.cfg.logits_divisor
         if self.cfg.logit_softcap is not None:
@@ -196,8 +199,8 @@ class Decoder(nn.Module):
         positions = positions[:, None]
         if self.fused is not None and tokens.device.type == "cpu" and self.blocks[0].attn.backend == "cpu-decode":
             x, rotary, local_rotary = self._embed(tokens[:, None], positions)
-            hidden = self.fused.run(x[:, 0], cache, cache.view(slots, positions, kv_len), rotary, local_rotary)
-            return self.logits(hidden)  # (the final norm is the fused step's last)
+            return self.scale_logits(
+                self.fused.run(x[:, 0], cache, cache.view(slots, positions, kv_len), rotary, local_rotary))
         mask = None if _attends_to_all(positions, kv_len) else causal_mask(positions, kv_len)
         hidden, _ = self._run(
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len

@@ -4,8 +4,9 @@
 A decode step of a small model on a CPU is mostly dispatch: each layer was ~180 PyTorch operators (norms, splits,
 the rotation, cache writes, views, the activation, residual adds) around its four products, each operator a few
 µs, more than the arithmetic on one row. `FusedDecode` hands the layers' weights to the kernel once, and a step
-is then one call that runs every layer's products on their own kernels (Q8_0 / Q4_0 panels, oneDNN's pre-packed
-float32 weights or `at::linear`) with loops over the rows' vectors in between.
+is then one call that runs every layer's products on their own kernels (Q8_0 / Q4_0 panels; float32 weights as
+`nn.Linear` holds them, read row by row by `dense_rows`, or oneDNN's pre-packed ones) with loops over the rows'
+vectors in between, and ends with the final norm and the output layer.
 
 It serves what `Block` computes for the layouts it knows (`FusedDecode.build` says which; anything else keeps the
 modules): pre-norm blocks with LayerNorm or RMSNorm (Gemma's offset), GPT-2's and Llama's MLPs (gated ones
@@ -86,8 +87,13 @@ class FusedDecode:
             rotates = cfg.positions == "rope" and attn.rotates
             ints += [qkv[0], qkv[1], o[0], o[1], up[0], up[1], down[0], down[1], int(rotates),
                      attn.window or 0]
-        # The final norm (made as the layers' norms are) after the last layer, where the model has one.
-        tensors += list(_norm(model.norm_f)) if model.cfg.final_norm else [_NONE, _NONE]
+        # The final norm (made as the layers' norms are) after the last layer, where the model has one, then the
+        # output layer.
+        output = _product(model.lm_head)
+        if output is None:
+            return None
+        tensors += [*(_norm(model.norm_f) if model.cfg.final_norm else (_NONE, _NONE)), *output[2:]]
+        ints += [output[0], output[1]]
         first = model.blocks[0].attn
         qk_eps = first.q_norm.eps if first.q_norm is not None else 0.0
         rotary = (cfg.rotary_dim or cfg.d_head) if cfg.positions == "rope" else 0
@@ -98,8 +104,8 @@ class FusedDecode:
 
     def run(self, x: Tensor, cache, view, rotary, local_rotary) -> Tensor:  # noqa: ANN001 - model.kv_cache types
         """x (B, C): one new token's embeddings per row; the cache and the step's `PagedView`; the rows' rotary
-        tables (`model.attention.Rotary`, or None). -> the last layer's output after the final norm (`norm_f`), what
-        the output layer takes (B, C)."""
+        tables (`model.attention.Rotary`, or None). -> the output layer's logits (B, vocabulary), before the family's
+        scaling and soft cap (`Decoder.scale_logits`)."""
         config = list(self.config)
         config[3] = cache.block_size
         half = lambda r: r.cos.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731

@@ -20,6 +20,8 @@ built (no compiler) a warning says why and the PyTorch paths serve instead.
   run time; only on x86-64 (`block_isas()` is empty elsewhere).
 - `decode_layers.cpp`: a language model's one-token decode step through every layer in one call
   (`model.fused_decode`): the products on the layers' own kernels, everything between them in loops over the rows.
+- `dense_rows.cpp`: a float32 linear layer for a decode step's few rows, reading the weight as `nn.Linear` stores it
+  (the fused step's float32 products and output layer).
 - `argmax_rows.cpp`: each row's argmax in two vectorised passes (`argmax`), where PyTorch's CPU argmax over a
   vocabulary took longer than a small model's output layer.
 """
@@ -44,7 +46,7 @@ log = logging.getLogger("tserve.kernels")
 
 _SOURCES = [Path(__file__).with_name(name)
             for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp", "block_quant.cpp",
-                         "decode_layers.cpp", "argmax_rows.cpp")]
+                         "decode_layers.cpp", "argmax_rows.cpp", "dense_rows.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("int8_row_range.h", "linear_args.h", "vector_math.h")]
 
 

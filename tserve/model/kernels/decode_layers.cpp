@@ -2,7 +2,7 @@
 // norms, the products, q/k norms, rotary positions, the cache writes, the paged attention, the activation and the
 // residual adds, with no Python between them. A step was ~180 PyTorch operators a layer (each a few µs of
 // dispatch on a CPU, more than the arithmetic of one row); here it is the products, on the layers' own kernels
-// (our Q8_0 / Q4_0 kernels, oneDNN's pre-packed float32 product or `at::linear`), and a few loops over one
+// (our Q8_0 / Q4_0 kernels, our float32 `dense_rows` or oneDNN's pre-packed product), and a few loops over one
 // row's vector in between.
 //
 // The maths is the modules' (`model.layers.Block`, `model.attention.Attention`, `model.norms.RMSNorm`): the
@@ -22,6 +22,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
                            torch::Tensor lengths, int64_t block_size, double scale, int64_t window);
 torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
                            c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa);
+torch::Tensor dense_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 
 namespace {
 
@@ -32,7 +33,7 @@ enum Slot {
 };
 // Integers: each product's kind and output width (qkv, o, up, down), whether the layer rotates, its window.
 enum IntSlot { kQkvKind, kQkvN, kOKind, kON, kUpKind, kUpN, kDownKind, kDownN, kRotates, kWindow, kInts };
-// Product kinds: a float32 weight (`at::linear`), oneDNN's pre-packed weight, Q8_0 / Q4_0 panels.
+// Product kinds: a float32 weight (`dense_rows`), oneDNN's pre-packed weight, Q8_0 / Q4_0 panels.
 enum Kind { kDense = 0, kPacked = 1, kQ8 = 2, kQ4 = 3 };
 // Activations (`Config::activation`).
 enum Activation { kSiluGated = 0, kGeluTanhGated = 1, kGelu = 2, kGeluTanh = 3, kRelu = 4, kSilu = 5 };
@@ -69,7 +70,7 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // x (M, K) -> (M, N) through one layer's product of `kind`.
 torch::Tensor product(const torch::Tensor& x, int64_t kind, int64_t N, const torch::Tensor& a, const torch::Tensor& s,
                       const torch::Tensor& bias, const std::string& isa) {
-  if (kind == kDense) return at::linear(x, a, maybe(bias));
+  if (kind == kDense) return dense_rows(x, a, maybe(bias));
   if (kind == kPacked) return packed_linear(x, a, bias);
   const int64_t pad = a.size(1) * 32 - x.size(1);  // input features padded to whole blocks (zero weights)
   const auto rows = pad > 0 ? at::constant_pad_nd(x, {0, pad}) : x;
@@ -190,8 +191,9 @@ void add_residual(float* x, torch::Tensor out, int64_t M, int64_t C, const Confi
 // `Slot` / `IntSlot` list them. k_cache, v_cache (layers, positions, kv heads, head dim) float32; write (M,) each
 // row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over; cos / sin
 // (M, rotary / 2) at each row's position (local_cos / local_sin: the sliding layers' own, or empty). Returns the
-// hidden states after the last layer and the final norm (tensors' last two: its weight and bias, empty where the
-// model has none), (M, C).
+// logits (M, vocabulary): after the last layer, the final norm (tensors' third and second last: its weight and
+// bias, empty where the model has none) and the output layer (the last three tensors, as a layer's product; the
+// last two integers its kind and width), before any scaling or soft cap of the logits.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
                             const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
@@ -199,8 +201,8 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
   const Config cfg = read_config(config, isa);
   const int64_t layers = k_cache.size(0), M = x.size(0), C = x.size(1);
   const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
-  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors + 2 &&
-                  static_cast<int64_t>(ints.size()) == layers * kInts, "decode_layers: tensors / ints per layer");
+  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors + 5 &&
+                  static_cast<int64_t>(ints.size()) == layers * kInts + 2, "decode_layers: tensors / ints per layer");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x: (M, C) float32");
   TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == KV && k_cache.size(3) == D,
@@ -276,8 +278,11 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
     out = product(act, n[kDownKind], n[kDownN], t[kDownA], t[kDownS], t[kDownBias], cfg.isa);
     add_residual(h, out.contiguous(), M, C, cfg, t[kNorm2OutW]);
   }
-  const torch::Tensor* final_norm = tensors.data() + layers * kTensors;  // weight, bias (empty: no final norm)
-  if (!present(final_norm[0])) return hidden;
-  norm_rows(h, normed.data_ptr<float>(), M, C, cfg, final_norm[0], final_norm[1]);
-  return normed;
+  const torch::Tensor* last = tensors.data() + layers * kTensors;  // the final norm's weight and bias, the output
+  const int64_t* output = ints.data() + layers * kInts;              // layer's weight, scales, bias; its kind, width
+  if (present(last[0])) {
+    norm_rows(h, normed.data_ptr<float>(), M, C, cfg, last[0], last[1]);
+    hidden = normed;
+  }
+  return product(hidden, output[0], output[1], last[2], last[3], last[4], cfg.isa);
 }

@@ -67,13 +67,6 @@ void head_attention(const float* qh, const kv_t* k, const kv_t* v, int64_t strid
 }
 
 #if defined(TSERVE_VECTOR_MATH)
-// The sums of 8 vectors' lanes, as one vector (lane i: the sum of a[i]).
-inline __m256 lane_sums(const __m256* a) {
-  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
-}
-
 // `head_attention` for a float32 cache and D a multiple of 8, 8 lanes wide: each run of 8 positions' scores is
 // one vector (their dot products' lanes summed together), the exponentials 8 at a time.
 void head_attention_avx2(const float* qh, const float* k, const float* v, int64_t stride, const Run& run, int64_t D,
@@ -90,7 +83,7 @@ void head_attention_avx2(const float* qh, const float* k, const float* v, int64_
         dots[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kh + d), dots[i]);
       }
     }
-    const __m256 s = _mm256_mul_ps(lane_sums(dots), _mm256_set1_ps(scale));
+    const __m256 s = _mm256_mul_ps(tserve_vector::lane_sums(dots), _mm256_set1_ps(scale));
     if (n == 8) {
       _mm256_storeu_ps(scores + t0, s);
       best = _mm256_max_ps(best, s);

@@ -1,5 +1,6 @@
 // Eight float32 lanes of the functions the kernels apply element by element (AVX2 + FMA, what the kernels are
-// compiled for on x86-64): the exponential of a non-positive argument, SiLU and tanh built on it.
+// compiled for on x86-64): the exponential of a non-positive argument, SiLU and tanh built on it, and the lane sums of
+// 8 vectors at once.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -40,6 +41,13 @@ inline __m256 tanh(__m256 y) {
   const __m256 e = exp_nonpositive(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, y)));
   const __m256 magnitude = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
   return _mm256_or_ps(magnitude, _mm256_and_ps(y, sign));
+}
+
+// The sums of 8 vectors' lanes, as one vector (lane i: the sum of a[i]).
+inline __m256 lane_sums(const __m256* a) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
 }
 
 }  // namespace tserve_vector
