@@ -13,10 +13,12 @@ weight, int4 0.5 + 4 bytes a group of 32 (its PyTorch layout), Q8_0 34 and Q4_0 
 `--models`: GPT-2 small and SmolLM2-135M shapes (random weights) loaded as the server loads them in each format;
 a decode step is (t(prompt + new tokens) - t(prompt + 1 token)) / (new - 1) of one greedy request, as
 bench/roofline.py measures it, but the formats' runs taken in turns (best of --repeats each).
-`--fused`: the same steps in float32 (pre-packed), Q8_0 and Q4_0, each layer by layer and through every layer in
-one call (`--fused-layers`, `model.fused_decode`), in turns; and the PyTorch operators a whole decode step dispatches
-(the profiler's count over (prompt + 9 tokens) - (prompt + 1 token), / 8 steps: the layers' and what is outside
-them, the embedding, final norm, output layer, sampling and the runner's bookkeeping, the same in both).
+`--fused`: the same steps in float32, Q8_0 and Q4_0, each layer by layer (`--no-fused-layers`: float32 pre-packed)
+and through every layer in one call (`--fused-layers`, `model.fused_decode`: float32 on its weights as they are), in
+turns; the PyTorch operators a whole decode step dispatches (the profiler's count over (prompt + 9 tokens) -
+(prompt + 1 token), / 8 steps: the layers' and what is outside them, the embedding, sampling and the runner's
+bookkeeping); and the prompt's prefill with its first token (prefill runs layer by layer in both: fused models'
+float32 products pack their weights per call).
 """
 
 from __future__ import annotations
@@ -73,45 +75,43 @@ def decode_steps_in_turns(directory: Path, prompt: int, new: int, repeats: int) 
 
 
 def fused_against_layers(directory: Path, prompt: int, new: int, repeats: int) -> dict[str, dict[str, float]]:
-    """Per format: ms a decode step and operators a step, layer by layer and fused, runs in turns."""
+    """Per format: ms a decode step and operators a step, layer by layer and fused, runs in turns. Each loaded as
+    the server loads it: layer by layer with `--no-fused-layers` (float32 pre-packed), fused with `--fused-layers`
+    (float32 on its weights as they are)."""
     from torch.profiler import ProfilerActivity, profile
 
     from tserve.model import checkpoint
     from tserve.model.decoding import SamplingParams, generate
     from tserve.model.decoding.lm_runner import DecoderRunner
 
-    runs, plans, models = {}, {}, {}
+    runs = {}
     for fmt in ("float32", "q8_0", "q4_0"):
-        loaded = checkpoint.load(directory, device="cpu", quantize="none" if fmt == "float32" else fmt,
-                                 pack_weights=True, fused_layers=True)
-        assert loaded.model.fused is not None, f"{fmt}: not fused"
-        runner = DecoderRunner(loaded, num_slots=1, cuda_graphs=False)
-        ids = [[(7 * i + 3) % 200 + 10 for i in range(prompt)]]
-        runs[fmt] = lambda tokens, loaded=loaded, runner=runner, ids=ids: generate(
-            loaded, ids, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True), runner=runner)
-        plans[fmt], models[fmt] = loaded.model.fused, loaded.model
-        runs[fmt](new)  # warm-up
-    out: dict[str, dict[str, float]] = {}
-    best = {(fmt, mode, tokens): float("inf") for fmt in runs for mode in ("layers", "fused") for tokens in (new, 1)}
+        for mode in ("layers", "fused"):
+            loaded = checkpoint.load(directory, device="cpu", quantize="none" if fmt == "float32" else fmt,
+                                     pack_weights=True, fused_layers=mode == "fused")
+            assert (loaded.model.fused is not None) == (mode == "fused"), f"{fmt}: fused {loaded.model.fused}"
+            runner = DecoderRunner(loaded, num_slots=1, cuda_graphs=False)
+            ids = [[(7 * i + 3) % 200 + 10 for i in range(prompt)]]
+            runs[fmt, mode] = lambda tokens, loaded=loaded, runner=runner, ids=ids: generate(
+                loaded, ids, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True), runner=runner)
+            runs[fmt, mode](new)  # warm-up
+    best = {(fmt, mode, tokens): float("inf") for fmt, mode in runs for tokens in (new, 1)}
     for _ in range(repeats):
         for (fmt, mode, tokens), so_far in best.items():
-            models[fmt].fused = plans[fmt] if mode == "fused" else None
             start = time.perf_counter()
-            runs[fmt](tokens)
+            runs[fmt, mode](tokens)
             best[fmt, mode, tokens] = min(so_far, time.perf_counter() - start)
-    for fmt in runs:
+    out: dict[str, dict[str, float]] = {}
+    for (fmt, mode), run in runs.items():
         row = out.setdefault(fmt, {})
-        for mode in ("layers", "fused"):
-            row[f"{mode}_ms"] = (best[fmt, mode, new] - best[fmt, mode, 1]) / (new - 1) * 1000
-            models[fmt].fused = plans[fmt] if mode == "fused" else None
-            counts = []
-            for tokens in (9, 1):
-                with profile(activities=[ProfilerActivity.CPU]) as prof:
-                    runs[fmt](tokens)
-                counts.append(sum(e.count for e in prof.key_averages()))
-            row[f"{mode}_ops"] = (counts[0] - counts[1]) / 8
-            row["layers"] = models[fmt].cfg.n_layers
-        models[fmt].fused = plans[fmt]
+        row[f"{mode}_ms"] = (best[fmt, mode, new] - best[fmt, mode, 1]) / (new - 1) * 1000
+        row[f"{mode}_prefill_ms"] = best[fmt, mode, 1] * 1000
+        counts = []
+        for tokens in (9, 1):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                run(tokens)
+            counts.append(sum(e.count for e in prof.key_averages()))
+        row[f"{mode}_ops"] = (counts[0] - counts[1]) / 8
     return out
 
 
@@ -177,15 +177,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.fused:
         print(f"\nOne greedy request's decode step, {args.prompt}-token prompt, {args.new - 1} steps, best of "
               f"{args.repeats}, layer by layer against one call through every layer, runs in turns\n")
-        print("| model | format | layers ms | fused ms | speed-up | operators a step: layers | fused | layers |\n"
-              "|---|---|---|---|---|---|---|---|")
+        print("| model | format | layers ms | fused ms | speed-up | operators a step: layers | fused | "
+              "prompt + 1 token ms: layers | fused |\n|---|---|---|---|---|---|---|---|---|")
         for size in sizes:
             directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
             result = fused_against_layers(directory, args.prompt, args.new, args.repeats)
             rows.append({"model": size, "fused": result})
             for fmt, r in result.items():
                 print(f"| {size} | {fmt} | {r['layers_ms']:.2f} | {r['fused_ms']:.2f} | "
-                      f"{r['layers_ms'] / r['fused_ms']:.2f}x | {r['layers_ops']:.0f} | {r['fused_ops']:.0f} | {r['layers']} |",
+                      f"{r['layers_ms'] / r['fused_ms']:.2f}x | {r['layers_ops']:.0f} | {r['fused_ops']:.0f} | "
+                      f"{r['layers_prefill_ms']:.1f} | {r['fused_prefill_ms']:.1f} |",
                       flush=True)
         return rows
     if args.models or args.only_models:
