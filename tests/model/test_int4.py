@@ -1,7 +1,8 @@
 """`quantize="int4"` (`--quantize int4`): every linear layer of each model kind holds group-wise int4 weights,
-about an eighth of the float32 bytes; a layer computes exactly what its codes, scales and zeros encode, a row
-is the same alone and in any batch. On the bundled models' test splits perplexity and chrF move only within
-stated bounds: those tests are in test_quantize.py, beside int8's on the same splits."""
+about an eighth of the float32 bytes, except the output (vocabulary) layer, which holds int8 ones; a layer
+computes exactly what its codes, scales and zeros encode, a row is the same alone and in any batch. On the
+bundled models' test splits perplexity and chrF move only within stated bounds: those tests are in
+test_quantize.py, beside int8's on the same splits."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from tests.model.test_quantize import _logits
 from tserve.model.checkpoint import load
 from tserve.model.quantize import (
     INT4_GROUP_SIZES,
+    OUTPUT_LAYER,
     Int4Linear,
+    Int8Linear,
     _int4_groups,
     linear_weight_bytes,
     quantize_int4,
@@ -24,14 +27,22 @@ pytestmark = pytest.mark.kernels
 
 
 @pytest.mark.parametrize("which", ["lm", "mt", "vit"])
-def test_every_linear_layer_holds_int4_weights_and_logits_stay_close(which, tiny_lm, tiny_mt, tiny_vit):
+def test_every_linear_layer_holds_int4_weights_but_the_output_layer_int8(which, tiny_lm, tiny_mt, tiny_vit):
+    """The language model's and the translator's output (vocabulary) layer is int8, every other linear layer
+    int4 (the classifier has no vocabulary layer: all int4)."""
     path = {"lm": tiny_lm, "mt": tiny_mt, "vit": tiny_vit}[which]
     fp32, int4 = load(path), load(path, quantize="int4")
     assert int4.quantization == "int4"
     float_linears = sum(isinstance(m, nn.Linear) for m in fp32.model.modules())
     assert not any(isinstance(m, nn.Linear) for m in int4.model.modules())  # none left in float
-    assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == float_linears > 0
-    # Half a byte a weight, 4 bytes of scale and zero per 32; padding to the packed layout adds a little.
+    output = getattr(int4.model, OUTPUT_LAYER, None)
+    assert (output is not None) == (which != "vit")
+    assert output is None or isinstance(output, Int8Linear)
+    int4_layers = sum(isinstance(m, Int4Linear) for m in int4.model.modules())
+    assert int4_layers == float_linears - (output is not None) > 0
+    assert sum(isinstance(m, Int8Linear) for m in int4.model.modules()) == (output is not None)
+    # Half a byte a weight, 4 bytes of scale and zero per 32; padding to the packed layout and the int8 output
+    # layer (a byte a weight) add a little.
     assert linear_weight_bytes(fp32.model) / 8 < linear_weight_bytes(int4.model) < linear_weight_bytes(fp32.model) / 5
     ref, got = _logits(fp32, which), _logits(int4, which)
     assert not torch.equal(ref, got)
