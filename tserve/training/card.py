@@ -136,8 +136,8 @@ def render_card(directory: str | Path) -> str:
                       "activations (two 7-bit halves); `int8_7bit.*`: with 7-bit activations; `int8_7bit_weights.*`: with "
                       "8-bit activations on 7-bit weights (`--int8-activations`).", ""]
         if "int4" in metrics:
-            lines += ["`int4.*`: the same evaluation with `--quantize int4` (group-wise int4 weights, 32 a group).",
-                      ""]
+            lines += ["`int4.*`: the same evaluation with `--quantize int4` (group-wise int4 weights, 32 a group; a "
+                      "text model's output (vocabulary) layer int8).", ""]
         if samples:
             lines += ["Samples:", ""]
             for s in samples:
