@@ -128,9 +128,10 @@ def test_every_sampling_and_stopping_option_gives_the_same_from_cached_blocks_an
 
 
 def test_a_sliding_window_model_from_cached_blocks_and_preempted_writes_what_it_writes_alone(tmp_path):
-    """Gemma 3 (its first layer attends within 16 positions, with a rope base of its own; prompts of 37+ tokens):
-    requests behind a shared system prompt, sent twice to a prefix-caching engine (the second round from cached
-    blocks) and once to a pool so small that they are preempted and recomputed, each write what it writes alone."""
+    """Gemma 3 (its first layer attends within 16 positions, with a rope base of its own, in a pool of its own
+    where a request holds only its window's blocks; prompts of 37+ tokens): requests behind a shared system prompt,
+    sent twice to a prefix-caching engine (the second round from cached blocks) and once to a pool so small that
+    they are preempted and recomputed, each write what it writes alone, and both pools get every block back."""
     gemma = checkpoint.load(factories.hf_family_dir("gemma3", tmp_path / "gemma3"), device="cpu")
     assert gemma.config.sliding_layers == [0] and gemma.config.sliding_window == 16
     jobs = shared_prompt_jobs(gemma, 6)
@@ -139,11 +140,16 @@ def test_a_sliding_window_model_from_cached_blocks_and_preempted_writes_what_it_
     first, second = run_all(cached, jobs, stop=False), run_all(cached, jobs)
     block_bytes = 4 * 2 * gemma.config.n_layers * gemma.config.kv_heads * gemma.config.d_head * 4
     small = engine_of(gemma, max_slots=6, kv_cache_budget=(48 * block_bytes, None), max_model_len=96)
+    # The sliding layer's own pool (every row's window and one context) is paid first, the global layer's gets
+    # the rest: the two together the budget (give or take a null block).
+    assert small.runner.windows.pool.num_blocks == 1 + 6 * (16 // 4 + 1) + 96 // 4
+    assert abs(small.runner.cache.nbytes() - 48 * block_bytes) <= block_bytes // 2
     preempted = run_all(small, jobs)
     alone = [lm_tokens(gemma, p, params) for p, params in jobs]
     assert_varied(alone, 0.5)
     assert [r.generated for r in first] == [r.generated for r in second] == [r.generated for r in preempted] == alone
     assert sum(r.cached_tokens for r in second) > 0 and metric(small, "tserve_preemptions_total") > 0
+    assert cached.runner.windows.pool.num_in_use == small.runner.windows.pool.num_in_use == 0
 
 
 def test_a_soak_of_requests_gives_every_block_back(lm):

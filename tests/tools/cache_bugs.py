@@ -14,6 +14,8 @@ CPU_KERNEL_TESTS = tuple(f"tests/model/test_cpu_decode.py::test_kernel_equals_sd
 CPU_TRANSLATION_TESTS = ("tests/model/test_cpu_decode.py::test_translation_equals_sdpa[1]",
                          "tests/model/test_models.py::test_rows_sharing_a_source_attend_to_it_as_one_query_block[cpu-decode]")
 
+WINDOW_STEPS = ("tests/model/test_window_blocks.py::"
+                "test_steps_equal_those_of_a_cache_that_keeps_every_position_and_hold_only_the_window")
 EXACT_LAYER_TEST = "tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement"
 
 CACHE_BUGS = [
@@ -129,4 +131,15 @@ CACHE_BUGS = [
         "if kernels is None:  # not built, or rows that are not float32",
         "if kernels is None and not self.exact:  # not built, or rows that are not float32",
         ("tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_kernel_takes_rows_that_are_not_float32",)),
+    Bug("window-blocks-given-back-one-position-early", "tserve/model/window_blocks.py",
+        "return max(0, position - self.window + 1) // self.block_size",
+        "return max(0, position - self.window + 2) // self.block_size",
+        (f"{WINDOW_STEPS}[gemma3-layer-by-layer]", f"{WINDOW_STEPS}[phi3-fused-step]")),
+    Bug("window-prefix-hit-past-a-missing-block", "tserve/model/window_blocks.py",
+        "if runs[h - 1] >= h - self.first_needed(h * bs):", "if runs[h - 1] >= h - self.first_needed(h * bs) - 1:",
+        ("tests/model/test_window_blocks.py::test_usable_prefix_needs_every_block_of_the_window_before_the_hit",
+         "tests/model/test_window_blocks.py::test_a_cached_prefix_counts_as_far_as_its_last_window_is_held")),
+    Bug("fused-sliding-layers-read-the-global-layers-cache", "tserve/model/kernels/decode_layers.cpp",
+        "const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;", "const StepCache& cache = full;",
+        (f"{WINDOW_STEPS}[gemma3-fused-step]", f"{WINDOW_STEPS}[phi3-fused-step]")),
 ]

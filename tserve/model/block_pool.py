@@ -97,32 +97,39 @@ class BlockPool:
             names.append(previous)
         return names
 
-    def cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
-        """The longest run of named blocks that starts `token_ids` (see `prefix_names`), and their names. Takes
-        nothing."""
+    def cached_prefix(self, token_ids: Sequence[int], most: int | None = None) -> tuple[list[int], list[bytes]]:
+        """The longest run of named blocks (at most `most`) that starts `token_ids` (see `prefix_names`), and their
+        names. Takes nothing."""
         if not self.prefix_caching:
             return [], []
         blocks: list[int] = []
-        names = self.prefix_names(token_ids)
+        names = self.prefix_names(token_ids)[:most]
         bs = self.block_size
         for i, name in enumerate(names):
-            block = self._by_name.get(name)
-            if block is None or self._tokens[block] != tuple(token_ids[i * bs:(i + 1) * bs]):
+            block = self.lookup(name, token_ids[i * bs:(i + 1) * bs])
+            if block is None:
                 break
             blocks.append(block)
         return blocks, names[: len(blocks)]
 
-    def can_admit(self, token_ids: Sequence[int], reserve: int = 0) -> bool:
-        """Whether a sequence of `token_ids` fits now with `reserve` blocks left over."""
-        hits, _ = self.cached_prefix(token_ids)
+    def lookup(self, name: bytes, tokens: Sequence[int]) -> int | None:
+        """The block named `name` if it still holds `tokens` (a name is a hash: the tokens are checked too)."""
+        block = self._by_name.get(name)
+        return block if block is not None and self._tokens[block] == tuple(tokens) else None
+
+    def can_admit(self, token_ids: Sequence[int], reserve: int = 0, most: int | None = None) -> bool:
+        """Whether a sequence of `token_ids` fits now with `reserve` blocks left over (sharing at most `most` cached
+        blocks)."""
+        hits, _ = self.cached_prefix(token_ids, most)
         taken_from_free = sum(1 for b in hits if self._refs[b] == 0)
         return self.blocks_for(len(token_ids)) - len(hits) + taken_from_free + reserve <= self.num_free
 
-    def admit(self, token_ids: Sequence[int]) -> BlockTable:
-        """A table for `token_ids`: its cached prefix shared, new blocks for the rest (call `can_admit` first)."""
-        hits, names = self.cached_prefix(token_ids)
+    def admit(self, token_ids: Sequence[int], most: int | None = None) -> BlockTable:
+        """A table for `token_ids`: its cached prefix (at most `most` blocks of it) shared, new blocks for the rest
+        (call `can_admit` first)."""
+        hits, names = self.cached_prefix(token_ids, most)
         for block in hits:
-            self._acquire(block)
+            self.acquire(block)
         table = BlockTable(list(hits), list(names), len(hits) * self.block_size)
         if self.prefix_caching:
             self.stats.hits += bool(hits)
@@ -154,7 +161,7 @@ class BlockPool:
             name = block_hash(table.hashes[-1] if table.hashes else self.salt, tokens)
             table.hashes.append(name)
             block = table.blocks[i]
-            if name not in self._by_name and self._name[block] is None:
+            if block != NULL_BLOCK and name not in self._by_name and self._name[block] is None:
                 self._by_name[name], self._name[block], self._tokens[block] = block, name, tokens
 
     def fork(self, table: BlockTable, num_tokens: int) -> tuple[BlockTable, tuple[int, int, int] | None]:
@@ -165,7 +172,7 @@ class BlockPool:
         shared = num_tokens // self.block_size
         forked = BlockTable(list(table.blocks[:shared]))
         for block in forked.blocks:
-            self._acquire(block)
+            self.acquire(block)
         if len(forked.blocks) * self.block_size >= num_tokens:
             return forked, None
         forked.blocks.append(self._take())
@@ -174,18 +181,25 @@ class BlockPool:
     def release(self, table: BlockTable) -> None:
         """Let go of every block of `table` (last first, so that a prefix's tail is evicted before its head)."""
         for block in reversed(table.blocks):
-            self._refs[block] -= 1
-            if self._refs[block] < 0:
-                raise RuntimeError(f"KV block {block} released more often than taken")
-            if self._refs[block] == 0:
-                self._free[block] = None
-                if self._name[block] is None:
-                    self._free.move_to_end(block, last=False)  # holds nothing worth keeping: taken first
+            self.let_go(block)
         table.blocks.clear()
         table.hashes.clear()
 
+    def let_go(self, block: int) -> None:
+        """One holder fewer for `block` (the null block, which no one holds, is passed over)."""
+        if block == NULL_BLOCK:
+            return
+        self._refs[block] -= 1
+        if self._refs[block] < 0:
+            raise RuntimeError(f"KV block {block} released more often than taken")
+        if self._refs[block] == 0:
+            self._free[block] = None
+            if self._name[block] is None:
+                self._free.move_to_end(block, last=False)  # holds nothing worth keeping: taken first
+
     # ----------------------------------------------------------------------------------------------
-    def _acquire(self, block: int) -> None:
+    def acquire(self, block: int) -> None:
+        """One holder more for `block` (a shared prefix's)."""
         if self._refs[block] == 0:
             del self._free[block]
         self._refs[block] += 1

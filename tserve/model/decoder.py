@@ -155,18 +155,21 @@ class Decoder(nn.Module):
 
     def new_cache(
         self, num_slots: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
-        num_blocks: int | None = None, block_size: int = 16,
+        num_blocks: int | None = None, block_size: int = 16, window_blocks: int | None = None,
     ) -> PagedKVCache:
         """A paged cache for `num_slots` rows of up to `max_len` positions: `num_blocks` blocks shared by the rows
-        through their block tables, or (None) enough blocks for every row's whole length, each row's own for good."""
+        through their block tables, or (None) enough blocks for every row's whole length, each row's own for good.
+        `window_blocks`: the sliding-window layers (if any) keep theirs in a cache of their own of that many
+        blocks (`PagedKVCache.local`, whose rows hold only their window: `model.window_blocks`)."""
         p = self.tok_emb.weight  # not lm_head's: an int8 output layer has no float weight
         max_len = max_len or self.cfg.max_seq_len
         static = num_blocks is None
         if static:
             num_blocks = 1 + num_slots * -(-max_len // block_size)
+        local = self.cfg.sliding_layers if window_blocks and not static else ()
         return PagedKVCache(self.cfg.n_layers, num_blocks, block_size, self.cfg.kv_heads, self.cfg.d_head,
                             num_rows=num_slots, max_len=max_len, static_rows=static, dtype=dtype or p.dtype,
-                            device=p.device)
+                            device=p.device, local_layers=local, local_blocks=window_blocks or 0)
 
     @torch.inference_mode()
     def prefill(self, tokens: Tensor, lengths: Tensor, cache: PagedKVCache, slots: Tensor,

@@ -110,9 +110,11 @@ class FusedDecode:
         config[3] = cache.block_size
         half = lambda r: r.cos.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731
         sin = lambda r: r.sin.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731
+        local = view.local  # the sliding layers' own cache's, where they keep one
+        own = (local.cache.k, local.cache.v, local.write, local.row_tables) if local is not None else (_NONE,) * 4
         return cpu_kernels.extension().decode_layers(
             x, self.tensors, self.ints, config, self.isa, cache.k, cache.v, view.write, view.row_tables,
-            view.lengths, half(rotary), sin(rotary), half(local_rotary), sin(local_rotary))
+            view.lengths, *own, half(rotary), sin(rotary), half(local_rotary), sin(local_rotary))
 
 
 def _unfusable(model: nn.Module) -> str | None:

@@ -13,7 +13,7 @@ source into blocks of the same pool as the decoder rows' (a block table per sour
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,11 +37,24 @@ class PagedKVCache(nn.Module):
 
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_heads: int, d_head: int, *,
                  num_rows: int, max_len: int, static_rows: bool = False, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, local_layers: Sequence[int] = (),
+                 local_blocks: int = 0) -> None:
         super().__init__()
         self.block_size = block_size
         self.max_blocks = -(-max_len // block_size)
-        shape = (n_layers, num_blocks * block_size, n_heads, d_head)
+        # Layer i's keys/values: (False, j) the j-th of this cache's; (True, j) the j-th of `local`'s, a cache of
+        # its own for the sliding-window layers `local_layers`, whose rows hold only their window's blocks
+        # (`model.window_blocks`; its tables are set apart from these).
+        self.local: PagedKVCache | None = None
+        full = [i for i in range(n_layers) if i not in set(local_layers)]
+        self.layer_slots = [(False, full.index(i)) if i in full else (True, list(local_layers).index(i))
+                            for i in range(n_layers)]
+        if local_layers:
+            if static_rows:
+                raise ValueError("a cache with static rows keeps every layer's positions")
+            self.local = PagedKVCache(len(local_layers), local_blocks, block_size, n_heads, d_head, num_rows=num_rows,
+                                      max_len=max_len, dtype=dtype, device=device)
+        shape = (len(full), num_blocks * block_size, n_heads, d_head)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         tables = torch.zeros(num_rows + 1, self.max_blocks, dtype=torch.long)
@@ -104,7 +117,8 @@ class PagedKVCache(nn.Module):
             read_start = self._contiguous_start(rows, kv_len)
             if read_start is None:
                 read = tables[:, : -(-kv_len // bs)]
-        return PagedView(self, write.reshape(-1), read, read_start, kv_len, rows, positions)
+        local = self.local.view(rows, positions, kv_len) if self.local is not None else None
+        return PagedView(self, write.reshape(-1), read, read_start, kv_len, rows, positions, local)
 
     def _contiguous_start(self, rows: Tensor, kv_len: int) -> int | None:
         """On the CPU, for one row whose first `kv_len` positions lie in consecutive blocks: where they start, so
@@ -119,10 +133,11 @@ class PagedKVCache(nn.Module):
         return first * self.block_size
 
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return 2 * self.k.numel() * self.k.element_size() + (self.local.nbytes() if self.local is not None else 0)
 
     def bytes_per_token(self) -> int:
-        """Keys and values of one position in every layer: 2 x layers x kv heads x head size x dtype size."""
+        """Keys and values of one position in every layer: 2 x layers x kv heads x head size x dtype size (with
+        `local`: of a position past the sliding layers' windows, in the other layers only)."""
         layers, _, heads, d_head = self.k.shape
         return 2 * layers * heads * d_head * self.k.element_size()
 
@@ -138,9 +153,13 @@ class PagedView:
     kv_len: int | None
     rows: Tensor  # (B,)
     positions: Tensor  # (B, T)
+    local: PagedView | None = None  # the same forward's in the sliding layers' own cache (`PagedKVCache.local`)
 
     def layer(self, index: int) -> PagedLayerKV:
-        return PagedLayerKV(self, self.cache.k[index], self.cache.v[index])
+        in_local, j = self.cache.layer_slots[index]
+        if in_local:
+            return self.local.layer(j)
+        return PagedLayerKV(self, self.cache.k[j], self.cache.v[j])
 
     # What a decode kernel reads, the same in every layer: built once per forward, by its first layer.
     @functools.cached_property

@@ -27,6 +27,7 @@ from tserve.model.decoding.speculative import NgramIndex, Speculation, accept
 from tserve.model.decoding.structured import GrammarCompiler, GrammarState, masks_for
 from tserve.model.device_inputs import to_device
 from tserve.model.kv_cache import SlotAllocator
+from tserve.model.window_blocks import WindowBlocks
 
 StepLogprobs = tuple[list[float], list[list[float]], list[list[int]]]  # chosen, top values, top ids
 
@@ -39,6 +40,7 @@ class TextSequence:
         self.params = params
         self.slot = -1  # the cache row whose block table it uses while running
         self.table: BlockTable | None = None  # its blocks while admitted
+        self.window_table: BlockTable | None = None  # and those of the sliding layers' own pool, if the model has one
         self.num_computed = 0  # positions of `token_ids()` in the cache
         self.cached_tokens = 0  # positions found in the prefix cache at its first admission
         self.pending_names: list[bytes] = []  # names of its prompt blocks it has yet to compute
@@ -89,16 +91,23 @@ class TextSequence:
         return self.counts
 
 
+def speculation_of(speculation: Speculation | None, draft: LoadedModel | None) -> Speculation | None:
+    """The speculation a runner does: as asked, or the default one where a draft model is given."""
+    return speculation or (Speculation() if draft is not None else None)
+
+
 class DecoderRunner:
     def __init__(self, loaded: LoadedModel, *, num_slots: int, max_len: int | None = None, cuda_graphs: bool = True,
                  compile: bool = False, max_grammar_compile_ms: float = 2000.0, num_blocks: int | None = None,
                  block_size: int = 16, prefix_caching: bool = True, speculation: Speculation | None = None,
-                 draft: LoadedModel | None = None) -> None:
+                 draft: LoadedModel | None = None, window_blocks: int | None = None) -> None:
         """`num_blocks` KV blocks of `block_size` positions are shared by up to `num_slots` running rows (default:
         enough for every row's whole context); `prefix_caching`: sequences share the blocks of a common prefix;
         `speculation`: decode steps may score drafts (`model.decoding.speculative`): prompt-lookup drafts, or
-        with `draft` a smaller model's (`model.decoding.draft_model`)."""
-        self.speculation = speculation or (Speculation() if draft is not None else None)
+        with `draft` a smaller model's (`model.decoding.draft_model`). A model with sliding-window layers keeps
+        theirs in a pool of `window_blocks` blocks of its own (`model.window_blocks`; default
+        `WindowBlocks.pool_blocks`; 0: in the one pool, every position kept)."""
+        self.speculation = speculation_of(speculation, draft)
         self.model, cfg, gen = loaded.model, loaded.config, loaded.generation
         self.device = loaded.device
         self.vocab_size = cfg.vocab_size
@@ -118,10 +127,17 @@ class DecoderRunner:
         # of them waits a step and reads it, instead of computing it again beside them.
         self._pending: collections.Counter[bytes] = collections.Counter()
         num_blocks = num_blocks or 1 + num_slots * -(-self.max_len // block_size)
-        self.cache = self.model.new_cache(num_slots, self.max_len, num_blocks=num_blocks, block_size=block_size)
+        if cfg.sliding_layers and window_blocks is None:
+            ahead = self.speculation.num_tokens if self.speculation is not None else 0
+            window_blocks = WindowBlocks.pool_blocks(num_slots, self.max_len, cfg.sliding_window, block_size, ahead)
+        window_blocks = window_blocks if cfg.sliding_layers else 0
+        self.cache = self.model.new_cache(num_slots, self.max_len, num_blocks=num_blocks, block_size=block_size,
+                                          window_blocks=window_blocks)
         # The pool is this model's in this dtype: nothing else changes what a block holds.
-        self.blocks = BlockPool(num_blocks, block_size, prefix_caching=prefix_caching,
-                                salt=f"{cfg.n_layers}/{cfg.kv_heads}/{cfg.d_head}/{self.cache.k.dtype}")
+        salt = f"{cfg.n_layers}/{cfg.kv_heads}/{cfg.d_head}/{self.cache.k.dtype}"
+        self.blocks = BlockPool(num_blocks, block_size, prefix_caching=prefix_caching, salt=salt)
+        self.windows = WindowBlocks(window_blocks, block_size, cfg.sliding_window, prefix_caching=prefix_caching,
+                                    salt=salt) if window_blocks else None
         self.drafter = None if draft is None else DraftModel(
             draft, loaded, num_slots=num_slots, max_len=self.max_len, num_blocks=num_blocks, block_size=block_size,
             max_rows=self.speculation.max_rows, cuda_graphs=cuda_graphs)
@@ -154,6 +170,8 @@ class DecoderRunner:
                 f"{self.max_len} tokens; shorten the prompt or lower max_tokens"
             )
         need, have = self.blocks.blocks_for(prompt_len + max_tokens), self.blocks.num_usable
+        if self.windows is not None:  # computing a preempted sequence again holds all its blocks there for a while
+            have = min(have, self.windows.pool.num_usable)
         if need > have:
             raise ValueError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) needs {need} KV-cache blocks of "
@@ -167,13 +185,16 @@ class DecoderRunner:
         """Give `seq` a row and the blocks for every token it has (its cached prefix shared); False when either
         is short now. A sequence admitted again after preemption recomputes everything it had."""
         ids = seq.token_ids()
-        if not self.slots.num_free or not self.blocks.can_admit(ids):
-            return False
         names = self.blocks.prefix_names(ids) if self.blocks.prefix_caching else []
         hits = len(self.blocks.cached_prefix(ids)[0])
+        if self.windows is not None:  # as far as the sliding layers still hold the prefix's last window
+            hits = self.windows.usable_prefix(names, ids, hits)
+        if not self.slots.num_free or not self.blocks.can_admit(ids, most=hits) or \
+                (self.windows is not None and not self.windows.can_admit(len(ids), hits)):
+            return False
         if names[hits:hits + 1] and names[hits] in self._pending:
             return False  # a sequence admitted before it computes this very block now: wait and read it
-        seq.table = self.blocks.admit(ids)
+        seq.table = self.blocks.admit(ids, most=hits)
         seq.pending_names = names[hits:]
         self._pending.update(seq.pending_names)
         seq.slot = self.slots.allocate(1)[0]
@@ -181,6 +202,9 @@ class DecoderRunner:
         if seq.next_token is None:  # first admission (not a preempted sequence coming back)
             seq.cached_tokens = seq.table.num_cached_tokens
         self.cache.set_table(seq.slot, seq.table.blocks)
+        if self.windows is not None:
+            seq.window_table = self.windows.admit(ids, names, hits)
+            self.cache.local.set_table(seq.slot, seq.window_table.blocks)
         return True
 
     def grow(self, seq: TextSequence, ahead: int = 0) -> bool:
@@ -191,6 +215,12 @@ class DecoderRunner:
             return False
         if len(seq.table.blocks) != before:
             self.cache.set_table(seq.slot, seq.table.blocks)
+        if self.windows is not None:
+            before = len(seq.window_table.blocks)
+            if not self.windows.grow(seq.window_table, seq.num_computed + 1 + ahead):
+                return False
+            if len(seq.window_table.blocks) != before:
+                self.cache.local.set_table(seq.slot, seq.window_table.blocks)
         return True
 
     def release(self, seq: TextSequence) -> None:
@@ -201,6 +231,9 @@ class DecoderRunner:
         if seq.table is not None:
             self.blocks.release(seq.table)
             seq.table, seq.num_computed = None, 0
+        if seq.window_table is not None:
+            self.windows.release(seq.window_table)
+            seq.window_table = None
         if seq.slot >= 0:
             self.slots.free([seq.slot])
             seq.slot = -1
@@ -220,6 +253,13 @@ class DecoderRunner:
             if n // bs > s.num_computed // bs:
                 self.blocks.name_full_blocks(s.table, s.token_ids()[:n])
             s.num_computed = n
+            self._window_computed(s)
+
+    def _window_computed(self, seq: TextSequence) -> None:
+        """The sliding layers' side of `_computed`: name its full blocks there too, give back what its window left."""
+        if self.windows is not None and self.windows.computed(seq.window_table, seq.num_computed,
+                                                              seq.token_ids()[:seq.num_computed]):
+            self.cache.local.set_table(seq.slot, seq.window_table.blocks)
 
     # ----------------------------------------------------------------------------------------------
     # Forward passes
@@ -329,6 +369,7 @@ class DecoderRunner:
             if n // bs > s.num_computed // bs:
                 self.blocks.name_full_blocks(s.table, (s.token_ids() + d[:kept])[:n])
             s.num_computed = n
+            self._window_computed(s)
         logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
             n_top = max(s.params.logprobs or 0 for s in seqs)
@@ -414,6 +455,8 @@ class DecoderRunner:
                     self.blocks.prefix_caching:
                 # a step fed it from the device before its tokens were known: name the blocks they filled
                 self.blocks.name_full_blocks(seq.table, seq.token_ids()[:known])
+                if self.windows is not None:
+                    self.windows.pool.name_full_blocks(seq.window_table, seq.token_ids()[:known])
             if seq.counts is not None:
                 seq.counts[token] += 1
             if seq.grammar is not None:

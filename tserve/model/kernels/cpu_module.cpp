@@ -22,7 +22,9 @@ torch::Tensor dense_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
                             const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
-                            torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos, torch::Tensor local_sin);
+                            torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
+                            torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
+                            torch::Tensor local_sin);
 
 // How many of PyTorch's threads a parallel loop of `n` items runs on, as the kernels' loops do (1 where the module
 // was compiled without OpenMP: `at::parallel_for` is a header template, serial unless compiled with it).

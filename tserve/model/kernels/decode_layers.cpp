@@ -187,9 +187,35 @@ void add_residual(float* x, torch::Tensor out, int64_t M, int64_t C, const Confi
 
 }  // namespace
 
+namespace {
+
+// One of the step's two caches: the layers' keys and values (layers, positions, kv heads, head dim) float32, each
+// row's new position in it (M,) and the rows' block tables (M, W).
+struct StepCache {
+  torch::Tensor k, v, write, tables;
+  const int64_t* at = nullptr;
+  int64_t positions = 0;
+
+  StepCache(torch::Tensor k_, torch::Tensor v_, torch::Tensor write_, torch::Tensor tables_, int64_t M, int64_t KV,
+            int64_t D)
+      : k(k_), v(v_), write(write_.contiguous()), tables(tables_) {
+    TORCH_CHECK(k.scalar_type() == torch::kFloat && k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes() &&
+                    k.dim() == 4 && k.size(2) == KV && k.size(3) == D,
+                "k_cache / v_cache: (layers, positions, kv heads, head dim) float32");
+    TORCH_CHECK(write.scalar_type() == torch::kLong && write.numel() == M, "write: (M,) int64");
+    positions = k.size(1);
+    at = write.data_ptr<int64_t>();
+    for (int64_t m = 0; m < M; ++m) TORCH_CHECK(at[m] >= 0 && at[m] < positions, "write position out of range");
+  }
+};
+
+}  // namespace
+
 // x (M, C) float32: the embeddings of one new token per row (scaled, positions added). tensors / ints: per layer, as
 // `Slot` / `IntSlot` list them. k_cache, v_cache (layers, positions, kv heads, head dim) float32; write (M,) each
-// row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over; cos / sin
+// row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over. local_k, local_v,
+// local_write, local_tables: the same for the sliding-window layers where they keep a cache of their own
+// (`PagedKVCache.local`; empty tensors where they do not): the layers with a window take those, in order. cos / sin
 // (M, rotary / 2) at each row's position (local_cos / local_sin: the sliding layers' own, or empty). Returns the
 // logits (M, vocabulary): after the last layer, the final norm (tensors' third and second last: its weight and
 // bias, empty where the model has none) and the output layer (the last three tensors, as a layer's product; the
@@ -197,21 +223,23 @@ void add_residual(float* x, torch::Tensor out, int64_t M, int64_t C, const Confi
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
                             const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
-                            torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos, torch::Tensor local_sin) {
+                            torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
+                            torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
+                            torch::Tensor local_sin) {
   const Config cfg = read_config(config, isa);
-  const int64_t layers = k_cache.size(0), M = x.size(0), C = x.size(1);
+  const int64_t layers = (static_cast<int64_t>(ints.size()) - 2) / kInts, M = x.size(0), C = x.size(1);
   const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
   TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors + 5 &&
                   static_cast<int64_t>(ints.size()) == layers * kInts + 2, "decode_layers: tensors / ints per layer");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x: (M, C) float32");
-  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == KV && k_cache.size(3) == D,
-              "k_cache / v_cache: (layers, positions, kv heads, head dim) float32");
-  TORCH_CHECK(write.scalar_type() == torch::kLong && write.numel() == M, "write: (M,) int64");
-  const int64_t positions = k_cache.size(1);
-  write = write.contiguous();
-  const int64_t* at_pos = write.data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) TORCH_CHECK(at_pos[m] >= 0 && at_pos[m] < positions, "write position out of range");
+  const bool has_local = local_k.numel() > 0;
+  int64_t windowed = 0;
+  for (int64_t layer = 0; layer < layers; ++layer) windowed += ints[layer * kInts + kWindow] > 0;
+  StepCache full(k_cache, v_cache, write, tables, M, KV, D);
+  TORCH_CHECK(full.k.size(0) == (has_local ? layers - windowed : layers), "k_cache: one entry per layer it holds");
+  const StepCache local = has_local ? StepCache(local_k, local_v, local_write, local_tables, M, KV, D) : full;
+  TORCH_CHECK(!has_local || local.k.size(0) == windowed, "local_k: one entry per sliding-window layer");
+  int64_t full_index = 0, local_index = 0;
   const int64_t half = cfg.rotary_dim / 2;
   cos = cos.contiguous();
   sin = sin.contiguous();
@@ -235,8 +263,11 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
     auto qkv = product(normed, n[kQkvKind], n[kQkvN], t[kQkvA], t[kQkvS], t[kQkvBias], cfg.isa).contiguous();
     TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "qkv width");
     auto q = torch::empty({M, H, D}, x.options());
-    float* kc = k_cache.data_ptr<float>() + layer * positions * kv_width;
-    float* vc = v_cache.data_ptr<float>() + layer * positions * kv_width;
+    const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;
+    const int64_t index = has_local && n[kWindow] > 0 ? local_index++ : full_index++;
+    const int64_t* at_pos = cache.at;
+    float* kc = cache.k.data_ptr<float>() + index * cache.positions * kv_width;
+    float* vc = cache.v.data_ptr<float>() + index * cache.positions * kv_width;
     const bool local = cfg.has_local_rope && n[kWindow] > 0;
     const float* cos_rows = half > 0 ? (local ? local_cos : cos).data_ptr<float>() : nullptr;
     const float* sin_rows = half > 0 ? (local ? local_sin : sin).data_ptr<float>() : nullptr;
@@ -259,8 +290,8 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
         }
       }
     }
-    auto k_layer = k_cache.select(0, layer), v_layer = v_cache.select(0, layer);
-    auto attended = paged_decode(q, k_layer, v_layer, tables, lengths, cfg.block_size, scale, n[kWindow]);
+    auto k_layer = cache.k.select(0, index), v_layer = cache.v.select(0, index);
+    auto attended = paged_decode(q, k_layer, v_layer, cache.tables, lengths, cfg.block_size, scale, n[kWindow]);
     auto out = product(attended.view({M, q_width}), n[kOKind], n[kON], t[kOA], t[kOS], t[kOBias], cfg.isa);
     add_residual(h, out.contiguous(), M, C, cfg, t[kNorm1OutW]);
     // MLP.

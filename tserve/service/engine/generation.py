@@ -33,9 +33,9 @@ from tserve.model.decoding import (
     generate,
     token_logprobs,
 )
-from tserve.model.decoding.lm_runner import ChosenTokens, StepLogprobs
+from tserve.model.decoding.lm_runner import ChosenTokens, StepLogprobs, speculation_of
 from tserve.model.tokenizer import IncrementalDetokenizer
-from tserve.service.engine.kv_memory import kv_cache_blocks
+from tserve.service.engine.kv_memory import lm_kv_blocks
 from tserve.service.engine.output import text_event, token_logprob
 from tserve.service.engine.request import EngineRequest, Event, TokenLogprob
 from tserve.service.engine.worker import Worker, overlaps
@@ -75,11 +75,13 @@ class GenerationEngine(Worker):
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
         context = max_model_len or min(loaded.config.max_seq_len, DEFAULT_MAX_MODEL_LEN)
         context = min(context, loaded.config.max_seq_len)
-        num_blocks = kv_cache_blocks(loaded, kv_cache_budget, kv_block_size, max_slots, -(-context // kv_block_size))
+        speculates = speculation_of(speculation, draft)
+        ahead = speculates.num_tokens if speculates is not None else 0
+        num_blocks, window_blocks = lm_kv_blocks(loaded, kv_cache_budget, kv_block_size, max_slots, context, ahead)
         self.runner = DecoderRunner(loaded, num_slots=max_slots, max_len=context, cuda_graphs=cuda_graphs,
                                     compile=compile, max_grammar_compile_ms=max_grammar_compile_ms,
                                     num_blocks=num_blocks, block_size=kv_block_size, prefix_caching=prefix_caching,
-                                    speculation=speculation, draft=draft)
+                                    speculation=speculation, draft=draft, window_blocks=window_blocks)
         self._drafted = self._accepted = 0  # since start, for the acceptance-rate gauge
         self.max_len, self.device = self.runner.max_len, loaded.device
         self.prefix_caching = prefix_caching
