@@ -99,6 +99,39 @@ def test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row(activations)
     assert error.max() < ROW_ERROR[activations], error
 
 
+class _WithOutputLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.lm_head = nn.Linear(64, 64), nn.Linear(64, 3000)
+
+
+def _sums_in_int32_natively() -> bool:
+    """This CPU has VNNI or AMX and the process is not held to AVX2 (`make test-avx2`)."""
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    held = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == AVX2_ONLY["ONEDNN_MAX_CPU_ISA"]
+    return not held and bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def test_the_output_layer_takes_onednn_where_it_sums_in_int32_and_each_row_stays_its_own():
+    """The output (vocabulary) layer runs on oneDNN's int8 GEMM where that sums 8-bit activations in int32 (VNNI,
+    AMX; 1.4-2x fbgemm at NLLB's 256k outputs from 16 rows up), the other layers on the default engine; on either,
+    every row equals itself computed alone and stays within `full`'s error."""
+    torch.manual_seed(0)
+    model = quantize_int8(_WithOutputLayer(), "full")
+    assert model.body.engine is None
+    expected = "onednn" if _sums_in_int32_natively() and not model.lm_head.exact else None
+    assert model.lm_head.engine == expected
+    rows = _long_tailed_rows()
+    linear = nn.Linear(64, 3000)
+    layer = Int8Linear(linear, "full", engine=expected)
+    with torch.inference_mode():
+        batch = layer(rows)
+        for i in range(len(rows)):
+            assert torch.equal(layer(rows[i : i + 1]), batch[i : i + 1])
+    error = _relative_errors(layer, linear, rows)
+    assert error.max() < ROW_ERROR["full"], error
+
+
 @pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
 def test_each_row_of_an_int8_weight_spans_its_levels(activations):
     """Every output row's largest weight takes the largest code: 127 levels each side, and 63 for
@@ -116,7 +149,7 @@ def test_full_is_refused_where_no_kernel_takes_8_bits(monkeypatch):
     refused with a clear error, by the resolver and by the layer, and `auto` falls back to `split`."""
     import tserve.model.quantize as quantize
 
-    monkeypatch.setattr(quantize, "full_range_activations", lambda: False)
+    monkeypatch.setattr(quantize, "full_range_activations", lambda engine=None: False)
     monkeypatch.setattr(quantize.cpu_kernels, "available", lambda: False)
     assert quantize.full_activations_kernel() is None
     assert resolve_activations("auto") == "split"

@@ -49,9 +49,10 @@ output layer (docs/benchmarks/roofline.md). `q4_0` keeps its output layer in Q4_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -74,12 +75,13 @@ _LEVELS = 255  # the largest 8-bit code
 
 
 @functools.cache
-def full_range_activations() -> bool:
-    """Whether this process's int8 GEMM takes 8-bit activations without overflow: one dot product whose
-    u8 x s8 pairs sum past int16 (2 x 255 x 127), compared with its exact value."""
+def full_range_activations(engine: str | None = None) -> bool:
+    """Whether this process's int8 GEMM (PyTorch's default engine, or `engine`) takes 8-bit activations without
+    overflow: one dot product whose u8 x s8 pairs sum past int16 (2 x 255 x 127), compared with its exact value."""
     k, n = 256, 8
     weight = _quantize_weight(torch.ones(n, k), torch.full((n,), 1 / 127, dtype=torch.double))
-    packed = torch.ops.quantized.linear_prepack(weight, None)
+    with _quantized_engine(engine):
+        packed = torch.ops.quantized.linear_prepack(weight, None)
     # Row 0 quantizes to 255 everywhere (scale 1/255, zero point 0); row 1 sets the minimum.
     got = torch.ops.quantized.linear_dynamic(torch.tensor([[1.0] * k, [0.0] * k]), packed, reduce_range=False)
     return abs(float(got[0, 0]) - k) < 0.5
@@ -106,6 +108,32 @@ def resolve_activations(activations: str) -> str:
     return activations
 
 
+@contextlib.contextmanager
+def _quantized_engine(engine: str | None) -> Iterator[None]:
+    """Weights packed inside are packed for `engine` (None: the default); a packed weight keeps its engine, so
+    later calls need no switch."""
+    if engine is None:
+        yield
+        return
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def output_layer_engine(activations: str) -> str | None:
+    """The int8 engine of the output (vocabulary) layer: oneDNN where its GEMM sums 8-bit activations in int32
+    (VNNI, AMX), else None (the default engine, as every other layer). Its products are the largest of a step
+    (NLLB's: 1024 x 256k, for every beam), and there oneDNN is 1.4-2x fbgemm from 16 rows up and level below
+    (docs/benchmarks/translation.md). One engine per layer for every batch: a row's result stays the same alone
+    and in any batch."""
+    if activations != "full" or "onednn" not in torch.backends.quantized.supported_engines:
+        return None
+    return "onednn" if full_range_activations("onednn") else None
+
+
 def _quantize_weight(weight: Tensor, scales: Tensor) -> Tensor:
     with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, not removed
         warnings.simplefilter("ignore")
@@ -116,7 +144,8 @@ class Int8Linear(nn.Module):
     """`nn.Linear`'s forward with an int8 weight (one scale per output channel) and int8 activations (one
     scale per row; `activations`: `full`, `split`, `7bit` or `7bit-weights`, see the module's docstring)."""
 
-    def __init__(self, linear: nn.Linear, activations: str, exact: bool | None = None) -> None:
+    def __init__(self, linear: nn.Linear, activations: str, exact: bool | None = None,
+                 engine: str | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
@@ -140,7 +169,9 @@ class Int8Linear(nn.Module):
             # 2x faster from about 32 rows, but 1.2-1.8x slower below 16 (one request's decode steps); one engine
             # for every row count, since the two round their outputs differently and a row must get the same
             # numbers in any batch.
-            self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+            with _quantized_engine(engine):
+                self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.engine = None if self.exact else engine  # `engine`: PyTorch's int8 engine for this layer (None: default)
         # Σ_k W[n, k] of the int8 weight as the GEMM sees it: the term that restores each row's minimum.
         self.register_buffer("weight_row_sums", qweight.dequantize().sum(dim=1).unsqueeze(0), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float(),
@@ -216,7 +247,7 @@ class Int8Linear(nn.Module):
         return weight[: self.out_features, : self.in_features]
 
     def extra_repr(self) -> str:
-        gemm = ", gemm=exact" if self.exact else ""
+        gemm = ", gemm=exact" if self.exact else f", engine={self.engine}" if self.engine else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"activations={self.activations}{gemm}")
 
@@ -321,6 +352,9 @@ def quantize_int8(model: nn.Module, activations: str = "auto") -> nn.Module:
     `activations`: one of `ACTIVATIONS`."""
     activations = resolve_activations(activations)
     _check_cpu_float32(model, "int8")
+    output = getattr(model, OUTPUT_LAYER, None)
+    if type(output) is nn.Linear:  # on its own engine (`output_layer_engine`); a tied one gets its own int8 copy
+        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations, engine=output_layer_engine(activations)))
     return _replace_linears(model, lambda linear: Int8Linear(linear, activations))
 
 
@@ -332,7 +366,8 @@ def quantize_int4(model: nn.Module, group_size: int = 32) -> nn.Module:
     _check_cpu_float32(model, "int4")
     output = getattr(model, OUTPUT_LAYER, None)
     if type(output) is nn.Linear:  # a tied one gets its own int8 copy; the embedding stays float32
-        setattr(model, OUTPUT_LAYER, Int8Linear(output, resolve_activations("auto")))
+        activations = resolve_activations("auto")
+        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations, engine=output_layer_engine(activations)))
     return _replace_linears(model, lambda linear: Int4Linear(linear, group_size))
 
 
