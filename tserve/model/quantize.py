@@ -33,6 +33,10 @@ How many bits a row gets depends on the GEMM's kernel (`ACTIVATIONS`):
 On the bundled translator's 200-sentence slice, the 4-beam translations equal to float32's: `full` 92.5%,
 `split` 95%, `7bit` 87.5% (docs/BENCHMARKS.md).
 
+The output (vocabulary) layer's `full` GEMM is oneDNN's where that sums 8-bit activations in int32 (VNNI, AMX):
+the largest product of a step (NLLB's 1024 x 256k for every beam), where it is 1.4-2x fbgemm's from 16 rows up
+(`output_layer_engine`). Each layer keeps one engine for every batch, so a row's result stays its own.
+
 int4 weights (`Int4Linear`) are group-wise: each run of `group_size` (32, 64 or 128) weights along a row has its
 own scale and minimum (asymmetric: 16 levels between the group's extremes), an eighth of float32's bytes plus
 4 bytes per group. The GEMM is PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`), vectorised for
