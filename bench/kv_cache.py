@@ -2,6 +2,7 @@
 
     python bench/kv_cache.py                              # every part
     python bench/kv_cache.py --parts memory prefix chat
+    python bench/kv_cache.py --parts window           # Gemma 3 270M's sliding layers in a pool of their own
     python bench/kv_cache.py --parts decode --baseline-rev f2c02fa --clients 1 8 32
 
 memory: a model with Qwen2.5-0.5B's cache shape (24 layers, 2 kv heads of 64: 24,576 bytes a token in float32)
@@ -136,6 +137,41 @@ def memory_part(work: Path, n: int = 700) -> dict:
                 peak_blocks=peak["blocks"], blocks=engine.runner.blocks.num_usable, static=static_rows,
                 ratio=peak["running"] / static_rows, seconds=time.perf_counter() - start,
                 preemptions=_metric(engine, "tserve_preemptions_total"))
+
+
+def window_part(work: Path, shape: str = "gemma3-270m", rows: int = 8, context: int = 32768,
+                budget_gib: float = 3.0) -> list[dict]:
+    """Gemma 3 270M's shape (15 sliding layers of 512 in 18; `shape`: one of bench/families.py's): the memory of
+    `rows` whole contexts, and the whole contexts `budget_gib` holds, with the sliding layers in a pool of their
+    own (as served: `lm_kv_blocks`' split) and every layer in the one pool. Sizes only: nothing is allocated."""
+    from bench.families import make_checkpoint
+    from tserve.model import checkpoint
+    from tserve.service.engine.kv_memory import kv_block_bytes, lm_kv_blocks
+
+    directory = work / shape
+    if not (directory / "config.json").exists():
+        make_checkpoint(shape, directory)
+    loaded = checkpoint.load(directory, device="cpu")
+    cfg, bs, out = loaded.config, 16, []
+    one_pool_block = kv_block_bytes(loaded, bs)
+    global_block = kv_block_bytes(loaded, bs, cfg.n_layers - len(cfg.sliding_layers))
+    window_block = kv_block_bytes(loaded, bs, len(cfg.sliding_layers))
+    whole = rows * -(-context // bs)
+    for budget in (None, int(budget_gib * 2**30)):
+        if budget is None:  # `rows` whole contexts
+            window_blocks = lm_kv_blocks(loaded, (2**40, None), bs, rows, context)[1]
+            num_blocks = whole
+            budget = num_blocks * global_block + window_blocks * window_block
+            one_pool = whole * one_pool_block
+        else:
+            num_blocks, window_blocks = lm_kv_blocks(loaded, (budget, None), bs, rows, context)
+            num_blocks -= 1  # the null block
+            one_pool = budget
+        out.append(dict(budget=budget, contexts=num_blocks * bs / context, window_blocks=window_blocks,
+                        per_token=global_block // bs, one_pool_bytes=one_pool,
+                        one_pool_contexts=one_pool // one_pool_block * bs / context,
+                        one_pool_per_token=one_pool_block // bs))
+    return out
 
 
 def prefix_part(work: Path, size: str, requests: int = 16, system_tokens: int = 1000,
@@ -335,9 +371,12 @@ def _metric(engine, name: str) -> float:  # noqa: ANN001
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", default=["memory", "translation-memory", "prefix", "chat", "decode"],
-                    choices=["memory", "translation-memory", "prefix", "chat", "decode"])
+    ap.add_argument("--parts", nargs="+", default=["memory", "translation-memory", "window", "prefix", "chat", "decode"],
+                    choices=["memory", "translation-memory", "window", "prefix", "chat", "decode"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--window-shape", default="gemma3-270m", help="window: a shape of bench/families.py")
+    ap.add_argument("--window-context", type=int, default=32768)
+    ap.add_argument("--window-budget", type=float, default=3.0, help="window: --kv-cache-memory in GiB")
     ap.add_argument("--size", default="smollm2-135m", help="prefix and chat: the model shape (bench/load.py's)")
     ap.add_argument("--memory-requests", type=int, default=700)
     ap.add_argument("--prefix-requests", type=int, default=16)
@@ -376,6 +415,16 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {r['budget'] / 1e6:.1f} MB | {r['requests']} x {r['beams']} beams | {r['peak_rows']} | "
               f"{r['peak_blocks']} ({r['blocks']}) | {r['static']} | {r['ratio']:.0f}x | {r['preemptions']:.0f} | "
               f"{r['identical']} of {r['requests']} | {r['seconds']:.1f} ({r['whole_seconds']:.1f}) |\n", flush=True)
+    if "window" in args.parts:
+        rows = out["window"] = window_part(work, args.window_shape, context=args.window_context,
+                                           budget_gib=args.window_budget)
+        print(f"{args.window_shape} shape, contexts of {args.window_context}: the sliding layers' own pool (as served) "
+              "against every layer in one\n\n| own pool: memory | contexts | bytes a position past the window | "
+              "its window pool (blocks) | one pool: memory | contexts | bytes a position |\n|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['budget'] / 2**30:.2f} GiB | {r['contexts']:.2f} | {r['per_token']} | {r['window_blocks']} | "
+                  f"{r['one_pool_bytes'] / 2**30:.2f} GiB | {r['one_pool_contexts']:.2f} | {r['one_pool_per_token']} |")
+        print(flush=True)
     if "prefix" in args.parts:
         rows = out["prefix"] = prefix_part(work, args.size, args.prefix_requests, args.system_tokens)
         print("| prefix cache | TTFT p50 s | TTFT max s | all done s | cached tokens |\n|---|---|---|---|---|")

@@ -87,6 +87,19 @@ def test_kv_cache_benchmark_runs_memory_prefix_and_chat_on_tiny_shapes(tmp_path,
     assert "TTFT p50 off / on" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a smoke run (7 s); `make test-slow` and CI run it
+def test_kv_cache_benchmark_counts_the_contexts_a_sliding_models_memory_holds(tmp_path, capsys):
+    """The window part on the tests' Gemma 3 stand-in (3 layers, 2 of them sliding within 8): its own pool holds
+    more whole contexts in the same memory, at a third of the bytes a position."""
+    out = bench_script("kv_cache").main(["--parts", "window", "--window-shape", "tiny-gemma3", "--window-context",
+                                         "256", "--window-budget", "0.002", "--work", str(tmp_path)])
+    whole, budget = out["window"]
+    assert whole["contexts"] == 8 == whole["one_pool_contexts"] and whole["budget"] < whole["one_pool_bytes"]
+    assert budget["contexts"] > budget["one_pool_contexts"] > 0
+    assert 3 * budget["per_token"] == budget["one_pool_per_token"]
+    assert "one pool: memory" in capsys.readouterr().out
+
+
 def test_linear_paths_benchmark_times_both_paths(capsys):
     rows = bench_script("linear_paths").main(["--rows", "1", "8", "--shapes", "64x96", "--rounds", "3"])
     assert [(r["rows"], r["n_in"], r["n_out"]) for r in rows] == [(1, 64, 96), (8, 64, 96)]
