@@ -14,7 +14,7 @@ from tests.helpers.fixture_training import assert_varied, cycle_prompts
 from tests.helpers.one_request import lm_tokens
 from tests.helpers.sampling_options import option_matrix, streamed
 from tserve.model import checkpoint
-from tserve.model.decoding import SamplingParams
+from tserve.model.decoding import SamplingParams, Speculation
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -150,6 +150,21 @@ def test_a_sliding_window_model_from_cached_blocks_and_preempted_writes_what_it_
     assert [r.generated for r in first] == [r.generated for r in second] == [r.generated for r in preempted] == alone
     assert sum(r.cached_tokens for r in second) > 0 and metric(small, "tserve_preemptions_total") > 0
     assert cached.runner.windows.pool.num_in_use == small.runner.windows.pool.num_in_use == 0
+
+
+def test_a_sliding_window_model_with_speculative_steps_in_a_small_pool_writes_what_it_writes_alone(tmp_path):
+    """Gemma 3's sliding layer in its own pool, combined: prompt-lookup drafts of 4 tokens (a step writes 5
+    positions past the window's start), prefix caching and a global pool so small that requests are preempted;
+    each request writes what it writes alone, and both pools get every block back."""
+    gemma = checkpoint.load(factories.hf_family_dir("gemma3", tmp_path / "gemma3"), device="cpu")
+    jobs = shared_prompt_jobs(gemma, 6)
+    block_bytes = 4 * 2 * gemma.config.n_layers * gemma.config.kv_heads * gemma.config.d_head * 4
+    engine = engine_of(gemma, max_slots=6, kv_cache_budget=(48 * block_bytes, None), max_model_len=96,
+                       speculation=Speculation(num_tokens=4, max_rows=6))
+    reqs = run_all(engine, jobs)
+    assert [r.generated for r in reqs] == [lm_tokens(gemma, p, params) for p, params in jobs]
+    assert metric(engine, "tserve_preemptions_total") > 0 and engine._drafted > 0
+    assert engine.runner.windows.pool.num_in_use == engine.runner.blocks.num_in_use == 0
 
 
 def test_a_soak_of_requests_gives_every_block_back(lm):
