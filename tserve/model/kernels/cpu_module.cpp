@@ -19,6 +19,9 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
                            c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa);
 torch::Tensor argmax_rows(torch::Tensor x);
 torch::Tensor dense_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+std::vector<std::string> dense_rows_paths();
+torch::Tensor dense_rows_on(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
+                            const std::string& path);
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
                             const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
@@ -45,5 +48,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_linear", &block_linear, "a linear layer on Q8_0 (format 0) or Q4_0 (format 1) weight panels");
   m.def("argmax_rows", &argmax_rows, "each row's argmax (float32), as torch.argmax(dim=-1)");
   m.def("dense_rows", &dense_rows, "a float32 linear layer for a few rows, on the weight as nn.Linear holds it");
+  m.def("dense_rows_paths", &dense_rows_paths, "the instruction sets this CPU runs dense_rows on");
+  m.def("dense_rows_on", &dense_rows_on, "dense_rows on a named path (avx512, avx2)");
   m.def("decode_layers", &decode_layers, "a language model's one-token decode step through every layer");
 }
