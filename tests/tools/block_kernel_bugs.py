@@ -1,6 +1,7 @@
 """Planted bugs of the Q8_0 / Q4_0 block kernels (`tserve/model/kernels/block_quant.cpp`), the layer that picks
-their path (`tserve/model/block_quant.py`) and the fused decode step (`tserve/model/kernels/decode_layers.cpp`,
-`tserve/model/fused_decode.py`); part of `tests/tools/planted_bugs.py`'s list."""
+their path (`tserve/model/block_quant.py`), the float32 decode product (`tserve/model/kernels/dense_rows.cpp`) and
+the fused decode step (`tserve/model/kernels/decode_layers.cpp`, `tserve/model/fused_decode.py`); part of
+`tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ BITWISE = "tests/model/test_block_kernels.py::test_each_path_equals_the_statemen
 AVX512, AVX2 = (tuple(f"{BITWISE}[{isa}-{fmt}]" for fmt in ("q8_0", "q4_0")) for isa in ("avx512", "avx2"))
 
 FUSED = "tests/model/test_fused_decode.py::test_fused_steps_equal_the_layers_steps"
+DENSE = "tests/model/test_dense_rows.py"
 
 BLOCK_KERNEL_BUGS = [
     Bug("block-kernel-avx512-scale-of-the-next-block", "tserve/model/kernels/block_quant.cpp",
@@ -51,12 +53,27 @@ BLOCK_KERNEL_BUGS = [
         "return _mm256_or_ps(magnitude, _mm256_and_ps(y, sign));", "return magnitude;",
         (f"{FUSED}[gpt2-float32]",)),
     Bug("dense-rows-drop-the-last-products", "tserve/model/kernels/dense_rows.cpp",
-        "for (int64_t k = whole; k < K; ++k) total += w[r * K + k] * xm[k];", "",
-        ("tests/model/test_dense_rows.py::test_equals_linear[3-37-13]",)),
+        "  if (whole < t.K) step_avx2<R, C, true>(t, whole, acc, first_lanes(t.K - whole));", "",
+        (f"{DENSE}::test_equals_linear[avx2-3-37-13]", f"{DENSE}::test_every_row_count_equals_linear[avx2-5]")),
+    Bug("dense-rows-avx512-drop-the-last-products", "tserve/model/kernels/dense_rows.cpp",
+        "  if (whole < t.K) step_avx512<R, C, true>(", "  if (false) step_avx512<R, C, true>(",
+        (f"{DENSE}::test_equals_linear[avx512-3-37-13]", f"{DENSE}::test_every_row_count_equals_linear[avx512-5]")),
     Bug("dense-rows-bias-on-the-next-column", "tserve/model/kernels/dense_rows.cpp",
-        "total + bias[n0 + r] : total;", "total + bias[(n0 + r + 1) % N] : total;",
-        ("tests/model/test_dense_rows.py::test_each_bias_is_added_to_its_own_column",
-         "tests/model/test_dense_rows.py::test_equals_linear[1-576-960]")),
+        "bias.has_value() ? bias->contiguous() :", "bias.has_value() ? bias->roll(-1).contiguous() :",
+        (f"{DENSE}::test_each_bias_is_added_to_its_own_column", f"{DENSE}::test_equals_linear[avx2-1-576-960]",
+         f"{DENSE}::test_equals_linear[avx512-1-576-960]")),
+    Bug("dense-rows-avx512-last-input-row-reads-the-row-before", "tserve/model/kernels/dense_rows.cpp",
+        "const __m512 xv = load_512<kMasked>(t.x + c * t.K + k, mask);",
+        "const __m512 xv = load_512<kMasked>(t.x + (c == 7 ? 6 : c) * t.K + k, mask);",
+        (f"{DENSE}::test_every_row_count_equals_linear[avx512-8]", f"{DENSE}::test_equals_linear[avx512-40-64-100]",
+         f"{DENSE}::test_a_rows_result_is_the_same_alone_and_in_any_batch[avx512-8]")),
+    Bug("dense-rows-avx2-last-input-row-reads-the-row-before", "tserve/model/kernels/dense_rows.cpp",
+        "const __m256 xv = load(t.x + c * t.K);", "const __m256 xv = load(t.x + (c == 3 ? 2 : c) * t.K);",
+        (f"{DENSE}::test_every_row_count_equals_linear[avx2-4]",
+         f"{DENSE}::test_a_rows_result_is_the_same_alone_and_in_any_batch[avx2-17]")),
+    Bug("dense-rows-path-ignores-pytorchs-capability", "tserve/model/kernels/dense_rows.cpp",
+        'has_avx512() && at::get_cpu_capability() == "AVX512"', "has_avx512()",
+        (f"{DENSE}::test_the_path_follows_pytorchs_capability",)),
     Bug("fused-final-norm-skipped", "tserve/model/kernels/decode_layers.cpp",
         "  if (present(last[0])) {", "  if (false) {",
         (f"{FUSED}[llama-q8_0]", f"{FUSED}[gpt2-packed]")),
