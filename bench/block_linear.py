@@ -7,6 +7,7 @@ one: microseconds per call and the rate each reads its weights at, beside this m
     python bench/block_linear.py --tiny                            # small shapes (the tests run this)
     python bench/block_linear.py --models --work DIR               # and one request's decode step, whole models
     python bench/block_linear.py --fused --work DIR                # decode steps layer by layer against fused
+    python bench/block_linear.py --dense                           # the fused step's float32 product, per path
 
 Shapes: GPT-2 small's layers and output layer, SmolLM2-135M's MLP and output layer. Weight bytes: int8 1 a
 weight, int4 0.5 + 4 bytes a group of 32 (its PyTorch layout), Q8_0 34 and Q4_0 18 bytes a block of 32.
@@ -19,6 +20,9 @@ turns; the PyTorch operators a whole decode step dispatches (the profiler's coun
 (prompt + 1 token), / 8 steps: the layers' and what is outside them, the embedding, sampling and the runner's
 bookkeeping); and the prompt's prefill with its first token (prefill runs layer by layer in both: fused models'
 float32 products pack their weights per call).
+`--dense`: the fused step's float32 product (`dense_rows.cpp`) on each path this CPU runs (AVX-512, AVX2) and
+PyTorch's `F.linear` on Qwen2.5-0.5B's shapes (hidden 896, intermediate 4864, vocabulary 151936), in turns: µs a
+call, the weights' GB/s and the GFLOP/s.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 SHAPES = [(768, 2304), (768, 3072), (3072, 768), (768, 50257), (576, 3072), (1536, 576), (576, 49152)]
 FORMATS = ("int8", "int4", "q8_0", "q4_0")
+DENSE_SHAPES = [(896, 4864), (4864, 896), (896, 151936)]  # Qwen2.5-0.5B's MLP up and down, output layer
 
 
 def interleaved_us(fns: dict, calls: int) -> dict[str, float]:  # noqa: ANN001 - name -> a call
@@ -115,6 +120,29 @@ def fused_against_layers(directory: Path, prompt: int, new: int, repeats: int) -
     return out
 
 
+def dense_rows_in_turns(shapes: list[tuple[int, int]], row_counts: list[int], calls: int) -> list[dict]:
+    """The float32 decode product on each of its paths and `F.linear`, each shape and row count, in turns."""
+    import torch
+    import torch.nn.functional as F
+
+    from tserve.model.kernels import cpu as cpu_kernels
+
+    ext = cpu_kernels.extension()
+    rows = []
+    with torch.inference_mode():
+        for k, n in shapes:
+            w = torch.randn(n, k) / k**0.5
+            for m in row_counts:
+                x = torch.randn(m, k)
+                fns = {p: lambda p=p, x=x, w=w: ext.dense_rows_on(x, w, None, p) for p in ext.dense_rows_paths()}
+                fns["F.linear"] = lambda x=x, w=w: F.linear(x, w)
+                us = interleaved_us(fns, max(5, calls * 20_000_000 // (4 * k * n)))
+                rows.append({"shape": f"{k}x{n}", "rows": m, "us": us,
+                             "gb_s": {f: 4 * k * n / t / 1e3 for f, t in us.items()},
+                             "gflop_s": {f: 2 * m * k * n / t / 1e3 for f, t in us.items()}})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true")
@@ -125,6 +153,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--models", action="store_true", help="also whole models' decode steps")
     ap.add_argument("--only-models", action="store_true", help="whole models' decode steps alone")
     ap.add_argument("--fused", action="store_true", help="whole models' decode steps, layer by layer and fused")
+    ap.add_argument("--dense", action="store_true", help="the float32 decode product alone, per path")
     ap.add_argument("--work", default=None, help="where the --models checkpoints are made (kept for reruns)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=33)
@@ -143,6 +172,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     shapes = [(64, 96), (96, 200)] if args.tiny else SHAPES
     activations = resolve_activations("auto")
     triad, _read = bandwidth(args.threads, 8 if args.tiny else args.array_mb, 3 if args.tiny else 5)
+    if args.dense:
+        rows = dense_rows_in_turns([(64, 96), (96, 200)] if args.tiny else DENSE_SHAPES, args.rows, args.calls)
+        print(f"\nCPU: {cpu_name()} (ATen {torch.backends.cpu.get_cpu_capability()}), {args.threads} threads; "
+              f"triad {triad:.1f} GB/s; dense_rows on each path and F.linear, fastest call\n")
+        print("| in x out | rows | path | µs | weight GB/s | GFLOP/s | of triad |\n|---|---|---|---|---|---|---|")
+        for r in rows:
+            for path, us in r["us"].items():
+                print(f"| {r['shape']} | {r['rows']} | {path} | {us:.0f} | {r['gb_s'][path]:.1f} | "
+                      f"{r['gflop_s'][path]:.1f} | {r['gb_s'][path] / triad:.2f} |")
+        return rows
     rows = []
     with torch.inference_mode():
         for k, n in [] if args.only_models or args.fused else shapes:

@@ -38,6 +38,14 @@ struct Tile {
 };
 using TileFn = void (*)(const Tile&);
 
+// The weight rows after the tile's (the next tile's), at the column the tile is at: a tile of several input rows
+// spends longer a weight row than the memory's prefetchers look ahead, and its next rows would start cold (1.3-1.4x
+// at 8 rows, docs/benchmarks/roofline.md). Not at one input row, which the prefetchers keep up with.
+template <int R, int C>
+inline void prefetch_next_tile(const Tile& t, int r, int64_t k) {
+  if constexpr (C > 1) _mm_prefetch(reinterpret_cast<const char*>(t.w + (R + r) * t.K + k), _MM_HINT_T0);
+}
+
 // ---- AVX2: 8 lanes, 16 registers (R x C accumulators, the smaller side's vectors held, one streamed) ----
 
 // The lanes of v summed as ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), the order of `lane_sums`.
@@ -57,6 +65,7 @@ inline void step_avx2(const Tile& t, int64_t k, __m256 (&acc)[R][C], __m256i mas
   if constexpr (R > C) {  // the input rows' vectors held, each weight row's streamed through one register
     __m256 xv[C];
     for (int c = 0; c < C; ++c) xv[c] = load(t.x + c * t.K);
+    for (int r = 0; r < R; ++r) prefetch_next_tile<R, C>(t, r, k);
     for (int r = 0; r < R; ++r) {
       const __m256 wv = load(t.w + r * t.K);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
@@ -64,6 +73,7 @@ inline void step_avx2(const Tile& t, int64_t k, __m256 (&acc)[R][C], __m256i mas
   } else {  // the weight rows' vectors held
     __m256 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = load(t.w + r * t.K);
+    for (int r = 0; r < R; ++r) prefetch_next_tile<R, C>(t, r, k);
     for (int c = 0; c < C; ++c) {
       const __m256 xv = load(t.x + c * t.K);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
@@ -111,6 +121,7 @@ TSERVE_AVX512 inline void step_avx512(const Tile& t, int64_t k, __m512 (&acc)[R]
   if constexpr (R > C) {
     __m512 xv[C];
     for (int c = 0; c < C; ++c) xv[c] = load_512<kMasked>(t.x + c * t.K + k, mask);
+    for (int r = 0; r < R; ++r) prefetch_next_tile<R, C>(t, r, k);
     for (int r = 0; r < R; ++r) {
       const __m512 wv = load_512<kMasked>(t.w + r * t.K + k, mask);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
@@ -118,6 +129,7 @@ TSERVE_AVX512 inline void step_avx512(const Tile& t, int64_t k, __m512 (&acc)[R]
   } else {
     __m512 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = load_512<kMasked>(t.w + r * t.K + k, mask);
+    for (int r = 0; r < R; ++r) prefetch_next_tile<R, C>(t, r, k);
     for (int c = 0; c < C; ++c) {
       const __m512 xv = load_512<kMasked>(t.x + c * t.K + k, mask);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
