@@ -356,9 +356,9 @@ def quantize_int8(model: nn.Module, activations: str = "auto") -> nn.Module:
     `activations`: one of `ACTIVATIONS`."""
     activations = resolve_activations(activations)
     _check_cpu_float32(model, "int8")
-    output = getattr(model, OUTPUT_LAYER, None)
-    if type(output) is nn.Linear:  # on its own engine (`output_layer_engine`); a tied one gets its own int8 copy
-        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations, engine=output_layer_engine(activations)))
+    vocabulary = getattr(model, OUTPUT_LAYER, None)
+    if type(vocabulary) is nn.Linear:  # on its own engine (`output_layer_engine`); a tied one gets its own copy
+        setattr(model, OUTPUT_LAYER, Int8Linear(vocabulary, activations, engine=output_layer_engine(activations)))
     return _replace_linears(model, lambda linear: Int8Linear(linear, activations))
 
 
