@@ -63,6 +63,7 @@ def test_engine_overhead_benchmark_separates_the_model_from_the_engine(capsys):
     assert "| requests | engine ms/step |" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 2-3 s: the benchmarks' smoke runs are CI's (`make test SLOW=1`)
 def test_structured_output_benchmark_times_masks_and_the_engine(capsys):
     out = bench_script("structured").main(["--vocab-sizes", "3000", "--size", "tiny-llama", "--requests", "2",
                                            "--max-tokens", "8"])
@@ -75,6 +76,7 @@ def test_structured_output_benchmark_times_masks_and_the_engine(capsys):
     assert out["ratio"] > 0 and "constrained / free" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 4-6 s: three engine runs
 def test_kv_cache_benchmark_runs_memory_prefix_and_chat_on_tiny_shapes(tmp_path, capsys):
     out = bench_script("kv_cache").main(["--parts", "memory", "prefix", "chat", "--size", "tiny-llama",
                                          "--memory-requests", "6", "--prefix-requests", "3", "--system-tokens", "80",
@@ -235,6 +237,7 @@ def test_block_linear_benchmark_times_every_format(capsys):
     assert "| in x out | rows | int8 µs | int4 µs | Q8_0 µs | Q4_0 µs |" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 6 s: a fused and a layer-by-layer model in three formats
 @pytest.mark.kernels
 def test_block_linear_benchmark_times_decode_steps_layer_by_layer_and_fused(tmp_path, capsys):
     rows = bench_script("block_linear").main(["--tiny", "--fused", "--repeats", "1", "--new", "9", "--work",
@@ -247,6 +250,7 @@ def test_block_linear_benchmark_times_decode_steps_layer_by_layer_and_fused(tmp_
     assert "| model | format | layers ms | fused ms | speed-up |" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 2 s
 def test_int8_linear_benchmark_times_every_activation_scheme(capsys):
     table = bench_script("int8_linear").main(["--rows", "1", "4", "--repeats", "1", "--calls", "2"])
     assert len(table) == 2 * 3
