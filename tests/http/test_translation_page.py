@@ -6,7 +6,8 @@ API's errors, and translates a file through the file jobs (`POST /v1/translation
 stream, its download).
 
 The browser tests need Playwright (the dev extra) and a Chromium at /usr/bin/chromium (or $TSERVE_CHROMIUM);
-without them they are skipped, unless $TSERVE_REQUIRE_BROWSER or $CI is set, where they fail instead.
+without them they are skipped, unless $TSERVE_REQUIRE_BROWSER or $CI is set, where they fail instead. They are marked
+slow (Chromium's start and the page's waits): CI runs them, `make test` leaves them out.
 TSERVE_UPDATE_SCREENSHOTS=1 writes the page's picture in the README to docs/translation-page.png."""
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ LATE_ANSWER = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_translates_as_one_types(open_page, server, tmp_path):
     pg = open_page(server, init_script=LATE_ANSWER)
@@ -259,6 +261,7 @@ def test_browser_translates_as_one_types(open_page, server, tmp_path):
     _screenshot(pg, tmp_path, "typed.png")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_auto_detect_and_swap(open_page, server, tmp_path):
     pg = open_page(server)
@@ -312,6 +315,7 @@ def test_browser_auto_detect_and_swap(open_page, server, tmp_path):
     assert pg.is_visible("#swap") and pg.is_visible("#choose-file")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_asks_for_the_api_key(open_page, keyed_server):
     pg = open_page(keyed_server)
@@ -347,6 +351,7 @@ def test_browser_asks_for_the_api_key(open_page, keyed_server):
     assert pg.is_visible("#key-message")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_shows_errors_and_retries_without_beams(open_page, server):
     pg = open_page(server)
@@ -393,6 +398,7 @@ def _file_endpoints_present(server) -> bool:
     return not (resp.status_code == 404 and resp.json().get("error", {}).get("message") == "Not Found")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_translates_a_file(open_page, server, tmp_path):
     if not _file_endpoints_present(server):
@@ -430,6 +436,7 @@ def _events(*jobs: dict) -> str:
     return "".join(f"data: {json.dumps(j)}\n\n" for j in jobs)
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_follows_file_jobs_as_the_api_describes_them(open_page, server):
     """The file API as the page reads it, answered by stubs: the form it sends (with the key), the event
@@ -522,6 +529,7 @@ def test_browser_follows_file_jobs_as_the_api_describes_them(open_page, server):
         assert b'name="source_lang"\r\n\r\nen\r\n' in body and b'name="target_lang"\r\n\r\nde\r\n' in body
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_file_drop_zone_takes_a_dropped_file(open_page, server):
     """Dropping a file starts the same job as choosing one."""

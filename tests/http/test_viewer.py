@@ -5,7 +5,8 @@ tooltip, the alignment view of a translation, the [CLS] attention of a ViT, the 
 return_alignment), and the API's errors.
 
 The browser tests need Playwright (the dev extra) and a Chromium at /usr/bin/chromium (or $TSERVE_CHROMIUM);
-without them they are skipped, unless $TSERVE_REQUIRE_BROWSER or $CI is set, where they fail instead."""
+without them they are skipped, unless $TSERVE_REQUIRE_BROWSER or $CI is set, where they fail instead. They are marked
+slow (Chromium's start and the page's waits): CI runs them, `make test` leaves them out."""
 
 from __future__ import annotations
 
@@ -134,6 +135,7 @@ def _tooltip(pg) -> str:
     return pg.inner_text("#tooltip")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_language_model_heatmap(page, server, tmp_path):
     expected = attention(server, model="lm", input=LM_TEXT)
@@ -211,6 +213,7 @@ def test_browser_language_model_heatmap(page, server, tmp_path):
     assert page.is_visible(f"#{minor}")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.parametrize("family", ["mistral", "qwen3"])
 def test_browser_llama_family_heatmap(page, server, family):
@@ -234,6 +237,7 @@ def test_browser_llama_family_heatmap(page, server, family):
     assert f"weight {row[0]:.4f}" in _tooltip(page)
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_translation_alignment(page, server, tmp_path):
     expected = attention(server, model="mt", input=MT_TEXT)
@@ -317,6 +321,7 @@ def _png() -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_vit_cls_attention(page, server, tmp_path):
     png = _png()
@@ -346,6 +351,7 @@ def test_browser_vit_cls_attention(page, server, tmp_path):
     page.screenshot(path=str(tmp_path / "vit.png"), full_page=True)
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_shows_api_and_input_errors(page, server):
     page.select_option("#model", "lm")
@@ -374,6 +380,7 @@ def lens(server, **body) -> dict:
     return resp.json()
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_logit_lens_grid(page, server, tmp_path):
     expected = lens(server, model="lm", input=LM_TEXT, top_k=3)
@@ -459,6 +466,7 @@ def _chip_box(page, sec: str, side: str, i: int) -> tuple[float, float]:
                                        "r => [+r.getAttribute('x'), +r.getAttribute('x') + +r.getAttribute('width')]"))
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_document_view_draws_alignments_and_tag_placements(page, server, tmp_path):
     # A plain text of two sentences: one segment each, a line per aligned target word.
