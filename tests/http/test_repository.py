@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -155,15 +152,16 @@ def test_unloading_drains_refuses_and_gives_the_memory_back(setup):
     assert rss_mb(srv.proc.pid) < loaded - 12
 
 
-def test_the_models_command(setup):
+def test_the_models_command(setup, monkeypatch, capsys):
+    """`tserve models`, its `main` in this process: a new interpreter's imports cost seconds (test_package.py
+    starts `python -m tserve` once)."""
+    from tserve.service.cli import main
+
     srv, _ = setup
-    env = os.environ | {"TSERVE_URL": srv.url, "TSERVE_ADMIN_KEY": ADMIN}
-    out = subprocess.run([sys.executable, "-m", "tserve.service", "models", "list"], env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0 and "lm\tREADY" in out.stdout
-    denied = subprocess.run([sys.executable, "-m", "tserve.service", "models", "unload", "lm", "--key", "wrong"], env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert denied.returncode == 1 and "401" in denied.stderr
+    monkeypatch.setenv("TSERVE_URL", srv.url)
+    monkeypatch.setenv("TSERVE_ADMIN_KEY", ADMIN)
+    assert main(["models", "list"]) == 0 and "lm\tREADY" in capsys.readouterr().out
+    assert main(["models", "unload", "lm", "--key", "wrong"]) == 1 and "401" in capsys.readouterr().err
 
 
 def test_a_load_past_max_model_memory_is_refused_before_its_weights_are_read(tmp_path, monkeypatch):
