@@ -258,6 +258,7 @@ def test_out_of_memory_is_503_with_retry_after(faulty):
     assert faulty.metric("tserve_kv_slots_in_use", "lm") == 0
 
 
+@pytest.mark.slow  # 3-4 s: two requests held past the 3-second timeout
 def test_request_timeout_is_504(faulty):
     slow = {"model": "lm", "prompt": f"{SLOW} Hello", "max_tokens": 100, "temperature": 0, "ignore_eos": True}
     assert 100 * SLOW_STEP_S > 2 * TIMEOUT_S

@@ -137,6 +137,7 @@ def test_translation_inputs_have_the_limits_of_v1(server, texts, message):
     assert v1.status_code == 400 and v1.json()["error"]["message"] == message
 
 
+@pytest.mark.slow  # 4-8 s: a server of its own, slowed down until full
 def test_a_full_server_answers_429_with_retry_after_on_both_protocols(models, tmp_path):
     """One error map: with no waiting room (--max-queue 0), 2 decoder rows held by a slow 2-beam
     translation and the classifier busy with a slow batch, `/v1` and `/v2` both refuse with 429 and

@@ -116,6 +116,7 @@ def test_a_document_has_spans_per_sentence(traced):
     assert attributes(root)["gen_ai.request.model"] == "mt"
 
 
+@pytest.mark.slow  # 6 s: a server of its own; test_off_means_no_tracer_and_no_observer checks the same in-process
 def test_no_traces_when_off(tmp_path):
     receiver = Receiver()
     srv = ServerProcess(["--model", f"lm={factories.tiny_lm_dir(tmp_path / 'lm')}"], tmp_path / "server.log",

@@ -246,6 +246,7 @@ def test_an_unknown_revision_is_a_clear_error(fake_hub):
 
 
 # ------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # 5 s: a server of its own for the repo id resolved by the tests above
 def test_the_server_serves_a_repo_id_from_the_cache(tiny_qwen2, tmp_path):
     hf_home = tmp_path / "hf-home"
     lay_out_cache(hf_home / "hub", "org/tiny-qwen2", tiny_qwen2, {"main": MAIN})

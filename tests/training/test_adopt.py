@@ -66,6 +66,7 @@ def test_a_candidate_no_better_than_the_bundled_model_changes_nothing(tmp_path, 
     assert row.startswith("| tserve-en-de |") and row.endswith("| False | False |") and GPU in row
 
 
+@pytest.mark.slow  # 8 s: the candidate's perplexity on the whole test split
 def test_a_better_candidate_is_installed_with_its_records_and_a_card_naming_the_gpu(tmp_path, data_dir):
     models = _models(tmp_path, "lm")
     bundled = models / "tserve-lm"
