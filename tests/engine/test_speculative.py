@@ -179,6 +179,7 @@ def _chi_square_p(a: Counter, b: Counter) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))
 
 
+@pytest.mark.slow  # 6 s of draws; its planted bug is caught by two tests that `make test` runs too
 def test_sampled_tokens_have_the_models_distribution():
     """Temperature 2 on the cycle model: drafts from the cycle are mostly rejected (about 30% kept), so both
     kept drafts and rejections decide tokens. 3,000 draws with speculation and 3,000 without, seeded apart

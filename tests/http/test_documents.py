@@ -157,6 +157,7 @@ def test_a_document_streams_sentence_by_sentence(server):
     assert chunks[-1]["finish_reason"] in ("stop", "length") and items[-1]["score"] == pytest.approx(whole["score"])
 
 
+@pytest.mark.slow  # 8 s; its planted bug is caught in-process too (engine/test_documents.py, test_admission_policy.py)
 def test_a_short_request_sent_while_a_long_document_runs_finishes_first(tmp_path):
     """Four rows, a document of 24 sentences with 4 beams (one sentence at a time), then a short request:
     its sentence takes its turn before the document's later sentences, so its answer comes back first."""

@@ -158,6 +158,7 @@ def translate_all(loaded, jobs: list[TranslationJob]) -> list:
     return [(runner.hypotheses(s), s.output_ids) for s in seqs]
 
 
+@pytest.mark.slow  # several seconds each; its planted bug is caught by the rules test above too
 def test_a_translators_greedy_and_beam_results_equal_the_full_log_softmax_path(random_mt, chunking, monkeypatch):
     """Greedy and 4-beam jobs in one batch (two with a forced first token, every job's last position forced
     to eos): the same ids, the same hypotheses in the same order with the same scores (bitwise), as when every
