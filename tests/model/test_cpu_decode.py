@@ -157,7 +157,7 @@ def test_lm_generation_equals_sdpa(tiny_lm):
     assert got == [s.generated for s in generate(ref, prompts, params)]
 
 
-@pytest.mark.parametrize("beams", [1, 3])
+@pytest.mark.parametrize("beams", [1, pytest.param(3, marks=pytest.mark.slow)])  # 3 beams: 4-12 s, CI
 def test_translation_equals_sdpa(tiny_mt, beams):
     """Self-attention from the rows' blocks and cross-attention from each source's blocks, read in place."""
     ref, ours = _twins(tiny_mt)  # trained: each source has its own translation (fixture_training)
@@ -168,6 +168,7 @@ def test_translation_equals_sdpa(tiny_mt, beams):
     assert got == [s.output_ids for s in translate(ref, sources, beams, 20)]
 
 
+@pytest.mark.slow  # 2-7 s: a new interpreter imports the build
 def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path):
     """The build directory is named by the sources, the flags and torch's and Python's versions (not by where the
     sources lie: checkouts of the same sources share it); a process that finds the build imports it without

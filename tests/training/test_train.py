@@ -280,6 +280,7 @@ def tiny_vit_run(tmp_path_factory):
     return out, data
 
 
+@pytest.mark.slow  # 3-10 s: its fixture trains a ViT for six epochs
 def test_vit_checkpoint_loads_and_classifies(tiny_vit_run):
     out, data = tiny_vit_run
     loaded = load(out)
