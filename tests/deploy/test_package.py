@@ -7,9 +7,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # builds the wheel: 2-5 s
 def test_the_wheel_holds_one_top_level_package_tserve_and_its_command(tmp_path):
     """The wheel pip builds and installs for `pip install .`, built from a copy of the sources (the build writes
     egg-info and build/ beside them): only `tserve/` and its metadata at the top, so that no `model` or

@@ -55,6 +55,7 @@ def test_the_source_side_is_nllbs(nllb):
 SOURCES = lexicon_sentences(6, seed=41, min_words=2, max_words=9)
 
 
+@pytest.mark.slow  # 3-9 s of transformers' generate; the forced-language tests below compare with it in make test
 def test_greedy_and_four_beams_equal_generate(nllb):
     ours = load(nllb)
     hf = transformers.M2M100ForConditionalGeneration.from_pretrained(nllb).eval()
