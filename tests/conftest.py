@@ -71,18 +71,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 # The modules that take longest (docs/TESTING.md, "Where the time goes"), started first: pytest-xdist hands each
 # worker a module at a time in this order (the Makefile turns its own reordering off), so that no long module is
-# left to run alone at the end while the other workers idle. The slow ones (`make test SLOW=1`, the AVX2 half)
-# first, then those of `make test` by their measured time, longest first.
+# left to run alone at the end while the other workers idle. The slow ones (`make test SLOW=1`, the AVX2 half; the
+# browser tests) first, then those of `make test` by their measured time, longest first.
 LONGEST_FIRST = (
     "tests/model/test_quantize.py", "tests/training/test_fixture_recipes.py", "tests/deploy/test_ray_serve.py",
-    "tests/model/test_flash_kernels.py", "tests/http/test_translation_page.py", "tests/engine/test_worker_behaviour.py",
-    "tests/http/test_llama_family_http.py", "tests/engine/test_translation_engine.py",
-    "tests/model/test_structured_output.py", "tests/deploy/test_bench.py", "tests/http/test_viewer.py",
-    "tests/training/test_gpu_session_train.py", "tests/http/test_documents.py", "tests/http/test_http.py",
-    "tests/http/test_files.py", "tests/model/test_llama_family.py", "tests/http/test_repository.py",
-    "tests/engine/test_engine.py", "tests/http/test_http_contract.py", "tests/http/test_http_limits.py",
-    "tests/model/test_bundled_models.py", "tests/http/test_multilingual_http.py", "tests/http/test_pivot_http.py",
-    "tests/http/test_image_families_http.py", "tests/http/test_reliability.py",
+    "tests/http/test_translation_page.py", "tests/http/test_viewer.py", "tests/model/test_flash_kernels.py",
+    "tests/model/test_llama_family.py", "tests/training/test_gpu_session_train.py", "tests/deploy/test_bench.py",
+    "tests/http/test_llama_family_http.py", "tests/engine/test_translation_engine.py", "tests/http/test_files.py",
+    "tests/http/test_http.py", "tests/http/test_multilingual_http.py", "tests/http/test_oip.py",
+    "tests/engine/test_worker_behaviour.py", "tests/model/test_bundled_models.py", "tests/http/test_repository.py",
+    "tests/deploy/test_package.py", "tests/http/test_libretranslate.py", "tests/model/test_cpu_decode.py",
+    "tests/http/test_http_contract.py", "tests/http/test_pivot_http.py", "tests/model/test_m2m100.py",
+    "tests/model/test_block_kernels.py", "tests/engine/test_engine.py",
 )
 
 
