@@ -125,6 +125,19 @@ def test_a_cached_prefix_counts_as_far_as_its_last_window_is_held(gemma):
     assert runner.windows.pool.num_in_use == 0 == runner.blocks.num_in_use
 
 
+def test_no_pool_of_their_own_where_it_would_hold_no_less(gemma, tmp_path):
+    """One row (its prompt's blocks are all held while it is computed), or a window no shorter than the context
+    (Phi-4-mini's 262,144 against 131,072): the sliding layers stay in the one pool, and nothing is reserved for
+    them out of `--kv-cache-memory`."""
+    from tserve.service.engine.kv_memory import lm_kv_blocks
+
+    assert runner_of(gemma).windows is not None
+    assert runner_of(gemma, num_slots=1).windows is None and runner_of(gemma, num_slots=1).cache.local is None
+    assert WindowBlocks.pool_blocks(8, 32768, 262144, 16) == 0 < WindowBlocks.pool_blocks(8, 32768, 512, 16)
+    num_blocks, window_blocks = lm_kv_blocks(gemma, (None, None), BS, 1, 96)
+    assert window_blocks == 0 and num_blocks == 1 + 96 // BS
+
+
 def test_usable_prefix_needs_every_block_of_the_window_before_the_hit():
     """Window 10, blocks of 4: a hit of h blocks needs blocks (4h - 9) // 4 .. h - 1 held. A sequence of 40 tokens
     keeps blocks 7..9 (its next query's window) and gives back 0..6, which keep their names; once block 6 is

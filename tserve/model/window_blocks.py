@@ -32,9 +32,13 @@ class WindowBlocks:
     @staticmethod
     def pool_blocks(rows: int, context: int, window: int, block_size: int, ahead: int = 0) -> int:
         """Blocks (the null block included) for `rows` rows that each hold their window and up to `ahead` positions
-        past their next one (speculative steps), and one `context`-long sequence being computed besides."""
+        past their next one (speculative steps), and one `context`-long sequence being computed besides; 0 where
+        that is no less than every row's whole context (one row, or a window as long as the context: Phi-4-mini's
+        262,144 against its 131,072), and the sliding layers are better kept with the others."""
         per_row = -(-(window + ahead) // block_size) + 1  # + 1: a window need not start at a block's start
-        return 1 + rows * per_row + -(-context // block_size)
+        whole = -(-context // block_size)
+        need = rows * per_row + whole
+        return 1 + need if need < rows * whole else 0
 
     def first_needed(self, position: int) -> int:
         """The first block read by a query at `position`, or any later one."""

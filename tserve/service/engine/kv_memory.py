@@ -67,7 +67,8 @@ def lm_kv_blocks(loaded: LoadedModel, budget: tuple[int | None, float | None], b
     window_blocks = 0
     if cfg.sliding_layers:
         window_blocks = WindowBlocks.pool_blocks(rows, context, cfg.sliding_window, block_size, ahead)
-    reserved = window_blocks * kv_block_bytes(loaded, block_size, len(cfg.sliding_layers))
+    sliding = len(cfg.sliding_layers) if window_blocks else 0  # (0 blocks: they stay with the others)
+    reserved = window_blocks * kv_block_bytes(loaded, block_size, sliding)
     num_blocks = kv_cache_blocks(loaded, budget, block_size, rows, -(-context // block_size),
-                                 layers=cfg.n_layers - len(cfg.sliding_layers), reserved=reserved)
+                                 layers=cfg.n_layers - sliding, reserved=reserved)
     return num_blocks, window_blocks
