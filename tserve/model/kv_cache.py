@@ -137,9 +137,10 @@ class PagedKVCache(nn.Module):
 
     def bytes_per_token(self) -> int:
         """Keys and values of one position in every layer: 2 x layers x kv heads x head size x dtype size (with
-        `local`: of a position past the sliding layers' windows, in the other layers only)."""
+        `local`, the sliding layers' too: what a position costs while their windows hold it)."""
         layers, _, heads, d_head = self.k.shape
-        return 2 * layers * heads * d_head * self.k.element_size()
+        local = self.local.k.size(0) if self.local is not None else 0
+        return 2 * (layers + local) * heads * d_head * self.k.element_size()
 
 
 @dataclass
