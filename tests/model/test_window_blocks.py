@@ -148,7 +148,7 @@ def test_usable_prefix_needs_every_block_of_the_window_before_the_hit():
     names = pool.pool.prefix_names(tokens)
     table = pool.admit(tokens, names, 0)
     assert held(table) == 10
-    assert pool.computed(table, 40, tokens)
+    assert pool.computed(table, 40, lambda: tokens)
     assert held(table) == 3 and table.blocks[:7] == [NULL_BLOCK] * 7
     pool.release(table)
     assert pool.pool.num_in_use == 0

@@ -19,7 +19,7 @@ name until its memory is taken. A cached prefix counts only as far as this pool 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tserve.model.block_pool import NULL_BLOCK, BlockPool, BlockTable
 
@@ -83,11 +83,12 @@ class WindowBlocks:
         """Add blocks until `table` reaches `num_tokens` positions; False (nothing added) when too few are free."""
         return self.pool.grow(table, num_tokens)
 
-    def computed(self, table: BlockTable, num_tokens: int, token_ids: Sequence[int]) -> bool:
+    def computed(self, table: BlockTable, num_tokens: int, token_ids: Callable[[], Sequence[int]]) -> bool:
         """The first `num_tokens` positions are in the cache now (the next query is at the last's successor): name
-        the full blocks of `token_ids` (those of them known), then give back the blocks the next query's window no
-        longer reaches. Returns whether the table changed."""
-        self.pool.name_full_blocks(table, token_ids)
+        the full blocks of `token_ids()` (those of them known; asked for only when a block has filled since), then
+        give back the blocks the next query's window no longer reaches. Returns whether the table changed."""
+        if num_tokens // self.block_size > len(table.hashes):
+            self.pool.name_full_blocks(table, token_ids())
         changed = False
         # The blocks held are a run at the table's end (the null block before them): walk back from the first
         # one still needed until the null block.

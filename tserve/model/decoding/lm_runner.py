@@ -258,7 +258,7 @@ class DecoderRunner:
     def _window_computed(self, seq: TextSequence) -> None:
         """The sliding layers' side of `_computed`: name its full blocks there too, give back what its window left."""
         if self.windows is not None and self.windows.computed(seq.window_table, seq.num_computed,
-                                                              seq.token_ids()[:seq.num_computed]):
+                                                              lambda: seq.token_ids()[:seq.num_computed]):
             self.cache.local.set_table(seq.slot, seq.window_table.blocks)
 
     # ----------------------------------------------------------------------------------------------
