@@ -68,10 +68,12 @@ torch::Tensor int8_rows_out(torch::Tensor product, torch::Tensor low, torch::Ten
     TORCH_CHECK(bias->numel() == M && bias->is_contiguous() && bias->scalar_type() == torch::kFloat, "bias");
     b = bias->data_ptr<float>();
   }
-  auto out = torch::empty({N, M}, product.options());
+  // Written over the product (the GEMM's own output, which no one else holds; `split`: over its first N rows,
+  // each read before it is written): an output layer's product is the step's largest tensor (NLLB: 128 beams x
+  // 256k columns, 131 MB), and a fresh one of that size is fresh pages to fault in and zero on every step.
   const float *p = product.data_ptr<float>(), *lows = low.data_ptr<float>(), *spans = span.data_ptr<float>();
   const float* sums = row_sums.data_ptr<float>();
-  float* o = out.data_ptr<float>();
+  float* o = product.data_ptr<float>();
   at::parallel_for(0, N, grain_rows(M), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float *pr = p + r * M, *ph = split ? p + (N + r) * M : nullptr;
@@ -85,5 +87,5 @@ torch::Tensor int8_rows_out(torch::Tensor product, torch::Tensor low, torch::Ten
       }
     }
   });
-  return out;
+  return split ? product.narrow(0, 0, N) : product;
 }
