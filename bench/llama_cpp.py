@@ -249,7 +249,10 @@ async def http_bodies_run(url: str, bodies: list[dict], concurrency: int, name: 
             await one_request(client, f"{url}/v1/completions", body, run)
             run.tokens += body["max_tokens"]
 
-    async with httpx.AsyncClient(timeout=1200, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+    # A connection per request, on both sides: llama-server (cpp-httplib) now and then dropped a kept-alive
+    # connection as the next request went out on it ("Server disconnected without sending a response").
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=1200, limits=limits) as client:
         start = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
         run.seconds = time.perf_counter() - start
@@ -292,6 +295,7 @@ def server_runs(url: str, server: str, prompts: list, plan: dict[int, list[range
 
 
 def http_main(args: argparse.Namespace) -> list[HttpRow]:
+    import httpx
     import torch
 
     from tserve.model.tokenizer import load_tokenizer
@@ -332,7 +336,11 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
                     if got != expected:
                         raise RuntimeError(f"{size}: tserve counts (prompt, output) tokens {expected}, llama-server "
                                            f"{got}: the two do not serve the same requests")
-                    theirs_runs.update(server_runs(llama.url, "llama", ids, {c: plan[c]}, args.max_tokens))
+                    try:
+                        theirs_runs.update(server_runs(llama.url, "llama", ids, {c: plan[c]}, args.max_tokens))
+                    except httpx.HTTPError as e:  # say how it ended, and where its log is
+                        raise RuntimeError(f"llama-server ({theirs}, {c} slots) failed: {e!r}; its exit status "
+                                           f"{llama.proc.poll()}; log {llama.log_file}:\n{llama.log()}") from e
                 finally:
                     llama.stop()
             rows.extend(HttpRow(size, c, ours, theirs, ours_runs[c], theirs_runs[c]) for c in args.clients)
@@ -347,12 +355,13 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
 def render_http_table(rows: list[HttpRow]) -> str:
     from bench.load import pct
 
-    lines = ["| model | clients | tserve | tok/s | ITL p50 | llama.cpp | tok/s | ITL p50 | tserve / llama.cpp |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | clients | tserve | tok/s | ITL p50 | TTFT p50 | llama.cpp | tok/s | ITL p50 | TTFT p50 | "
+             "tserve / llama.cpp |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.model} | {r.clients} | {r.ours} | {r.tserve.tokens_per_s:.1f} | "
-                     f"{1000 * pct(r.tserve.itl, 50):.1f} ms | {r.theirs} | {r.llama.tokens_per_s:.1f} | "
-                     f"{1000 * pct(r.llama.itl, 50):.1f} ms | {r.ratio:.2f}x |")
+                     f"{1000 * pct(r.tserve.itl, 50):.1f} ms | {1000 * pct(r.tserve.ttft, 50):.0f} ms | {r.theirs} | "
+                     f"{r.llama.tokens_per_s:.1f} | {1000 * pct(r.llama.itl, 50):.1f} ms | "
+                     f"{1000 * pct(r.llama.ttft, 50):.0f} ms | {r.ratio:.2f}x |")
     return "\n".join(lines)
 
 

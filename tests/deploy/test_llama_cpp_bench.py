@@ -93,11 +93,13 @@ def test_only_tserve_is_named_the_model_and_asked_for_a_chunk_a_token():
         assert (body["max_tokens"], body["temperature"], body["ignore_eos"], body["stream"]) == (64, 0, True, True)
 
 
-def test_the_table_gives_each_side_its_rate_and_itl_and_tserve_over_llama_cpp():
-    def run(tokens: int, seconds: float, itl: list[float]) -> Run:
-        return Run("x", 8, seconds=seconds, tokens=tokens, itl=itl)
+def test_the_table_gives_each_side_its_rate_itl_and_ttft_and_tserve_over_llama_cpp():
+    def run(tokens: int, seconds: float, itl: list[float], ttft: list[float]) -> Run:
+        return Run("x", 8, seconds=seconds, tokens=tokens, itl=itl, ttft=ttft)
 
-    rows = [HttpRow("gpt2-small", 8, "q4_0", "Q4_0", run(512, 4.0, [0.05, 0.06, 0.07]), run(512, 8.0, [0.1, 0.2, 0.3]))]
+    rows = [HttpRow("gpt2-small", 8, "q4_0", "Q4_0", run(512, 4.0, [0.05, 0.06, 0.07], [0.11, 0.12, 0.13]),
+                    run(512, 8.0, [0.1, 0.2, 0.3], [0.4, 0.5, 0.6]))]
     table = render_http_table(rows).splitlines()
-    assert table[0].startswith("| model | clients | tserve | tok/s | ITL p50 | llama.cpp | tok/s | ITL p50 |")
-    assert table[2] == "| gpt2-small | 8 | q4_0 | 128.0 | 60.0 ms | Q4_0 | 64.0 | 200.0 ms | 2.00x |"
+    assert table[0].startswith("| model | clients | tserve | tok/s | ITL p50 | TTFT p50 | llama.cpp | tok/s | ITL p50 |")
+    assert table[2] == ("| gpt2-small | 8 | q4_0 | 128.0 | 60.0 ms | 120 ms | Q4_0 | 64.0 | 200.0 ms | 500 ms | "
+                        "2.00x |")
