@@ -39,7 +39,7 @@ from tserve.model.gguf.header import read_header
 from tserve.model.importers import CheckpointError, GenerationDefaults, WeightSource, importer_for
 from tserve.model.importers.base import read_json
 from tserve.model.layers import fuse_gated_mlps
-from tserve.model.packed_linear import pack_linears
+from tserve.model.packed_linear import onednn_linears, pack_linears
 from tserve.model.preprocessing import ImagePreprocessing
 from tserve.model.quantize import (
     BLOCK_FORMATS,
@@ -303,9 +303,13 @@ def load(
         loaded.quantization = quantize
     fuses = fused_layers and hasattr(loaded.model, "fuse_decode")
     # A float32 model whose decode steps fuse keeps its weights as they are (the fused step reads them row by row,
-    # `dense_rows`; prefill's larger products pack them per call); the others are pre-packed, then tried again.
-    if pack_weights and quantize == "none" and not (fuses and loaded.model.fuse_decode()):
-        pack_linears(loaded.model)
+    # `dense_rows`; prefill's larger products lay them out per call, on oneDNN); the others are pre-packed, then
+    # tried again.
+    if pack_weights and quantize == "none":
+        if fuses and loaded.model.fuse_decode():
+            onednn_linears(loaded.model)
+        else:
+            pack_linears(loaded.model)
     if fuses:  # after the weights took their final form
         quantized["fused_layers"] = loaded.model.fused is not None or loaded.model.fuse_decode()
     log.info(

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from tserve.model.block_quant import BlockLinear
 from tserve.model.kernels import cpu as cpu_kernels
-from tserve.model.packed_linear import PackedLinear
+from tserve.model.packed_linear import OneDNNLinear, PackedLinear
 
 log = logging.getLogger("tserve.fused")
 
@@ -36,7 +36,7 @@ _NONE = torch.empty(0)
 
 def _product(layer: nn.Module) -> tuple[int, int, Tensor, Tensor, Tensor] | None:
     """(kind, outputs, weight or panels, scales, bias) of a linear layer the kernel runs, else None."""
-    if type(layer) is nn.Linear and layer.weight.dtype == torch.float32:
+    if type(layer) in (nn.Linear, OneDNNLinear) and layer.weight.dtype == torch.float32:
         return _DENSE, layer.out_features, layer.weight.detach(), _NONE, _bias(layer.bias)
     if isinstance(layer, PackedLinear):
         return _PACKED, layer.out_features, layer.packed_weight, _NONE, _bias(layer.bias)
