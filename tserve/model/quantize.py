@@ -131,7 +131,7 @@ def output_layer_engine(activations: str) -> str | None:
     """The int8 engine of the output (vocabulary) layer: oneDNN where its GEMM sums 8-bit activations in int32
     (VNNI, AMX), else None (the default engine, as every other layer). Its products are the largest of a step
     (NLLB's: 1024 x 256k, for every beam), and there oneDNN is 1.4-2x fbgemm from 16 rows up and level below
-    (docs/benchmarks/translation.md). One engine per layer for every batch: a row's result stays the same alone
+    (docs/benchmarks/nllb.md). One engine per layer for every batch: a row's result stays the same alone
     and in any batch."""
     if activations != "full" or "onednn" not in torch.backends.quantized.supported_engines:
         return None
