@@ -94,17 +94,19 @@ def test_a_reserved_row_starts_another_clients_request_at_once(lm):
         assert len(engine.running) == 2  # the third row is kept
         token = admission.set(Admission("b"))
         other = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        arrived = engine.steps  # the engine steps on meanwhile, in its own thread: counted from here, not from 0
         admission.reset(token)
         for r in [*flood, other]:
             async for _ in engine.stream(r):
                 pass
-        return [r.finished_step for r in flood], other.finished_step
+        return [r.admitted_step for r in flood], other.admitted_step, arrived
 
     try:
-        flood, other = asyncio.run(go())
+        flood, other, arrived = asyncio.run(go())
     finally:
         engine.stop()
-    assert other <= sorted(flood)[2]  # finished with the first two, not behind the flood
+    assert other <= arrived + 1  # admitted at the next step after it came
+    assert other < max(flood)  # ahead of the flood's queued requests, not behind them
 
 
 def test_the_reserved_row_takes_the_other_clients_next_request_too(lm):
