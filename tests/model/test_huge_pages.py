@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 _PROBE = """
-import os, sys
+import os
 import tserve, torch
 t = torch.empty(64 << 20, dtype=torch.uint8).fill_(1)  # touched: its pages exist
 inside = False

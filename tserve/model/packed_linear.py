@@ -15,6 +15,11 @@ import torch
 from torch import Tensor, nn
 
 
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x W^T + b by oneDNN's GEMM, on a weight it packed (`PackedLinear`) or as stored (`OneDNNLinear`)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 class PackedLinear(nn.Module):
     """`nn.Linear`'s forward on a pre-packed weight."""
 
@@ -26,7 +31,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return _onednn_linear(x, self.packed_weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -40,11 +45,10 @@ class OneDNNLinear(nn.Linear):
         if torch.is_grad_enabled() and self.weight.requires_grad:  # oneDNN's op has no backward
             return super().forward(x)
         if x.numel() != self.in_features:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return _onednn_linear(x, self.weight, self.bias)
         # One row takes another oneDNN kernel than two or more, which rounds otherwise: the row twice.
-        twice = x.reshape(1, -1).expand(2, -1).contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(twice, self.weight, self.bias, "none", [], "")
-        return out[:1].reshape(*x.shape[:-1], self.out_features)
+        twice = _onednn_linear(x.reshape(1, -1).expand(2, -1).contiguous(), self.weight, self.bias)
+        return twice[:1].reshape(*x.shape[:-1], self.out_features)
 
 
 def can_pack(model: nn.Module) -> bool:
