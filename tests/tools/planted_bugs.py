@@ -176,7 +176,7 @@ BUGS = [
         "positions[row] = u * width + g", "positions[row] = u * width",
         ("tests/model/test_models.py::test_rows_sharing_a_source_attend_to_it_as_one_query_block",)),
     Bug("packed-linear-drops-its-bias", "tserve/model/packed_linear.py",
-        "self.packed_weight, self.bias, \"none\"", "self.packed_weight, None, \"none\"",
+        "_onednn_linear(x, self.packed_weight, self.bias)", "_onednn_linear(x, self.packed_weight, None)",
         ("tests/model/test_packed_linear.py::test_packed_linear_layers_compute_what_nn_linear_computes",)),
     Bug("document-layout-becomes-spaces", "tserve/model/segmentation.py",
         "parts += [text, after]", "parts += [text, \" \"]",
