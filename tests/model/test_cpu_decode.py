@@ -54,6 +54,7 @@ def reference(q, k, v, tables, lengths, block, window=None):  # noqa: ANN001, AN
     (3, 8, 2, 32, 4, [7, 30, 2]),  # grouped query heads, small blocks
     (1, 6, 3, 80, 8, [45]),  # one row: the heads are split between threads
     (1, 9, 3, 64, 16, [130]),  # SmolLM2's heads, one row: 9 query heads on 3 kv heads, a task each
+    (1, 4, 2, 128, 16, [70]),  # wide heads: the values' sums in two runs of registers
     (33, 2, 1, 16, 16, list(range(1, 34))),  # more rows than a thread takes at once
 ])
 def test_kernel_equals_sdpa_over_the_gathered_blocks(B, H, KV, D, block, lengths):

@@ -67,6 +67,21 @@ void head_attention(const float* qh, const kv_t* k, const kv_t* v, int64_t strid
 }
 
 #if defined(TSERVE_VECTOR_MATH)
+// Channels [0, 8 N) of a head's output: Σ_t p[t] v[t] in the order of t, then times `inv`, the sums held in N
+// registers across the run (not stored and reloaded for each position).
+constexpr int64_t kValueLanes = 8;
+template <int N>
+void weigh_values(const float* v, int64_t stride, const Run& run, const float* p, __m256 inv, float* oh) {
+  __m256 sums[N];
+  for (int j = 0; j < N; ++j) sums[j] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < run.len; ++t) {
+    const float* vh = v + run.at(t) * stride;
+    const __m256 weight = _mm256_set1_ps(p[t]);
+    for (int j = 0; j < N; ++j) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vh + 8 * j), sums[j]);
+  }
+  for (int j = 0; j < N; ++j) _mm256_storeu_ps(oh + 8 * j, _mm256_mul_ps(sums[j], inv));
+}
+
 // `head_attention` for a float32 cache and D a multiple of 8, 8 lanes wide: each run of 8 positions' scores is
 // one vector (their dot products' lanes summed together), the exponentials 8 at a time.
 void head_attention_avx2(const float* qh, const float* k, const float* v, int64_t stride, const Run& run, int64_t D,
@@ -116,16 +131,19 @@ void head_attention_avx2(const float* qh, const float* k, const float* v, int64_
       total += tail[i];
     }
   }
-  std::fill(oh, oh + D, 0.0f);
-  for (int64_t t = 0; t < run.len; ++t) {
-    const float* vh = v + run.at(t) * stride;
-    const __m256 p = _mm256_set1_ps(scores[t]);
-    for (int64_t d = 0; d < D; d += 8) {
-      _mm256_storeu_ps(oh + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vh + d), _mm256_loadu_ps(oh + d)));
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
+  for (int64_t d = 0; d < D; d += 8 * kValueLanes) {
+    switch (std::min<int64_t>(kValueLanes, (D - d) / 8)) {
+      case 1: weigh_values<1>(v + d, stride, run, scores, inv, oh + d); break;
+      case 2: weigh_values<2>(v + d, stride, run, scores, inv, oh + d); break;
+      case 3: weigh_values<3>(v + d, stride, run, scores, inv, oh + d); break;
+      case 4: weigh_values<4>(v + d, stride, run, scores, inv, oh + d); break;
+      case 5: weigh_values<5>(v + d, stride, run, scores, inv, oh + d); break;
+      case 6: weigh_values<6>(v + d, stride, run, scores, inv, oh + d); break;
+      case 7: weigh_values<7>(v + d, stride, run, scores, inv, oh + d); break;
+      default: weigh_values<8>(v + d, stride, run, scores, inv, oh + d); break;
     }
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / total);
-  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(oh + d, _mm256_mul_ps(_mm256_loadu_ps(oh + d), inv));
 }
 #endif
 
