@@ -40,7 +40,7 @@ using TileFn = void (*)(const Tile&);
 
 // The weight rows after the tile's (the next tile's), at the column the tile is at: a tile of several input rows
 // spends longer a weight row than the memory's prefetchers look ahead, and its next rows would start cold (1.3-1.4x
-// at 8 rows, docs/benchmarks/roofline.md). Not at one input row, which the prefetchers keep up with.
+// at 8 rows, docs/benchmarks/fused-decode.md). Not at one input row, which the prefetchers keep up with.
 template <int R, int C>
 inline void prefetch_next_tile(const Tile& t, int r, int64_t k) {
   if constexpr (C > 1) _mm_prefetch(reinterpret_cast<const char*>(t.w + (R + r) * t.K + k), _MM_HINT_T0);
