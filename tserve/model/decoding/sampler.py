@@ -50,6 +50,9 @@ def token_logprobs(logits: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tens
     """Log-probabilities of the chosen tokens (B,) and the top-n alternatives ((B, n) values, ids), with no
     (B, V) log-softmax written."""
     logits = logits.float()
-    top_ids = top_tokens(logits, max(n, 1), log_probs=False)[1][:, :n]
+    if n == 0:  # the chosen tokens' alone (`logprobs: 0`): no search for alternatives
+        at = log_probs_at(logits, tokens[:, None])
+        return at[:, 0], at[:, 1:], tokens.new_empty(tokens.size(0), 0)
+    top_ids = top_tokens(logits, n, log_probs=False)[1]
     at = log_probs_at(logits, torch.cat((tokens[:, None], top_ids), 1))  # one log-softmax pass for both
     return at[:, 0], at[:, 1:], top_ids
