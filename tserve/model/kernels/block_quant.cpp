@@ -52,17 +52,19 @@ int32_t code_offset(int format) { return format == kQ8 ? 128 : 8; }
 struct Activations {
   int64_t K = 0, blocks = 0;
   std::vector<int8_t> codes;   // (M, K)
+  std::vector<uint8_t> magnitudes;  // (M, K): |codes| (the AVX2 Q8_0 path's unsigned operand), else empty
   std::vector<float> scales;   // (M, blocks)
   std::vector<int32_t> sums;   // (M, blocks)
 };
 
 // llama.cpp's quantize_row_q8_0: d = amax / 127, code = round-half-even(x * (127 / amax)). Plain float32
 // operations (compiled without contraction), as the reference's.
-Activations quantize_rows(const float* x, int64_t M, int64_t K) {
+Activations quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes) {
   Activations a;
   a.K = K;
   a.blocks = K / kBlock;
   a.codes.resize(M * K);
+  a.magnitudes.resize(magnitudes ? M * K : 0);
   a.scales.resize(M * a.blocks);
   a.sums.resize(M * a.blocks);
   at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
@@ -77,6 +79,9 @@ Activations quantize_rows(const float* x, int64_t M, int64_t K) {
         for (int64_t k = 0; k < kBlock; ++k) {
           code[k] = static_cast<int8_t>(std::nearbyint(v[k] * inverse));
           sum += code[k];
+        }
+        if (magnitudes) {
+          for (int64_t k = 0; k < kBlock; ++k) a.magnitudes[m * K + b * kBlock + k] = static_cast<uint8_t>(std::abs(code[k]));
         }
         a.scales[m * a.blocks + b] = amax / 127.0f;
         a.sums[m * a.blocks + b] = sum;
@@ -153,8 +158,8 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
 }
 
 // AVX2: each half of a panel (8 columns) in turn. `vpmaddubsw` sums pairs of u8 x s8 products into a saturating
-// int16, so Q8_0 multiplies |w| by the activation carrying w's sign (`vpsignb`: 2 x 127 x 127 fits), and Q4_0
-// its 0..15 codes by the activations (2 x 2 x 15 x 127 fits even for a low and a high pair summed).
+// int16, so Q8_0 multiplies a magnitude by a signed code carrying the other's sign (`vpsignb`: 2 x 127 x 127
+// fits), and Q4_0 its 0..15 codes by the activations (2 x 2 x 15 x 127 fits even for a low and a high pair summed).
 template <int kFormat, int R>
 TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
   const Activations& a = *p.a;
@@ -178,10 +183,16 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
     if constexpr (kFormat == kQ8) {
       for (int j = 0; j < 8; ++j) {
         const __m256i signed_w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j)), flip);
-        const __m256i magnitude = _mm256_sign_epi8(signed_w, signed_w);
+        // Up to 2 rows: |x| times w carrying x's sign (no operation on the weights alone); more: |w| (made once for
+        // the rows) times x carrying w's sign, fewer loads a row.
+        const __m256i w_magnitude = R <= 2 ? signed_w : _mm256_sign_epi8(signed_w, signed_w);
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
-          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(quad(x)), signed_w));
+          const int64_t at = (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const __m256i signed_x = _mm256_set1_epi32(quad(a.codes.data() + at));
+          const __m256i pairs =
+              R <= 2 ? _mm256_maddubs_epi16(_mm256_set1_epi32(quad(reinterpret_cast<const int8_t*>(&a.magnitudes[at]))),
+                                            _mm256_sign_epi8(signed_w, signed_x))
+                     : _mm256_maddubs_epi16(w_magnitude, _mm256_sign_epi8(signed_x, signed_w));
           isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
         }
       }
@@ -277,7 +288,7 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
   const int max_rows = wide ? kMaxRows512 : kMaxRows2;
   const PassFn* passes = wide ? (format == kQ8 ? kPasses512<kQ8> : kPasses512<kQ4>)
                               : (format == kQ8 ? kPasses2<kQ8> : kPasses2<kQ4>);
-  const Activations acts = quantize_rows(x.data_ptr<float>(), M, K);
+  const Activations acts = quantize_rows(x.data_ptr<float>(), M, K, !wide && format == kQ8);
   const uint8_t* w = panels.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   float* o = out.data_ptr<float>();
