@@ -26,7 +26,7 @@ BLOCK_KERNEL_BUGS = [
         "std::nearbyint(v[k] * inverse)", "std::trunc(v[k] * inverse)", AVX512 + AVX2),
     Bug("block-kernel-avx2-q8-one-row-drops-the-activations-sign", "tserve/model/kernels/block_quant.cpp",
         "                                            _mm256_sign_epi8(signed_w, signed_x))",
-        "                                            _mm256_sign_epi8(signed_w, signed_w))", AVX2),
+        "                                            _mm256_sign_epi8(signed_w, signed_w))", (f"{BITWISE}[avx2-q8_0]",)),
     Bug("block-kernel-avx2-tail-skipped", "tserve/model/kernels/block_quant.cpp",
         "  if (cols <= 0) return;", "  if (cols < 8) return;", AVX2),
     Bug("block-kernel-path-ignores-pytorchs-capability", "tserve/model/block_quant.py",
