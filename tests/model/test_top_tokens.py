@@ -145,6 +145,16 @@ def test_the_samplers_argmax_and_reported_logprobs_equal_log_softmaxs(chunking):
     assert chosen.shape == (0,) and top_values.shape == top_ids.shape == (0, 3)
 
 
+def test_logprobs_0_reports_the_chosen_tokens_own_log_probabilities():
+    """`logprobs: 0` (no alternatives): each chosen token's log-softmax value, sampled tokens as well as the
+    argmax, and no alternatives."""
+    logits = random_logits(4, seed=3)
+    tokens = torch.tensor([0, 17, 190, int(logits[3].argmax())])
+    chosen, top_values, top_ids = token_logprobs(logits, tokens, 0)
+    assert torch.equal(chosen, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+    assert top_values.shape == top_ids.shape == (4, 0)
+
+
 @pytest.fixture(scope="module")
 def random_mt(tmp_path_factory):
     """Random weights: flat distributions, whose beams reorder at every step."""

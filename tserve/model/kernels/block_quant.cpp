@@ -81,7 +81,7 @@ Activations quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes)
           sum += code[k];
         }
         if (magnitudes) {
-          for (int64_t k = 0; k < kBlock; ++k) a.magnitudes[m * K + b * kBlock + k] = static_cast<uint8_t>(std::abs(code[k]));
+          for (int64_t k = 0; k < kBlock; ++k) a.magnitudes[m * K + b * kBlock + k] = std::abs(code[k]);
         }
         a.scales[m * a.blocks + b] = amax / 127.0f;
         a.sums[m * a.blocks + b] = sum;
@@ -185,14 +185,17 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
         const __m256i signed_w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j)), flip);
         // Up to 2 rows: |x| times w carrying x's sign (no operation on the weights alone); more: |w| (made once for
         // the rows) times x carrying w's sign, fewer loads a row.
-        const __m256i w_magnitude = R <= 2 ? signed_w : _mm256_sign_epi8(signed_w, signed_w);
+        const __m256i w_magnitude = _mm256_sign_epi8(signed_w, signed_w);  // unused (optimized out) at R <= 2
         for (int r = 0; r < R; ++r) {
           const int64_t at = (p.row0 + r) * a.K + b * kBlock + 4 * j;
           const __m256i signed_x = _mm256_set1_epi32(quad(a.codes.data() + at));
-          const __m256i pairs =
-              R <= 2 ? _mm256_maddubs_epi16(_mm256_set1_epi32(quad(reinterpret_cast<const int8_t*>(&a.magnitudes[at]))),
-                                            _mm256_sign_epi8(signed_w, signed_x))
-                     : _mm256_maddubs_epi16(w_magnitude, _mm256_sign_epi8(signed_x, signed_w));
+          __m256i pairs;
+          if constexpr (R <= 2) {
+            const __m256i x_magnitude = _mm256_set1_epi32(quad(reinterpret_cast<const int8_t*>(&a.magnitudes[at])));
+            pairs = _mm256_maddubs_epi16(x_magnitude, _mm256_sign_epi8(signed_w, signed_x));
+          } else {
+            pairs = _mm256_maddubs_epi16(w_magnitude, _mm256_sign_epi8(signed_x, signed_w));
+          }
           isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
         }
       }
@@ -288,7 +291,9 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
   const int max_rows = wide ? kMaxRows512 : kMaxRows2;
   const PassFn* passes = wide ? (format == kQ8 ? kPasses512<kQ8> : kPasses512<kQ4>)
                               : (format == kQ8 ? kPasses2<kQ8> : kPasses2<kQ4>);
-  const Activations acts = quantize_rows(x.data_ptr<float>(), M, K, !wide && format == kQ8);
+  // The activations' magnitudes where an AVX2 Q8_0 tile of 1 or 2 rows reads them (the last tile's height).
+  const bool narrow_tile = M % kMaxRows2 == 1 || M % kMaxRows2 == 2;
+  const Activations acts = quantize_rows(x.data_ptr<float>(), M, K, !wide && format == kQ8 && narrow_tile);
   const uint8_t* w = panels.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   float* o = out.data_ptr<float>();

@@ -69,7 +69,6 @@ void head_attention(const float* qh, const kv_t* k, const kv_t* v, int64_t strid
 #if defined(TSERVE_VECTOR_MATH)
 // Channels [0, 8 N) of a head's output: Σ_t p[t] v[t] in the order of t, then times `inv`, the sums held in N
 // registers across the run (not stored and reloaded for each position).
-constexpr int64_t kValueLanes = 8;
 template <int N>
 void weigh_values(const float* v, int64_t stride, const Run& run, const float* p, __m256 inv, float* oh) {
   __m256 sums[N];
@@ -132,17 +131,16 @@ void head_attention_avx2(const float* qh, const float* k, const float* v, int64_
     }
   }
   const __m256 inv = _mm256_set1_ps(1.0f / total);
-  for (int64_t d = 0; d < D; d += 8 * kValueLanes) {
-    switch (std::min<int64_t>(kValueLanes, (D - d) / 8)) {
-      case 1: weigh_values<1>(v + d, stride, run, scores, inv, oh + d); break;
-      case 2: weigh_values<2>(v + d, stride, run, scores, inv, oh + d); break;
-      case 3: weigh_values<3>(v + d, stride, run, scores, inv, oh + d); break;
+  // Runs of 64 channels, then of 32, 16, 8 (each channel's sum is its own: any split gives the same bits).
+  for (int64_t d = 0; d < D;) {
+    const int64_t vectors = (D - d) / 8, n = vectors >= 8 ? 8 : vectors >= 4 ? 4 : vectors >= 2 ? 2 : 1;
+    switch (n) {
+      case 8: weigh_values<8>(v + d, stride, run, scores, inv, oh + d); break;
       case 4: weigh_values<4>(v + d, stride, run, scores, inv, oh + d); break;
-      case 5: weigh_values<5>(v + d, stride, run, scores, inv, oh + d); break;
-      case 6: weigh_values<6>(v + d, stride, run, scores, inv, oh + d); break;
-      case 7: weigh_values<7>(v + d, stride, run, scores, inv, oh + d); break;
-      default: weigh_values<8>(v + d, stride, run, scores, inv, oh + d); break;
+      case 2: weigh_values<2>(v + d, stride, run, scores, inv, oh + d); break;
+      default: weigh_values<1>(v + d, stride, run, scores, inv, oh + d); break;
     }
+    d += 8 * n;
   }
 }
 #endif
