@@ -1,6 +1,6 @@
 """One-token decode steps through every layer in one C++ call (`model.fused_decode`, `--fused-layers`) against the
 same model's layer-by-layer steps: each family's layout (Llama with grouped kv heads, Qwen2's q/k/v biases, Qwen3's
-q/k norms, GPT-2, Gemma 3's offset norms, sandwich norms, attention scale, sliding layers with their own rope
+q/k norms, GPT-2, fixed sinusoidal positions, Gemma 3's offset norms, sandwich norms, attention scale, sliding layers with their own rope
 base, partial rotary, layers without positions, a residual multiplier), on float32, pre-packed float32, Q8_0
 and Q4_0 weights, several rows of different lengths on shuffled blocks, a window shorter than the rows."""
 
@@ -25,6 +25,7 @@ LAYOUTS = {
     "qwen3": dict(norm="rmsnorm", activation="swiglu", positions="rope", bias=False, qk_norm=True, n_kv_heads=2,
                   head_dim=32),
     "gpt2": dict(norm="layernorm", activation="gelu_tanh", positions="learned", bias=True),
+    "sinusoidal": dict(norm="layernorm", activation="gelu", positions="sinusoidal", bias=True),
     "gemma3": dict(norm="rmsnorm", norm_weight_offset=1.0, activation="gated_gelu_tanh", positions="rope", bias=False,
                    sandwich_norms=True, qk_norm=True, attention_scale=0.2, sliding_window=5, sliding_layers=[0, 2],
                    local_rope_base=1000.0, scale_embeddings=True, n_kv_heads=1),

@@ -198,12 +198,10 @@ class Decoder(nn.Module):
         """One new token per running sequence: tokens (B,) at `positions` (B,) in rows `slots` (B,).
         Attends over cache positions [0, kv_len) (default: the whole row length; a smaller bound that
         covers every position saves work on CPU). Returns logits (B, V)."""
+        if self.fused is not None and tokens.device.type == "cpu" and self.blocks[0].attn.backend == "cpu-decode":
+            return self.scale_logits(self.fused.step(tokens, positions, cache, slots))
         kv_len = kv_len or cache.max_len
         positions = positions[:, None]
-        if self.fused is not None and tokens.device.type == "cpu" and self.blocks[0].attn.backend == "cpu-decode":
-            x, rotary, local_rotary = self._embed(tokens[:, None], positions)
-            return self.scale_logits(
-                self.fused.run(x[:, 0], cache, cache.view(slots, positions, kv_len), rotary, local_rotary))
         mask = None if _attends_to_all(positions, kv_len) else causal_mask(positions, kv_len)
         hidden, _ = self._run(
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len

@@ -54,11 +54,12 @@ def _norm(norm: nn.Module) -> tuple[Tensor, Tensor]:
 
 
 class FusedDecode:
-    """The kernel's arguments that do not change between steps: every layer's tensors and integers, the config,
-    and the block kernels' instruction set."""
+    """A model's fused step: the kernel's `DecodePlan`, which holds what does not change between steps (every
+    layer's tensors and integers, the config, the embeddings and position tables, the block kernels' instruction
+    set) so that a step passes only the rows' tokens, positions and cache."""
 
-    def __init__(self, tensors: list[Tensor], ints: list[int], config: list[float], isa: str) -> None:
-        self.tensors, self.ints, self.config, self.isa = tensors, ints, config, isa
+    def __init__(self, tensors: list[Tensor], ints: list[int], config: list[float], isa: str, inputs: list) -> None:
+        self.plan = cpu_kernels.extension().decode_plan(tensors, ints, config, isa, *inputs)
 
     @classmethod
     def build(cls, model: nn.Module) -> FusedDecode | None:
@@ -97,24 +98,32 @@ class FusedDecode:
         first = model.blocks[0].attn
         qk_eps = first.q_norm.eps if first.q_norm is not None else 0.0
         rotary = (cfg.rotary_dim or cfg.d_head) if cfg.positions == "rope" else 0
+        # config[3], the cache's block size, is each step's.
         config = [cfg.n_heads, cfg.kv_heads, cfg.d_head, 0, rotary, _ACTIVATIONS[cfg.activation],
                   float(cfg.norm == "layernorm"), float(cfg.qk_norm), float(cfg.local_rope_base is not None),
                   cfg.norm_eps, cfg.norm_weight_offset, qk_eps, first.query_scale or 0.0, cfg.residual_multiplier]
-        return cls(tensors, ints, config, next(iter(isas), None) or "avx2")
+        return cls(tensors, ints, config, next(iter(isas), None) or "avx2", _step_inputs(model))
 
-    def run(self, x: Tensor, cache, view, rotary, local_rotary) -> Tensor:  # noqa: ANN001 - model.kv_cache types
-        """x (B, C): one new token's embeddings per row; the cache and the step's `PagedView`; the rows' rotary
-        tables (`model.attention.Rotary`, or None). -> the output layer's logits (B, vocabulary), before the family's
-        scaling and soft cap (`Decoder.scale_logits`)."""
-        config = list(self.config)
-        config[3] = cache.block_size
-        half = lambda r: r.cos.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731
-        sin = lambda r: r.sin.reshape(x.size(0), -1) if r is not None else _NONE  # noqa: E731
-        local = view.local  # the sliding layers' own cache's, where they keep one
-        own = (local.cache.k, local.cache.v, local.write, local.row_tables) if local is not None else (_NONE,) * 4
-        return cpu_kernels.extension().decode_layers(
-            x, self.tensors, self.ints, config, self.isa, cache.k, cache.v, view.write, view.row_tables,
-            view.lengths, *own, half(rotary), sin(rotary), half(local_rotary), sin(local_rotary))
+    def step(self, tokens: Tensor, positions: Tensor, cache, slots: Tensor) -> Tensor:  # noqa: ANN001 - PagedKVCache
+        """One new token per row: tokens (B,) at positions (B,) in cache rows `slots` (B,) -> the output layer's
+        logits (B, vocabulary), before the family's scaling and soft cap (`Decoder.scale_logits`). The embeddings,
+        each row's cache writes and reads (`PagedKVCache.view`'s plan) and its rotary rows are made in the call."""
+        local = cache.local  # the sliding layers' own cache, where they keep one
+        own = (local.k, local.v, local.tables) if local is not None else (_NONE,) * 3
+        return self.plan.step(tokens, positions, slots, cache.block_size, cache.k, cache.v, cache.tables, *own)
+
+
+def _step_inputs(model: nn.Module) -> list:
+    """What a step's embeddings and rotary rows are made of: the token embeddings (float32) and their scale, the
+    position table added to them (learned or sinusoidal; or none), the rotary cos / sin tables (or none) and the
+    sliding layers' own (or none)."""
+    cfg = model.cfg
+    table = {"learned": lambda: model.pos_emb.weight, "sinusoidal": lambda: model.pos_table}.get(cfg.positions)
+    rope = cfg.positions == "rope"
+    local = rope and cfg.local_rope_base is not None
+    return [model.tok_emb.weight.detach(), float(model.embed_scale), table().detach().float() if table else _NONE,
+            *((model.rope_cos.float(), model.rope_sin.float()) if rope else (_NONE, _NONE)),
+            *((model.local_rope_cos.float(), model.local_rope_sin.float()) if local else (_NONE, _NONE))]
 
 
 def _unfusable(model: nn.Module) -> str | None:

@@ -22,12 +22,7 @@ torch::Tensor dense_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::
 std::vector<std::string> dense_rows_paths();
 torch::Tensor dense_rows_on(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
                             const std::string& path);
-torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
-                            const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
-                            torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
-                            torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
-                            torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
-                            torch::Tensor local_sin);
+void bind_decode_plan(pybind11::module& m);
 
 // How many of PyTorch's threads a parallel loop of `n` items runs on, as the kernels' loops do (1 where the module
 // was compiled without OpenMP: `at::parallel_for` is a header template, serial unless compiled with it).
@@ -50,5 +45,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dense_rows", &dense_rows, "a float32 linear layer for a few rows, on the weight as nn.Linear holds it");
   m.def("dense_rows_paths", &dense_rows_paths, "the instruction sets this CPU runs dense_rows on");
   m.def("dense_rows_on", &dense_rows_on, "dense_rows on a named path (avx512, avx2)");
-  m.def("decode_layers", &decode_layers, "a language model's one-token decode step through every layer");
+  bind_decode_plan(m);
 }

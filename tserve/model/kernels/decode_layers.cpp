@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "vector_math.h"
@@ -316,4 +318,109 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
     hidden = normed;
   }
   return product(hidden, output[0], output[1], last[2], last[3], last[4], cfg.isa);
+}
+
+namespace {
+
+// Each row's flat cache position for its new token and its block table, as `PagedKVCache.view` plans them: position
+// p of a row is block tables[slot, p / block_size] at p % block_size; past the table's last block, the null block.
+std::pair<torch::Tensor, torch::Tensor> plan_writes(const torch::Tensor& tables, const torch::Tensor& slots,
+                                                    const int64_t* positions, int64_t block_size) {
+  TORCH_CHECK(tables.scalar_type() == torch::kLong && tables.dim() == 2 && tables.is_contiguous(),
+              "tables: (rows, blocks) int64");
+  const int64_t M = slots.size(0), width = tables.size(1), rows = tables.size(0);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* table = tables.data_ptr<int64_t>();
+  auto write = torch::empty({M}, slots.options());
+  int64_t* at = write.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    TORCH_CHECK(slot[m] >= 0 && slot[m] < rows, "slot out of range");
+    const int64_t block = positions[m] / block_size, offset = positions[m] % block_size;
+    at[m] = block < width ? table[slot[m] * width + block] * block_size + offset : offset;
+  }
+  return {write, tables.index_select(0, slots)};
+}
+
+}  // namespace
+
+// A model's fused decode step: what does not change between steps (every layer's tensors and integers, the config,
+// the embeddings and position tables), held here once; each step then passes only what it changes. (Passing the
+// ~20 tensors a layer from Python at every step cost ~50 µs of argument conversion, more than a small layer.)
+struct DecodePlan {
+  std::vector<torch::Tensor> tensors;
+  std::vector<int64_t> ints;
+  std::vector<double> config;
+  std::string isa;
+  // embedding (vocabulary, C) float32 and its scale; position_table (positions, C) or empty; rope_cos / rope_sin
+  // (positions, rotary / 2) or empty, local_rope_cos / local_rope_sin the sliding layers' own or empty.
+  torch::Tensor embedding;
+  double embed_scale;
+  torch::Tensor position_table, rope_cos, rope_sin, local_rope_cos, local_rope_sin;
+
+  // One step from the rows' new tokens (M,) at `positions` (M,) in cache rows `slots` (M,): what
+  // `Decoder.decode_step` and `PagedKVCache.view` built in Python for a step (the embeddings, scaled, with the
+  // position table added where the model has one; each row's write position, block table and length; its rotary
+  // rows) made here, then `decode_layers`. tables (rows, blocks) int64, local_tables the sliding layers' own cache's
+  // (or empty).
+  torch::Tensor step(torch::Tensor tokens, torch::Tensor positions, torch::Tensor slots, int64_t block_size,
+                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables, torch::Tensor local_k,
+                     torch::Tensor local_v, torch::Tensor local_tables) const {
+    tokens = tokens.contiguous();
+    positions = positions.contiguous();
+    slots = slots.contiguous();
+    const int64_t M = tokens.size(0);
+    TORCH_CHECK(tokens.scalar_type() == torch::kLong && positions.scalar_type() == torch::kLong &&
+                    slots.scalar_type() == torch::kLong && tokens.dim() == 1 && positions.sizes() == tokens.sizes() &&
+                    slots.sizes() == tokens.sizes(),
+                "tokens, positions, slots: (M,) int64");
+    const int64_t C = embedding.size(1), V = embedding.size(0);
+    const bool positioned = position_table.numel() > 0;
+    const int64_t* token = tokens.data_ptr<int64_t>();
+    const int64_t* position = positions.data_ptr<int64_t>();
+    auto x = torch::empty({M, C}, embedding.options());
+    const float scale = static_cast<float>(embed_scale);
+    for (int64_t m = 0; m < M; ++m) {
+      TORCH_CHECK(token[m] >= 0 && token[m] < V, "token id out of range");
+      TORCH_CHECK(position[m] >= 0 && (!positioned || position[m] < position_table.size(0)),
+                  "position out of range");
+      const float* e = embedding.data_ptr<float>() + token[m] * C;
+      const float* p = positioned ? position_table.data_ptr<float>() + position[m] * C : nullptr;
+      float* row = x.data_ptr<float>() + m * C;
+      for (int64_t c = 0; c < C; ++c) row[c] = p != nullptr ? e[c] * scale + p[c] : e[c] * scale;
+    }
+    std::vector<double> step_config = config;
+    step_config.at(3) = static_cast<double>(block_size);
+    const auto [write, row_tables] = plan_writes(tables, slots, position, block_size);
+    torch::Tensor local_write = torch::empty({0}, slots.options()), local_row_tables = local_write;
+    if (local_k.numel() > 0) {
+      std::tie(local_write, local_row_tables) = plan_writes(local_tables, slots, position, block_size);
+    }
+    const auto rows_of = [&](const torch::Tensor& table) {
+      return table.numel() > 0 ? table.index_select(0, positions) : table;
+    };
+    return decode_layers(x, tensors, ints, step_config, isa, k_cache, v_cache, write, row_tables, positions + 1,
+                         local_k, local_v, local_write, local_row_tables, rows_of(rope_cos), rows_of(rope_sin),
+                         rows_of(local_rope_cos), rows_of(local_rope_sin));
+  }
+};
+
+DecodePlan make_decode_plan(std::vector<torch::Tensor> tensors, std::vector<int64_t> ints, std::vector<double> config,
+                            std::string isa, torch::Tensor embedding, double embed_scale, torch::Tensor position_table,
+                            torch::Tensor rope_cos, torch::Tensor rope_sin, torch::Tensor local_rope_cos,
+                            torch::Tensor local_rope_sin) {
+  TORCH_CHECK(embedding.scalar_type() == torch::kFloat && embedding.dim() == 2 && embedding.is_contiguous(),
+              "embedding: (vocabulary, C) float32");
+  TORCH_CHECK(position_table.numel() == 0 ||
+                  (position_table.scalar_type() == torch::kFloat && position_table.is_contiguous() &&
+                   position_table.dim() == 2 && position_table.size(1) == embedding.size(1)),
+              "position_table: (positions, C) float32");
+  return DecodePlan{std::move(tensors), std::move(ints), std::move(config), std::move(isa), embedding, embed_scale,
+                    position_table, rope_cos, rope_sin, local_rope_cos, local_rope_sin};
+}
+
+// `DecodePlan` in the kernels' Python module (`model.kernels.cpu`; `model.fused_decode.FusedDecode`).
+void bind_decode_plan(pybind11::module& m) {
+  pybind11::class_<DecodePlan>(m, "DecodePlan")
+      .def("step", &DecodePlan::step, "one decode step through every layer from the rows' new tokens");
+  m.def("decode_plan", &make_decode_plan, "a model's fused decode step, its unchanging arguments held once");
 }
