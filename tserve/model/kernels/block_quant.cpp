@@ -123,14 +123,17 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   for (int64_t b = p.b0; b < p.b1; ++b) {
     const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat);
-    __m512i isum[R];
-    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    // Two sums a row (even and odd runs of 4 inputs, added at the end: the same int32 total), so that a row's
+    // products are two chains of dependent `vpdpbusd`s, not one.
+    __m512i isum[R], odd[R];
+    for (int r = 0; r < R; ++r) isum[r] = odd[r] = _mm512_setzero_si512();
     if constexpr (kFormat == kQ8) {
-      for (int j = 0; j < 8; ++j) {
-        const __m512i wv = _mm512_loadu_si512(w + 64 * j);
+      for (int j = 0; j < 8; j += 2) {
+        const __m512i even_w = _mm512_loadu_si512(w + 64 * j), odd_w = _mm512_loadu_si512(w + 64 * (j + 1));
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
-          isum[r] = _mm512_dpbusd_epi32(isum[r], wv, _mm512_set1_epi32(quad(x)));
+          isum[r] = _mm512_dpbusd_epi32(isum[r], even_w, _mm512_set1_epi32(quad(x)));
+          odd[r] = _mm512_dpbusd_epi32(odd[r], odd_w, _mm512_set1_epi32(quad(x + 4)));
         }
       }
     } else {
@@ -141,10 +144,11 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
           isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(quad(x)));
-          isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(quad(x + 16)));
+          odd[r] = _mm512_dpbusd_epi32(odd[r], hi, _mm512_set1_epi32(quad(x + 16)));
         }
       }
     }
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], odd[r]);
     const __m512 w_scale = _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.scales + (b - p.b0) * kCols)));
     for (int r = 0; r < R; ++r) {
