@@ -58,9 +58,9 @@ struct Activations {
 };
 
 // llama.cpp's quantize_row_q8_0: d = amax / 127, code = round-half-even(x * (127 / amax)). Plain float32
-// operations (compiled without contraction), as the reference's.
-Activations quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes) {
-  Activations a;
+// operations (compiled without contraction), as the reference's. Into `a`, whose buffers are reused from call to
+// call (a decode step makes ~120 products of one row each: their allocations cost more than quantizing the row).
+void quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes, Activations& a) {
   a.K = K;
   a.blocks = K / kBlock;
   a.codes.resize(M * K);
@@ -88,7 +88,6 @@ Activations quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes)
       }
     }
   });
-  return a;
 }
 
 // One pass: rows [row0, row0 + R) over blocks [b0, b1) of one panel, into out's columns [n0, n0 + cols).
@@ -288,7 +287,7 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
 #if defined(TSERVE_BLOCK_KERNELS)
-  const auto supported = block_isas();
+  static const auto supported = block_isas();  // the CPU's, which do not change
   TORCH_CHECK(std::find(supported.begin(), supported.end(), isa) != supported.end(),
               "this CPU does not run the block kernels' ", isa, " path");
   const bool wide = isa == "avx512";
@@ -297,7 +296,13 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
                               : (format == kQ8 ? kPasses2<kQ8> : kPasses2<kQ4>);
   // The activations' magnitudes where an AVX2 Q8_0 tile of 1 or 2 rows reads them (the last tile's height).
   const bool narrow_tile = M % kMaxRows2 == 1 || M % kMaxRows2 == 2;
-  const Activations acts = quantize_rows(x.data_ptr<float>(), M, K, !wide && format == kQ8 && narrow_tile);
+  // A decode step's few rows: this thread's activations, reused (a call runs to its end before the thread's next
+  // one), named here as a reference the loop's threads share (inside the loop a thread_local is each thread's own).
+  // A prompt's many rows: their own, freed after the call.
+  thread_local Activations reused;
+  Activations many;
+  Activations& acts = M <= kMaxRows512 ? reused : many;
+  quantize_rows(x.data_ptr<float>(), M, K, !wide && format == kQ8 && narrow_tile, acts);
   const uint8_t* w = panels.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   float* o = out.data_ptr<float>();
