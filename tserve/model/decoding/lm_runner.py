@@ -415,10 +415,10 @@ class DecoderRunner:
     def choose_later(self, seqs: Sequence[TextSequence], logits: Tensor) -> ChosenTokens:
         """`choose` without waiting for the device: the tokens stay there (a next `decode` feeds them) until
         `resolve`. Rows whose choice depends on their tokens so far (penalties, a grammar) must be resolved
-        before their next step is chosen (`needs_tokens`)."""
+        before their next step is chosen (`needs_tokens`). `logits` are handed over: bans are written into them."""
         params = [s.params for s in seqs]
         self._attach_masks(seqs)
-        constrained = self.pipeline.constrain(logits, seqs)
+        constrained = self.pipeline.constrain(logits, seqs, owned=True)
         tokens = sample(self.pipeline.shape(constrained, seqs), params,
                         [s.generator for s in seqs])
         logprobs = None

@@ -57,11 +57,15 @@ class LogitsPipeline:
         """Scores to sample from: constraints, then shape."""
         return self.shape(self.constrain(scores, rows), rows)
 
-    def constrain(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
-        """The constraints only (float32): what logprobs report and beam search reads."""
+    def constrain(self, scores: Tensor, rows: Sequence[DecodingRow], *, owned: bool = False) -> Tensor:
+        """The constraints only (float32): what logprobs report and beam search reads. `owned`: the caller hands
+        `scores` over (a step's fresh logits, read nowhere else), and a ban writes into it instead of into a copy
+        (a whole vocabulary copied for one id is most of what `ignore_eos` cost a step). A processor's own copy is
+        the next ones' to write into either way."""
+        given = scores
         scores = scores.float()  # a no-op for float32 logits; every processor keeps the dtype
         for processor in self.constraints:
-            scores = processor(scores, rows)
+            scores = processor(scores, rows, owned or scores is not given)
         return scores
 
     def whole_rows(self, rows: Sequence[DecodingRow]) -> list[bool]:
@@ -84,7 +88,7 @@ class LogitsPipeline:
     # Constraints
     # ----------------------------------------------------------------------------------------------
     @staticmethod
-    def penalties(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+    def penalties(scores: Tensor, rows: Sequence[DecodingRow], owned: bool = False) -> Tensor:
         """OpenAI: logit -= frequency * count + presence * (count > 0)."""
         idx = [i for i, r in enumerate(rows) if r.params.penalized]
         if not idx:
@@ -97,7 +101,7 @@ class LogitsPipeline:
         return scores.index_add(0, to_device(idx, dev), -penalty)
 
     @staticmethod
-    def logit_bias(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+    def logit_bias(scores: Tensor, rows: Sequence[DecodingRow], owned: bool = False) -> Tensor:
         entries = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias.items()]
         if not entries:
             return scores
@@ -106,7 +110,7 @@ class LogitsPipeline:
         return scores.index_put((to_device(i, dev), to_device(t, dev)),
                                 to_device(b, dev, scores.dtype), accumulate=True)
 
-    def ban_eos(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+    def ban_eos(self, scores: Tensor, rows: Sequence[DecodingRow], owned: bool = False) -> Tensor:
         """No eos before min_tokens, nor ever with ignore_eos."""
         if not self.eos_ids:
             return scores
@@ -114,11 +118,12 @@ class LogitsPipeline:
         if not idx:
             return scores
         if len(idx) == scores.size(0):  # every row (ignore_eos on all of them): one fill, no index tensors of rows
-            return scores.index_fill(-1, self._eos_on(scores.device), float("-inf"))
+            fill = scores.index_fill_ if owned else scores.index_fill
+            return fill(-1, self._eos_on(scores.device), float("-inf"))
         dev = scores.device
         rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)
-        return scores.index_put((to_device(rows_, dev), to_device(ids, dev)),
-                                to_device(float("-inf"), dev))
+        put = scores.index_put_ if owned else scores.index_put
+        return put((to_device(rows_, dev), to_device(ids, dev)), to_device(float("-inf"), dev))
 
     def _eos_on(self, device: torch.device) -> Tensor:
         """The eos ids as a tensor on `device`, made once per device."""
@@ -129,13 +134,14 @@ class LogitsPipeline:
     def _eos_banned(self, row: DecodingRow) -> bool:
         return bool(self.eos_ids) and (row.params.ignore_eos or row.num_generated < row.params.min_tokens)
 
-    def ban_ids(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+    def ban_ids(self, scores: Tensor, rows: Sequence[DecodingRow], owned: bool = False) -> Tensor:
         """Ids the checkpoint never generates (Marian: pad)."""
         if not self.banned:
             return scores
-        return scores.index_fill(-1, to_device(self.banned, scores.device), float("-inf"))
+        fill = scores.index_fill_ if owned else scores.index_fill
+        return fill(-1, to_device(self.banned, scores.device), float("-inf"))
 
-    def force_eos(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+    def force_eos(self, scores: Tensor, rows: Sequence[DecodingRow], owned: bool = False) -> Tensor:
         """Marian's forced_eos_token_id: at a row's last position only eos may come (scored 0, as
         transformers does)."""
         if not self.force_eos_at_max:
@@ -151,7 +157,7 @@ class LogitsPipeline:
         return self.force_eos_at_max and row.num_generated == row.params.max_tokens - 1
 
     @staticmethod
-    def force_first(scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+    def force_first(scores: Tensor, rows: Sequence[DecodingRow], owned: bool = False) -> Tensor:
         """A row's forced first token (a multilingual translator's target language, `forced_bos_token_id`):
         at its first step only that token may come, scored 0, as transformers does."""
         forced = [(i, t) for i, r in enumerate(rows) if (t := _forced_first(r)) is not None]
@@ -163,7 +169,7 @@ class LogitsPipeline:
         only[torch.arange(len(forced), device=dev), tokens] = 0.0
         return scores.index_copy(0, idx, only)
 
-    def grammar(self, scores: Tensor, rows: Sequence[DecodingRow]) -> Tensor:
+    def grammar(self, scores: Tensor, rows: Sequence[DecodingRow], owned: bool = False) -> Tensor:
         """Structured output: a row with a grammar may take only the tokens its bitmask allows (`token_mask`,
         set by the runner for this step). Where nothing else is left (the grammar is complete but eos is
         banned by min_tokens), eos is: the grammar wins."""
