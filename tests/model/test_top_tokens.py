@@ -130,6 +130,23 @@ def test_every_rule_but_the_banned_ids_sends_its_row_down_the_full_path_and_the_
     assert torch.equal(logprobs, unconstrained)
 
 
+@pytest.mark.parametrize("rows", [[WHOLE_ROWS["ignore_eos"]] * 2, [WHOLE_ROWS["min_tokens"], FREE_ROWS["plain"]]],
+                         ids=["every-row", "one-row"])
+def test_bans_write_into_the_scores_only_where_they_are_handed_over(rows):
+    """`constrain` leaves the caller's scores as they were (beam search and a speculative step read them again);
+    with `owned=True` (a step's own logits, `choose_later`) eos and the banned ids are written into them instead
+    of a copy, with the same result."""
+    pipeline = LogitsPipeline(EOS, BANNED)
+    logits = random_logits(2, seed=3)
+    before = logits.clone()
+    copied = pipeline.constrain(logits, rows)
+    assert torch.equal(logits, before), "the caller's scores were written into"
+    assert copied[:, BANNED].eq(float("-inf")).all() and copied[0, EOS] == float("-inf")
+    assert torch.isfinite(copied).sum() == 2 * V - 2 * len(BANNED) - (2 if rows[1] is rows[0] else 1)
+    owned = pipeline.constrain(logits, rows, owned=True)
+    assert owned.data_ptr() == logits.data_ptr() and torch.equal(owned, copied)
+
+
 def test_the_samplers_argmax_and_reported_logprobs_equal_log_softmaxs(chunking):
     logits = random_logits(5, seed=2)
     logits[4, [3, 190]] = 50.0  # a tie: the lowest column, as argmax

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from tests.tools.async_bugs import ASYNC_BUGS  # noqa: E402
 from tests.tools.block_kernel_bugs import BLOCK_KERNEL_BUGS  # noqa: E402
 from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
+from tests.tools.logits_bugs import LOGITS_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
 from tests.tools.service_bugs import SERVICE_BUGS  # noqa: E402
 from tserve.testing.avx2_only import AVX2_ONLY  # noqa: E402
@@ -499,7 +500,7 @@ BUGS = [
         ("tests/model/test_packed_linear.py::"
          "test_a_fused_float32_model_runs_its_other_products_on_onednn_over_the_weights_the_fused_step_reads",)),
 ]
-BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS
+BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS
 
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
