@@ -18,6 +18,8 @@ BLOCK_KERNEL_BUGS = [
         "_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.scales + (b - p.b0) * kCols)));",
         "_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.scales + (std::min(b + 1, p.b1 - 1) - p.b0) * kCols)));",
         AVX512),
+    Bug("block-kernel-avx512-odd-chain-dropped", "tserve/model/kernels/block_quant.cpp",
+        "    for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], odd[r]);", "", AVX512),
     Bug("block-kernel-avx2-scale-of-the-next-block", "tserve/model/kernels/block_quant.cpp",
         "_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + (b - p.b0) * kCols + 8 * half)));",
         "_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + (std::min(b + 1, p.b1 - 1) - p.b0) * kCols + 8 * half)));",
