@@ -267,6 +267,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
     auto q = torch::empty({M, H, D}, x.options());
     const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;
     const int64_t index = has_local && n[kWindow] > 0 ? local_index++ : full_index++;
+    TORCH_CHECK(index < cache.k.size(0), "decode_layers: layer ", layer, " has no entry in the cache it reads");
     const int64_t* at_pos = cache.at;
     float* kc = cache.k.data_ptr<float>() + index * cache.positions * kv_width;
     float* vc = cache.v.data_ptr<float>() + index * cache.positions * kv_width;
