@@ -143,6 +143,10 @@ def test_bans_write_into_the_scores_only_where_they_are_handed_over(rows):
     assert torch.equal(logits, before), "the caller's scores were written into"
     assert copied[:, BANNED].eq(float("-inf")).all() and copied[0, EOS] == float("-inf")
     assert torch.isfinite(copied).sum() == 2 * V - 2 * len(BANNED) - (2 if rows[1] is rows[0] else 1)
+    with torch.inference_mode():
+        made_in_inference = logits.clone()
+    kept = pipeline.constrain(made_in_inference, rows, owned=True)  # outside inference mode: not writable, copied
+    assert torch.equal(made_in_inference, before) and torch.equal(kept, copied)
     owned = pipeline.constrain(logits, rows, owned=True)
     assert owned.data_ptr() == logits.data_ptr() and torch.equal(owned, copied)
 

@@ -14,4 +14,8 @@ LOGITS_BUGS = [
     Bug("one-rows-eos-ban-writes-into-the-callers-scores", "tserve/model/decoding/logits.py",
         "        put = scores.index_put_ if owned else scores.index_put", "        put = scores.index_put_",
         (f"{HANDED_OVER}[one-row]",)),
+    Bug("inference-logits-written-outside-inference-mode", "tserve/model/decoding/logits.py",
+        "        owned = owned and (torch.is_inference_mode_enabled() or not scores.is_inference())", "        pass",
+        (f"{HANDED_OVER}[every-row]", f"{HANDED_OVER}[one-row]",
+         "tests/engine/test_draft_model.py::test_the_draft_cache_holds_exactly_each_sequences_tokens")),
 ]

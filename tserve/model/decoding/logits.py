@@ -63,6 +63,8 @@ class LogitsPipeline:
         (a whole vocabulary copied for one id is most of what `ignore_eos` cost a step). A processor's own copy is
         the next ones' to write into either way."""
         given = scores
+        # A step's logits made in inference mode take writes only in inference mode: elsewhere they are copied.
+        owned = owned and (torch.is_inference_mode_enabled() or not scores.is_inference())
         scores = scores.float()  # a no-op for float32 logits; every processor keeps the dtype
         for processor in self.constraints:
             scores = processor(scores, rows, owned or scores is not given)
