@@ -204,9 +204,16 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   TORCH_CHECK(k.size(2) == D && H % KV == 0 && tables.size(0) == B && lengths.size(0) == B, "shapes disagree");
   TORCH_CHECK(block_size > 0 && k.size(0) % block_size == 0, "the cache holds whole blocks");
   const int64_t num_blocks = k.size(0) / block_size, max_len = W * block_size;
-  // Every block id must lie in the cache: a bad table reads nothing outside it.
+  // Every block id a row reads must lie in the cache: a bad table reads nothing outside it. Only the blocks its
+  // length reaches (a table is as wide as the longest context, and a fused step calls this once a layer).
   const int64_t* ids = tables.data_ptr<int64_t>();
-  for (int64_t i = 0; i < tables.numel(); ++i) TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, "block id out of range");
+  const int64_t* lens = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t reached = std::min(W, (std::max<int64_t>(lens[b], 0) + block_size - 1) / block_size);
+    for (int64_t i = 0; i < reached; ++i) {
+      TORCH_CHECK(ids[b * W + i] >= 0 && ids[b * W + i] < num_blocks, "block id out of range");
+    }
+  }
   auto out = torch::empty_like(q);
   // Whole rows per task when there are at least two rows a thread; else runs of query heads, the next smaller
   // divisor of H each time, until there are two tasks a thread or one head a task.
