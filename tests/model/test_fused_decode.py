@@ -1,8 +1,9 @@
 """One-token decode steps through every layer in one C++ call (`model.fused_decode`, `--fused-layers`) against the
 same model's layer-by-layer steps: each family's layout (Llama with grouped kv heads, Qwen2's q/k/v biases, Qwen3's
-q/k norms, GPT-2, fixed sinusoidal positions, Gemma 3's offset norms, sandwich norms, attention scale, sliding layers with their own rope
-base, partial rotary, layers without positions, a residual multiplier), on float32, pre-packed float32, Q8_0
-and Q4_0 weights, several rows of different lengths on shuffled blocks, a window shorter than the rows."""
+q/k norms, GPT-2, fixed sinusoidal positions, Gemma 3's offset norms, sandwich norms, attention scale, sliding
+layers with their own rope base, partial rotary, layers without positions, a residual multiplier), on float32,
+pre-packed float32, Q8_0 and Q4_0 weights, several rows of different lengths on shuffled blocks, a window shorter
+than the rows."""
 
 from __future__ import annotations
 

@@ -122,8 +122,8 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   for (int64_t b = p.b0; b < p.b1; ++b) {
     const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat);
-    // Two sums a row (even and odd runs of 4 inputs, added at the end: the same int32 total), so that a row's
-    // products are two chains of dependent `vpdpbusd`s, not one.
+    // Two sums a row (Q8_0: the even and odd runs of 4 inputs; Q4_0: the low and the high nibbles), added at the
+    // end (the same int32 total), so that a row's products are two chains of dependent `vpdpbusd`s, not one.
     __m512i isum[R], odd[R];
     for (int r = 0; r < R; ++r) isum[r] = odd[r] = _mm512_setzero_si512();
     if constexpr (kFormat == kQ8) {
