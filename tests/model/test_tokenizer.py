@@ -324,6 +324,72 @@ def test_incremental_holds_back_partial_character(bpe_dir: Path) -> None:
     assert broken.flush() == tok.decode(ids[:-1])[1:]
 
 
+def _byte_ids(d: Path) -> dict[int, int]:
+    """byte -> id of the single-byte tokens of a byte-level tokenizer's vocabulary."""
+    from tserve.model.tokenizer import _byte_decoder
+
+    table, backend = _byte_decoder(), load_tokenizer(d)._tok
+    return {table[t]: i for t, i in backend.get_vocab().items() if len(t) == 1 and t in table}
+
+
+class _CountingTokenizer:
+    """A tokenizer that counts the ids it decodes (how much work a stream costs)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.decoded = tok, 0
+        self.decodes_bytes_lossily = tok.decodes_bytes_lossily
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.decoded += len(ids)
+        return self.tok.decode(ids, skip_special_tokens)
+
+
+def test_byte_level_streams_hold_back_only_a_character_that_can_still_finish(bpe_dir: Path) -> None:
+    """Random mixes of words, whole characters split over byte tokens, and broken bytes (lone continuation
+    bytes, lead bytes never finished): at every prefix the pushes plus flush are the decode, and what is held
+    back is at most the last U+FFFD."""
+    import random
+
+    tok, byte = load_tokenizer(bpe_dir), _byte_ids(bpe_dir)
+    assert tok.decodes_bytes_lossily
+    words = tok.encode(" Hello world schön", add_special_tokens=False)
+    pieces = [[byte[b] for b in "😀".encode()], [byte[b] for b in "ä".encode()], [byte[0x80]], [byte[0xE2]],
+              [byte[0xF0], byte[0x9F]], [byte[0xC3]], *[[w] for w in words]]
+    rng = random.Random(0)
+    for _ in range(40):
+        ids = [i for _ in range(rng.randint(1, 12)) for i in rng.choice(pieces)]
+        detok = IncrementalDetokenizer(tok)
+        for k, i in enumerate(ids, 1):
+            detok.push(i)
+            held = tok.decode(ids[:k])[len(detok.text):]
+            assert tok.decode(ids[:k]).startswith(detok.text) and held in ("", "\ufffd"), (ids[:k], held)
+        assert detok.text + detok.flush() == tok.decode(ids)
+
+
+def test_bytes_that_never_form_utf8_still_stream_at_a_bounded_cost(bpe_dir: Path) -> None:
+    tok, byte = load_tokenizer(bpe_dir), _byte_ids(bpe_dir)
+    for loop in ([byte[0xE2]], [byte[0x80]], [byte[0xE2], byte[0x82]]):  # lead bytes, continuation bytes
+        ids = loop * (300 // len(loop))
+        counting = _CountingTokenizer(tok)
+        detok = IncrementalDetokenizer(counting)  # type: ignore[arg-type]
+        pushes = [detok.push(i) for i in ids]
+        assert "".join(pushes) + detok.flush() == tok.decode(ids)
+        assert sum(p != "" for p in pushes) >= len(ids) // len(loop) - 2, loop  # a chunk every broken sequence
+        assert counting.decoded < 40 * len(ids), "the held window must not grow with the stream"
+
+
+def test_sentencepiece_byte_fallback_holds_back_the_whole_broken_run(marian_dir: Path) -> None:
+    """Byte fallback turns a run of byte pieces that is not UTF-8 as a whole into a U+FFFD a byte, and a later
+    byte can mend the whole run: nothing of it is sent until then."""
+    tok = load_tokenizer(marian_dir)
+    assert not tok.decodes_bytes_lossily
+    ids = tok.encode_target(STREAM_TEXT, add_special_tokens=False)
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(tok)
+    pushes = [detok.push(i) for i in ids]
+    assert not any("\ufffd" in p for p in pushes) and "".join(pushes) + detok.flush() == tok.decode(ids)
+
+
 def test_incremental_with_prompt_keeps_leading_space(marian_dir: Path) -> None:
     tok = load_tokenizer(marian_dir)
     prompt = tok.encode_target("Ich liebe", add_special_tokens=False)

@@ -25,6 +25,7 @@ from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
 from tests.tools.logits_bugs import LOGITS_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
 from tests.tools.service_bugs import SERVICE_BUGS  # noqa: E402
+from tests.tools.tokenizer_bugs import TOKENIZER_BUGS  # noqa: E402
 from tserve.testing.avx2_only import AVX2_ONLY  # noqa: E402
 
 KERNELS = {"native": {}, "avx2": AVX2_ONLY}  # each bug's tests run on both
@@ -500,8 +501,7 @@ BUGS = [
         ("tests/model/test_packed_linear.py::"
          "test_a_fused_float32_model_runs_its_other_products_on_onednn_over_the_weights_the_fused_step_reads",)),
 ]
-BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS
-
+BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS + TOKENIZER_BUGS
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
 # by a test that `make test-avx2` runs (marked `kernels`). The Triton kernels (tserve/model/kernels/flash.py) are GPU

@@ -119,6 +119,14 @@ class Tokenizer(ABC):
         return self._unk_id
 
     @property
+    def decodes_bytes_lossily(self) -> bool:
+        """True when `decode` reads its ids' bytes as one UTF-8 string, each broken sequence one U+FFFD (a
+        ByteLevel decoder): later ids can then turn only a text's last U+FFFD into a character, never the ones
+        before it. Other decoders (SentencePiece's byte fallback: a U+FFFD for each byte of a run of byte pieces
+        that is not UTF-8 as a whole) may change a run of them."""
+        return False
+
+    @property
     def special_ids(self) -> set[int]:
         """Ids dropped by ``decode(skip_special_tokens=True)``."""
         return set(self._special)
@@ -236,7 +244,9 @@ class HFTokenizer(Tokenizer):
         marked = {int(i) for i, t in (cfg.get("added_tokens_decoder") or {}).items()
                   if isinstance(t, dict) and t.get("special")}
         self._special = {i for i, t in added.items() if t.special} | marked | {i for i in ids if i is not None}
-        self._byte_level = '"ByteLevel"' in json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
+        decoder = json.loads(tokenizer.to_str()).get("decoder")
+        self._byte_level = '"ByteLevel"' in json.dumps(decoder)
+        self._lossy_bytes = isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"
         listed = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
         codes = [t for t in map(_token_str, listed) if t and _LANGUAGE_TOKEN.fullmatch(t)]
         self._languages: dict[str, int] | None = {c: i for c in codes if (i := tokenizer.token_to_id(c)) is not None}
@@ -308,6 +318,10 @@ class HFTokenizer(Tokenizer):
 
     def backend_json(self) -> str | None:
         return self._tok.to_str()
+
+    @property
+    def decodes_bytes_lossily(self) -> bool:
+        return self._lossy_bytes
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         ids = list(map(int, ids))
@@ -539,10 +553,12 @@ class IncrementalDetokenizer:
     Decoding token by token is wrong twice over: a character may span several byte-level tokens,
     and SentencePiece decoders drop a word's leading space at the start of a sequence. So, as vLLM
     and TGI do, each push decodes a short window twice (``[prefix:read]`` and ``[prefix:]``), emits
-    only the difference, and holds text back while it ends in U+FFFD (an unfinished character).
-    Without ``prompt_ids`` the pushes plus ``flush()`` concatenate to ``tokenizer.decode(generated)``;
-    with them, the window starts inside the prompt, so the first word keeps its leading space, as a
-    continuation of the prompt text should.
+    only the difference, and holds text back while it ends in U+FFFD (an unfinished character). A
+    byte-level decoder's text holds back its last U+FFFD only (the ones before it are bytes no later
+    byte completes; llama.cpp's server sends them too), so that a model emitting bytes that never form
+    UTF-8 still streams. Without ``prompt_ids`` the pushes plus ``flush()`` concatenate to
+    ``tokenizer.decode(generated)``; with them, the window starts inside the prompt, so the first word
+    keeps its leading space, as a continuation of the prompt text should.
     """
 
     def __init__(
@@ -553,6 +569,7 @@ class IncrementalDetokenizer:
         self._ids: list[int] = [int(i) for i in prompt_ids or []]
         self._read = len(self._ids)
         self._prefix = max(self._read - 5, 0)  # a few prompt tokens of context, as vLLM uses
+        self._sent = 0  # characters of the window's text past [prefix:read]'s already emitted
         self._text = ""
 
     @property
@@ -563,12 +580,28 @@ class IncrementalDetokenizer:
     def _delta(self, force: bool) -> str:
         prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
         new_text = self._tok.decode(self._ids[self._prefix :], self._skip)
-        if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not force):
+        end = len(new_text)
+        if new_text.endswith("\ufffd") and not force:
+            end = end - 1 if self._tok.decodes_bytes_lossily else len(prefix_text)
+        start = len(prefix_text) + self._sent
+        if end <= start:
             return ""
-        self._prefix, self._read = self._read, len(self._ids)
-        delta = new_text[len(prefix_text) :]
+        delta = new_text[start:end]
         self._text += delta
+        if end == len(new_text):
+            self._prefix, self._read, self._sent = self._read, len(self._ids), 0
+        else:
+            self._sent = end - len(prefix_text)
+            self._move_held_window(new_text[len(prefix_text) : end])
         return delta
+
+    def _move_held_window(self, emitted: str) -> None:
+        """A window whose text keeps ending in U+FFFD (bytes that never form UTF-8) would grow with every id:
+        once it holds a few, it starts again before its last id where the ids before that decode to exactly
+        the text emitted for them (the last id begins a new broken sequence: nothing before it can change)."""
+        last = len(self._ids) - 1
+        if last - self._read >= 8 and self._tok.decode(self._ids[self._read : last], self._skip) == emitted:
+            self._prefix, self._read, self._sent = self._read, last, 0
 
     def push(self, token_id: int) -> str:
         """Add one generated id; return the text it completes ('' while a character or word is pending)."""
