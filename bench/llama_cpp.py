@@ -226,12 +226,13 @@ def prompt_texts(tokenizer, n: int, tokens: int, seed: int = 0) -> list[str]:  #
 
 
 def request_body(prompt, max_tokens: int, stream: bool, server: str) -> dict:  # noqa: ANN001
-    """One `/v1/completions` request: greedy, `max_tokens` tokens whatever is sampled. tserve takes the text
-    (logprobs=0: every token its own chunk, even where random weights emit bytes that do not form UTF-8 yet);
-    llama-server the token ids tserve makes of it."""
+    """One `/v1/completions` request: greedy, `max_tokens` tokens whatever is sampled; tserve takes the text,
+    llama-server the token ids tserve makes of it. The same request otherwise: neither is asked for logprobs (a
+    log-softmax of the vocabulary a token, which only one side would pay). tokens/s counts `max_tokens` a
+    request; llama-server sends a chunk every token, tserve one where there is text (`latency_cells`)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
     if server == "tserve":
-        body.update(model="lm", logprobs=0)
+        body.update(model="lm")
     return body
 
 
@@ -352,16 +353,23 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
     return rows
 
 
-def render_http_table(rows: list[HttpRow]) -> str:
+def latency_cells(run: Run) -> str:
+    """ITL p50 and TTFT p50 of a run, or "-" for both where its server sent fewer chunks than tokens (tserve
+    sends text, and random weights choose ids past the shape tokenizer's vocabulary, which decode to none):
+    the gaps between chunks are then not the time a token takes."""
     from bench.load import pct
 
+    if not run.latency or len(run.itl) < run.tokens - len(run.latency):
+        return "- | -"
+    return f"{1000 * pct(run.itl, 50):.1f} ms | {1000 * pct(run.ttft, 50):.0f} ms"
+
+
+def render_http_table(rows: list[HttpRow]) -> str:
     lines = ["| model | clients | tserve | tok/s | ITL p50 | TTFT p50 | llama.cpp | tok/s | ITL p50 | TTFT p50 | "
              "tserve / llama.cpp |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.model} | {r.clients} | {r.ours} | {r.tserve.tokens_per_s:.1f} | "
-                     f"{1000 * pct(r.tserve.itl, 50):.1f} ms | {1000 * pct(r.tserve.ttft, 50):.0f} ms | {r.theirs} | "
-                     f"{r.llama.tokens_per_s:.1f} | {1000 * pct(r.llama.itl, 50):.1f} ms | "
-                     f"{1000 * pct(r.llama.ttft, 50):.0f} ms | {r.ratio:.2f}x |")
+        lines.append(f"| {r.model} | {r.clients} | {r.ours} | {r.tserve.tokens_per_s:.1f} | {latency_cells(r.tserve)} | "
+                     f"{r.theirs} | {r.llama.tokens_per_s:.1f} | {latency_cells(r.llama)} | {r.ratio:.2f}x |")
     return "\n".join(lines)
 
 

@@ -86,20 +86,25 @@ def test_each_prompt_is_the_fewest_words_that_reach_the_token_count(fixture):
         assert len(tokenizer.encode(text.rsplit(" ", 1)[0])) < 40
 
 
-def test_only_tserve_is_named_the_model_and_asked_for_a_chunk_a_token():
+def test_only_tserve_is_named_the_model_and_neither_side_pays_for_logprobs():
     ours, theirs = request_body("a b", 64, True, "tserve"), request_body([1, 2], 64, True, "llama")
-    assert ours["model"] == "lm" and ours["logprobs"] == 0 and "model" not in theirs and "logprobs" not in theirs
+    assert ours["model"] == "lm" and "model" not in theirs
+    assert {k: v for k, v in ours.items() if k not in ("model", "prompt")} == \
+        {k: v for k, v in theirs.items() if k != "prompt"}
     for body in (ours, theirs):
         assert (body["max_tokens"], body["temperature"], body["ignore_eos"], body["stream"]) == (64, 0, True, True)
 
 
 def test_the_table_gives_each_side_its_rate_itl_and_ttft_and_tserve_over_llama_cpp():
-    def run(tokens: int, seconds: float, itl: list[float], ttft: list[float]) -> Run:
-        return Run("x", 8, seconds=seconds, tokens=tokens, itl=itl, ttft=ttft)
+    def run(seconds: float, itl: list[float], ttft: list[float]) -> Run:  # 3 requests of 2 tokens
+        return Run("x", 8, seconds=seconds, tokens=6, itl=itl, ttft=ttft, latency=[1.0] * 3)
 
-    rows = [HttpRow("gpt2-small", 8, "q4_0", "Q4_0", run(512, 4.0, [0.05, 0.06, 0.07], [0.11, 0.12, 0.13]),
-                    run(512, 8.0, [0.1, 0.2, 0.3], [0.4, 0.5, 0.6]))]
+    rows = [HttpRow("gpt2-small", 8, "q4_0", "Q4_0", run(0.5, [0.05, 0.06, 0.07], [0.11, 0.12, 0.13]),
+                    run(1.0, [0.1, 0.2, 0.3], [0.4, 0.5, 0.6]))]
     table = render_http_table(rows).splitlines()
     assert table[0].startswith("| model | clients | tserve | tok/s | ITL p50 | TTFT p50 | llama.cpp | tok/s | ITL p50 |")
-    assert table[2] == ("| gpt2-small | 8 | q4_0 | 128.0 | 60.0 ms | 120 ms | Q4_0 | 64.0 | 200.0 ms | 500 ms | "
-                        "2.00x |")
+    assert table[2] == "| gpt2-small | 8 | q4_0 | 12.0 | 60.0 ms | 120 ms | Q4_0 | 6.0 | 200.0 ms | 500 ms | 2.00x |"
+    # A chunk short (a token with no text): the gaps between chunks are not a token's time, so no ITL or TTFT.
+    rows[0].tserve.itl.pop()
+    assert render_http_table(rows).splitlines()[2] == \
+        "| gpt2-small | 8 | q4_0 | 12.0 | - | - | Q4_0 | 6.0 | 200.0 ms | 500 ms | 2.00x |"
