@@ -67,80 +67,114 @@ void head_attention(const float* qh, const kv_t* k, const kv_t* v, int64_t strid
 }
 
 #if defined(TSERVE_VECTOR_MATH)
-// Channels [0, 8 N) of a head's output: Σ_t p[t] v[t] in the order of t, then times `inv`, the sums held in N
-// registers across the run (not stored and reloaded for each position).
+// Channels [0, 8 N) of a head's value sums over positions [t0, t1) of the run, Σ_t p[t] v[t] in the order of t, held
+// in N registers across the positions; `sums` holds the sums of the positions before t0 (read back unless t0 is the
+// first) and takes them after t1: each channel is one chain of fused multiply-adds in the order of t, however the
+// positions are split.
 template <int N>
-void weigh_values(const float* v, int64_t stride, const Run& run, const float* p, __m256 inv, float* oh) {
-  __m256 sums[N];
-  for (int j = 0; j < N; ++j) sums[j] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < run.len; ++t) {
+void weigh_values(const float* v, int64_t stride, const Run& run, const float* p, int64_t t0, int64_t t1,
+                  float* sums) {
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = t0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(sums + 8 * j);
+  for (int64_t t = t0; t < t1; ++t) {
     const float* vh = v + run.at(t) * stride;
     const __m256 weight = _mm256_set1_ps(p[t]);
-    for (int j = 0; j < N; ++j) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vh + 8 * j), sums[j]);
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vh + 8 * j), acc[j]);
   }
-  for (int j = 0; j < N; ++j) _mm256_storeu_ps(oh + 8 * j, _mm256_mul_ps(sums[j], inv));
+  for (int j = 0; j < N; ++j) _mm256_storeu_ps(sums + 8 * j, acc[j]);
 }
 
-// `head_attention` for a float32 cache and D a multiple of 8, 8 lanes wide: each run of 8 positions' scores is
-// one vector (their dot products' lanes summed together), the exponentials 8 at a time.
-void head_attention_avx2(const float* qh, const float* k, const float* v, int64_t stride, const Run& run, int64_t D,
-                         float scale, float* scores, float* oh) {
-  __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t0 = 0; t0 < run.len; t0 += 8) {
-    const int64_t n = std::min<int64_t>(8, run.len - t0);
-    __m256 dots[8];
-    for (int64_t i = 0; i < 8; ++i) {
-      dots[i] = _mm256_setzero_ps();
-      if (i >= n) continue;
-      const float* kh = k + run.at(t0 + i) * stride;
-      for (int64_t d = 0; d < D; d += 8) {
-        dots[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kh + d), dots[i]);
-      }
+// Positions [t0, t1) of one head's value sums, every channel (runs of 64 channels, then of 32, 16, 8).
+void weigh_head(const float* v, int64_t stride, const Run& run, const float* p, int64_t t0, int64_t t1, int64_t D,
+                float* sums) {
+  for (int64_t d = 0; d < D;) {
+    const int64_t vectors = (D - d) / 8, n = vectors >= 8 ? 8 : vectors >= 4 ? 4 : vectors >= 2 ? 2 : 1;
+    switch (n) {
+      case 8: weigh_values<8>(v + d, stride, run, p, t0, t1, sums + d); break;
+      case 4: weigh_values<4>(v + d, stride, run, p, t0, t1, sums + d); break;
+      case 2: weigh_values<2>(v + d, stride, run, p, t0, t1, sums + d); break;
+      default: weigh_values<1>(v + d, stride, run, p, t0, t1, sums + d); break;
     }
-    const __m256 s = _mm256_mul_ps(tserve_vector::lane_sums(dots), _mm256_set1_ps(scale));
-    if (n == 8) {
-      _mm256_storeu_ps(scores + t0, s);
-      best = _mm256_max_ps(best, s);
-    } else {
-      alignas(32) float last[8];
-      _mm256_store_ps(last, s);
-      for (int64_t i = 0; i < n; ++i) scores[t0 + i] = last[i];
-    }
+    d += 8 * n;
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, best);
-  float top = *std::max_element(lanes, lanes + 8);
-  for (int64_t t = run.len & ~int64_t{7}; t < run.len; ++t) top = std::max(top, scores[t]);
+}
+
+// Scores of positions [t0, t0 + 8) of the run (fewer at its end) for one head, 8 lanes wide: the 8 dot products'
+// lanes summed together, times `scale`. The 8 products advance together, 8 channels at a time: 8 independent chains
+// of multiply-adds, not one position's chain after another's (each waits on its last add: 4x slower).
+void score_positions(const float* qh, const float* k, int64_t stride, const Run& run, int64_t t0, int64_t D,
+                     float scale, float* scores) {
+  const int64_t n = std::min<int64_t>(8, run.len - t0);
+  const float* rows[8];
+  for (int64_t i = 0; i < 8; ++i) rows[i] = k + run.at(t0 + std::min(i, n - 1)) * stride;  // past the end: unused
+  __m256 dots[8];
+  for (int i = 0; i < 8; ++i) dots[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 query = _mm256_loadu_ps(qh + d);
+    for (int i = 0; i < 8; ++i) dots[i] = _mm256_fmadd_ps(query, _mm256_loadu_ps(rows[i] + d), dots[i]);
+  }
+  const __m256 s = _mm256_mul_ps(tserve_vector::lane_sums(dots), _mm256_set1_ps(scale));
+  if (n == 8) {
+    _mm256_storeu_ps(scores + t0, s);
+  } else {
+    alignas(32) float last[8];
+    _mm256_store_ps(last, s);
+    for (int64_t i = 0; i < n; ++i) scores[t0 + i] = last[i];
+  }
+}
+
+// A head's scores turned into exp(score - max) in place, 8 at a time; returns their sum.
+float exponentiate(float* scores, int64_t len) {
+  const float top = *std::max_element(scores, scores + len);
   __m256 sums = _mm256_setzero_ps();
   int64_t t = 0;
-  for (; t + 8 <= run.len; t += 8) {
+  for (; t + 8 <= len; t += 8) {
     const __m256 e = tserve_vector::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(top)));
     _mm256_storeu_ps(scores + t, e);
     sums = _mm256_add_ps(sums, e);
   }
+  alignas(32) float lanes[8];
   _mm256_store_ps(lanes, sums);
   float total = 0.0f;
   for (float lane : lanes) total += lane;
-  if (t < run.len) {
+  if (t < len) {
     alignas(32) float tail[8];
-    for (int64_t i = 0; i < 8; ++i) tail[i] = t + i < run.len ? scores[t + i] - top : -87.0f;
+    for (int64_t i = 0; i < 8; ++i) tail[i] = t + i < len ? scores[t + i] - top : -87.0f;
     _mm256_store_ps(tail, tserve_vector::exp_nonpositive(_mm256_load_ps(tail)));
-    for (int64_t i = 0; t + i < run.len; ++i) {
+    for (int64_t i = 0; t + i < len; ++i) {
       scores[t + i] = tail[i];
       total += tail[i];
     }
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / total);
-  // Runs of 64 channels, then of 32, 16, 8 (each channel's sum is its own: any split gives the same bits).
-  for (int64_t d = 0; d < D;) {
-    const int64_t vectors = (D - d) / 8, n = vectors >= 8 ? 8 : vectors >= 4 ? 4 : vectors >= 2 ? 2 : 1;
-    switch (n) {
-      case 8: weigh_values<8>(v + d, stride, run, scores, inv, oh + d); break;
-      case 4: weigh_values<4>(v + d, stride, run, scores, inv, oh + d); break;
-      case 2: weigh_values<2>(v + d, stride, run, scores, inv, oh + d); break;
-      default: weigh_values<1>(v + d, stride, run, scores, inv, oh + d); break;
+  return total;
+}
+
+constexpr int64_t kValueRun = 16;  // positions a pass over the heads' values takes (a cache block's worth)
+
+// Query heads [h0, h1) of one row over its run, for a float32 cache and D a multiple of 8. Each head's arithmetic is
+// `head_attention`'s, 8 lanes wide, and the same whatever the range it is taken in (a head's result does not depend
+// on the batch or on the threads). The loops go over positions outside and heads inside: the heads of a range are
+// neighbours in each position's row of the cache, so the range reads a run of each row in turn (one stream the
+// prefetchers follow), not a head's 4 lines a row for each head in turn. `scores`: room for (h1 - h0) x (len + 8).
+void heads_attention_avx2(const float* q, const float* k, const float* v, int64_t stride, const Run& run, int64_t D,
+                          int64_t group, float scale, int64_t h0, int64_t h1, float* scores, float* out) {
+  const int64_t ld = run.len + 8;
+  for (int64_t t0 = 0; t0 < run.len; t0 += 8) {
+    for (int64_t j = h0; j < h1; ++j) {
+      score_positions(q + j * D, k + (j / group) * D, stride, run, t0, D, scale, scores + (j - h0) * ld);
     }
-    d += 8 * n;
+  }
+  std::vector<float> inverse(h1 - h0);
+  for (int64_t j = h0; j < h1; ++j) inverse[j - h0] = 1.0f / exponentiate(scores + (j - h0) * ld, run.len);
+  for (int64_t t0 = 0; t0 < run.len; t0 += kValueRun) {
+    const int64_t t1 = std::min(run.len, t0 + kValueRun);
+    for (int64_t j = h0; j < h1; ++j) {
+      weigh_head(v + (j / group) * D, stride, run, scores + (j - h0) * ld, t0, t1, D, out + j * D);
+    }
+  }
+  for (int64_t j = h0; j < h1; ++j) {
+    const __m256 inv = _mm256_set1_ps(inverse[j - h0]);
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + j * D + d, _mm256_mul_ps(_mm256_loadu_ps(out + j * D + d), inv));
   }
 }
 #endif
@@ -149,8 +183,9 @@ void head_attention_avx2(const float* qh, const float* k, const float* v, int64_
 // tables: (B, W) int64 block ids; lengths: (B,) int64; window > 0: only a row's last `window` positions (sliding-window
 // attention). out: (B, H, D).
 // A task is one row's run of `span` query heads (all of them when there are rows enough for every thread; else
-// fewer, down to one head a task, so that a single row's heads still spread over the threads). A head's
-// arithmetic is the same whatever its task: a row's result does not depend on the batch.
+// fewer, down to one head a task, so that a single row's heads still spread over the threads); a thread takes its
+// tasks' heads of a row as one range. A head's arithmetic is the same whatever its task or range: a row's result does
+// not depend on the batch.
 template <typename kv_t>
 void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64_t* tables,
                        const int64_t* lengths, float* out, int64_t B, int64_t H, int64_t KV, int64_t D,
@@ -159,31 +194,35 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
   const int64_t chunks = H / span;
   // PyTorch's own thread pool (its OpenMP runtime, its `torch.set_num_threads`), not a second runtime of ours.
   at::parallel_for(0, B * chunks, 1, [&](int64_t task_begin, int64_t task_end) {
-    std::vector<float> scores(std::max<int64_t>(max_len, 1) + 8);
-    std::vector<int64_t> rows(std::max<int64_t>(max_len, 1));
-    for (int64_t task = task_begin; task < task_end; ++task) {
-      const int64_t b = task / chunks, first = (task % chunks) * span;  // query heads first .. first + span
+    // A thread's buffers, kept from call to call (a decode step calls this once a layer).
+    thread_local std::vector<float> scores;
+    thread_local std::vector<int64_t> rows;
+    rows.resize(std::max<int64_t>(max_len, 1));
+    for (int64_t task = task_begin; task < task_end;) {
+      const int64_t b = task / chunks, last = std::min(task_end, (b + 1) * chunks);  // this row's tasks in the range
+      const int64_t h0 = (task % chunks) * span, h1 = ((last - 1) % chunks + 1) * span;  // their query heads
+      task = last;
       const int64_t end = std::min(lengths[b], max_len);
       const int64_t start = window > 0 ? std::max<int64_t>(end - window, 0) : 0;
       const Run run = read_run(tables + b * W, start, std::max<int64_t>(end - start, 0), block_size, rows.data());
-      for (int64_t j = first; j < first + span; ++j) {
-        const float* qh = q + (b * H + j) * D;
-        float* oh = out + (b * H + j) * D;
-        if (run.len <= 0) {
-          std::fill(oh, oh + D, 0.0f);
+      if (run.len <= 0) {
+        std::fill(out + (b * H + h0) * D, out + (b * H + h1) * D, 0.0f);
+        continue;
+      }
+#if defined(TSERVE_VECTOR_MATH)
+      if constexpr (std::is_same_v<kv_t, float>) {
+        if (D % 8 == 0) {
+          scores.resize((h1 - h0) * (run.len + 8));
+          heads_attention_avx2(q + b * H * D, k, v, KV * D, run, D, group, scale, h0, h1, scores.data(),
+                               out + b * H * D);
           continue;
         }
-        const kv_t* kh = k + (j / group) * D;
-        const kv_t* vh = v + (j / group) * D;
-#if defined(TSERVE_VECTOR_MATH)
-        if constexpr (std::is_same_v<kv_t, float>) {
-          if (D % 8 == 0) {
-            head_attention_avx2(qh, kh, vh, KV * D, run, D, scale, scores.data(), oh);
-            continue;
-          }
-        }
+      }
 #endif
-        head_attention(qh, kh, vh, KV * D, run, D, scale, scores.data(), oh);
+      scores.resize(run.len + 8);
+      for (int64_t j = h0; j < h1; ++j) {
+        head_attention(q + (b * H + j) * D, k + (j / group) * D, v + (j / group) * D, KV * D, run, D, scale,
+                       scores.data(), out + (b * H + j) * D);
       }
     }
   });
