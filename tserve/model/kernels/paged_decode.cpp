@@ -150,6 +150,15 @@ float exponentiate(float* scores, int64_t len) {
 }
 
 constexpr int64_t kValueRun = 16;  // positions a pass over the heads' values takes (a cache block's worth)
+constexpr int64_t kAhead = 16;     // positions ahead of the scores that their keys are fetched
+
+// Asks for the cache lines of `width` floats from each row of positions [t0, t1) of the run (those it has).
+inline void prefetch_rows(const float* base, int64_t stride, int64_t width, const Run& run, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < std::min(t1, run.len); ++t) {
+    const char* row = reinterpret_cast<const char*>(base + run.at(t) * stride);
+    for (int64_t at = 0; at < width * 4; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+  }
+}
 
 // Query heads [h0, h1) of one row over its run, for a float32 cache and D a multiple of 8. Each head's arithmetic is
 // `head_attention`'s, 8 lanes wide, and the same whatever the range it is taken in (a head's result does not depend
@@ -159,15 +168,19 @@ constexpr int64_t kValueRun = 16;  // positions a pass over the heads' values ta
 void heads_attention_avx2(const float* q, const float* k, const float* v, int64_t stride, const Run& run, int64_t D,
                           int64_t group, float scale, int64_t h0, int64_t h1, float* scores, float* out) {
   const int64_t ld = run.len + 8;
+  const int64_t first = (h0 / group) * D, width = ((h1 - 1) / group + 1) * D - first;  // the range's kv heads
   for (int64_t t0 = 0; t0 < run.len; t0 += 8) {
+    prefetch_rows(k + first, stride, width, run, t0 + kAhead, t0 + kAhead + 8);
     for (int64_t j = h0; j < h1; ++j) {
       score_positions(q + j * D, k + (j / group) * D, stride, run, t0, D, scale, scores + (j - h0) * ld);
     }
   }
   std::vector<float> inverse(h1 - h0);
   for (int64_t j = h0; j < h1; ++j) inverse[j - h0] = 1.0f / exponentiate(scores + (j - h0) * ld, run.len);
+  prefetch_rows(v + first, stride, width, run, 0, kValueRun);
   for (int64_t t0 = 0; t0 < run.len; t0 += kValueRun) {
     const int64_t t1 = std::min(run.len, t0 + kValueRun);
+    prefetch_rows(v + first, stride, width, run, t1, t1 + kValueRun);
     for (int64_t j = h0; j < h1; ++j) {
       weigh_head(v + (j / group) * D, stride, run, scores + (j - h0) * ld, t0, t1, D, out + j * D);
     }
