@@ -11,9 +11,9 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from tserve.model.detokenizer import IncrementalDetokenizer
 from tserve.model.tokenizer import (
     HFTokenizer,
-    IncrementalDetokenizer,
     MarianTokenizer,
     Tokenizer,
     load_tokenizer,

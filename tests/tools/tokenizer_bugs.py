@@ -1,4 +1,4 @@
-"""Planted bugs of streaming detokenization (`tserve/model/tokenizer.py`'s `IncrementalDetokenizer`); part of
+"""Planted bugs of streaming detokenization (`tserve/model/detokenizer.py`); part of
 `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ TESTS = "tests/model/test_tokenizer.py::"
 HOLD = "            end = end - 1 if self._tok.decodes_bytes_lossily else len(prefix_text)"
 
 TOKENIZER_BUGS = [
-    Bug("byte-level-stream-holds-back-every-broken-byte", "tserve/model/tokenizer.py", HOLD,
+    Bug("byte-level-stream-holds-back-every-broken-byte", "tserve/model/detokenizer.py", HOLD,
         "            end = len(prefix_text)",
         (f"{TESTS}test_bytes_that_never_form_utf8_still_stream_at_a_bounded_cost",)),
-    Bug("byte-level-stream-sends-an-unfinished-character", "tserve/model/tokenizer.py", HOLD,
+    Bug("byte-level-stream-sends-an-unfinished-character", "tserve/model/detokenizer.py", HOLD,
         "            end = end if self._tok.decodes_bytes_lossily else len(prefix_text)",
         (f"{TESTS}test_byte_level_streams_hold_back_only_a_character_that_can_still_finish",)),
-    Bug("held-window-never-moves", "tserve/model/tokenizer.py",
+    Bug("held-window-never-moves", "tserve/model/detokenizer.py",
         "        if last - self._read >= 8 and", "        if False and",
         (f"{TESTS}test_bytes_that_never_form_utf8_still_stream_at_a_bounded_cost",)),
     Bug("byte-fallback-run-sent-piece-by-piece", "tserve/model/tokenizer.py",

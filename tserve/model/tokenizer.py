@@ -22,7 +22,7 @@ import sentencepiece
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-__all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "M2M100Tokenizer", "IncrementalDetokenizer", "load_tokenizer"]
+__all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "M2M100Tokenizer", "load_tokenizer"]
 
 SPIECE_UNDERLINE = "▁"
 _LANGUAGE_TOKEN = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}|__[a-z]{2,3}(?:_[A-Za-z]+)?__")  # eng_Latn, __en__
@@ -545,69 +545,3 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         f"no tokenizer found in {str(d)!r}: looked for tokenizer.json, or source.spm + target.spm + vocab.json "
         "(Marian), or vocab.json + merges.txt (GPT-2 byte-level BPE)"
     )
-
-
-class IncrementalDetokenizer:
-    """Turns a stream of generated ids into text deltas for streaming responses.
-
-    Decoding token by token is wrong twice over: a character may span several byte-level tokens,
-    and SentencePiece decoders drop a word's leading space at the start of a sequence. So, as vLLM
-    and TGI do, each push decodes a short window twice (``[prefix:read]`` and ``[prefix:]``), emits
-    only the difference, and holds text back while it ends in U+FFFD (an unfinished character). A
-    byte-level decoder's text holds back its last U+FFFD only (the ones before it are bytes no later
-    byte completes; llama.cpp's server sends them too), so that a model emitting bytes that never form
-    UTF-8 still streams. Without ``prompt_ids`` the pushes plus ``flush()`` concatenate to
-    ``tokenizer.decode(generated)``; with them, the window starts inside the prompt, so the first word
-    keeps its leading space, as a continuation of the prompt text should.
-    """
-
-    def __init__(
-        self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True
-    ) -> None:
-        self._tok = tokenizer
-        self._skip = skip_special_tokens
-        self._ids: list[int] = [int(i) for i in prompt_ids or []]
-        self._read = len(self._ids)
-        self._prefix = max(self._read - 5, 0)  # a few prompt tokens of context, as vLLM uses
-        self._sent = 0  # characters of the window's text past [prefix:read]'s already emitted
-        self._text = ""
-
-    @property
-    def text(self) -> str:
-        """All text emitted so far."""
-        return self._text
-
-    def _delta(self, force: bool) -> str:
-        prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
-        new_text = self._tok.decode(self._ids[self._prefix :], self._skip)
-        end = len(new_text)
-        if new_text.endswith("\ufffd") and not force:
-            end = end - 1 if self._tok.decodes_bytes_lossily else len(prefix_text)
-        start = len(prefix_text) + self._sent
-        if end <= start:
-            return ""
-        delta = new_text[start:end]
-        self._text += delta
-        if end == len(new_text):
-            self._prefix, self._read, self._sent = self._read, len(self._ids), 0
-        else:
-            self._sent = end - len(prefix_text)
-            self._move_held_window(new_text[len(prefix_text) : end])
-        return delta
-
-    def _move_held_window(self, emitted: str) -> None:
-        """A window whose text keeps ending in U+FFFD (bytes that never form UTF-8) would grow with every id:
-        once it holds a few, it starts again before its last id where the ids before that decode to exactly
-        the text emitted for them (the last id begins a new broken sequence: nothing before it can change)."""
-        last = len(self._ids) - 1
-        if last - self._read >= 8 and self._tok.decode(self._ids[self._read : last], self._skip) == emitted:
-            self._prefix, self._read, self._sent = self._read, last, 0
-
-    def push(self, token_id: int) -> str:
-        """Add one generated id; return the text it completes ('' while a character or word is pending)."""
-        self._ids.append(int(token_id))
-        return self._delta(force=False)
-
-    def flush(self) -> str:
-        """Return whatever is still held back (e.g. a trailing incomplete character) at the end."""
-        return self._delta(force=True)

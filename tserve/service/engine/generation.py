@@ -34,7 +34,7 @@ from tserve.model.decoding import (
     token_logprobs,
 )
 from tserve.model.decoding.lm_runner import ChosenTokens, StepLogprobs, speculation_of
-from tserve.model.tokenizer import IncrementalDetokenizer
+from tserve.model.detokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import lm_kv_blocks
 from tserve.service.engine.output import text_event, token_logprob
 from tserve.service.engine.request import EngineRequest, Event, TokenLogprob

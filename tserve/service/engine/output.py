@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from tserve.model.decoding import StopStrings
 from tserve.model.decoding.lm_runner import StepLogprobs
-from tserve.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from tserve.model.detokenizer import IncrementalDetokenizer
+from tserve.model.tokenizer import Tokenizer
 from tserve.service.engine.request import Event, TokenLogprob
 
 

@@ -17,7 +17,7 @@ import torch
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.decoding import Seq2SeqRunner, TranslationJob, TranslationSequence, translate
 from tserve.model.decoding.seq2seq_runner import REPLAYED, row_blocks
-from tserve.model.tokenizer import IncrementalDetokenizer
+from tserve.model.detokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
 from tserve.service.engine.request import EngineRequest
