@@ -1,8 +1,8 @@
-// One-token attention straight from a paged KV cache, on the CPU: each (row, head) reads its own positions
-// through its block table (no gather of the rows' blocks into one tensor), scores them, and sums the values
-// under a softmax in one pass over the keys and one over the values. Float32 arithmetic; the cache may hold
-// bfloat16 or float16, each value widened as it is read. A float32 cache is read 8 lanes at a time (AVX2, what the
-// kernels are compiled for on x86-64): 8 positions' scores as one vector, the exponentials 8 at a time.
+// One-token attention straight from a paged KV cache, on the CPU: each row's heads read their positions through
+// the row's block table (no gather of the rows' blocks into one tensor), score them, and sum the values under a
+// softmax in one pass over the keys and one over the values. Float32 arithmetic; the cache may hold bfloat16 or
+// float16, each value widened as it is read. A float32 cache is read 8 lanes at a time (AVX2, what the kernels are
+// compiled for on x86-64), a thread's heads of a row together, position by position (`heads_attention_avx2`).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
