@@ -166,3 +166,65 @@ def test_without_the_kernels_the_layers_serve(monkeypatch):
     assert model.fused is None and len(steps(model, None, PROMPTS[:1], 2)) == 3
     x = torch.randn(2, 10)
     assert torch.equal(cpu_kernels.argmax(x), x.argmax(dim=-1))
+
+
+def _steps_from(model: Decoder, cache, state: tuple[torch.Tensor, torch.Tensor], lengths: torch.Tensor,
+                threads: int, new: int) -> list[torch.Tensor]:
+    """`new` fused steps of every row from the cache state `state` (its keys and values), on `threads` threads."""
+    cache.k.copy_(state[0])
+    cache.v.copy_(state[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        slots, positions, out = torch.arange(len(lengths)), lengths.clone(), []
+        for step in range(new):
+            out.append(model.decode_step((positions * 7 + step * 13 + slots * 5) % model.cfg.vocab_size, positions,
+                                         cache, slots))
+            positions += 1
+        return out
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "q8_0", "q4_0"])
+@pytest.mark.parametrize("layout", ["llama", "gemma3"])
+def test_a_step_on_two_threads_equals_the_step_on_one(layout, fmt):
+    """A step's loops shared by two threads held for the whole step (`kernels/step_team.h`) give the bits one thread
+    gives: each kernel's result for a column, a row or a head does not depend on how its loop is split. From one
+    cache state (the prompt read once, on one thread), three rows, 9 steps."""
+    model = served(layout, fmt)
+    cache = paged_cache(model, 3, seed=3)
+    tokens = torch.tensor([[5, 17, 3, 0, 0, 0, 0], [40, 2, 9, 11, 60, 8, 1], [88, 0, 0, 0, 0, 0, 0]])
+    lengths = torch.tensor([3, 7, 1])
+    model.prefill(tokens, lengths, cache, torch.arange(3))
+    state = (cache.k.clone(), cache.v.clone())
+    model.fused = FusedDecode.build(model)
+    alone = _steps_from(model, cache, state, lengths, 1, 9)
+    shared = _steps_from(model, cache, state, lengths, 2, 9)
+    for step, (a, b) in enumerate(zip(alone, shared, strict=True)):
+        assert a.abs().max() > 2.0, "a model whose logits are all near zero compares nothing"
+        assert torch.equal(a, b), f"step {step}"
+
+
+def test_an_error_inside_a_shared_step_is_raised_and_the_next_step_runs():
+    """A check that fails on the step's thread while the other thread waits for loops (a block id past the cache)
+    raises as it does on one thread, and leaves no thread waiting: the next step runs and gives the one-thread
+    logits."""
+    model = served("llama", "q8_0")
+    cache = paged_cache(model, 1, seed=4)
+    lengths = torch.tensor([5])
+    model.prefill(torch.tensor([[3, 1, 4, 1, 5]]), lengths, cache, torch.arange(1))
+    state = (cache.k.clone(), cache.v.clone())
+    model.fused = FusedDecode.build(model)
+    tables = cache.tables.clone()
+    cache.tables[0, 1] = cache.k.shape[1] // cache.block_size + 5
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="out of range"):
+            model.decode_step(torch.tensor([7]), lengths, cache, torch.arange(1))
+    finally:
+        torch.set_num_threads(before)
+    cache.tables.copy_(tables)
+    assert all(torch.equal(a, b) for a, b in zip(_steps_from(model, cache, state, lengths, 2, 3),
+                                                 _steps_from(model, cache, state, lengths, 1, 3), strict=True))

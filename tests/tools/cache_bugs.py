@@ -1,6 +1,7 @@
 """Planted bugs of the KV caches' bookkeeping: a translator's block pool sized by memory (decoder rows and encoded
 sources), its preemption and replay; and of our CPU kernels: the decode attention that reads the cache in place,
-the int8 row mapping and exact GEMM, the threads they run on (part of `tests/tools/planted_bugs.py`'s list)."""
+the int8 row mapping and exact GEMM, the threads they run on, a decode step's team of threads (part of
+`tests/tools/planted_bugs.py`'s list)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ CPU_TRANSLATION_TESTS = ("tests/model/test_cpu_decode.py::test_translation_equal
 WINDOW_STEPS = ("tests/model/test_window_blocks.py::"
                 "test_steps_equal_those_of_a_cache_that_keeps_every_position_and_hold_only_the_window")
 EXACT_LAYER_TEST = "tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement"
+
+TEAM_TESTS = tuple(f"tests/model/test_fused_decode.py::test_a_step_on_two_threads_equals_the_step_on_one[{case}]"
+                   for case in ("llama-float32", "llama-q4_0", "gemma3-q8_0"))
 
 ONE_ROW_TESTS = tuple(f"tests/model/test_cpu_decode.py::test_kernel_equals_sdpa_over_the_gathered_blocks[{case}]"
                       for case in ("1-6-3-80-8-lengths2", "1-9-3-64-16-lengths3"))
@@ -150,4 +154,8 @@ CACHE_BUGS = [
     Bug("fused-sliding-layers-read-the-global-layers-cache", "tserve/model/kernels/decode_layers.cpp",
         "const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;", "const StepCache& cache = full;",
         (f"{WINDOW_STEPS}[gemma3-fused-step]", f"{WINDOW_STEPS}[phi3-fused-step]")),
+    Bug("step-team-helpers-skip-their-chunks", "tserve/model/kernels/step_team.h",
+        "const int64_t from = begin_ + thread * chunk_;", "const int64_t from = end_;", TEAM_TESTS),
+    Bug("step-team-chunks-round-down", "tserve/model/kernels/step_team.h",
+        "chunk_ = (n + chunks - 1) / chunks;", "chunk_ = n / chunks;", TEAM_TESTS),
 ]

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "linear_args.h"
+#include "step_team.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -67,7 +68,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes, Activa
   a.magnitudes.resize(magnitudes ? M * K : 0);
   a.scales.resize(M * a.blocks);
   a.sums.resize(M * a.blocks);
-  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+  tserve::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       for (int64_t b = 0; b < a.blocks; ++b) {
         const float* v = x + m * K + b * kBlock;
@@ -160,9 +161,10 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(p.out + (p.row0 + r) * p.ldo + p.n0, mask, acc[r]);
 }
 
-// AVX2: each half of a panel (8 columns) in turn. `vpmaddubsw` sums pairs of u8 x s8 products into a saturating
-// int16, so Q8_0 multiplies a magnitude by a signed code carrying the other's sign (`vpsignb`: 2 x 127 x 127
-// fits), and Q4_0 its 0..15 codes by the activations (2 x 2 x 15 x 127 fits even for a low and a high pair summed).
+// AVX2, 3 or 4 rows: each half of a panel (8 columns) in turn. `vpmaddubsw` sums pairs of u8 x s8 products into a
+// saturating int16, so Q8_0 multiplies a magnitude by a signed code carrying the other's sign (`vpsignb`: 2 x 127 x
+// 127 fits), and Q4_0 its 0..15 codes by the activations (2 x 2 x 15 x 127 fits even for a low and a high pair
+// summed).
 template <int kFormat, int R>
 TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
   const Activations& a = *p.a;
@@ -186,19 +188,13 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
     if constexpr (kFormat == kQ8) {
       for (int j = 0; j < 8; ++j) {
         const __m256i signed_w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j)), flip);
-        // Up to 2 rows: |x| times w carrying x's sign (no operation on the weights alone); more: |w| (made once for
-        // the rows) times x carrying w's sign, fewer loads a row.
-        const __m256i w_magnitude = _mm256_sign_epi8(signed_w, signed_w);  // unused (optimized out) at R <= 2
+        // |w| (made once for the rows) times x carrying w's sign (`narrow_pass_avx2`, 1 or 2 rows, takes |x| times w
+        // carrying x's sign: no operation on the weights alone).
+        const __m256i w_magnitude = _mm256_sign_epi8(signed_w, signed_w);
         for (int r = 0; r < R; ++r) {
           const int64_t at = (p.row0 + r) * a.K + b * kBlock + 4 * j;
           const __m256i signed_x = _mm256_set1_epi32(quad(a.codes.data() + at));
-          __m256i pairs;
-          if constexpr (R <= 2) {
-            const __m256i x_magnitude = _mm256_set1_epi32(quad(reinterpret_cast<const int8_t*>(&a.magnitudes[at])));
-            pairs = _mm256_maddubs_epi16(x_magnitude, _mm256_sign_epi8(signed_w, signed_x));
-          } else {
-            pairs = _mm256_maddubs_epi16(w_magnitude, _mm256_sign_epi8(signed_x, signed_w));
-          }
+          const __m256i pairs = _mm256_maddubs_epi16(w_magnitude, _mm256_sign_epi8(signed_x, signed_w));
           isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
         }
       }
@@ -229,10 +225,95 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
   for (int r = 0; r < R; ++r) _mm256_maskstore_ps(p.out + (p.row0 + r) * p.ldo + n0, mask, acc[r]);
 }
 
+// AVX2, 1 or 2 rows (decode steps): both halves of the panel block by block, each broadcast activation used for
+// both, and Q4_0's products summed in int16 over the whole block before they widen (4 x 2 x 2 x 15 x 127 = 30,480
+// fits). The same int32 sums as `half_pass_avx2`, added to the accumulators in the same order.
+template <int kFormat, int R>
+TSERVE_AVX2 void narrow_pass_avx2(const Pass& p) {
+  const Activations& a = *p.a;
+  alignas(32) int32_t lanes[16];
+  for (int c = 0; c < 16; ++c) lanes[c] = c < p.cols ? -1 : 0;
+  const __m256i mask[2] = {_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)),
+                           _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 8))};
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      float* o = p.out + (p.row0 + r) * p.ldo + p.n0 + 8 * h;
+      acc[r][h] = p.b0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(o, mask[h]);
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = p.b0; b < p.b1; ++b) {
+    const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat);
+    __m256i isum[R][2];
+    if constexpr (kFormat == kQ8) {
+      for (int r = 0; r < R; ++r) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j)), flip);
+        const __m256i w1 =
+            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j + 32)), flip);
+        for (int r = 0; r < R; ++r) {
+          const int64_t at = (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const __m256i signed_x = _mm256_set1_epi32(quad(a.codes.data() + at));
+          const __m256i x_magnitude = _mm256_set1_epi32(quad(reinterpret_cast<const int8_t*>(&a.magnitudes[at])));
+          isum[r][0] = _mm256_add_epi32(
+              isum[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(x_magnitude, _mm256_sign_epi8(w0, signed_x)), ones));
+          isum[r][1] = _mm256_add_epi32(
+              isum[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(x_magnitude, _mm256_sign_epi8(w1, signed_x)), ones));
+        }
+      }
+    } else {
+      __m256i pairs[R][2];
+      for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j + 32));
+        const __m256i lo0 = _mm256_and_si256(v0, low_nibbles);
+        const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low_nibbles);
+        const __m256i lo1 = _mm256_and_si256(v1, low_nibbles);
+        const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low_nibbles);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const __m256i x_low = _mm256_set1_epi32(quad(x)), x_high = _mm256_set1_epi32(quad(x + 16));
+          pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, x_low),
+                                                                       _mm256_maddubs_epi16(hi0, x_high)));
+          pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, x_low),
+                                                                       _mm256_maddubs_epi16(hi1, x_high)));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < 2; ++h) isum[r][h] = _mm256_madd_epi16(pairs[r][h], ones);
+      }
+    }
+    const __m256 w_scale[2] = {
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + (b - p.b0) * kCols))),
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + (b - p.b0) * kCols + 8)))};
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (p.row0 + r) * a.blocks + b;
+      const __m256i offset = _mm256_set1_epi32(kFormat == kQ8 ? 0 : code_offset(kFormat) * a.sums[at]);
+      const __m256 x_scale = _mm256_set1_ps(a.scales[at]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i exact = _mm256_sub_epi32(isum[r][h], offset);
+        acc[r][h] = _mm256_add_ps(acc[r][h],
+                                  _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(w_scale[h], x_scale)));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) _mm256_maskstore_ps(p.out + (p.row0 + r) * p.ldo + p.n0 + 8 * h, mask[h], acc[r][h]);
+  }
+}
+
 template <int kFormat, int R>
 TSERVE_AVX2 void pass_avx2(const Pass& p) {
-  half_pass_avx2<kFormat, R>(p, 0);
-  half_pass_avx2<kFormat, R>(p, 1);
+  if constexpr (R <= 2) {
+    narrow_pass_avx2<kFormat, R>(p);
+  } else {
+    half_pass_avx2<kFormat, R>(p, 0);
+    half_pass_avx2<kFormat, R>(p, 1);
+  }
 }
 
 using PassFn = void (*)(const Pass&);
@@ -307,11 +388,13 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
   const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   float* o = out.data_ptr<float>();
   const int64_t panel_bytes = blocks * block_bytes(static_cast<int>(format));
-  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+  // One tile of rows reads each weight once whatever the chunks: it takes a panel's blocks in one pass.
+  const int64_t chunk = M <= max_rows ? blocks : kChunk;
+  tserve::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       Pass p{&acts, 0, 0, 0, j * kCols, N, static_cast<int>(std::min(kCols, N - j * kCols)), nullptr, nullptr, o};
-      for (p.b0 = 0; p.b0 < blocks; p.b0 += kChunk) {
-        p.b1 = std::min(blocks, p.b0 + kChunk);
+      for (p.b0 = 0; p.b0 < blocks; p.b0 += chunk) {
+        p.b1 = std::min(blocks, p.b0 + chunk);
         p.panel = w + j * panel_bytes + p.b0 * block_bytes(static_cast<int>(format));
         p.scales = s + (j * blocks + p.b0) * kCols;
         for (p.row0 = 0; p.row0 < M; p.row0 += max_rows) {

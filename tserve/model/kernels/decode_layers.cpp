@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "step_team.h"
 #include "vector_math.h"
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
@@ -213,21 +214,14 @@ struct StepCache {
 
 }  // namespace
 
-// x (M, C) float32: the embeddings of one new token per row (scaled, positions added). tensors / ints: per layer, as
-// `Slot` / `IntSlot` list them. k_cache, v_cache (layers, positions, kv heads, head dim) float32; write (M,) each
-// row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over. local_k, local_v,
-// local_write, local_tables: the same for the sliding-window layers where they keep a cache of their own
-// (`PagedKVCache.local`; empty tensors where they do not): the layers with a window take those, in order. cos / sin
-// (M, rotary / 2) at each row's position (local_cos / local_sin: the sliding layers' own, or empty). Returns the
-// logits (M, vocabulary): after the last layer, the final norm (tensors' third and second last: its weight and
-// bias, empty where the model has none) and the output layer (the last three tensors, as a layer's product; the
-// last two integers its kind and width), before any scaling or soft cap of the logits.
-torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
-                            const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
-                            torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
-                            torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
-                            torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
-                            torch::Tensor local_sin) {
+namespace {
+
+torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
+                          const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
+                          torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
+                          torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
+                          torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
+                          torch::Tensor local_sin) {
   const Config cfg = read_config(config, isa);
   const int64_t layers = (static_cast<int64_t>(ints.size()) - 2) / kInts, M = x.size(0), C = x.size(1);
   const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
@@ -319,6 +313,40 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
     hidden = normed;
   }
   return product(hidden, output[0], output[1], last[2], last[3], last[4], cfg.isa);
+}
+
+}  // namespace
+
+// x (M, C) float32: the embeddings of one new token per row (scaled, positions added). tensors / ints: per layer, as
+// `Slot` / `IntSlot` list them. k_cache, v_cache (layers, positions, kv heads, head dim) float32; write (M,) each
+// row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over. local_k, local_v,
+// local_write, local_tables: the same for the sliding-window layers where they keep a cache of their own
+// (`PagedKVCache.local`; empty tensors where they do not): the layers with a window take those, in order. cos / sin
+// (M, rotary / 2) at each row's position (local_cos / local_sin: the sliding layers' own, or empty). Returns the
+// logits (M, vocabulary): after the last layer, the final norm (tensors' third and second last: its weight and
+// bias, empty where the model has none) and the output layer (the last three tensors, as a layer's product; the
+// last two integers its kind and width), before any scaling or soft cap of the logits.
+torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
+                            const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
+                            torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
+                            torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
+                            torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
+                            torch::Tensor local_sin) {
+  const auto step = [&] {
+    return layers_step(x, tensors, ints, config, isa, k_cache, v_cache, write, tables, lengths, local_k, local_v,
+                       local_write, local_tables, cos, sin, local_cos, local_sin);
+  };
+  // oneDNN's pre-packed products open OpenMP regions of their own (inside the team's they would run on one thread):
+  // a step with one runs every loop as PyTorch does.
+  const size_t layer_ints = ints.size() >= 2 ? ints.size() - 2 : 0;
+  bool packed = ints.size() >= 2 && ints[layer_ints] == kPacked;
+  for (size_t layer = 0; layer + kInts <= layer_ints; layer += kInts) {
+    for (const int slot : {kQkvKind, kOKind, kUpKind, kDownKind}) packed = packed || ints[layer + slot] == kPacked;
+  }
+  if (packed) return step();
+  torch::Tensor logits;
+  tserve::on_step_team([&] { logits = step(); });
+  return logits;
 }
 
 namespace {

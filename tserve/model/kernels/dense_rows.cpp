@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "step_team.h"
 #include "vector_math.h"
 
 namespace {
@@ -235,7 +236,7 @@ torch::Tensor dense_rows_on(torch::Tensor x, torch::Tensor w, c10::optional<torc
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   const int64_t blocks = (N + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  tserve::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t n0 = block * kBlock;
       block_rows(p, xp, wp, bp, op, M, K, N, n0, std::min(kBlock, N - n0));

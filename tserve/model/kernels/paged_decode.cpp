@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "step_team.h"
 #include "vector_math.h"
 
 namespace {
@@ -205,8 +206,8 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
                        int64_t W, int64_t block_size, int64_t max_len, float scale, int64_t window, int64_t span) {
   const int64_t group = H / KV;  // query heads per kv head
   const int64_t chunks = H / span;
-  // PyTorch's own thread pool (its OpenMP runtime, its `torch.set_num_threads`), not a second runtime of ours.
-  at::parallel_for(0, B * chunks, 1, [&](int64_t task_begin, int64_t task_end) {
+  // PyTorch's own threads (its OpenMP runtime, `torch.set_num_threads`), not a second runtime of ours.
+  tserve::parallel_for(0, B * chunks, 1, [&](int64_t task_begin, int64_t task_end) {
     // A thread's buffers, kept from call to call (a decode step calls this once a layer).
     thread_local std::vector<float> scores;
     thread_local std::vector<int64_t> rows;
@@ -270,7 +271,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   // Whole rows per task when there are at least two rows a thread; else runs of query heads, the next smaller
   // divisor of H each time, until there are two tasks a thread or one head a task.
   int64_t span = H;
-  while (span > 1 && B * (H / span) < 2 * at::get_num_threads()) {
+  while (span > 1 && B * (H / span) < 2 * tserve::thread_count()) {
     int64_t smaller = span - 1;
     while (H % smaller != 0) --smaller;
     span = smaller;
