@@ -63,7 +63,7 @@ BLOCK_KERNEL_BUGS = [
         "const bool local = cfg.has_local_rope && n[kWindow] > 0;", "const bool local = false;",
         (f"{FUSED}[gemma3-float32]",)),
     Bug("fused-residual-multiplier-dropped", "tserve/model/kernels/decode_layers.cpp",
-        "x[i] += multiplier == 1.0f ? o[i] : o[i] * multiplier;", "x[i] += o[i];",
+        "x[i] += multiplier == 1.0f ? out[i] : out[i] * multiplier;", "x[i] += out[i];",
         (f"{FUSED}[phi3-smollm3-granite-q8_0]",)),
     Bug("fused-window-ignored", "tserve/model/kernels/decode_layers.cpp",
         "cfg.block_size, scale, n[kWindow]);", "cfg.block_size, scale, 0);",

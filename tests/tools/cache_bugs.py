@@ -155,7 +155,7 @@ CACHE_BUGS = [
         "const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;", "const StepCache& cache = full;",
         (f"{WINDOW_STEPS}[gemma3-fused-step]", f"{WINDOW_STEPS}[phi3-fused-step]")),
     Bug("step-team-helpers-skip-their-chunks", "tserve/model/kernels/step_team.h",
-        "const int64_t from = begin_ + thread * chunk_;", "const int64_t from = end_;", TEAM_TESTS),
+        "const int64_t from = posted_.begin + thread * posted_.chunk;", "const int64_t from = posted_.end;", TEAM_TESTS),
     Bug("step-team-chunks-round-down", "tserve/model/kernels/step_team.h",
-        "chunk_ = (n + chunks - 1) / chunks;", "chunk_ = n / chunks;", TEAM_TESTS),
+        "posted_.chunk = (n + chunks - 1) / chunks;", "posted_.chunk = n / chunks;", TEAM_TESTS),
 ]

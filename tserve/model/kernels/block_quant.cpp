@@ -58,6 +58,16 @@ struct Activations {
   std::vector<int32_t> sums;   // (M, blocks)
 };
 
+// The same, as the passes read it: plain pointers, copied into each pass (a thread that takes a loop's chunk reads
+// them from the loop's own values, not through the posting thread's buffers).
+struct ActivationView {
+  const int8_t* codes;
+  const uint8_t* magnitudes;
+  const float* scales;
+  const int32_t* sums;
+  int64_t K, blocks;
+};
+
 // llama.cpp's quantize_row_q8_0: d = amax / 127, code = round-half-even(x * (127 / amax)). Plain float32
 // operations (compiled without contraction), as the reference's. Into `a`, whose buffers are reused from call to
 // call (a decode step makes ~120 products of one row each: their allocations cost more than quantizing the row).
@@ -93,7 +103,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes, Activa
 
 // One pass: rows [row0, row0 + R) over blocks [b0, b1) of one panel, into out's columns [n0, n0 + cols).
 struct Pass {
-  const Activations* a;
+  ActivationView a;
   int64_t row0, b0, b1, n0, ldo;
   int cols;
   const uint8_t* panel;     // the panel's first block
@@ -114,7 +124,7 @@ inline int32_t quad(const int8_t* codes) {  // 4 activation codes, to broadcast
 
 template <int kFormat, int R>
 TSERVE_AVX512 void pass_avx512(const Pass& p) {
-  const Activations& a = *p.a;
+  const ActivationView& a = p.a;
   const __mmask16 mask = static_cast<__mmask16>((1u << p.cols) - 1u);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) {
@@ -131,7 +141,7 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
       for (int j = 0; j < 8; j += 2) {
         const __m512i even_w = _mm512_loadu_si512(w + 64 * j), odd_w = _mm512_loadu_si512(w + 64 * (j + 1));
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const int8_t* x = a.codes + (p.row0 + r) * a.K + b * kBlock + 4 * j;
           isum[r] = _mm512_dpbusd_epi32(isum[r], even_w, _mm512_set1_epi32(quad(x)));
           odd[r] = _mm512_dpbusd_epi32(odd[r], odd_w, _mm512_set1_epi32(quad(x + 4)));
         }
@@ -142,7 +152,7 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
         const __m512i lo = _mm512_and_si512(v, low_nibbles);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles);
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const int8_t* x = a.codes + (p.row0 + r) * a.K + b * kBlock + 4 * j;
           isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(quad(x)));
           odd[r] = _mm512_dpbusd_epi32(odd[r], hi, _mm512_set1_epi32(quad(x + 16)));
         }
@@ -167,7 +177,7 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
 // summed).
 template <int kFormat, int R>
 TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
-  const Activations& a = *p.a;
+  const ActivationView& a = p.a;
   const int cols = std::min(8, p.cols - 8 * half);
   if (cols <= 0) return;
   const int64_t n0 = p.n0 + 8 * half;
@@ -193,7 +203,7 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
         const __m256i w_magnitude = _mm256_sign_epi8(signed_w, signed_w);
         for (int r = 0; r < R; ++r) {
           const int64_t at = (p.row0 + r) * a.K + b * kBlock + 4 * j;
-          const __m256i signed_x = _mm256_set1_epi32(quad(a.codes.data() + at));
+          const __m256i signed_x = _mm256_set1_epi32(quad(a.codes + at));
           const __m256i pairs = _mm256_maddubs_epi16(w_magnitude, _mm256_sign_epi8(signed_x, signed_w));
           isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
         }
@@ -204,7 +214,7 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
         const __m256i lo = _mm256_and_si256(v, low_nibbles);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const int8_t* x = a.codes + (p.row0 + r) * a.K + b * kBlock + 4 * j;
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(x))),
                                                  _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(x + 16))));
           isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
@@ -230,7 +240,7 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
 // fits). The same int32 sums as `half_pass_avx2`, added to the accumulators in the same order.
 template <int kFormat, int R>
 TSERVE_AVX2 void narrow_pass_avx2(const Pass& p) {
-  const Activations& a = *p.a;
+  const ActivationView& a = p.a;
   alignas(32) int32_t lanes[16];
   for (int c = 0; c < 16; ++c) lanes[c] = c < p.cols ? -1 : 0;
   const __m256i mask[2] = {_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)),
@@ -256,7 +266,7 @@ TSERVE_AVX2 void narrow_pass_avx2(const Pass& p) {
             _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j + 32)), flip);
         for (int r = 0; r < R; ++r) {
           const int64_t at = (p.row0 + r) * a.K + b * kBlock + 4 * j;
-          const __m256i signed_x = _mm256_set1_epi32(quad(a.codes.data() + at));
+          const __m256i signed_x = _mm256_set1_epi32(quad(a.codes + at));
           const __m256i x_magnitude = _mm256_set1_epi32(quad(reinterpret_cast<const int8_t*>(&a.magnitudes[at])));
           isum[r][0] = _mm256_add_epi32(
               isum[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(x_magnitude, _mm256_sign_epi8(w0, signed_x)), ones));
@@ -275,7 +285,7 @@ TSERVE_AVX2 void narrow_pass_avx2(const Pass& p) {
         const __m256i lo1 = _mm256_and_si256(v1, low_nibbles);
         const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low_nibbles);
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.codes.data() + (p.row0 + r) * a.K + b * kBlock + 4 * j;
+          const int8_t* x = a.codes + (p.row0 + r) * a.K + b * kBlock + 4 * j;
           const __m256i x_low = _mm256_set1_epi32(quad(x)), x_high = _mm256_set1_epi32(quad(x + 16));
           pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, x_low),
                                                                        _mm256_maddubs_epi16(hi0, x_high)));
@@ -349,29 +359,13 @@ std::vector<std::string> block_isas() {
   return isas;
 }
 
-// x (M, K) float32, K a multiple of 32; panels (ceil(N / 16), K / 32, block bytes) uint8 and scales
-// (ceil(N / 16), K / 32, 16) float16 (`model.block_quant.pack_panels`) -> x W^T + bias (M, N) float32.
-torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
-                           c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa) {
-  TORCH_CHECK(format == kQ8 || format == kQ4, "format: 0 (Q8_0) or 1 (Q4_0)");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: (M, K) float32");
-  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock, n_panels = (N + kCols - 1) / kCols;
-  TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32");
-  TORCH_CHECK(panels.scalar_type() == torch::kByte && panels.is_contiguous() && panels.dim() == 3 &&
-                  panels.size(0) == n_panels && panels.size(1) == blocks &&
-                  panels.size(2) == block_bytes(static_cast<int>(format)),
-              "panels do not match x, N and the format");
-  TORCH_CHECK(scales.scalar_type() == torch::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
-                  scales.size(0) == n_panels && scales.size(1) == blocks && scales.size(2) == kCols,
-              "scales do not match the panels");
-  const float* b = tserve::checked_bias(bias, N);
-  auto out = torch::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return out;
+// x (M, K) float32 rows times the panels, plus bias (or nullptr), into out (M, N): `block_linear` past its checks,
+// for callers that have checked their weights (a fused decode step, `decode_layers.cpp`). wide: the AVX-512 path.
+void block_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* panels, const uint16_t* scales,
+                       const float* bias, int64_t N, int format, bool wide, float* out) {
 #if defined(TSERVE_BLOCK_KERNELS)
-  static const auto supported = block_isas();  // the CPU's, which do not change
-  TORCH_CHECK(std::find(supported.begin(), supported.end(), isa) != supported.end(),
-              "this CPU does not run the block kernels' ", isa, " path");
-  const bool wide = isa == "avx512";
+  if (M == 0 || N == 0) return;
+  const int64_t blocks = K / kBlock, n_panels = (N + kCols - 1) / kCols;
   const int max_rows = wide ? kMaxRows512 : kMaxRows2;
   const PassFn* passes = wide ? (format == kQ8 ? kPasses512<kQ8> : kPasses512<kQ4>)
                               : (format == kQ8 ? kPasses2<kQ8> : kPasses2<kQ4>);
@@ -383,33 +377,74 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
   thread_local Activations reused;
   Activations many;
   Activations& acts = M <= kMaxRows512 ? reused : many;
-  quantize_rows(x.data_ptr<float>(), M, K, !wide && format == kQ8 && narrow_tile, acts);
-  const uint8_t* w = panels.data_ptr<uint8_t>();
-  const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
-  float* o = out.data_ptr<float>();
-  const int64_t panel_bytes = blocks * block_bytes(static_cast<int>(format));
+  quantize_rows(x, M, K, !wide && format == kQ8 && narrow_tile, acts);
+  const int64_t panel_bytes = blocks * block_bytes(format);
   // One tile of rows reads each weight once whatever the chunks: it takes a panel's blocks in one pass.
   const int64_t chunk = M <= max_rows ? blocks : kChunk;
-  tserve::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+  const ActivationView view{acts.codes.data(), acts.magnitudes.data(), acts.scales.data(), acts.sums.data(), acts.K,
+                            acts.blocks};
+  tserve::parallel_for(0, n_panels, 1, [=](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      Pass p{&acts, 0, 0, 0, j * kCols, N, static_cast<int>(std::min(kCols, N - j * kCols)), nullptr, nullptr, o};
+      Pass p{view, 0, 0, 0, j * kCols, N, static_cast<int>(std::min(kCols, N - j * kCols)), nullptr, nullptr, out};
       for (p.b0 = 0; p.b0 < blocks; p.b0 += chunk) {
         p.b1 = std::min(blocks, p.b0 + chunk);
-        p.panel = w + j * panel_bytes + p.b0 * block_bytes(static_cast<int>(format));
-        p.scales = s + (j * blocks + p.b0) * kCols;
+        p.panel = panels + j * panel_bytes + p.b0 * block_bytes(format);
+        p.scales = scales + (j * blocks + p.b0) * kCols;
         for (p.row0 = 0; p.row0 < M; p.row0 += max_rows) {
           passes[std::min<int64_t>(max_rows, M - p.row0)](p);
         }
       }
-      if (b != nullptr) {
+      if (bias != nullptr) {
         for (int64_t m = 0; m < M; ++m) {
-          for (int64_t c = 0; c < p.cols; ++c) o[m * N + p.n0 + c] += b[p.n0 + c];
+          for (int64_t c = 0; c < p.cols; ++c) out[m * N + p.n0 + c] += bias[p.n0 + c];
         }
       }
     }
   });
-  return out;
+#else
+  TORCH_CHECK(false, "the block kernels are not compiled on this CPU");
+#endif
+}
+
+// Whether panels (ceil(N / 16), K / 32, block bytes) uint8 and scales (ceil(N / 16), K / 32, 16) float16 hold an
+// (N, K) layer in `format` (0: Q8_0, 1: Q4_0).
+void check_panels(const torch::Tensor& panels, const torch::Tensor& scales, int64_t K, int64_t N, int64_t format) {
+  TORCH_CHECK(format == kQ8 || format == kQ4, "format: 0 (Q8_0) or 1 (Q4_0)");
+  TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32");
+  const int64_t blocks = K / kBlock, n_panels = (N + kCols - 1) / kCols;
+  TORCH_CHECK(panels.scalar_type() == torch::kByte && panels.is_contiguous() && panels.dim() == 3 &&
+                  panels.size(0) == n_panels && panels.size(1) == blocks &&
+                  panels.size(2) == block_bytes(static_cast<int>(format)),
+              "panels do not match x, N and the format");
+  TORCH_CHECK(scales.scalar_type() == torch::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(0) == n_panels && scales.size(1) == blocks && scales.size(2) == kCols,
+              "scales do not match the panels");
+}
+
+// Whether this CPU runs the block kernels' `isa` path ("avx2", "avx512"); raises where it does not.
+void check_block_isa(const std::string& isa) {
+#if defined(TSERVE_BLOCK_KERNELS)
+  static const auto supported = block_isas();  // the CPU's, which do not change
+  TORCH_CHECK(std::find(supported.begin(), supported.end(), isa) != supported.end(),
+              "this CPU does not run the block kernels' ", isa, " path");
 #else
   TORCH_CHECK(false, "the block kernels are not compiled on this CPU (", isa, ")");
 #endif
+}
+
+// x (M, K) float32, K a multiple of 32; panels (ceil(N / 16), K / 32, block bytes) uint8 and scales
+// (ceil(N / 16), K / 32, 16) float16 (`model.block_quant.pack_panels`) -> x W^T + bias (M, N) float32.
+torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
+                           c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: (M, K) float32");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_panels(panels, scales, K, N, format);
+  const float* b = tserve::checked_bias(bias, N);
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+  check_block_isa(isa);
+  block_linear_rows(x.data_ptr<float>(), M, K, panels.data_ptr<uint8_t>(),
+                    reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()), b, N, static_cast<int>(format),
+                    isa == "avx512", out.data_ptr<float>());
+  return out;
 }

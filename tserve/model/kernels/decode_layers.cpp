@@ -12,20 +12,29 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "linear_args.h"
 #include "step_team.h"
 #include "vector_math.h"
 
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
-                           torch::Tensor lengths, int64_t block_size, double scale, int64_t window);
-torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
-                           c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa);
-torch::Tensor dense_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+// The kernels' entries past their checks (`paged_decode.cpp`, `block_quant.cpp`, `dense_rows.cpp`): a step checks
+// its weights and tables once, then runs every layer on raw rows in buffers it holds for the step.
+void check_block_ids(const int64_t* ids, const int64_t* lengths, int64_t B, int64_t W, int64_t block_size,
+                     int64_t num_blocks);
+void paged_decode_into(const float* q, const float* k, const float* v, const int64_t* tables, const int64_t* lengths,
+                       float* out, int64_t B, int64_t H, int64_t KV, int64_t D, int64_t W, int64_t block_size,
+                       float scale, int64_t window);
+void check_panels(const torch::Tensor& panels, const torch::Tensor& scales, int64_t K, int64_t N, int64_t format);
+void check_block_isa(const std::string& isa);
+void block_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* panels, const uint16_t* scales,
+                       const float* bias, int64_t N, int format, bool wide, float* out);
+void dense_rows_into(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* out);
 
 namespace {
 
@@ -70,15 +79,57 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& weight,
   return stack[0].toTensor();
 }
 
-// x (M, K) -> (M, N) through one layer's product of `kind`.
-torch::Tensor product(const torch::Tensor& x, int64_t kind, int64_t N, const torch::Tensor& a, const torch::Tensor& s,
-                      const torch::Tensor& bias, const std::string& isa) {
-  if (kind == kDense) return dense_rows(x, a, maybe(bias));
-  if (kind == kPacked) return packed_linear(x, a, bias);
-  const int64_t pad = a.size(1) * 32 - x.size(1);  // input features padded to whole blocks (zero weights)
-  const auto rows = pad > 0 ? at::constant_pad_nd(x, {0, pad}) : x;
-  return block_linear(rows.contiguous(), a, s, maybe(bias), N, kind == kQ8 ? 0 : 1, isa);
-}
+// One layer's product of `kind` from K input features to N outputs, its weights checked once a step.
+struct Product {
+  int64_t kind = kDense, K = 0, N = 0, padded_K = 0;  // padded_K: the block kinds' input features in whole blocks
+  const torch::Tensor* a = nullptr;                    // the weight (float32, oneDNN's packed) or the panels
+  const void* weights = nullptr;
+  const uint16_t* scales = nullptr;
+  const float* bias = nullptr;
+  const torch::Tensor* bias_tensor = nullptr;
+  bool wide = false;
+
+  Product() = default;
+  Product(int64_t kind_, int64_t K_, int64_t N_, const torch::Tensor& a_, const torch::Tensor& s,
+          const torch::Tensor& bias_, const std::string& isa)
+      : kind(kind_), K(K_), N(N_), padded_K(K_), a(&a_), bias_tensor(&bias_) {
+    TORCH_CHECK(kind >= kDense && kind <= kQ4, "decode_layers: product kind ", kind);
+    bias = present(bias_) ? tserve::checked_bias(bias_, N) : nullptr;
+    if (kind == kDense) {
+      TORCH_CHECK(a_.scalar_type() == torch::kFloat && a_.is_contiguous() && a_.dim() == 2 && a_.size(0) == N &&
+                      a_.size(1) == K, "decode_layers: a float32 weight (N, K)");
+      weights = a_.data_ptr<float>();
+    } else if (kind != kPacked) {
+      padded_K = a_.size(1) * 32;  // input features padded to whole blocks (zero weights)
+      TORCH_CHECK(padded_K >= K, "decode_layers: panels narrower than the input");
+      check_panels(a_, s, padded_K, N, kind == kQ8 ? 0 : 1);
+      check_block_isa(isa);
+      weights = a_.data_ptr<uint8_t>();
+      scales = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
+      wide = isa == "avx512";
+    }
+  }
+
+  // x (M, K) -> out (M, N).
+  void run(const float* x, int64_t M, float* out) const {
+    if (kind == kDense) {
+      dense_rows_into(x, M, K, static_cast<const float*>(weights), N, bias, out);
+    } else if (kind == kPacked) {
+      auto rows = torch::from_blob(const_cast<float*>(x), {M, K}, torch::kFloat);
+      const auto result = packed_linear(rows, *a, *bias_tensor).contiguous();
+      std::copy(result.data_ptr<float>(), result.data_ptr<float>() + M * N, out);
+    } else {
+      if (padded_K > K) {
+        thread_local std::vector<float> padded;
+        padded.assign(M * padded_K, 0.0f);
+        for (int64_t m = 0; m < M; ++m) std::copy(x + m * K, x + (m + 1) * K, padded.data() + m * padded_K);
+        x = padded.data();
+      }
+      block_linear_rows(x, M, padded_K, static_cast<const uint8_t*>(weights), scales, bias, N, kind == kQ8 ? 0 : 1,
+                        wide, out);
+    }
+  }
+};
 
 // `model.norms.RMSNorm` / `nn.LayerNorm` of each row of x (M, C) into out.
 void norm_rows(const float* x, float* out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& weight,
@@ -173,19 +224,16 @@ int64_t activate_lanes(const float* u, const float* gate_by, float* a, int64_t w
   return i;
 }
 
-// A sub-layer's output into the residual stream: out = sandwich norm (Gemma) of out, times the residual multiplier
-// (Granite), added to x in place.
-void add_residual(float* x, torch::Tensor out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& out_norm) {
+// A sub-layer's output into the residual stream: out = sandwich norm (Gemma) of out (in place), times the residual
+// multiplier (Granite), added to x in place.
+void add_residual(float* x, float* out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& out_norm) {
   if (present(out_norm)) {
-    auto normed = torch::empty_like(out);
     Config plain = cfg;
     plain.layer_norm = false;
-    norm_rows(out.data_ptr<float>(), normed.data_ptr<float>(), M, C, plain, out_norm, torch::Tensor());
-    out = normed;
+    norm_rows(out, out, M, C, plain, out_norm, torch::Tensor());  // a row's sum is taken before it is written
   }
-  const float* o = out.data_ptr<float>();
   const float multiplier = static_cast<float>(cfg.residual_multiplier);
-  for (int64_t i = 0; i < M * C; ++i) x[i] += multiplier == 1.0f ? o[i] : o[i] * multiplier;
+  for (int64_t i = 0; i < M * C; ++i) x[i] += multiplier == 1.0f ? out[i] : out[i] * multiplier;
 }
 
 }  // namespace
@@ -247,18 +295,54 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
   }
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const float query_scale = static_cast<float>(cfg.query_scale);
-  auto hidden = x.contiguous().clone();
-  float* h = hidden.data_ptr<float>();
-  auto normed = torch::empty_like(hidden);
   const int64_t q_width = H * D, kv_width = KV * D;
+  // The products, their weights checked once; the tables the attention reads, once for every layer.
+  std::vector<Product> products(layers * 4 + 1);
+  int64_t widest = std::max(C, q_width);  // the widest input or output a product has
   for (int64_t layer = 0; layer < layers; ++layer) {
     const torch::Tensor* t = tensors.data() + layer * kTensors;
     const int64_t* n = ints.data() + layer * kInts;
+    const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
+    TORCH_CHECK(n[kQkvN] == q_width + 2 * kv_width && n[kON] == C && n[kDownN] == C && (!gated || n[kUpN] % 2 == 0),
+                "decode_layers: layer ", layer, "'s product widths");
+    Product* p = products.data() + layer * 4;
+    p[0] = Product(n[kQkvKind], C, n[kQkvN], t[kQkvA], t[kQkvS], t[kQkvBias], cfg.isa);
+    p[1] = Product(n[kOKind], q_width, C, t[kOA], t[kOS], t[kOBias], cfg.isa);
+    p[2] = Product(n[kUpKind], C, n[kUpN], t[kUpA], t[kUpS], t[kUpBias], cfg.isa);
+    p[3] = Product(n[kDownKind], gated ? n[kUpN] / 2 : n[kUpN], C, t[kDownA], t[kDownS], t[kDownBias], cfg.isa);
+    widest = std::max({widest, n[kQkvN], n[kUpN]});
+  }
+  const torch::Tensor* last = tensors.data() + layers * kTensors;  // the final norm's weight and bias, the output
+  const int64_t* output = ints.data() + layers * kInts;              // layer's weight, scales, bias; its kind, width
+  products.back() = Product(output[0], C, output[1], last[2], last[3], last[4], cfg.isa);
+  lengths = lengths.contiguous();
+  TORCH_CHECK(lengths.scalar_type() == torch::kLong && lengths.numel() == M, "lengths: (M,) int64");
+  for (const StepCache* cache : std::initializer_list<const StepCache*>{&full, &local}) {
+    TORCH_CHECK(cache->positions % cfg.block_size == 0 && cache->tables.scalar_type() == torch::kLong &&
+                    cache->tables.is_contiguous() && cache->tables.dim() == 2 && cache->tables.size(0) == M,
+                "decode_layers: a cache of whole blocks, tables (M, W) int64");
+    check_block_ids(cache->tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), M, cache->tables.size(1),
+                    cfg.block_size, cache->positions / cfg.block_size);
+  }
+  // The step's rows, in one buffer: the residual stream, its norm, the widest product's output, the queries, the
+  // attention's output and the activations.
+  std::vector<float> rows(M * (2 * C + 2 * widest + 2 * q_width));
+  float* h = rows.data();
+  float* normed = h + M * C;
+  float* wide = normed + M * C;
+  float* act = wide + M * widest;
+  float* q = act + M * widest;
+  float* attended = q + M * q_width;
+  x = x.contiguous();
+  std::copy(x.data_ptr<float>(), x.data_ptr<float>() + M * C, h);
+  const int64_t* length = lengths.data_ptr<int64_t>();
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const torch::Tensor* t = tensors.data() + layer * kTensors;
+    const int64_t* n = ints.data() + layer * kInts;
+    const Product* p = products.data() + layer * 4;
     // Attention.
-    norm_rows(h, normed.data_ptr<float>(), M, C, cfg, t[kNorm1W], t[kNorm1B]);
-    auto qkv = product(normed, n[kQkvKind], n[kQkvN], t[kQkvA], t[kQkvS], t[kQkvBias], cfg.isa).contiguous();
-    TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "qkv width");
-    auto q = torch::empty({M, H, D}, x.options());
+    norm_rows(h, normed, M, C, cfg, t[kNorm1W], t[kNorm1B]);
+    p[0].run(normed, M, wide);
     const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;
     const int64_t index = has_local && n[kWindow] > 0 ? local_index++ : full_index++;
     TORCH_CHECK(index < cache.k.size(0), "decode_layers: layer ", layer, " has no entry in the cache it reads");
@@ -269,8 +353,8 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
     const float* cos_rows = half > 0 ? (local ? local_cos : cos).data_ptr<float>() : nullptr;
     const float* sin_rows = half > 0 ? (local ? local_sin : sin).data_ptr<float>() : nullptr;
     for (int64_t m = 0; m < M; ++m) {
-      float* row = qkv.data_ptr<float>() + m * (q_width + 2 * kv_width);
-      float* qm = q.data_ptr<float>() + m * q_width;
+      float* row = wide + m * (q_width + 2 * kv_width);
+      float* qm = q + m * q_width;
       std::copy(row, row + q_width, qm);
       float* km = kc + at_pos[m] * kv_width;
       std::copy(row + q_width, row + q_width + kv_width, km);
@@ -287,32 +371,31 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
         }
       }
     }
-    auto k_layer = cache.k.select(0, index), v_layer = cache.v.select(0, index);
-    auto attended = paged_decode(q, k_layer, v_layer, cache.tables, lengths, cfg.block_size, scale, n[kWindow]);
-    auto out = product(attended.view({M, q_width}), n[kOKind], n[kON], t[kOA], t[kOS], t[kOBias], cfg.isa);
-    add_residual(h, out.contiguous(), M, C, cfg, t[kNorm1OutW]);
+    paged_decode_into(q, kc, vc, cache.tables.data_ptr<int64_t>(), length, attended, M, H, KV, D,
+                      cache.tables.size(1), cfg.block_size, scale, n[kWindow]);
+    p[1].run(attended, M, wide);
+    add_residual(h, wide, M, C, cfg, t[kNorm1OutW]);
     // MLP.
-    norm_rows(h, normed.data_ptr<float>(), M, C, cfg, t[kNorm2W], t[kNorm2B]);
-    auto up = product(normed, n[kUpKind], n[kUpN], t[kUpA], t[kUpS], t[kUpBias], cfg.isa).contiguous();
-    const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
-    const int64_t width = gated ? n[kUpN] / 2 : n[kUpN];
-    auto act = torch::empty({M, width}, x.options());
+    norm_rows(h, normed, M, C, cfg, t[kNorm2W], t[kNorm2B]);
+    p[2].run(normed, M, wide);
+    const int64_t width = p[3].K;
     for (int64_t m = 0; m < M; ++m) {
-      const float* u = up.data_ptr<float>() + m * n[kUpN];
-      float* a = act.data_ptr<float>() + m * width;
+      const float* u = wide + m * n[kUpN];
+      float* a = act + m * width;
+      const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
       const int64_t i = activate_lanes(u, gated ? u + width : nullptr, a, width, cfg.activation);
       activate_rest(u, gated ? u + width : nullptr, a, i, width, cfg.activation);
     }
-    out = product(act, n[kDownKind], n[kDownN], t[kDownA], t[kDownS], t[kDownBias], cfg.isa);
-    add_residual(h, out.contiguous(), M, C, cfg, t[kNorm2OutW]);
+    p[3].run(act, M, wide);
+    add_residual(h, wide, M, C, cfg, t[kNorm2OutW]);
   }
-  const torch::Tensor* last = tensors.data() + layers * kTensors;  // the final norm's weight and bias, the output
-  const int64_t* output = ints.data() + layers * kInts;              // layer's weight, scales, bias; its kind, width
   if (present(last[0])) {
-    norm_rows(h, normed.data_ptr<float>(), M, C, cfg, last[0], last[1]);
-    hidden = normed;
+    norm_rows(h, normed, M, C, cfg, last[0], last[1]);
+    h = normed;
   }
-  return product(hidden, output[0], output[1], last[2], last[3], last[4], cfg.isa);
+  auto logits = torch::empty({M, output[1]}, x.options());
+  products.back().run(h, M, logits.data_ptr<float>());
+  return logits;
 }
 
 }  // namespace

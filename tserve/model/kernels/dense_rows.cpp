@@ -200,9 +200,42 @@ void block_rows(const Path& p, const float* x, const float* w, const float* bias
     }
   }
 }
+
+// out (M, N) = x (M, K) w (N, K)^T + bias, the threads taking blocks of the output columns.
+void rows_on(const Path& p, const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t K,
+             int64_t N) {
+  const int64_t blocks = (N + kBlock - 1) / kBlock;
+  tserve::parallel_for(0, blocks, 1, [=, &p](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t n0 = block * kBlock;
+      block_rows(p, x, w, bias, out, M, K, N, n0, std::min(kBlock, N - n0));
+    }
+  });
+}
+
+// This process's path: AVX-512 where the CPU has it and PyTorch's own kernels run at it (not held to AVX2:
+// `ATEN_CPU_CAPABILITY`, as `tserve.testing.avx2_only` sets), decided once.
+const Path& process_path() {
+  static const Path& path = has_avx512() && at::get_cpu_capability() == "AVX512" ? kAvx512 : kAvx2;
+  return path;
+}
 #endif
 
 }  // namespace
+
+// `dense_rows` on float32 rows and weights the caller has checked, into out (M, N) (a fused decode step).
+void dense_rows_into(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* out) {
+#if defined(TSERVE_VECTOR_MATH)
+  rows_on(process_path(), x, w, bias, out, M, K, N);
+#else
+  const auto options = torch::TensorOptions().dtype(torch::kFloat);
+  const auto b = bias != nullptr ? c10::optional<torch::Tensor>(torch::from_blob(const_cast<float*>(bias), {N}, options))
+                                 : c10::nullopt;
+  const auto result = at::linear(torch::from_blob(const_cast<float*>(x), {M, K}, options),
+                                 torch::from_blob(const_cast<float*>(w), {N, K}, options), b);
+  std::copy(result.data_ptr<float>(), result.data_ptr<float>() + M * N, out);
+#endif
+}
 
 // The paths this CPU runs the product on: "avx2", and "avx512" where it has AVX-512F; none off x86-64.
 std::vector<std::string> dense_rows_paths() {
@@ -235,25 +268,17 @@ torch::Tensor dense_rows_on(torch::Tensor x, torch::Tensor w, c10::optional<torc
   const float* wp = w.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
-  const int64_t blocks = (N + kBlock - 1) / kBlock;
-  tserve::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t n0 = block * kBlock;
-      block_rows(p, xp, wp, bp, op, M, K, N, n0, std::min(kBlock, N - n0));
-    }
-  });
+  rows_on(p, xp, wp, bp, op, M, K, N);
   return out;
 #else
   return at::linear(x, w, bias);  // (unreached: no path is run here)
 #endif
 }
 
-// The product on this process's path: AVX-512 where the CPU has it and PyTorch's own kernels run at it (not held
-// to AVX2: `ATEN_CPU_CAPABILITY`, as `tserve.testing.avx2_only` sets), decided once; `at::linear` off x86-64.
+// The product on this process's path (`process_path`); `at::linear` off x86-64.
 torch::Tensor dense_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
 #if defined(TSERVE_VECTOR_MATH)
-  static const std::string path = has_avx512() && at::get_cpu_capability() == "AVX512" ? "avx512" : "avx2";
-  return dense_rows_on(std::move(x), std::move(w), std::move(bias), path);
+  return dense_rows_on(std::move(x), std::move(w), std::move(bias), &process_path() == &kAvx512 ? "avx512" : "avx2");
 #else
   return at::linear(x, w, bias);
 #endif

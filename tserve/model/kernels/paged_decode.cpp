@@ -207,7 +207,7 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
   const int64_t group = H / KV;  // query heads per kv head
   const int64_t chunks = H / span;
   // PyTorch's own threads (its OpenMP runtime, `torch.set_num_threads`), not a second runtime of ours.
-  tserve::parallel_for(0, B * chunks, 1, [&](int64_t task_begin, int64_t task_end) {
+  tserve::parallel_for(0, B * chunks, 1, [=](int64_t task_begin, int64_t task_end) {
     // A thread's buffers, kept from call to call (a decode step calls this once a layer).
     thread_local std::vector<float> scores;
     thread_local std::vector<int64_t> rows;
@@ -242,7 +242,40 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
   });
 }
 
+// Query heads a task: whole rows when there are at least two rows a thread; else runs of query heads, the next
+// smaller divisor of H each time, until there are two tasks a thread or one head a task.
+int64_t head_span(int64_t B, int64_t H) {
+  int64_t span = H;
+  while (span > 1 && B * (H / span) < 2 * tserve::thread_count()) {
+    int64_t smaller = span - 1;
+    while (H % smaller != 0) --smaller;
+    span = smaller;
+  }
+  return span;
+}
+
 }  // namespace
+
+// Every block id a row reads lies in a cache of `num_blocks` blocks: a bad table reads nothing outside it. Only the
+// blocks its length reaches (a table is as wide as the longest context). tables (B, W), lengths (B,).
+void check_block_ids(const int64_t* ids, const int64_t* lengths, int64_t B, int64_t W, int64_t block_size,
+                     int64_t num_blocks) {
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t reached = std::min(W, (std::max<int64_t>(lengths[b], 0) + block_size - 1) / block_size);
+    for (int64_t i = 0; i < reached; ++i) {
+      TORCH_CHECK(ids[b * W + i] >= 0 && ids[b * W + i] < num_blocks, "block id out of range");
+    }
+  }
+}
+
+// `paged_decode` on a float32 cache, into out (B, H, D), past its checks (a fused decode step checks its tables
+// once, with `check_block_ids`).
+void paged_decode_into(const float* q, const float* k, const float* v, const int64_t* tables, const int64_t* lengths,
+                       float* out, int64_t B, int64_t H, int64_t KV, int64_t D, int64_t W, int64_t block_size,
+                       float scale, int64_t window) {
+  paged_decode_rows<float>(q, k, v, tables, lengths, out, B, H, KV, D, W, block_size, W * block_size, scale, window,
+                           head_span(B, H));
+}
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
                            torch::Tensor lengths, int64_t block_size, double scale, int64_t window) {
@@ -256,26 +289,10 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), W = tables.size(1);
   TORCH_CHECK(k.size(2) == D && H % KV == 0 && tables.size(0) == B && lengths.size(0) == B, "shapes disagree");
   TORCH_CHECK(block_size > 0 && k.size(0) % block_size == 0, "the cache holds whole blocks");
-  const int64_t num_blocks = k.size(0) / block_size, max_len = W * block_size;
-  // Every block id a row reads must lie in the cache: a bad table reads nothing outside it. Only the blocks its
-  // length reaches (a table is as wide as the longest context, and a fused step calls this once a layer).
-  const int64_t* ids = tables.data_ptr<int64_t>();
-  const int64_t* lens = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t reached = std::min(W, (std::max<int64_t>(lens[b], 0) + block_size - 1) / block_size);
-    for (int64_t i = 0; i < reached; ++i) {
-      TORCH_CHECK(ids[b * W + i] >= 0 && ids[b * W + i] < num_blocks, "block id out of range");
-    }
-  }
+  const int64_t max_len = W * block_size;
+  check_block_ids(tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), B, W, block_size, k.size(0) / block_size);
   auto out = torch::empty_like(q);
-  // Whole rows per task when there are at least two rows a thread; else runs of query heads, the next smaller
-  // divisor of H each time, until there are two tasks a thread or one head a task.
-  int64_t span = H;
-  while (span > 1 && B * (H / span) < 2 * tserve::thread_count()) {
-    int64_t smaller = span - 1;
-    while (H % smaller != 0) --smaller;
-    span = smaller;
-  }
+  const int64_t span = head_span(B, H);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
     paged_decode_rows<scalar_t>(q.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                                 tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), out.data_ptr<float>(), B, H,

@@ -48,15 +48,16 @@ class StepTeam {
       f(begin, end);
       return;
     }
-    loop_ = &f;
-    begin_ = begin;
-    end_ = end;
-    chunk_ = (n + chunks - 1) / chunks;
+    // The loop in the line that posts it: a thread that sees the post has what it needs without another miss.
+    posted_.loop = f;
+    posted_.begin = begin;
+    posted_.end = end;
+    posted_.chunk = (n + chunks - 1) / chunks;
     done_.value.store(0, std::memory_order_relaxed);
-    posted_.value.fetch_add(1, std::memory_order_release);
+    posted_.generation.fetch_add(1, std::memory_order_release);
     std::exception_ptr own_error;
     try {
-      f(begin, std::min(end, begin + chunk_));
+      f(begin, std::min(end, begin + posted_.chunk));
     } catch (...) {  // rethrown once the others are done with f (it lives on the caller's frame)
       own_error = std::current_exception();
     }
@@ -73,15 +74,15 @@ class StepTeam {
     uint64_t seen = 0;
     for (;;) {
       uint64_t posted;
-      for (int64_t spins = 0; (posted = posted_.value.load(std::memory_order_acquire)) == seen; ++spins) {
+      for (int64_t spins = 0; (posted = posted_.generation.load(std::memory_order_acquire)) == seen; ++spins) {
         pause(spins);
       }
       seen = posted;
       if (posted == kFinished) return;
-      const int64_t from = begin_ + thread * chunk_;
-      if (from < end_) {
+      const int64_t from = posted_.begin + thread * posted_.chunk;
+      if (from < posted_.end) {
         try {
-          (*loop_)(from, std::min(end_, from + chunk_));
+          posted_.loop(from, std::min(posted_.end, from + posted_.chunk));
         } catch (...) {
           if (!failed_.exchange(true)) error_ = std::current_exception();
         }
@@ -91,7 +92,7 @@ class StepTeam {
   }
 
   void form(int size) { size_ = size; }  // thread 0, before the others look at the team
-  void finish() { posted_.value.store(kFinished, std::memory_order_release); }
+  void finish() { posted_.generation.store(kFinished, std::memory_order_release); }
 
   // Spin a while (a loop is posted every few µs), then give the core up between looks: a machine with more threads
   // than cores (other processes' threads) must not spin a core away from the thread that would post or finish.
@@ -108,13 +109,16 @@ class StepTeam {
  private:
   static constexpr uint64_t kFinished = ~uint64_t{0};
 
-  struct alignas(64) Word {
-    std::atomic<uint64_t> value{0};
-  };
-  Word posted_, done_;  // each on a cache line of its own: the threads write them from both sides
+  // Each on a cache line of its own: thread 0 writes the first, the others the second.
+  struct alignas(64) Posted {
+    std::atomic<uint64_t> generation{0};
+    Loop loop;
+    int64_t begin = 0, end = 0, chunk = 0;
+  } posted_;
+  struct alignas(64) Done {
+    std::atomic<int64_t> value{0};
+  } done_;
   int size_ = 1;
-  const Loop* loop_ = nullptr;
-  int64_t begin_ = 0, end_ = 0, chunk_ = 0;
   std::atomic<bool> failed_{false};
   std::exception_ptr error_;
 };
