@@ -16,11 +16,17 @@ greedy request on the model's runner, so prefill is not in it. The model is load
 bandwidth that implies, and its fraction of each measured bandwidth (the roofline: 1.0 is every byte at the
 machine's best rate). `x HF`: the step's speed against `transformers`' float32 decode step of the same weights,
 measured the same way in the same run (greedy `generate`, eager attention).
+
+A machine's bandwidth moves while it runs (a shared host: the triad read 43 to 72 GB/s within an hour on one
+2-core VM), so `--rounds N` measures it N times, each round the bandwidth and then every model's step in turn:
+a row's fractions are the median of its rounds' (its step against the bandwidth measured just before it), its
+ms the median step.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -111,6 +117,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--array-mb", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1, help="bandwidth, then every step; this many times")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=65)
     ap.add_argument("--work", default=None)
@@ -127,9 +134,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
-    triad, read = bandwidth(args.threads, args.array_mb, args.repeats)
     work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-roofline-"))
-    rows = []
+    models = []  # (model name, format, loaded, weight bytes, KV bytes, HF float32's ms)
     for size in sizes:
         directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)
         hf_ms = hf_step_ms(directory, args.prompt, args.new, args.repeats)
@@ -138,13 +144,24 @@ def main(argv: list[str] | None = None) -> list[Row]:
                                      quantize="none" if fmt in ("float32", "bfloat16") else fmt, pack_weights=True,
                                      fused_layers=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
-            ms = step_ms(loaded, args.prompt, args.new, args.repeats)
-            rate = (weights + kv) / (ms / 1000) / 1e9
-            rows.append(Row(f"{size} (vocab {loaded.config.vocab_size:,})", fmt, weights / 1e6, kv / 1e6, ms, rate,
-                            rate / triad, rate / read, hf_ms / ms))
+            models.append((f"{size} (vocab {loaded.config.vocab_size:,})", fmt, loaded, weights, kv, hf_ms))
+    rounds = []  # per round: (triad, read, [ms per model])
+    for _ in range(max(1, args.rounds)):
+        triad, read = bandwidth(args.threads, args.array_mb, args.repeats)
+        rounds.append((triad, read, [step_ms(m[2], args.prompt, args.new, args.repeats) for m in models]))
+    rows = []
+    for i, (name, fmt, _, weights, kv, hf_ms) in enumerate(models):
+        ms = statistics.median(r[2][i] for r in rounds)
+        rates = [(weights + kv) / (r[2][i] / 1000) / 1e9 for r in rounds]  # GB/s, each round's
+        of_triad = statistics.median(rate / r[0] for rate, r in zip(rates, rounds, strict=True))
+        of_read = statistics.median(rate / r[1] for rate, r in zip(rates, rounds, strict=True))
+        rows.append(Row(name, fmt, weights / 1e6, kv / 1e6, ms, (weights + kv) / (ms / 1000) / 1e9, of_triad, of_read,
+                        hf_ms / ms))
+    triads = ", ".join(f"{r[0]:.1f}" for r in rounds)
+    reads = ", ".join(f"{r[1]:.1f}" for r in rounds)
     print(f"\nCPU: {cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads; "
-          f"triad {triad:.1f} GB/s, read {read:.1f} GB/s ({args.array_mb} MB arrays); one greedy request, "
-          f"{args.prompt}-token prompt, {args.new - 1} steps measured\n")
+          f"triad {triads} GB/s, read {reads} GB/s ({args.array_mb} MB arrays; {len(rounds)} round(s)); one greedy "
+          f"request, {args.prompt}-token prompt, {args.new - 1} steps measured\n")
     print("| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read | x HF float32 |\n"
           "|---|---|---|---|---|---|---|---|---|")
     for r in rows:

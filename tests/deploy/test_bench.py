@@ -186,7 +186,7 @@ def test_families_benchmark_times_both_sides_of_each_shape(capsys, tmp_path):
 
 @pytest.mark.slow  # 20 s: the machine's bandwidth is measured too
 def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
-    rows = bench_script("roofline").main(["--tiny"])
+    rows = bench_script("roofline").main(["--tiny", "--rounds", "2"])
     formats = ["float32", "int8", "int4", "bfloat16"]
     assert [(r.model.split()[0], r.fmt) for r in rows] == [(m, f) for m in ("tiny", "tiny-llama") for f in formats]
     fp32, int8, int4 = rows[0], rows[1], rows[2]
@@ -196,7 +196,8 @@ def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
     assert all(r.ms_per_step > 0 and 0 < r.of_triad and r.vs_hf > 0 for r in rows)
     out = capsys.readouterr().out
     assert "| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read | x HF float32 |" in out
-    assert "triad" in out and "CPU:" in out
+    assert "CPU:" in out and "2 round(s)" in out
+    assert len(re.search(r"triad ([0-9., ]+) GB/s", out).group(1).split(", ")) == 2  # each round's bandwidth
 
 
 @pytest.mark.slow

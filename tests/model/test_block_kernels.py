@@ -125,20 +125,27 @@ def test_a_row_is_the_same_alone_and_in_any_batch(isa, fmt):
 
 @needs_isa
 def test_sums_at_the_extremes_are_exact():
-    """Activation codes of +-127 against weight codes of +-127 (Q8_0) and 0 (Q4_0's -8) everywhere: AVX2's int16
-    pair sums must not saturate (2 x 127 x 127 a pair). Scales that are powers of two: the output is exact."""
+    """Activation codes of +-127 against weight codes of +-127 (Q8_0), 0 (Q4_0's -8) and 15 (Q4_0's largest)
+    everywhere: AVX2's int16 sums must not saturate (2 x 127 x 127 a Q8_0 pair; a Q4_0 block's 4 x 2 x 2 x 15 x 127
+    summed in int16 by tiles of 1 or 2 rows). Scales that are powers of two: the output is exact. 1, 2 and 3 rows:
+    each tile height's path."""
     k = 256
     x = torch.full((3, k), 127 / 64)  # scale 1/64, codes 127
     x[1] = -x[1]
     sign = torch.where(torch.arange(17) % 2 == 0, 1.0, -1.0)
+    largest = torch.full((k,), 7 / 8)
+    largest[::32] = -1.0  # each block's largest magnitude: scale 1/8, -1 is code 0 and 7/8 code 15
+    cases = (("q8_0", torch.full((k,), 127 / 128)), ("q4_0", torch.ones(k)), ("q4_0", largest))
     for isa in ISAS:
-        for fmt, magnitude in (("q8_0", 127 / 128), ("q4_0", 1.0)):  # scales 1/128 and -+1/8
+        for fmt, row in cases:
             linear = nn.Linear(k, 17, bias=False)
             with torch.no_grad():
-                linear.weight.copy_(sign.unsqueeze(1) * magnitude)
-            got = BlockLinear(linear, fmt, isa=isa)(x)
-            expected = k * (127 / 64) * magnitude * sign
-            assert torch.equal(got, torch.stack([expected, -expected, expected])), (isa, fmt)
+                linear.weight.copy_(sign.unsqueeze(1) * row)
+            layer = BlockLinear(linear, fmt, isa=isa)
+            expected = (127 / 64) * row.sum() * sign
+            for rows in (1, 2, 3):
+                got = layer(x[:rows])
+                assert torch.equal(got, torch.stack([expected, -expected, expected])[:rows]), (isa, fmt, rows)
 
 
 def test_the_path_follows_pytorchs_capability(monkeypatch, caplog):
