@@ -71,8 +71,8 @@ struct ActivationView {
 #if defined(__AVX2__)
 // One block of 32 as below, 8 lanes at a time: the same products (x * (127 / amax) in float32) and the same
 // rounding (`vcvtps2dq` rounds half to even, as `std::nearbyint` does in the default mode); the largest magnitude is
-// the same whatever order it is taken in. Returns false (the scalar loop then runs) where a lane is not finite.
-inline bool quantize_block_avx2(const float* v, int8_t* codes, uint8_t* magnitudes, float& scale, int32_t& sum) {
+// the same whatever order it is taken in.
+inline void quantize_block_avx2(const float* v, int8_t* codes, uint8_t* magnitudes, float& scale, int32_t& sum) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x[4], largest = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
@@ -83,7 +83,6 @@ inline bool quantize_block_avx2(const float* v, int8_t* codes, uint8_t* magnitud
   half = _mm_max_ps(half, _mm_movehl_ps(half, half));
   half = _mm_max_ss(half, _mm_movehdup_ps(half));
   const float amax = _mm_cvtss_f32(half);
-  if (!std::isfinite(amax)) return false;
   const __m256 inverse = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
   __m256i q[4], total = _mm256_setzero_si256();
   for (int i = 0; i < 4; ++i) {
@@ -101,7 +100,6 @@ inline bool quantize_block_avx2(const float* v, int8_t* codes, uint8_t* magnitud
   s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
   sum = _mm_cvtsi128_si32(s4);
   scale = amax / 127.0f;
-  return true;
 }
 #endif
 
@@ -120,12 +118,10 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes, Activa
       for (int64_t b = 0; b < a.blocks; ++b) {
         const float* v = x + m * K + b * kBlock;
 #if defined(__AVX2__)
-        if (quantize_block_avx2(v, a.codes.data() + m * K + b * kBlock,
-                                magnitudes ? a.magnitudes.data() + m * K + b * kBlock : nullptr,
-                                a.scales[m * a.blocks + b], a.sums[m * a.blocks + b])) {
-          continue;
-        }
-#endif
+        quantize_block_avx2(v, a.codes.data() + m * K + b * kBlock,
+                            magnitudes ? a.magnitudes.data() + m * K + b * kBlock : nullptr, a.scales[m * a.blocks + b],
+                            a.sums[m * a.blocks + b]);
+#else
         float amax = 0.0f;
         for (int64_t k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(v[k]));
         const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
@@ -140,6 +136,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool magnitudes, Activa
         }
         a.scales[m * a.blocks + b] = amax / 127.0f;
         a.sums[m * a.blocks + b] = sum;
+#endif
       }
     }
   });
