@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/FunctionRef.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
