@@ -103,7 +103,6 @@ struct Product {
       padded_K = a_.size(1) * 32;  // input features padded to whole blocks (zero weights)
       TORCH_CHECK(padded_K >= K, "decode_layers: panels narrower than the input");
       check_panels(a_, s, padded_K, N, kind == kQ8 ? 0 : 1);
-      check_block_isa(isa);
       weights = a_.data_ptr<uint8_t>();
       scales = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
       wide = isa == "avx512";
@@ -315,6 +314,9 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
   const torch::Tensor* last = tensors.data() + layers * kTensors;  // the final norm's weight and bias, the output
   const int64_t* output = ints.data() + layers * kInts;              // layer's weight, scales, bias; its kind, width
   products.back() = Product(output[0], C, output[1], last[2], last[3], last[4], cfg.isa);
+  if (std::any_of(products.begin(), products.end(), [](const Product& p) { return p.kind >= kQ8; })) {
+    check_block_isa(cfg.isa);  // once a step, not once a product
+  }
   lengths = lengths.contiguous();
   TORCH_CHECK(lengths.scalar_type() == torch::kLong && lengths.numel() == M, "lengths: (M,) int64");
   for (const StepCache* cache : std::initializer_list<const StepCache*>{&full, &local}) {
