@@ -159,7 +159,7 @@ def test_the_path_follows_pytorchs_capability(monkeypatch, caplog):
     assert block_quant.kernel_isa() == ("avx512" if "avx512" in ISAS else "avx2" if "avx2" in ISAS else None)
     block_quant.kernel_isa.cache_clear()
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
-    with caplog.at_level(logging.WARNING, logger="tserve.quantize"):
+    with caplog.at_level(logging.WARNING, logger="tserve.kernels"):
         layers = [BlockLinear(nn.Linear(64, 8), "q8_0") for _ in range(3)]
     assert all(layer.isa is None for layer in layers)
     assert sum("Q8_0 / Q4_0 kernels do not run here" in r.message for r in caplog.records) == 1
@@ -187,7 +187,7 @@ def test_a_failed_build_leaves_the_statement_serving(monkeypatch, tmp_path, capl
     monkeypatch.setattr(cpu_kernels, "extension", lambda: built)
     block_quant.kernel_isa.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="tserve.quantize"):
+        with caplog.at_level(logging.WARNING, logger="tserve.kernels"):
             fallback = [BlockLinear(nn.Linear(96, 19), fmt) for fmt in ("q8_0", "q4_0")]
         assert any("kernels do not run here" in r.message for r in caplog.records)
         for layer, served, expected in zip(native, fallback, native_out, strict=True):

@@ -22,6 +22,11 @@ from tserve.model.tokenizer import load_tokenizer
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
 
+# The kernel's paths over a float32 cache that this CPU runs ("avx512": 16 lanes, a kv head's query heads
+# together; "avx2": 8 lanes), each tested here whatever the process's own (`cpu_kernels.kernel_isa()`).
+PATHS = [isa for isa in ("avx2", "avx512")
+         if cpu_kernels.available() and isa in cpu_kernels.extension().block_isas()] or [""]
+
 
 def paged(B: int, KV: int, D: int, block: int, max_blocks: int, seed: int):
     """A pool of random keys/values (positions, KV, D) and B rows, each on its own shuffled blocks."""
@@ -56,24 +61,28 @@ def reference(q, k, v, tables, lengths, block, window=None):  # noqa: ANN001, AN
     (1, 9, 3, 64, 16, [130]),  # SmolLM2's heads, one row: 9 query heads on 3 kv heads, a task each
     (1, 4, 2, 128, 16, [70]),  # wide heads: the values' sums in two runs of registers
     (33, 2, 1, 16, 16, list(range(1, 34))),  # more rows than a thread takes at once
+    (2, 14, 2, 64, 16, [33, 90]),  # Qwen2.5's heads: 7 query heads a kv head, in passes of 3, 3 and 1
+    (2, 4, 2, 40, 8, [9, 20]),  # a head width of 8 lanes but not of 16: the 8-lane loops on either path
 ])
-def test_kernel_equals_sdpa_over_the_gathered_blocks(B, H, KV, D, block, lengths):
+@pytest.mark.parametrize("isa", PATHS)
+def test_kernel_equals_sdpa_over_the_gathered_blocks(B, H, KV, D, block, lengths, isa):
     max_blocks = -(-max(lengths) // block) + 1  # a spare block: the length, not the table, ends a row
     k, v, tables = paged(B, KV, D, block, max_blocks, seed=B)
     q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(1))
     lengths = torch.tensor(lengths)
-    got = cpu_kernels.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths)
+    got = cpu_kernels.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths, isa=isa)
     torch.testing.assert_close(got, reference(q, k, v, tables, lengths, block), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("window", [1, 5, 16, 17])
-def test_a_sliding_window_reads_each_rows_last_positions_only(window):
+@pytest.mark.parametrize("isa", PATHS)
+def test_a_sliding_window_reads_each_rows_last_positions_only(window, isa):
     """Rows shorter than the window, as long, one longer, much longer; windows within a block and across them."""
     B, H, KV, D, block = 6, 4, 2, 32, 4
     lengths = torch.tensor([1, window, window + 1, 3 * window + 2, 40, 16])
     k, v, tables = paged(B, KV, D, block, 11, seed=window)
     q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(2))
-    got = cpu_kernels.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths, window=window)
+    got = cpu_kernels.paged_decode(q, blocks(k, block), blocks(v, block), tables, lengths, window=window, isa=isa)
     torch.testing.assert_close(got, reference(q, k, v, tables, lengths, block, window), atol=1e-5, rtol=1e-5)
 
 
@@ -92,13 +101,16 @@ def test_a_half_precision_cache_is_read_in_float32(dtype):
     assert half.dtype == dtype and torch.equal(half, widened.to(dtype))
 
 
-def test_a_rows_result_is_the_same_alone_and_in_any_batch():
+@pytest.mark.parametrize("isa", PATHS)
+def test_a_rows_result_is_the_same_alone_and_in_any_batch(isa):
+    """Alone, a row's heads are split between the threads; in the batch each thread takes whole rows."""
     k, v, tables = paged(9, 4, 64, 16, 4, seed=3)
     q = torch.randn(9, 8, 1, 64, generator=torch.Generator().manual_seed(4))
     lengths = torch.tensor([50, 3, 64, 17, 33, 1, 60, 48, 20])
-    batch = cpu_kernels.paged_decode(q, blocks(k, 16), blocks(v, 16), tables, lengths)
+    batch = cpu_kernels.paged_decode(q, blocks(k, 16), blocks(v, 16), tables, lengths, isa=isa)
     for b in (0, 4, 8):
-        alone = cpu_kernels.paged_decode(q[b:b + 1], blocks(k, 16), blocks(v, 16), tables[b:b + 1], lengths[b:b + 1])
+        alone = cpu_kernels.paged_decode(q[b:b + 1], blocks(k, 16), blocks(v, 16), tables[b:b + 1], lengths[b:b + 1],
+                                         isa=isa)
         assert torch.equal(alone, batch[b:b + 1])
 
 

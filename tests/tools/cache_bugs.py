@@ -10,8 +10,12 @@ from tests.tools.planted_bug import Bug
 PREEMPTION_TEST = "tests/engine/test_translation_preemption.py::test_preempted_requests_finish_as_alone"
 KEPT_SOURCES_TEST = "tests/engine/test_translation_preemption.py::test_kept_encoder_outputs_give_their_blocks_up_the_oldest_first"
 CROSS_TEST = "tests/model/test_models.py::test_cross_keys_and_values_live_in_their_slots_blocks_of_the_pool"
-CPU_KERNEL_TESTS = tuple(f"tests/model/test_cpu_decode.py::test_kernel_equals_sdpa_over_the_gathered_blocks[{case}]"
-                         for case in ("5-4-4-64-16-lengths0", "3-8-2-32-4-lengths1"))
+KERNEL_CASE = "tests/model/test_cpu_decode.py::test_kernel_equals_sdpa_over_the_gathered_blocks[{}]"
+CPU_KERNEL_TESTS = tuple(KERNEL_CASE.format(case) for case in ("avx2-5-4-4-64-16-lengths0", "avx2-3-8-2-32-4-lengths1"))
+# The AVX-512 path (a kv head's query heads together): SmolLM2's and Qwen2.5's groups, 16-lane runs of 32 and 64.
+WIDE_KERNEL_TESTS = tuple(KERNEL_CASE.format(case) for case in ("avx512-1-9-3-64-16-lengths3",
+                                                                 "avx512-2-14-2-64-16-lengths6",
+                                                                 "avx512-3-8-2-32-4-lengths1"))
 CPU_TRANSLATION_TESTS = ("tests/model/test_cpu_decode.py::test_translation_equals_sdpa[1]",
                          "tests/model/test_models.py::test_rows_sharing_a_source_attend_to_it_as_one_query_block[cpu-decode]")
 
@@ -22,8 +26,7 @@ EXACT_LAYER_TEST = "tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_ker
 TEAM_TESTS = tuple(f"tests/model/test_fused_decode.py::test_a_step_on_two_threads_equals_the_step_on_one[{case}]"
                    for case in ("llama-float32", "llama-q4_0", "gemma3-q8_0"))
 
-ONE_ROW_TESTS = tuple(f"tests/model/test_cpu_decode.py::test_kernel_equals_sdpa_over_the_gathered_blocks[{case}]"
-                      for case in ("1-6-3-80-8-lengths2", "1-9-3-64-16-lengths3"))
+ONE_ROW_TESTS = tuple(KERNEL_CASE.format(case) for case in ("avx2-1-6-3-80-8-lengths2", "avx2-1-9-3-64-16-lengths3"))
 
 CACHE_BUGS = [
     Bug("decode-value-runs-forget-the-positions-before", "tserve/model/kernels/paged_decode.cpp",
@@ -34,7 +37,7 @@ CACHE_BUGS = [
     Bug("decode-kernel-window-one-position-short", "tserve/model/kernels/paged_decode.cpp",
         "window > 0 ? std::max<int64_t>(end - window, 0) : 0", "window > 0 ? std::max<int64_t>(end - window + 1, 0) : 0",
         ("tests/model/test_llama_family.py::test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward[gemma3]",
-         "tests/model/test_cpu_decode.py::test_a_sliding_window_reads_each_rows_last_positions_only[5]")),
+         "tests/model/test_cpu_decode.py::test_a_sliding_window_reads_each_rows_last_positions_only[avx2-5]")),
     Bug("translation-preempted-without-replay", "tserve/model/decoding/seq2seq_runner.py",
         "        seq.resume_at = seq.next_position", "        seq.resume_at = 0",
         (PREEMPTION_TEST,)),
@@ -91,14 +94,26 @@ CACHE_BUGS = [
         "        if False:",
         ("tests/engine/test_translation_preemption.py::test_a_source_longer_than_the_runner_holds_claims_nothing",)),
     Bug("cpu-decode-reads-keys-one-position-late", "tserve/model/kernels/paged_decode.cpp",
-        "k + run.at(t0 + std::min(i, n - 1)) * stride", "k + run.at((t0 + std::min(i, n - 1) + 1) % run.len) * stride",
+        "float* scores) {\n  const int64_t n = std::min<int64_t>(8, run.len - t0);\n  const float* rows[8];\n"
+        "  for (int64_t i = 0; i < 8; ++i) rows[i] = k + run.at(t0 + std::min(i, n - 1)) * stride;",
+        "float* scores) {\n  const int64_t n = std::min<int64_t>(8, run.len - t0);\n  const float* rows[8];\n"
+        "  for (int64_t i = 0; i < 8; ++i) rows[i] = k + run.at((t0 + std::min(i, n - 1) + 1) % run.len) * stride;",
         CPU_KERNEL_TESTS),
     Bug("cpu-decode-leaves-the-softmax-unnormalised", "tserve/model/kernels/paged_decode.cpp",
         "inverse[j - h0] = 1.0f / exponentiate(", "inverse[j - h0] = 1.0f + 0.0f * exponentiate(",
-        CPU_KERNEL_TESTS + CPU_TRANSLATION_TESTS),
+        CPU_KERNEL_TESTS + CPU_TRANSLATION_TESTS[1:]),  # (the translator's own steps take the AVX-512 path there)
     Bug("cpu-decode-query-heads-read-another-kv-head", "tserve/model/kernels/paged_decode.cpp",
         "score_positions(q + j * D, k + (j / group) * D,", "score_positions(q + j * D, k + (j % group) * D,",
         CPU_KERNEL_TESTS + ("tests/model/test_cpu_decode.py::test_lm_decode_step_with_mixed_lengths_equals_sdpa[grouping1]",)),
+    Bug("wide-decode-heads-score-with-the-first-heads-query", "tserve/model/kernels/paged_decode.cpp",
+        "_mm512_fmadd_ps(_mm512_loadu_ps(q + j * D + d), key,", "_mm512_fmadd_ps(_mm512_loadu_ps(q + d), key,",
+        WIDE_KERNEL_TESTS),
+    Bug("wide-decode-values-weighed-by-the-first-heads-scores", "tserve/model/kernels/paged_decode.cpp",
+        "const __m512 weight = _mm512_set1_ps(p[j * ld + t]);", "const __m512 weight = _mm512_set1_ps(p[t]);",
+        WIDE_KERNEL_TESTS),
+    Bug("wide-decode-value-runs-forget-the-positions-before", "tserve/model/kernels/paged_decode.cpp",
+        "acc[j][c] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(sums + j * D + 16 * c);",
+        "acc[j][c] = _mm512_setzero_ps();", WIDE_KERNEL_TESTS),
     Bug("cpu-decode-sources-lose-their-last-position", "tserve/model/kv_cache.py",
         "tables, lengths = self.tables[slots], self.lengths[slots]",
         "tables, lengths = self.tables[slots], self.lengths[slots] - 1",

@@ -14,16 +14,11 @@ reference serves (with one log line saying so): the same numbers, several times 
 
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tserve.model.kernels import cpu as cpu_kernels
-
-log = logging.getLogger("tserve.quantize")
 
 BLOCK = 32  # weights per scale, llama.cpp's QK8_0 and QK4_0
 FORMATS = ("q8_0", "q4_0")
@@ -117,23 +112,7 @@ def unpack_panels(panels: Tensor, scale_panels: Tensor, n: int, fmt: str) -> tup
     return codes.reshape(count * _COLS, blocks * BLOCK)[:n], scales[:n]
 
 
-@functools.cache
-def kernel_isa() -> str | None:
-    """The kernels' path in this process: "avx512" (AVX-512 with VNNI) or "avx2", as far as PyTorch's own kernels
-    go (`ATEN_CPU_CAPABILITY`: `tserve.testing.avx2_only` holds them to AVX2, and so these); None (said once in the
-    log) where the kernels are not built or not compiled for this CPU, or PyTorch is held below AVX2."""
-    ext = cpu_kernels.extension()
-    supported = ext.block_isas() if ext is not None else []
-    capability = torch.backends.cpu.get_cpu_capability()
-    isa = next((i for i in ("avx512", "avx2") if i in supported and capability in _CAPABILITIES[i]), None)
-    if isa is None:
-        log.warning("the Q8_0 / Q4_0 kernels do not run here; PyTorch's statement of the same maths serves "
-                    "(the same numbers, slower)",
-                    extra={"built": ext is not None, "compiled_for": supported, "pytorch_capability": capability})
-    return isa
-
-
-_CAPABILITIES = {"avx512": ("AVX512",), "avx2": ("AVX2", "AVX512")}  # torch.backends.cpu.get_cpu_capability()
+kernel_isa = cpu_kernels.kernel_isa  # the kernels' path in this process (the attention's too)
 
 
 class BlockLinear(nn.Module):

@@ -102,7 +102,7 @@ class FusedDecode:
         config = [cfg.n_heads, cfg.kv_heads, cfg.d_head, 0, rotary, _ACTIVATIONS[cfg.activation],
                   float(cfg.norm == "layernorm"), float(cfg.qk_norm), float(cfg.local_rope_base is not None),
                   cfg.norm_eps, cfg.norm_weight_offset, qk_eps, first.query_scale or 0.0, cfg.residual_multiplier]
-        return cls(tensors, ints, config, next(iter(isas), None) or "avx2", _step_inputs(model))
+        return cls(tensors, ints, config, next(iter(isas), None) or cpu_kernels.kernel_isa() or "avx2", _step_inputs(model))
 
     def step(self, tokens: Tensor, positions: Tensor, cache, slots: Tensor) -> Tensor:  # noqa: ANN001 - PagedKVCache
         """One new token per row: tokens (B,) at positions (B,) in cache rows `slots` (B,) -> the output layer's

@@ -108,12 +108,32 @@ def available() -> bool:
     return extension() is not None
 
 
+@functools.cache
+def kernel_isa() -> str | None:
+    """The kernels' path in this process: "avx512" (AVX-512 with VNNI) or "avx2", as far as PyTorch's own kernels
+    go (`ATEN_CPU_CAPABILITY`: `tserve.testing.avx2_only` holds them to AVX2, and so these); None (said once in the
+    log) where the kernels are not built or not compiled for this CPU, or PyTorch is held below AVX2. The block
+    kernels (`model.block_quant`) and the attention over a float32 cache take this path."""
+    ext = extension()
+    supported = ext.block_isas() if ext is not None else []
+    capability = torch.backends.cpu.get_cpu_capability()
+    isa = next((i for i in ("avx512", "avx2") if i in supported and capability in _CAPABILITIES[i]), None)
+    if isa is None:
+        log.warning("the Q8_0 / Q4_0 kernels do not run here; PyTorch's statement of the same maths serves "
+                    "(the same numbers, slower)",
+                    extra={"built": ext is not None, "compiled_for": supported, "pytorch_capability": capability})
+    return isa
+
+
+_CAPABILITIES = {"avx512": ("AVX512",), "avx2": ("AVX2", "AVX512")}  # torch.backends.cpu.get_cpu_capability()
+
+
 def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, lengths: Tensor,
-                 bound: int | None = None, window: int | None = None) -> Tensor:
+                 bound: int | None = None, window: int | None = None, *, isa: str | None = None) -> Tensor:
     """q (B, H, 1, D); k/v blocks (num_blocks, KV, block_len, D), views of the flat cache (positions, KV, D);
     tables (B, W) block ids; lengths (B,): row b attends over its positions [0, lengths[b]), or only the last
     `window` of them. -> (B, H, 1, D). (`bound`, an upper bound of the lengths, is for kernels that size their
-    launch by it.)"""
+    launch by it.) `isa`: the path of a float32 cache ("avx512", "avx2"; default `kernel_isa()`)."""
     ext = extension()
     if ext is None:
         raise RuntimeError("the CPU kernels are not built")
@@ -121,7 +141,8 @@ def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, 
     block_len, KV = k_blocks.size(2), k_blocks.size(1)
     flat = lambda t: t.transpose(1, 2).reshape(-1, KV, D)  # noqa: E731 - the cache itself: a view, no copy
     out = ext.paged_decode(q.reshape(B, H, D).contiguous().float(), flat(k_blocks), flat(v_blocks),
-                           tables, lengths, block_len, 1.0 / math.sqrt(D), window or 0)
+                           tables, lengths, block_len, 1.0 / math.sqrt(D), window or 0,
+                           (isa if isa is not None else kernel_isa()) or "")
     return out.view(B, H, 1, D).to(q.dtype)
 
 

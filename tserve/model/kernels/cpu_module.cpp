@@ -7,7 +7,8 @@
 #include <vector>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
-                           torch::Tensor lengths, int64_t block_size, double scale, int64_t window);
+                           torch::Tensor lengths, int64_t block_size, double scale, int64_t window,
+                           const std::string& isa);
 std::vector<torch::Tensor> int8_rows_in(torch::Tensor x, bool split);
 torch::Tensor int8_rows_out(torch::Tensor product, torch::Tensor low, torch::Tensor span, torch::Tensor row_sums,
                             c10::optional<torch::Tensor> bias, bool split);

@@ -29,7 +29,7 @@ void check_block_ids(const int64_t* ids, const int64_t* lengths, int64_t B, int6
                      int64_t num_blocks);
 void paged_decode_into(const float* q, const float* k, const float* v, const int64_t* tables, const int64_t* lengths,
                        float* out, int64_t B, int64_t H, int64_t KV, int64_t D, int64_t W, int64_t block_size,
-                       float scale, int64_t window);
+                       float scale, int64_t window, bool wide);
 void check_panels(const torch::Tensor& panels, const torch::Tensor& scales, int64_t K, int64_t N, int64_t format);
 void check_block_isa(const std::string& isa);
 void block_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* panels, const uint16_t* scales,
@@ -314,9 +314,9 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
   const torch::Tensor* last = tensors.data() + layers * kTensors;  // the final norm's weight and bias, the output
   const int64_t* output = ints.data() + layers * kInts;              // layer's weight, scales, bias; its kind, width
   products.back() = Product(output[0], C, output[1], last[2], last[3], last[4], cfg.isa);
-  if (std::any_of(products.begin(), products.end(), [](const Product& p) { return p.kind >= kQ8; })) {
-    check_block_isa(cfg.isa);  // once a step, not once a product
-  }
+  const bool wide_attention = cfg.isa == "avx512";  // the attention's path, the block kernels'
+  const bool blocks = std::any_of(products.begin(), products.end(), [](const Product& p) { return p.kind >= kQ8; });
+  if (blocks || wide_attention) check_block_isa(cfg.isa);  // once a step, not once a product
   lengths = lengths.contiguous();
   TORCH_CHECK(lengths.scalar_type() == torch::kLong && lengths.numel() == M, "lengths: (M,) int64");
   for (const StepCache* cache : std::initializer_list<const StepCache*>{&full, &local}) {
@@ -374,7 +374,7 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
       }
     }
     paged_decode_into(q, kc, vc, cache.tables.data_ptr<int64_t>(), length, attended, M, H, KV, D,
-                      cache.tables.size(1), cfg.block_size, scale, n[kWindow]);
+                      cache.tables.size(1), cfg.block_size, scale, n[kWindow], wide_attention);
     p[1].run(attended, M, wide);
     add_residual(h, wide, M, C, cfg, t[kNorm1OutW]);
     // MLP.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -191,6 +192,126 @@ void heads_attention_avx2(const float* q, const float* k, const float* v, int64_
     for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + j * D + d, _mm256_mul_ps(_mm256_loadu_ps(out + j * D + d), inv));
   }
 }
+
+// AVX-512 (F, VL, DQ; chosen at run time where the block kernels' AVX-512 path runs): D a multiple of 16, each kv
+// head's query heads of a range up to 3 at a time. A key or value row is read into registers once and multiplies
+// every head of the group (the AVX2 path reads it once per head, from L1), 16 lanes an instruction: about a quarter
+// of the AVX2 path's instructions, which leaves a thread's time to the cache lines it waits for. Each head's
+// arithmetic is its own (the same whatever heads share its pass), so a head's result does not depend on the batch,
+// the threads or the range; it differs from the AVX2 path's in the order of the sums (float32 rounding).
+#define TSERVE_AVX512_ATTENTION __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
+
+// The sums of 8 vectors' 16 lanes, as one vector of 8 (the two halves of each added, then `lane_sums`).
+TSERVE_AVX512_ATTENTION inline __m256 lane_sums16(const __m512* a) {
+  __m256 halves[8];
+  for (int i = 0; i < 8; ++i) {
+    halves[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm512_extractf32x8_ps(a[i], 1));
+  }
+  return tserve_vector::lane_sums(halves);
+}
+
+// Scores of positions [t0, t0 + 8) of the run (fewer at its end) for J heads of one kv head: q the first head's
+// query (the others follow, D apart), k that kv head at flat row 0; head j's scores at scores + j * ld.
+template <int J>
+TSERVE_AVX512_ATTENTION void score_positions16(const float* q, const float* k, int64_t stride, const Run& run,
+                                               int64_t t0, int64_t D, float scale, float* scores, int64_t ld) {
+  const int64_t n = std::min<int64_t>(8, run.len - t0);
+  const float* rows[8];
+  for (int64_t i = 0; i < 8; ++i) rows[i] = k + run.at(t0 + std::min(i, n - 1)) * stride;  // past the end: unused
+  __m512 dots[J][8];
+  for (int j = 0; j < J; ++j) {
+    for (int i = 0; i < 8; ++i) dots[j][i] = _mm512_setzero_ps();
+  }
+  for (int64_t d = 0; d < D; d += 16) {
+    for (int i = 0; i < 8; ++i) {
+      const __m512 key = _mm512_loadu_ps(rows[i] + d);
+      for (int j = 0; j < J; ++j) dots[j][i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * D + d), key, dots[j][i]);
+    }
+  }
+  for (int j = 0; j < J; ++j) {
+    const __m256 s = _mm256_mul_ps(lane_sums16(dots[j]), _mm256_set1_ps(scale));
+    if (n == 8) {
+      _mm256_storeu_ps(scores + j * ld + t0, s);
+    } else {
+      alignas(32) float last[8];
+      _mm256_store_ps(last, s);
+      for (int64_t i = 0; i < n; ++i) scores[j * ld + t0 + i] = last[i];
+    }
+  }
+}
+
+// Channels [0, 16 C) of J heads' value sums over positions [t0, t1), as `weigh_values` (head j's weights at
+// p + j * ld, its sums at sums + j * D): one chain of multiply-adds a channel in the order of t.
+template <int J, int C>
+TSERVE_AVX512_ATTENTION void weigh_values16(const float* v, int64_t stride, const Run& run, const float* p, int64_t ld,
+                                            int64_t t0, int64_t t1, int64_t D, float* sums) {
+  __m512 acc[J][C];
+  for (int j = 0; j < J; ++j) {
+    for (int c = 0; c < C; ++c) acc[j][c] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(sums + j * D + 16 * c);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* vh = v + run.at(t) * stride;
+    __m512 value[C];
+    for (int c = 0; c < C; ++c) value[c] = _mm512_loadu_ps(vh + 16 * c);
+    for (int j = 0; j < J; ++j) {
+      const __m512 weight = _mm512_set1_ps(p[j * ld + t]);
+      for (int c = 0; c < C; ++c) acc[j][c] = _mm512_fmadd_ps(weight, value[c], acc[j][c]);
+    }
+  }
+  for (int j = 0; j < J; ++j) {
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(sums + j * D + 16 * c, acc[j][c]);
+  }
+}
+
+// J query heads from head j0 of one kv head (k, v at its channels) over the run, into out's heads.
+template <int J>
+TSERVE_AVX512_ATTENTION void kv_head_attention16(const float* q, const float* k, const float* v, int64_t stride,
+                                                 const Run& run, int64_t D, float scale, int64_t j0, float* scores,
+                                                 float* out) {
+  const int64_t ld = run.len + 8;
+  for (int64_t t0 = 0; t0 < run.len; t0 += 8) {
+    prefetch_rows(k, stride, D, run, t0 + kAhead, t0 + kAhead + 8);
+    score_positions16<J>(q + j0 * D, k, stride, run, t0, D, scale, scores, ld);
+  }
+  float inverse[J];
+  for (int j = 0; j < J; ++j) inverse[j] = 1.0f / exponentiate(scores + j * ld, run.len);
+  prefetch_rows(v, stride, D, run, 0, kValueRun);
+  for (int64_t t0 = 0; t0 < run.len; t0 += kValueRun) {
+    const int64_t t1 = std::min(run.len, t0 + kValueRun);
+    prefetch_rows(v, stride, D, run, t1, t1 + kValueRun);
+    for (int64_t d = 0; d < D;) {  // runs of 64 channels, then of 32, 16
+      const int64_t n = (D - d) >= 64 ? 4 : (D - d) >= 32 ? 2 : 1;
+      float* sums = out + j0 * D + d;
+      if (n == 4) weigh_values16<J, 4>(v + d, stride, run, scores, ld, t0, t1, D, sums);
+      else if (n == 2) weigh_values16<J, 2>(v + d, stride, run, scores, ld, t0, t1, D, sums);
+      else weigh_values16<J, 1>(v + d, stride, run, scores, ld, t0, t1, D, sums);
+      d += 16 * n;
+    }
+  }
+  for (int j = 0; j < J; ++j) {
+    const __m512 inv = _mm512_set1_ps(inverse[j]);
+    float* oh = out + (j0 + j) * D;
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(oh + d, _mm512_mul_ps(_mm512_loadu_ps(oh + d), inv));
+  }
+}
+
+// Query heads [h0, h1) of one row over its run, as `heads_attention_avx2` (the same arguments; D a multiple of 16):
+// kv head by kv head, its heads of the range 3 at a time. `scores`: room for 3 x (len + 8).
+TSERVE_AVX512_ATTENTION void heads_attention_avx512(const float* q, const float* k, const float* v, int64_t stride,
+                                                    const Run& run, int64_t D, int64_t group, float scale, int64_t h0,
+                                                    int64_t h1, float* scores, float* out) {
+  for (int64_t g = h0 / group; g * group < h1; ++g) {
+    const int64_t end = std::min(h1, (g + 1) * group);
+    for (int64_t j = std::max(h0, g * group); j < end;) {
+      const int64_t n = std::min<int64_t>(3, end - j);
+      const float *kg = k + g * D, *vg = v + g * D;
+      if (n == 3) kv_head_attention16<3>(q, kg, vg, stride, run, D, scale, j, scores, out);
+      else if (n == 2) kv_head_attention16<2>(q, kg, vg, stride, run, D, scale, j, scores, out);
+      else kv_head_attention16<1>(q, kg, vg, stride, run, D, scale, j, scores, out);
+      j += n;
+    }
+  }
+}
 #endif
 
 // q: (B, H, D); k, v: (positions, KV, D) with position p of block b at row b * block_size + p;
@@ -203,7 +324,8 @@ void heads_attention_avx2(const float* q, const float* k, const float* v, int64_
 template <typename kv_t>
 void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64_t* tables,
                        const int64_t* lengths, float* out, int64_t B, int64_t H, int64_t KV, int64_t D,
-                       int64_t W, int64_t block_size, int64_t max_len, float scale, int64_t window, int64_t span) {
+                       int64_t W, int64_t block_size, int64_t max_len, float scale, int64_t window, int64_t span,
+                       bool wide) {
   const int64_t group = H / KV;  // query heads per kv head
   const int64_t chunks = H / span;
   // PyTorch's own threads (its OpenMP runtime, `torch.set_num_threads`), not a second runtime of ours.
@@ -225,6 +347,12 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
       }
 #if defined(TSERVE_VECTOR_MATH)
       if constexpr (std::is_same_v<kv_t, float>) {
+        if (wide && D % 16 == 0) {
+          scores.resize(3 * (run.len + 8));
+          heads_attention_avx512(q + b * H * D, k, v, KV * D, run, D, group, scale, h0, h1, scores.data(),
+                                 out + b * H * D);
+          continue;
+        }
         if (D % 8 == 0) {
           scores.resize((h1 - h0) * (run.len + 8));
           heads_attention_avx2(q + b * H * D, k, v, KV * D, run, D, group, scale, h0, h1, scores.data(),
@@ -256,6 +384,8 @@ int64_t head_span(int64_t B, int64_t H) {
 
 }  // namespace
 
+void check_block_isa(const std::string& isa);
+
 // Every block id a row reads lies in a cache of `num_blocks` blocks: a bad table reads nothing outside it. Only the
 // blocks its length reaches (a table is as wide as the longest context). tables (B, W), lengths (B,).
 void check_block_ids(const int64_t* ids, const int64_t* lengths, int64_t B, int64_t W, int64_t block_size,
@@ -269,16 +399,19 @@ void check_block_ids(const int64_t* ids, const int64_t* lengths, int64_t B, int6
 }
 
 // `paged_decode` on a float32 cache, into out (B, H, D), past its checks (a fused decode step checks its tables
-// once, with `check_block_ids`).
+// once, with `check_block_ids`, and its path once). wide: the AVX-512 path.
 void paged_decode_into(const float* q, const float* k, const float* v, const int64_t* tables, const int64_t* lengths,
                        float* out, int64_t B, int64_t H, int64_t KV, int64_t D, int64_t W, int64_t block_size,
-                       float scale, int64_t window) {
+                       float scale, int64_t window, bool wide) {
   paged_decode_rows<float>(q, k, v, tables, lengths, out, B, H, KV, D, W, block_size, W * block_size, scale, window,
-                           head_span(B, H));
+                           head_span(B, H), wide);
 }
 
+// isa: the path of a float32 cache ("avx512", "avx2": `block_isas`; "": the portable loops).
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
-                           torch::Tensor lengths, int64_t block_size, double scale, int64_t window) {
+                           torch::Tensor lengths, int64_t block_size, double scale, int64_t window,
+                           const std::string& isa) {
+  if (!isa.empty()) check_block_isa(isa);
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes(), "q (B, H, D), k/v (positions, KV, D)");
   TORCH_CHECK(q.scalar_type() == torch::kFloat && v.scalar_type() == k.scalar_type(),
               "q float32, k and v of one type");
@@ -296,7 +429,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
     paged_decode_rows<scalar_t>(q.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                                 tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), out.data_ptr<float>(), B, H,
-                                KV, D, W, block_size, max_len, static_cast<float>(scale), window, span);
+                                KV, D, W, block_size, max_len, static_cast<float>(scale), window, span,
+                                isa == "avx512");
   });
   return out;
 }
