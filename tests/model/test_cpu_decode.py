@@ -62,6 +62,7 @@ def reference(q, k, v, tables, lengths, block, window=None):  # noqa: ANN001, AN
     (1, 4, 2, 128, 16, [70]),  # wide heads: the values' sums in two runs of registers
     (33, 2, 1, 16, 16, list(range(1, 34))),  # more rows than a thread takes at once
     (2, 14, 2, 64, 16, [33, 90]),  # Qwen2.5's heads: 7 query heads a kv head, in passes of 3, 3 and 1
+    (1, 14, 2, 64, 16, [70]),  # the same, one row: a kv head's group a task
     (2, 4, 2, 40, 8, [9, 20]),  # a head width of 8 lanes but not of 16: the 8-lane loops on either path
 ])
 @pytest.mark.parametrize("isa", PATHS)

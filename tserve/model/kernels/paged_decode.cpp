@@ -263,53 +263,68 @@ TSERVE_AVX512_ATTENTION void weigh_values16(const float* v, int64_t stride, cons
   }
 }
 
-// J query heads from head j0 of one kv head (k, v at its channels) over the run, into out's heads.
-template <int J>
+// Query heads [j0, j1) of one kv head (k, v at its channels) over the run, into out's heads: positions outside,
+// the heads inside, 3 at a time, so that every key and value row is fetched once for the whole group (Qwen2.5's 7
+// query heads a kv head: passes of 3, 3 and 1 over rows still in L1).
 TSERVE_AVX512_ATTENTION void kv_head_attention16(const float* q, const float* k, const float* v, int64_t stride,
-                                                 const Run& run, int64_t D, float scale, int64_t j0, float* scores,
-                                                 float* out) {
+                                                 const Run& run, int64_t D, float scale, int64_t j0, int64_t j1,
+                                                 float* scores, float* out) {
   const int64_t ld = run.len + 8;
   for (int64_t t0 = 0; t0 < run.len; t0 += 8) {
     prefetch_rows(k, stride, D, run, t0 + kAhead, t0 + kAhead + 8);
-    score_positions16<J>(q + j0 * D, k, stride, run, t0, D, scale, scores, ld);
+    for (int64_t j = j0; j < j1; j += 3) {
+      const int64_t n = std::min<int64_t>(3, j1 - j);
+      float* s = scores + (j - j0) * ld;
+      if (n == 3) score_positions16<3>(q + j * D, k, stride, run, t0, D, scale, s, ld);
+      else if (n == 2) score_positions16<2>(q + j * D, k, stride, run, t0, D, scale, s, ld);
+      else score_positions16<1>(q + j * D, k, stride, run, t0, D, scale, s, ld);
+    }
   }
-  float inverse[J];
-  for (int j = 0; j < J; ++j) inverse[j] = 1.0f / exponentiate(scores + j * ld, run.len);
+  std::vector<float> inverse(j1 - j0);
+  for (int64_t j = j0; j < j1; ++j) inverse[j - j0] = 1.0f / exponentiate(scores + (j - j0) * ld, run.len);
   prefetch_rows(v, stride, D, run, 0, kValueRun);
   for (int64_t t0 = 0; t0 < run.len; t0 += kValueRun) {
     const int64_t t1 = std::min(run.len, t0 + kValueRun);
     prefetch_rows(v, stride, D, run, t1, t1 + kValueRun);
-    for (int64_t d = 0; d < D;) {  // runs of 64 channels, then of 32, 16
-      const int64_t n = (D - d) >= 64 ? 4 : (D - d) >= 32 ? 2 : 1;
-      float* sums = out + j0 * D + d;
-      if (n == 4) weigh_values16<J, 4>(v + d, stride, run, scores, ld, t0, t1, D, sums);
-      else if (n == 2) weigh_values16<J, 2>(v + d, stride, run, scores, ld, t0, t1, D, sums);
-      else weigh_values16<J, 1>(v + d, stride, run, scores, ld, t0, t1, D, sums);
-      d += 16 * n;
+    for (int64_t j = j0; j < j1; j += 3) {
+      const int64_t n = std::min<int64_t>(3, j1 - j);
+      const float* p = scores + (j - j0) * ld;
+      for (int64_t d = 0; d < D;) {  // runs of 64 channels, then of 32, 16
+        const int64_t c = (D - d) >= 64 ? 4 : (D - d) >= 32 ? 2 : 1;
+        float* sums = out + j * D + d;
+        const float* vd = v + d;
+        if (n == 3) {
+          if (c == 4) weigh_values16<3, 4>(vd, stride, run, p, ld, t0, t1, D, sums);
+          else if (c == 2) weigh_values16<3, 2>(vd, stride, run, p, ld, t0, t1, D, sums);
+          else weigh_values16<3, 1>(vd, stride, run, p, ld, t0, t1, D, sums);
+        } else if (n == 2) {
+          if (c == 4) weigh_values16<2, 4>(vd, stride, run, p, ld, t0, t1, D, sums);
+          else if (c == 2) weigh_values16<2, 2>(vd, stride, run, p, ld, t0, t1, D, sums);
+          else weigh_values16<2, 1>(vd, stride, run, p, ld, t0, t1, D, sums);
+        } else {
+          if (c == 4) weigh_values16<1, 4>(vd, stride, run, p, ld, t0, t1, D, sums);
+          else if (c == 2) weigh_values16<1, 2>(vd, stride, run, p, ld, t0, t1, D, sums);
+          else weigh_values16<1, 1>(vd, stride, run, p, ld, t0, t1, D, sums);
+        }
+        d += 16 * c;
+      }
     }
   }
-  for (int j = 0; j < J; ++j) {
-    const __m512 inv = _mm512_set1_ps(inverse[j]);
-    float* oh = out + (j0 + j) * D;
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m512 inv = _mm512_set1_ps(inverse[j - j0]);
+    float* oh = out + j * D;
     for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(oh + d, _mm512_mul_ps(_mm512_loadu_ps(oh + d), inv));
   }
 }
 
 // Query heads [h0, h1) of one row over its run, as `heads_attention_avx2` (the same arguments; D a multiple of 16):
-// kv head by kv head, its heads of the range 3 at a time. `scores`: room for 3 x (len + 8).
+// kv head by kv head. `scores`: room for (h1 - h0) x (len + 8).
 TSERVE_AVX512_ATTENTION void heads_attention_avx512(const float* q, const float* k, const float* v, int64_t stride,
                                                     const Run& run, int64_t D, int64_t group, float scale, int64_t h0,
                                                     int64_t h1, float* scores, float* out) {
   for (int64_t g = h0 / group; g * group < h1; ++g) {
-    const int64_t end = std::min(h1, (g + 1) * group);
-    for (int64_t j = std::max(h0, g * group); j < end;) {
-      const int64_t n = std::min<int64_t>(3, end - j);
-      const float *kg = k + g * D, *vg = v + g * D;
-      if (n == 3) kv_head_attention16<3>(q, kg, vg, stride, run, D, scale, j, scores, out);
-      else if (n == 2) kv_head_attention16<2>(q, kg, vg, stride, run, D, scale, j, scores, out);
-      else kv_head_attention16<1>(q, kg, vg, stride, run, D, scale, j, scores, out);
-      j += n;
-    }
+    const int64_t j0 = std::max(h0, g * group), j1 = std::min(h1, (g + 1) * group);
+    kv_head_attention16(q, k + g * D, v + g * D, stride, run, D, scale, j0, j1, scores, out);
   }
 }
 #endif
@@ -348,7 +363,7 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
 #if defined(TSERVE_VECTOR_MATH)
       if constexpr (std::is_same_v<kv_t, float>) {
         if (wide && D % 16 == 0) {
-          scores.resize(3 * (run.len + 8));
+          scores.resize((h1 - h0) * (run.len + 8));
           heads_attention_avx512(q + b * H * D, k, v, KV * D, run, D, group, scale, h0, h1, scores.data(),
                                  out + b * H * D);
           continue;
@@ -370,11 +385,19 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
   });
 }
 
-// Query heads a task: whole rows when there are at least two rows a thread; else runs of query heads, the next
-// smaller divisor of H each time, until there are two tasks a thread or one head a task.
-int64_t head_span(int64_t B, int64_t H) {
+// Query heads a task. First whole groups of kv heads, as many a task as give every thread the same number of tasks
+// (Qwen2.5's 2 kv heads on 2 threads: one each; a thread reads only its own kv heads' positions). Else whole rows
+// when there are at least two rows a thread, or runs of query heads, the next smaller divisor of H each time, until
+// there are two tasks a thread or one head a task (SmolLM2's 3 kv heads on 2 threads: one thread's range and the
+// other's share a kv head, which both read).
+int64_t head_span(int64_t B, int64_t H, int64_t KV) {
+  const int64_t threads = tserve::thread_count();
+  for (int64_t kv_span = KV; kv_span >= 1; --kv_span) {
+    const int64_t tasks = B * (KV / kv_span);
+    if (KV % kv_span == 0 && tasks >= threads && tasks % threads == 0) return kv_span * (H / KV);
+  }
   int64_t span = H;
-  while (span > 1 && B * (H / span) < 2 * tserve::thread_count()) {
+  while (span > 1 && B * (H / span) < 2 * threads) {
     int64_t smaller = span - 1;
     while (H % smaller != 0) --smaller;
     span = smaller;
@@ -404,7 +427,7 @@ void paged_decode_into(const float* q, const float* k, const float* v, const int
                        float* out, int64_t B, int64_t H, int64_t KV, int64_t D, int64_t W, int64_t block_size,
                        float scale, int64_t window, bool wide) {
   paged_decode_rows<float>(q, k, v, tables, lengths, out, B, H, KV, D, W, block_size, W * block_size, scale, window,
-                           head_span(B, H), wide);
+                           head_span(B, H, KV), wide);
 }
 
 // isa: the path of a float32 cache ("avx512", "avx2": `block_isas`; "": the portable loops).
@@ -425,7 +448,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   const int64_t max_len = W * block_size;
   check_block_ids(tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), B, W, block_size, k.size(0) / block_size);
   auto out = torch::empty_like(q);
-  const int64_t span = head_span(B, H);
+  const int64_t span = head_span(B, H, KV);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
     paged_decode_rows<scalar_t>(q.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                                 tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), out.data_ptr<float>(), B, H,
