@@ -310,3 +310,11 @@ def test_the_gpu_lease_summary_reads_the_bundle_and_the_weights_beside_it(tmp_pa
     assert "| lm | 64 requests at once | 11,143.0 | 15,633.0 | tokens/s | 1.40x |" in out
     assert "| lm | device busy at 64 requests | - | 71.500 (timed run: 88.2) | % of wall time | - |" in out
     assert "missing from" not in out
+
+
+def test_decode_attention_benchmark_times_each_path_in_its_own_process(capsys):
+    rows = bench_script("decode_attention").main(["--tiny", "--positions", "40", "--steps", "2", "--rounds", "1",
+                                                  "--sweep-mb", "1"])
+    paths = [isa for isa in ("avx2", "avx512") if isa in rows[0]]
+    assert paths and all(rows[0][isa][0] > 0 for isa in paths)
+    assert "| tiny | 40 |" in capsys.readouterr().out
