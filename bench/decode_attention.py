@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     shapes = TINY if args.tiny else {name: SHAPES[name] for name in args.shapes}
     if args.one:
         isa, name, positions = args.one.split(",")
-        print(json.dumps(time_path(isa, shapes[name], int(positions), args.threads, args.steps, args.sweep_mb)))
+        print(json.dumps(time_path(isa, {**SHAPES, **TINY}[name], int(positions), args.threads, args.steps,
+                                   args.sweep_mb)))
         return []
 
     from tserve.model.kernels import cpu as cpu_kernels  # noqa: PLC0415
@@ -84,8 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for isa in isas:
                     out = subprocess.run(
                         [sys.executable, __file__, "--one", f"{isa},{name},{positions}", "--threads",
-                         str(args.threads), "--steps", str(args.steps), "--sweep-mb", str(args.sweep_mb),
-                         *(["--tiny"] if args.tiny else [])],
+                         str(args.threads), "--steps", str(args.steps), "--sweep-mb", str(args.sweep_mb)],
                         check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
                     medians[isa].append(statistics.median(json.loads(out.stdout.strip().splitlines()[-1])))
             heads, kv_heads, width, layers = shape
