@@ -276,6 +276,22 @@ TSERVE_AVX512_ATTENTION void weigh_heads16(const float* v, int64_t stride, const
   }
 }
 
+// n heads' scores (ld apart) turned into exp(score - top) in place; the inverses of their sums.
+std::vector<float> softmax_weights(float* scores, int64_t ld, int64_t len, int64_t n) {
+  std::vector<float> inverse(n);
+  for (int64_t i = 0; i < n; ++i) inverse[i] = 1.0f / exponentiate(scores + i * ld, len);
+  return inverse;
+}
+
+// Heads [first, first + inverse.size()) of out (D apart) times their inverse.
+TSERVE_AVX512_ATTENTION void normalize16(float* out, int64_t D, int64_t first, const std::vector<float>& inverse) {
+  for (size_t i = 0; i < inverse.size(); ++i) {
+    const __m512 inv = _mm512_set1_ps(inverse[i]);
+    float* oh = out + (first + static_cast<int64_t>(i)) * D;
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(oh + d, _mm512_mul_ps(_mm512_loadu_ps(oh + d), inv));
+  }
+}
+
 // Query heads [j0, j1) of one kv head (k, v at its channels) over the run, into out's heads: positions outside,
 // the heads inside, 3 at a time, so that every key and value row is fetched once for the whole group (Qwen2.5's 7
 // query heads a kv head: passes of 3, 3 and 1 over rows still in L1).
@@ -294,8 +310,7 @@ TSERVE_AVX512_ATTENTION void kv_head_attention16(const float* q, const float* k,
       else score_positions16<1>(q + j * D, k, stride, run, t0, D, scale, s, ld);
     }
   }
-  std::vector<float> inverse(j1 - j0);
-  for (int64_t j = j0; j < j1; ++j) inverse[j - j0] = 1.0f / exponentiate(scores + (j - j0) * ld, run.len);
+  const std::vector<float> inverse = softmax_weights(scores, ld, run.len, j1 - j0);
   prefetch_rows(v, stride, D, run, 0, kValueRun);
   for (int64_t t0 = 0; t0 < run.len; t0 += kValueRun) {
     const int64_t t1 = std::min(run.len, t0 + kValueRun);
@@ -308,11 +323,7 @@ TSERVE_AVX512_ATTENTION void kv_head_attention16(const float* q, const float* k,
       else weigh_heads16<1>(v, stride, run, p, ld, t0, t1, D, out + j * D);
     }
   }
-  for (int64_t j = j0; j < j1; ++j) {
-    const __m512 inv = _mm512_set1_ps(inverse[j - j0]);
-    float* oh = out + j * D;
-    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(oh + d, _mm512_mul_ps(_mm512_loadu_ps(oh + d), inv));
-  }
+  normalize16(out, D, j0, inverse);
 }
 
 // One query head a kv head (GPT-2): heads [h0, h1) position by position, as the AVX2 path goes (the range reads a run
@@ -327,8 +338,7 @@ TSERVE_AVX512_ATTENTION void single_heads_attention16(const float* q, const floa
       score_positions16<1>(q + j * D, k + j * D, stride, run, t0, D, scale, scores + (j - h0) * ld, ld);
     }
   }
-  std::vector<float> inverse(h1 - h0);
-  for (int64_t j = h0; j < h1; ++j) inverse[j - h0] = 1.0f / exponentiate(scores + (j - h0) * ld, run.len);
+  const std::vector<float> inverse = softmax_weights(scores, ld, run.len, h1 - h0);
   prefetch_rows(v + h0 * D, stride, (h1 - h0) * D, run, 0, kValueRun);
   for (int64_t t0 = 0; t0 < run.len; t0 += kValueRun) {
     const int64_t t1 = std::min(run.len, t0 + kValueRun);
@@ -337,11 +347,7 @@ TSERVE_AVX512_ATTENTION void single_heads_attention16(const float* q, const floa
       weigh_heads16<1>(v + j * D, stride, run, scores + (j - h0) * ld, ld, t0, t1, D, out + j * D);
     }
   }
-  for (int64_t j = h0; j < h1; ++j) {
-    const __m512 inv = _mm512_set1_ps(inverse[j - h0]);
-    float* oh = out + j * D;
-    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(oh + d, _mm512_mul_ps(_mm512_loadu_ps(oh + d), inv));
-  }
+  normalize16(out, D, h0, inverse);
 }
 
 // Query heads [h0, h1) of one row over its run, as `heads_attention_avx2` (the same arguments; D a multiple of 16):
