@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from torch import nn
 
     from bench.memory_traffic import bandwidth
-    from tserve.model.block_quant import BlockLinear, kernel_isa
+    from tserve.model.block_quant import BlockLinear
+    from tserve.model.kernels.cpu import kernel_isa
     from tserve.model.quantize import Int4Linear, Int8Linear, resolve_activations
     from tserve.training.common import cpu_name
 

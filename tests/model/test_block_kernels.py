@@ -151,13 +151,13 @@ def test_sums_at_the_extremes_are_exact():
 def test_the_path_follows_pytorchs_capability(monkeypatch, caplog):
     """AVX-512 where PyTorch runs its own AVX-512 kernels and the CPU has VNNI, AVX2 where PyTorch is held to AVX2
     (`tserve.testing.avx2_only` sets ATEN_CPU_CAPABILITY=avx2), the PyTorch statement below that, said once."""
-    block_quant.kernel_isa.cache_clear()
+    cpu_kernels.kernel_isa.cache_clear()
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert block_quant.kernel_isa() == ("avx2" if "avx2" in ISAS else None)
-    block_quant.kernel_isa.cache_clear()
+    assert cpu_kernels.kernel_isa() == ("avx2" if "avx2" in ISAS else None)
+    cpu_kernels.kernel_isa.cache_clear()
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert block_quant.kernel_isa() == ("avx512" if "avx512" in ISAS else "avx2" if "avx2" in ISAS else None)
-    block_quant.kernel_isa.cache_clear()
+    assert cpu_kernels.kernel_isa() == ("avx512" if "avx512" in ISAS else "avx2" if "avx2" in ISAS else None)
+    cpu_kernels.kernel_isa.cache_clear()
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     with caplog.at_level(logging.WARNING, logger="tserve.kernels"):
         layers = [BlockLinear(nn.Linear(64, 8), "q8_0") for _ in range(3)]
@@ -165,7 +165,7 @@ def test_the_path_follows_pytorchs_capability(monkeypatch, caplog):
     assert sum("Q8_0 / Q4_0 kernels do not run here" in r.message for r in caplog.records) == 1
     x = _inputs(3, 64, seed=5)
     assert torch.equal(layers[0](x), reference_linear(x, layers[0].codes, layers[0].scales, layers[0].bias, "q8_0"))
-    block_quant.kernel_isa.cache_clear()
+    cpu_kernels.kernel_isa.cache_clear()
 
 
 def test_a_failed_build_leaves_the_statement_serving(monkeypatch, tmp_path, caplog):
@@ -185,7 +185,7 @@ def test_a_failed_build_leaves_the_statement_serving(monkeypatch, tmp_path, capl
     native = [BlockLinear(nn.Linear(96, 19), fmt) for fmt in ("q8_0", "q4_0")]  # before: whatever runs here
     native_out = [layer(x) for layer in native]
     monkeypatch.setattr(cpu_kernels, "extension", lambda: built)
-    block_quant.kernel_isa.cache_clear()
+    cpu_kernels.kernel_isa.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="tserve.kernels"):
             fallback = [BlockLinear(nn.Linear(96, 19), fmt) for fmt in ("q8_0", "q4_0")]
@@ -196,7 +196,7 @@ def test_a_failed_build_leaves_the_statement_serving(monkeypatch, tmp_path, capl
             served.bias = layer.bias
             assert torch.equal(served(x), expected)
     finally:
-        block_quant.kernel_isa.cache_clear()
+        cpu_kernels.kernel_isa.cache_clear()
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])

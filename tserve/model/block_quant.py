@@ -112,12 +112,9 @@ def unpack_panels(panels: Tensor, scale_panels: Tensor, n: int, fmt: str) -> tup
     return codes.reshape(count * _COLS, blocks * BLOCK)[:n], scales[:n]
 
 
-kernel_isa = cpu_kernels.kernel_isa  # the kernels' path in this process (the attention's too)
-
-
 class BlockLinear(nn.Module):
     """`nn.Linear`'s forward on Q8_0 or Q4_0 weights (`fmt`), on our kernels' panels where they run (`isa`: the
-    path, default `kernel_isa()`; None: the PyTorch reference, on the plain codes). Input features that are not a
+    path, default `cpu_kernels.kernel_isa()`; None: the PyTorch reference, on the plain codes). Input features that are not a
     multiple of 32 are padded with zero weights (and the input with zeros). `blocks`: the layer's codes and scales
     already made (a GGUF file's own, `model.gguf.blocks`), held as they are instead of quantizing its weight."""
 
@@ -127,7 +124,7 @@ class BlockLinear(nn.Module):
         if fmt not in FORMATS:
             raise ValueError(f"block format must be one of {FORMATS}, got {fmt!r}")
         self.in_features, self.out_features, self.fmt = linear.in_features, linear.out_features, fmt
-        self.isa = kernel_isa() if isa == "auto" else isa
+        self.isa = cpu_kernels.kernel_isa() if isa == "auto" else isa
         self._k_pad = -self.in_features % BLOCK
         if blocks is None:
             weight = F.pad(linear.weight.detach().float(), (0, self._k_pad))

@@ -401,14 +401,13 @@ void paged_decode_rows(const float* q, const kv_t* k, const kv_t* v, const int64
       }
 #if defined(TSERVE_VECTOR_MATH)
       if constexpr (std::is_same_v<kv_t, float>) {
+        scores.resize((h1 - h0) * (run.len + 8));
         if (wide && D % 16 == 0) {
-          scores.resize((h1 - h0) * (run.len + 8));
           heads_attention_avx512(q + b * H * D, k, v, KV * D, run, D, group, scale, h0, h1, scores.data(),
                                  out + b * H * D);
           continue;
         }
         if (D % 8 == 0) {
-          scores.resize((h1 - h0) * (run.len + 8));
           heads_attention_avx2(q + b * H * D, k, v, KV * D, run, D, group, scale, h0, h1, scores.data(),
                                out + b * H * D);
           continue;
