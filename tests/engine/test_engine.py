@@ -356,7 +356,8 @@ def test_a_failing_batch_forward_is_retried_one_by_one(lm, monkeypatch):
     poisoned: dict[str, int] = {}
 
     def decode_step(tokens, positions, cache, slots, kv_len=None):
-        if poisoned.get("slot") in slots.tolist() and positions.max() > len(prompts[2]) + 3:
+        slots, positions = (t.tolist() if isinstance(t, torch.Tensor) else t for t in (slots, positions))
+        if poisoned.get("slot") in slots and max(positions) > len(prompts[2]) + 3:
             raise RuntimeError("poisoned batch")
         return original(tokens, positions, cache, slots, kv_len=kv_len)
 

@@ -33,3 +33,20 @@ def test_ties_nan_and_minus_infinity_as_pytorch_takes_them():
     assert torch.equal(cpu_kernels.argmax(view), view.argmax(dim=-1))
     half = torch.randn(3, 50, dtype=torch.bfloat16)
     assert torch.equal(cpu_kernels.argmax(half), half.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_excluded_ids_are_written_minus_inf_and_never_chosen(dtype):
+    """A greedy step's bans in the same call (`argmax(scores, excluded)`): each row's excluded ids written -inf in
+    place, then the argmax of what is left, different ids per row; float64 goes to PyTorch's path, the same way."""
+    x = torch.randn(3, 49152, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    x[0, 7] = x[1, 7] = x[2, 9] = 100.0  # each row's best ...
+    x[0, 11] = x[2, 7] = 50.0  # ... and second best
+    expected = x.clone()
+    excluded = [[7, 0], [], [9, 7]]
+    for row, ids in enumerate(excluded):
+        expected[row, ids] = float("-inf")
+    assert cpu_kernels.argmax(x, excluded).tolist() == expected.argmax(dim=-1).tolist() == [11, 7, int(expected[2].argmax())]
+    assert torch.equal(x, expected)
+    with pytest.raises((RuntimeError, IndexError)):
+        cpu_kernels.argmax(x, [[49152], [], []])

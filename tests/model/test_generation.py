@@ -23,6 +23,7 @@ from tserve.model.decoding import (
     translate,
 )
 from tserve.model.decoding.logits import filter_top_k_top_p
+from tserve.model.kernels import cpu as cpu_kernels
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
@@ -84,6 +85,31 @@ def test_eos_ban_banned_ids_and_forced_eos_follow_each_rows_state():
     out = pipe.constrain(torch.zeros(4, 5), rows)
     inf = float("-inf")
     assert out.tolist() == [[inf, 0, 0, inf, 0], [inf, 0, 0, 0, 0], [inf, 0, 0, inf, 0], [inf, inf, inf, 0, inf]]
+
+
+def test_rows_whose_constraints_only_rule_ids_out_take_the_argmax_of_the_rest():
+    """A greedy step whose rows' constraints only ban ids (eos under min_tokens or ignore_eos, the checkpoint's banned
+    ids) takes each row's argmax over the ids left (`exclusions`, the runner's greedy path), with the ids written
+    -inf as the pipeline writes them; any other constraint on any row (bias, penalties, forced eos) sends the step
+    through the pipeline."""
+    eos, pad = 3, 0
+    pipe = LogitsPipeline(eos, banned_token_ids=[pad], force_eos_at_max=True)
+    rows = [Row(SamplingParams(temperature=0.0, max_tokens=5, min_tokens=2), num_generated=1),  # too early for eos
+            Row(SamplingParams(temperature=0.0, max_tokens=5, min_tokens=2), num_generated=2),  # eos allowed
+            Row(SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), num_generated=2)]
+    assert pipe.exclusions(rows) == [[pad, eos], [pad], [pad, eos]]
+    logits = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
+    logits[:, eos] += 10.0  # eos first everywhere, pad second
+    logits[:, pad] += 5.0
+    expected = pipe.constrain(logits, rows)
+    got = logits.clone()
+    assert cpu_kernels.argmax(got, pipe.exclusions(rows)).tolist() == expected.argmax(-1).tolist() == [
+        int(expected[0].argmax()), eos, int(expected[2].argmax())]
+    assert torch.equal(got, expected)
+    for other in (Row(SamplingParams(temperature=0.0, logit_bias={1: 5.0})), Row(counts=[1.0] * 7,
+                  params=SamplingParams(temperature=0.0, presence_penalty=1.0)),
+                  Row(SamplingParams(temperature=0.0, max_tokens=5), num_generated=4)):
+        assert pipe.exclusions([*rows, other]) is None
 
 
 def test_a_forced_first_token_is_the_only_choice_at_a_rows_first_step():

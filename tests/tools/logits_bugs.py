@@ -6,6 +6,8 @@ from __future__ import annotations
 from tests.tools.planted_bug import Bug
 
 HANDED_OVER = "tests/model/test_top_tokens.py::test_bans_write_into_the_scores_only_where_they_are_handed_over"
+EXCLUSIONS = "tests/model/test_generation.py::test_rows_whose_constraints_only_rule_ids_out_take_the_argmax_of_the_rest"
+MIN_TOKENS = "tests/model/test_generation.py::test_generate_stops_and_respects_min_tokens"
 
 LOGITS_BUGS = [
     Bug("every-rows-eos-ban-writes-into-the-callers-scores", "tserve/model/decoding/logits.py",
@@ -18,4 +20,16 @@ LOGITS_BUGS = [
         "        owned = owned and (torch.is_inference_mode_enabled() or not scores.is_inference())", "        pass",
         (f"{HANDED_OVER}[every-row]", f"{HANDED_OVER}[one-row]",
          "tests/engine/test_draft_model.py::test_the_draft_cache_holds_exactly_each_sequences_tokens")),
+    Bug("greedy-exclusions-forget-the-eos-ban", "tserve/model/decoding/logits.py",
+        "return [self.banned + self.eos_ids if self._eos_banned(r) else self.banned for r in rows]",
+        "return [self.banned for r in rows]",
+        (EXCLUSIONS, MIN_TOKENS, "tests/engine/test_mutation_gaps.py::test_eos_min_tokens_and_ignore_eos_through_the_engine")),
+    Bug("greedy-exclusions-ignore-logit-bias", "tserve/model/decoding/logits.py",
+        "if any(r.params.penalized or r.params.logit_bias or self._eos_forced(r)",
+        "if any(r.params.penalized or self._eos_forced(r)",
+        (EXCLUSIONS, "tests/engine/test_engine.py::test_logit_bias_forces_and_bans_beside_unbiased_requests")),
+    Bug("argmax-excluded-ids-left-in", "tserve/model/kernels/argmax_rows.cpp",
+        "        written[m * n + id] = -std::numeric_limits<float>::infinity();", "        (void)written;",
+        ("tests/model/test_argmax_rows.py::test_excluded_ids_are_written_minus_inf_and_never_chosen[float32]",
+         EXCLUSIONS, MIN_TOKENS)),
 ]

@@ -508,7 +508,8 @@ BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS
 # code, run on the CPU by Triton's interpreter, whatever the CPU's kernels.
 KERNEL_CODE = ("tserve/model/kernels/cpu.py", "tserve/model/kernels/int8", "tserve/model/kernels/paged_decode", "tserve/model/quantize.py",
                "tserve/model/packed_linear.py", "tserve/model/kernels/block_quant", "tserve/model/block_quant.py",
-               "tserve/model/kernels/dense_rows", "tserve/model/kernels/decode_layers", "tserve/model/kernels/vector_math")
+               "tserve/model/kernels/dense_rows", "tserve/model/kernels/decode_layers", "tserve/model/kernels/vector_math",
+               "tserve/model/kernels/argmax_rows")
 
 # Which tests each half of CI runs (the Makefile's marker expressions): `make test` natively, `make test-avx2` on
 # AVX2-only kernels. A bug's test outside a half's selection does not run in that half here either.

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from tserve.model.attention import Rotary, causal_mask
 from tserve.model.config import DecoderConfig
+from tserve.model.device_inputs import to_device
 from tserve.model.fused_decode import FusedDecode
 from tserve.model.kv_cache import PagedKVCache
 from tserve.model.layers import Block, make_norm, sinusoidal_table
@@ -191,15 +192,25 @@ class Decoder(nn.Module):
         last = hidden[torch.arange(tokens.size(0), device=tokens.device), lengths - 1]
         return self.logits(last)
 
-    @torch.inference_mode()
     def decode_step(
-        self, tokens: Tensor, positions: Tensor, cache: PagedKVCache, slots: Tensor, kv_len: int | None = None
+        self, tokens: Tensor | list[int], positions: Tensor | list[int], cache: PagedKVCache,
+        slots: Tensor | list[int], kv_len: int | None = None
     ) -> Tensor:
-        """One new token per running sequence: tokens (B,) at `positions` (B,) in rows `slots` (B,).
-        Attends over cache positions [0, kv_len) (default: the whole row length; a smaller bound that
-        covers every position saves work on CPU). Returns logits (B, V)."""
-        if self.fused is not None and tokens.device.type == "cpu" and self.blocks[0].attn.backend == "cpu-decode":
+        """One new token per running sequence: tokens (B,) at `positions` (B,) in rows `slots` (B,), tensors on the
+        model's device or host lists of ints. Attends over cache positions [0, kv_len) (default: the whole row
+        length; a smaller bound that covers every position saves work on CPU). Returns logits (B, V)."""
+        if self.fused is not None and self.blocks[0].attn.backend == "cpu-decode" and \
+                (not isinstance(tokens, Tensor) or tokens.device.type == "cpu"):
+            # One C++ call from host integers: no inference-mode scope to enter, no tensor to build (a step's
+            # weights sweep the caches, and each operator around the call then costs several times its usual µs).
             return self.scale_logits(self.fused.step(tokens, positions, cache, slots))
+        return self._decode_step_by_layers(tokens, positions, cache, slots, kv_len)
+
+    @torch.inference_mode()
+    def _decode_step_by_layers(self, tokens: Tensor | list[int], positions: Tensor | list[int], cache: PagedKVCache,
+                               slots: Tensor | list[int], kv_len: int | None) -> Tensor:
+        dev = self.tok_emb.weight.device
+        tokens, positions, slots = (t if isinstance(t, Tensor) else to_device(t, dev) for t in (tokens, positions, slots))
         kv_len = kv_len or cache.max_len
         positions = positions[:, None]
         mask = None if _attends_to_all(positions, kv_len) else causal_mask(positions, kv_len)
@@ -207,7 +218,6 @@ class Decoder(nn.Module):
             tokens[:, None], positions, mask=mask, is_causal=False, cache=cache, slots=slots, kv_len=kv_len
         )
         return self.logits(hidden[:, 0])
-
 
     @torch.inference_mode()
     def decode_tokens(self, tokens: Tensor, positions: Tensor, cache: PagedKVCache, slots: Tensor,

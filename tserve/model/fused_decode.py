@@ -104,13 +104,20 @@ class FusedDecode:
                   cfg.norm_eps, cfg.norm_weight_offset, qk_eps, first.query_scale or 0.0, cfg.residual_multiplier]
         return cls(tensors, ints, config, next(iter(isas), None) or cpu_kernels.kernel_isa() or "avx2", _step_inputs(model))
 
-    def step(self, tokens: Tensor, positions: Tensor, cache, slots: Tensor) -> Tensor:  # noqa: ANN001 - PagedKVCache
-        """One new token per row: tokens (B,) at positions (B,) in cache rows `slots` (B,) -> the output layer's
-        logits (B, vocabulary), before the family's scaling and soft cap (`Decoder.scale_logits`). The embeddings,
-        each row's cache writes and reads (`PagedKVCache.view`'s plan) and its rotary rows are made in the call."""
+    def step(self, tokens: Tensor | list[int], positions: Tensor | list[int], cache,  # noqa: ANN001 - PagedKVCache
+             slots: Tensor | list[int]) -> Tensor:
+        """One new token per row: tokens (B,) at positions (B,) in cache rows `slots` (B,), as host lists of ints (or
+        CPU tensors) -> the output layer's logits (B, vocabulary), before the family's scaling and soft cap
+        (`Decoder.scale_logits`). The embeddings, each row's cache writes and reads (`PagedKVCache.view`'s plan) and
+        its rotary rows are made in the call, with no tensor operator but the logits' allocation."""
         local = cache.local  # the sliding layers' own cache, where they keep one
         own = (local.k, local.v, local.tables) if local is not None else (_NONE,) * 3
-        return self.plan.step(tokens, positions, slots, cache.block_size, cache.k, cache.v, cache.tables, *own)
+        return self.plan.step(_ints(tokens), _ints(positions), _ints(slots), cache.block_size, cache.k, cache.v,
+                              cache.tables, *own)
+
+
+def _ints(values: Tensor | list[int]) -> list[int]:
+    return values.tolist() if isinstance(values, Tensor) else values
 
 
 def _step_inputs(model: nn.Module) -> list:

@@ -26,6 +26,7 @@ from tserve.model.decoding.sampler import sample, token_logprobs
 from tserve.model.decoding.speculative import NgramIndex, Speculation, accept
 from tserve.model.decoding.structured import GrammarCompiler, GrammarState, masks_for
 from tserve.model.device_inputs import to_device
+from tserve.model.kernels.cpu import argmax
 from tserve.model.kv_cache import SlotAllocator
 from tserve.model.window_blocks import WindowBlocks
 
@@ -291,9 +292,13 @@ class DecoderRunner:
         fed = self._fed_tokens(seqs)
         if self.graphed is not None:  # static shapes: every row's whole table, batch padded to a captured bucket
             logits = self.graphed(fed, positions, [s.slot for s in seqs])
+        elif self._compiled is None and self.device.type == "cpu":
+            # Eager on the CPU: host ints as they are (a fused step reads them with no tensor built); attend only
+            # over the positions in use, which is where a CPU spends its time.
+            logits = self.model.decode_step(fed, positions, self.cache, [s.slot for s in seqs],
+                                            kv_len=max(positions) + 1)
         else:
             dev = self.device
-            # Eager (CPU): attend only over the positions in use, which is where a CPU spends its time.
             logits = self._decode_step(
                 fed if isinstance(fed, Tensor) else to_device(fed, dev), to_device(positions, dev),
                 self.cache, to_device([s.slot for s in seqs], dev), kv_len=max(positions) + 1,
@@ -418,6 +423,10 @@ class DecoderRunner:
         before their next step is chosen (`needs_tokens`). `logits` are handed over: bans are written into them."""
         params = [s.params for s in seqs]
         self._attach_masks(seqs)
+        if all(p.greedy and p.logprobs is None for p in params) and \
+                (excluded := self.pipeline.exclusions(seqs)) is not None:
+            # Greedy rows whose constraints only rule ids out: the bans and the argmax in one call.
+            return ChosenTokens(seqs, argmax(logits, excluded), None)
         constrained = self.pipeline.constrain(logits, seqs, owned=True)
         tokens = sample(self.pipeline.shape(constrained, seqs), params,
                         [s.generator for s in seqs])

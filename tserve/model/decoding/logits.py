@@ -77,6 +77,15 @@ class LogitsPipeline:
         return [r.params.penalized or bool(r.params.logit_bias) or self._eos_banned(r) or self._eos_forced(r)
                 or _forced_first(r) is not None or _token_mask(r) is not None for r in rows]
 
+    def exclusions(self, rows: Sequence[DecodingRow]) -> list[list[int]] | None:
+        """Per row, the ids the constraints rule out this step (the checkpoint's banned ids; eos under min_tokens or
+        ignore_eos) when ruling ids out is all they do to every row, else None. A greedy row's choice is then the
+        argmax of its raw logits over the other ids, with no pass of the constraints over its vocabulary."""
+        if any(r.params.penalized or r.params.logit_bias or self._eos_forced(r) or _forced_first(r) is not None
+               or _token_mask(r) is not None for r in rows):
+            return None
+        return [self.banned + self.eos_ids if self._eos_banned(r) else self.banned for r in rows]
+
     def banned_ids(self, device: torch.device) -> Tensor | None:
         """The checkpoint's banned ids on `device` (None: none), for `top_tokens` to leave out."""
         return to_device(self.banned, device) if self.banned else None

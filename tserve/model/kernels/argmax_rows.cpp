@@ -52,10 +52,23 @@ int64_t argmax_row(const float* r, int64_t n) {
 
 }  // namespace
 
-torch::Tensor argmax_rows(torch::Tensor x) {
+// excluded: empty, or per row the ids it may not take (written -inf into x in place first, as the logits pipeline's
+// bans would be: a greedy step's eos ban or banned ids with no pass of their own over the vocabulary).
+torch::Tensor argmax_rows(torch::Tensor x, const std::vector<std::vector<int64_t>>& excluded) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.size(1) > 0, "x: (rows, n > 0) float32");
-  x = x.contiguous();
+  TORCH_CHECK(excluded.empty() || static_cast<int64_t>(excluded.size()) == x.size(0), "excluded: none, or one per row");
   const int64_t rows = x.size(0), n = x.size(1);
+  if (!excluded.empty()) {
+    TORCH_CHECK(x.is_contiguous(), "x: contiguous where ids are excluded (written in place)");
+    float* written = x.data_ptr<float>();
+    for (int64_t m = 0; m < rows; ++m) {
+      for (const int64_t id : excluded[m]) {
+        TORCH_CHECK(id >= 0 && id < n, "excluded id out of range");
+        written[m * n + id] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  x = x.contiguous();
   auto out = torch::empty({rows}, x.options().dtype(torch::kLong));
   const float* data = x.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();

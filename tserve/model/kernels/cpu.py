@@ -146,11 +146,20 @@ def paged_decode(q: Tensor, k_blocks: Tensor, v_blocks: Tensor, tables: Tensor, 
     return out.view(B, H, 1, D).to(q.dtype)
 
 
-def argmax(scores: Tensor) -> Tensor:
+def argmax(scores: Tensor, excluded: list[list[int]] | None = None) -> Tensor:
     """`scores.argmax(dim=-1)` of (rows, n) scores: our kernel's on float32 CPU tensors where it is built (the same
-    result, the first of equal maxima, the first NaN), PyTorch's elsewhere."""
-    if scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2 and scores.size(1):
+    result, the first of equal maxima, the first NaN), PyTorch's elsewhere. `excluded`: per row, ids it may not take,
+    written -inf into `scores` in place first (the caller hands them over), as the logits pipeline's bans would be."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2 and scores.size(1) and \
+            (excluded is None or scores.is_contiguous()):
         ext = extension()
         if ext is not None:
-            return ext.argmax_rows(scores)
+            return ext.argmax_rows(scores, excluded or [])
+    if excluded is not None and any(excluded):
+        rows, ids = zip(*((r, i) for r, row in enumerate(excluded) for i in row), strict=True)
+        dev = scores.device
+        if scores.is_inference() and not torch.is_inference_mode_enabled():
+            scores = scores.clone()  # inference-mode logits take no writes outside it
+        scores.index_put_((torch.tensor(rows, device=dev), torch.tensor(ids, device=dev)),
+                          torch.tensor(float("-inf"), device=dev, dtype=scores.dtype))
     return scores.argmax(dim=-1)

@@ -18,7 +18,7 @@ torch::Tensor int8_linear_exact(torch::Tensor x, torch::Tensor panels, torch::Te
 std::vector<std::string> block_isas();
 torch::Tensor block_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor scales,
                            c10::optional<torch::Tensor> bias, int64_t N, int64_t format, const std::string& isa);
-torch::Tensor argmax_rows(torch::Tensor x);
+torch::Tensor argmax_rows(torch::Tensor x, const std::vector<std::vector<int64_t>>& excluded);
 torch::Tensor dense_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 std::vector<std::string> dense_rows_paths();
 torch::Tensor dense_rows_on(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
@@ -42,7 +42,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear_exact", &int8_linear_exact, "an int8 linear layer with 8-bit activations, exact on AVX2");
   m.def("block_isas", &block_isas, "the instruction sets this CPU runs the Q8_0 / Q4_0 kernels on");
   m.def("block_linear", &block_linear, "a linear layer on Q8_0 (format 0) or Q4_0 (format 1) weight panels");
-  m.def("argmax_rows", &argmax_rows, "each row's argmax (float32), as torch.argmax(dim=-1)");
+  m.def("argmax_rows", &argmax_rows, "each row's argmax (float32), as torch.argmax(dim=-1), its excluded ids written -inf first");
   m.def("dense_rows", &dense_rows, "a float32 linear layer for a few rows, on the weight as nn.Linear holds it");
   m.def("dense_rows_paths", &dense_rows_paths, "the instruction sets this CPU runs dense_rows on");
   m.def("dense_rows_on", &dense_rows_on, "dense_rows on a named path (avx512, avx2)");

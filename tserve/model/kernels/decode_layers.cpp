@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -240,57 +239,53 @@ void add_residual(float* x, float* out, int64_t M, int64_t C, const Config& cfg,
 namespace {
 
 // One of the step's two caches: the layers' keys and values (layers, positions, kv heads, head dim) float32, each
-// row's new position in it (M,) and the rows' block tables (M, W).
+// row's new position in it (M,) and the rows' block tables (M, W), planned on the host for the step
+// (`plan_writes`).
 struct StepCache {
-  torch::Tensor k, v, write, tables;
-  const int64_t* at = nullptr;
-  int64_t positions = 0;
+  torch::Tensor k, v;
+  std::vector<int64_t> write, tables;
+  int64_t width = 0, positions = 0;
 
-  StepCache(torch::Tensor k_, torch::Tensor v_, torch::Tensor write_, torch::Tensor tables_, int64_t M, int64_t KV,
-            int64_t D)
-      : k(k_), v(v_), write(write_.contiguous()), tables(tables_) {
+  StepCache() = default;
+  StepCache(torch::Tensor k_, torch::Tensor v_, int64_t KV, int64_t D) : k(std::move(k_)), v(std::move(v_)) {
     TORCH_CHECK(k.scalar_type() == torch::kFloat && k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes() &&
                     k.dim() == 4 && k.size(2) == KV && k.size(3) == D,
                 "k_cache / v_cache: (layers, positions, kv heads, head dim) float32");
-    TORCH_CHECK(write.scalar_type() == torch::kLong && write.numel() == M, "write: (M,) int64");
     positions = k.size(1);
-    at = write.data_ptr<int64_t>();
-    for (int64_t m = 0; m < M; ++m) TORCH_CHECK(at[m] >= 0 && at[m] < positions, "write position out of range");
   }
 };
 
-}  // namespace
+// A step's rows as the layers read them, made on the host with no tensor of their own (a tensor operator costs a
+// few µs of dispatch, many more once a step's weights have swept the caches): the embeddings (M, C), each row's
+// length (its position + 1), its rotary rows (M, rotary / 2; the sliding layers' own, or empty) and the two caches.
+struct StepRows {
+  int64_t M = 0;
+  std::vector<float> x, cos, sin, local_cos, local_sin;
+  std::vector<int64_t> lengths;
+  StepCache full, local;
+  bool has_local = false;
+};
 
-namespace {
-
-torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
-                          const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
-                          torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
-                          torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
-                          torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
-                          torch::Tensor local_sin) {
+torch::Tensor layers_step(StepRows& rows, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
+                          const std::vector<double>& config, const std::string& isa, const torch::Tensor& like) {
   const Config cfg = read_config(config, isa);
-  const int64_t layers = (static_cast<int64_t>(ints.size()) - 2) / kInts, M = x.size(0), C = x.size(1);
+  const int64_t layers = (static_cast<int64_t>(ints.size()) - 2) / kInts, M = rows.M;
   const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
   TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors + 5 &&
                   static_cast<int64_t>(ints.size()) == layers * kInts + 2, "decode_layers: tensors / ints per layer");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x: (M, C) float32");
-  const bool has_local = local_k.numel() > 0;
+  const int64_t C = static_cast<int64_t>(rows.x.size()) / std::max<int64_t>(M, 1);
+  const bool has_local = rows.has_local;
   int64_t windowed = 0;
   for (int64_t layer = 0; layer < layers; ++layer) windowed += ints[layer * kInts + kWindow] > 0;
-  StepCache full(k_cache, v_cache, write, tables, M, KV, D);
+  const StepCache& full = rows.full;
   TORCH_CHECK(full.k.size(0) == (has_local ? layers - windowed : layers), "k_cache: one entry per layer it holds");
-  const StepCache local = has_local ? StepCache(local_k, local_v, local_write, local_tables, M, KV, D) : full;
+  const StepCache& local = has_local ? rows.local : full;
   TORCH_CHECK(!has_local || local.k.size(0) == windowed, "local_k: one entry per sliding-window layer");
   int64_t full_index = 0, local_index = 0;
   const int64_t half = cfg.rotary_dim / 2;
-  cos = cos.contiguous();
-  sin = sin.contiguous();
-  if (half > 0) TORCH_CHECK(cos.size(0) == M && cos.size(1) == half && sin.sizes() == cos.sizes(), "cos / sin");
+  if (half > 0) TORCH_CHECK(static_cast<int64_t>(rows.cos.size()) == M * half, "cos / sin: (M, rotary / 2)");
   if (cfg.has_local_rope) {
-    local_cos = local_cos.contiguous();
-    local_sin = local_sin.contiguous();
-    TORCH_CHECK(local_cos.sizes() == cos.sizes() && local_sin.sizes() == cos.sizes(), "local cos / sin");
+    TORCH_CHECK(rows.local_cos.size() == rows.cos.size(), "local cos / sin: (M, rotary / 2)");
   }
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const float query_scale = static_cast<float>(cfg.query_scale);
@@ -317,27 +312,27 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
   const bool wide_attention = cfg.isa == "avx512";  // the attention's path, the block kernels'
   const bool blocks = std::any_of(products.begin(), products.end(), [](const Product& p) { return p.kind >= kQ8; });
   if (blocks || wide_attention) check_block_isa(cfg.isa);  // once a step, not once a product
-  lengths = lengths.contiguous();
-  TORCH_CHECK(lengths.scalar_type() == torch::kLong && lengths.numel() == M, "lengths: (M,) int64");
+  TORCH_CHECK(static_cast<int64_t>(rows.lengths.size()) == M, "lengths: (M,)");
   for (const StepCache* cache : std::initializer_list<const StepCache*>{&full, &local}) {
-    TORCH_CHECK(cache->positions % cfg.block_size == 0 && cache->tables.scalar_type() == torch::kLong &&
-                    cache->tables.is_contiguous() && cache->tables.dim() == 2 && cache->tables.size(0) == M,
-                "decode_layers: a cache of whole blocks, tables (M, W) int64");
-    check_block_ids(cache->tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), M, cache->tables.size(1),
-                    cfg.block_size, cache->positions / cfg.block_size);
+    TORCH_CHECK(cache->positions % cfg.block_size == 0 && static_cast<int64_t>(cache->tables.size()) == M * cache->width,
+                "decode_layers: a cache of whole blocks, tables (M, W)");
+    check_block_ids(cache->tables.data(), rows.lengths.data(), M, cache->width, cfg.block_size,
+                    cache->positions / cfg.block_size);
+    for (int64_t m = 0; m < M; ++m) {
+      TORCH_CHECK(cache->write[m] >= 0 && cache->write[m] < cache->positions, "write position out of range");
+    }
   }
   // The step's rows, in one buffer: the residual stream, its norm, the widest product's output, the queries, the
   // attention's output and the activations.
-  std::vector<float> rows(M * (2 * C + 2 * widest + 2 * q_width));
-  float* h = rows.data();
+  std::vector<float> buffer(M * (2 * C + 2 * widest + 2 * q_width));
+  float* h = buffer.data();
   float* normed = h + M * C;
   float* wide = normed + M * C;
   float* act = wide + M * widest;
   float* q = act + M * widest;
   float* attended = q + M * q_width;
-  x = x.contiguous();
-  std::copy(x.data_ptr<float>(), x.data_ptr<float>() + M * C, h);
-  const int64_t* length = lengths.data_ptr<int64_t>();
+  std::copy(rows.x.begin(), rows.x.end(), h);
+  const int64_t* length = rows.lengths.data();
   for (int64_t layer = 0; layer < layers; ++layer) {
     const torch::Tensor* t = tensors.data() + layer * kTensors;
     const int64_t* n = ints.data() + layer * kInts;
@@ -348,12 +343,12 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
     const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;
     const int64_t index = has_local && n[kWindow] > 0 ? local_index++ : full_index++;
     TORCH_CHECK(index < cache.k.size(0), "decode_layers: layer ", layer, " has no entry in the cache it reads");
-    const int64_t* at_pos = cache.at;
+    const int64_t* at_pos = cache.write.data();
     float* kc = cache.k.data_ptr<float>() + index * cache.positions * kv_width;
     float* vc = cache.v.data_ptr<float>() + index * cache.positions * kv_width;
     const bool local = cfg.has_local_rope && n[kWindow] > 0;
-    const float* cos_rows = half > 0 ? (local ? local_cos : cos).data_ptr<float>() : nullptr;
-    const float* sin_rows = half > 0 ? (local ? local_sin : sin).data_ptr<float>() : nullptr;
+    const float* cos_rows = half > 0 ? (local ? rows.local_cos : rows.cos).data() : nullptr;
+    const float* sin_rows = half > 0 ? (local ? rows.local_sin : rows.sin).data() : nullptr;
     for (int64_t m = 0; m < M; ++m) {
       float* row = wide + m * (q_width + 2 * kv_width);
       float* qm = q + m * q_width;
@@ -373,8 +368,8 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
         }
       }
     }
-    paged_decode_into(q, kc, vc, cache.tables.data_ptr<int64_t>(), length, attended, M, H, KV, D,
-                      cache.tables.size(1), cfg.block_size, scale, n[kWindow], wide_attention);
+    paged_decode_into(q, kc, vc, cache.tables.data(), length, attended, M, H, KV, D, cache.width, cfg.block_size,
+                      scale, n[kWindow], wide_attention);
     p[1].run(attended, M, wide);
     add_residual(h, wide, M, C, cfg, t[kNorm1OutW]);
     // MLP.
@@ -395,34 +390,19 @@ torch::Tensor layers_step(torch::Tensor x, const std::vector<torch::Tensor>& ten
     norm_rows(h, normed, M, C, cfg, last[0], last[1]);
     h = normed;
   }
-  auto logits = torch::empty({M, output[1]}, x.options());
+  auto logits = torch::empty({M, output[1]}, like.options());
   products.back().run(h, M, logits.data_ptr<float>());
   return logits;
 }
 
-}  // namespace
-
-// x (M, C) float32: the embeddings of one new token per row (scaled, positions added). tensors / ints: per layer, as
-// `Slot` / `IntSlot` list them. k_cache, v_cache (layers, positions, kv heads, head dim) float32; write (M,) each
-// row's new position in the flat cache; tables (M, W) and lengths (M,) what each row attends over. local_k, local_v,
-// local_write, local_tables: the same for the sliding-window layers where they keep a cache of their own
-// (`PagedKVCache.local`; empty tensors where they do not): the layers with a window take those, in order. cos / sin
-// (M, rotary / 2) at each row's position (local_cos / local_sin: the sliding layers' own, or empty). Returns the
+// The layers of a step (`layers_step`) on the step team, or as PyTorch runs loops where a product is oneDNN's
+// pre-packed one (it opens OpenMP regions of its own: inside the team's they would run on one thread). Returns the
 // logits (M, vocabulary): after the last layer, the final norm (tensors' third and second last: its weight and
 // bias, empty where the model has none) and the output layer (the last three tensors, as a layer's product; the
 // last two integers its kind and width), before any scaling or soft cap of the logits.
-torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
-                            const std::vector<double>& config, const std::string& isa, torch::Tensor k_cache,
-                            torch::Tensor v_cache, torch::Tensor write, torch::Tensor tables, torch::Tensor lengths,
-                            torch::Tensor local_k, torch::Tensor local_v, torch::Tensor local_write,
-                            torch::Tensor local_tables, torch::Tensor cos, torch::Tensor sin, torch::Tensor local_cos,
-                            torch::Tensor local_sin) {
-  const auto step = [&] {
-    return layers_step(x, tensors, ints, config, isa, k_cache, v_cache, write, tables, lengths, local_k, local_v,
-                       local_write, local_tables, cos, sin, local_cos, local_sin);
-  };
-  // oneDNN's pre-packed products open OpenMP regions of their own (inside the team's they would run on one thread):
-  // a step with one runs every loop as PyTorch does.
+torch::Tensor decode_layers(StepRows& rows, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
+                            const std::vector<double>& config, const std::string& isa, const torch::Tensor& like) {
+  const auto step = [&] { return layers_step(rows, tensors, ints, config, isa, like); };
   const size_t layer_ints = ints.size() >= 2 ? ints.size() - 2 : 0;
   bool packed = ints.size() >= 2 && ints[layer_ints] == kPacked;
   for (size_t layer = 0; layer + kInts <= layer_ints; layer += kInts) {
@@ -434,25 +414,24 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& t
   return logits;
 }
 
-namespace {
-
-// Each row's flat cache position for its new token and its block table, as `PagedKVCache.view` plans them: position
-// p of a row is block tables[slot, p / block_size] at p % block_size; past the table's last block, the null block.
-std::pair<torch::Tensor, torch::Tensor> plan_writes(const torch::Tensor& tables, const torch::Tensor& slots,
-                                                    const int64_t* positions, int64_t block_size) {
+// A cache's plan for the step, as `PagedKVCache.view` makes it: each row's flat cache position for its new token
+// (position p of a row is block tables[slot, p / block_size] at p % block_size; past the table's last block, the
+// null block) and its block table, copied.
+void plan_writes(StepCache& cache, const torch::Tensor& tables, const std::vector<int64_t>& slots,
+                 const std::vector<int64_t>& positions, int64_t block_size) {
   TORCH_CHECK(tables.scalar_type() == torch::kLong && tables.dim() == 2 && tables.is_contiguous(),
               "tables: (rows, blocks) int64");
-  const int64_t M = slots.size(0), width = tables.size(1), rows = tables.size(0);
-  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t M = static_cast<int64_t>(slots.size()), width = tables.size(1), rows = tables.size(0);
   const int64_t* table = tables.data_ptr<int64_t>();
-  auto write = torch::empty({M}, slots.options());
-  int64_t* at = write.data_ptr<int64_t>();
+  cache.width = width;
+  cache.write.resize(M);
+  cache.tables.resize(M * width);
   for (int64_t m = 0; m < M; ++m) {
-    TORCH_CHECK(slot[m] >= 0 && slot[m] < rows, "slot out of range");
+    TORCH_CHECK(slots[m] >= 0 && slots[m] < rows, "slot out of range");
     const int64_t block = positions[m] / block_size, offset = positions[m] % block_size;
-    at[m] = block < width ? table[slot[m] * width + block] * block_size + offset : offset;
+    cache.write[m] = block < width ? table[slots[m] * width + block] * block_size + offset : offset;
+    std::copy(table + slots[m] * width, table + (slots[m] + 1) * width, cache.tables.begin() + m * width);
   }
-  return {write, tables.index_select(0, slots)};
 }
 
 }  // namespace
@@ -460,7 +439,8 @@ std::pair<torch::Tensor, torch::Tensor> plan_writes(const torch::Tensor& tables,
 // A model's fused decode step: what does not change between steps (every layer's tensors and integers, the config,
 // the embeddings and position tables), held here once; each step then passes only what it changes. (Built in Python
 // each step, the embeddings, the cache's plan and ~20 tensors a layer passed through pybind took ~290 µs of a small
-// model's 3-4 ms step; made here, ~80 µs is left around the call: docs/benchmarks/fused-decode.md.)
+// model's 3-4 ms step; made here, ~80 µs was left around the call: docs/benchmarks/fused-decode.md. A step's rows,
+// tokens and positions come as host integers and everything but the logits is made without a tensor operator.)
 struct DecodePlan {
   std::vector<torch::Tensor> tensors;
   std::vector<int64_t> ints;
@@ -477,45 +457,57 @@ struct DecodePlan {
   // position table added where the model has one; each row's write position, block table and length; its rotary
   // rows) made here, then `decode_layers`. tables (rows, blocks) int64, local_tables the sliding layers' own cache's
   // (or empty).
-  torch::Tensor step(torch::Tensor tokens, torch::Tensor positions, torch::Tensor slots, int64_t block_size,
-                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables, torch::Tensor local_k,
-                     torch::Tensor local_v, torch::Tensor local_tables) const {
-    tokens = tokens.contiguous();
-    positions = positions.contiguous();
-    slots = slots.contiguous();
-    const int64_t M = tokens.size(0);
-    TORCH_CHECK(tokens.scalar_type() == torch::kLong && positions.scalar_type() == torch::kLong &&
-                    slots.scalar_type() == torch::kLong && tokens.dim() == 1 && positions.sizes() == tokens.sizes() &&
-                    slots.sizes() == tokens.sizes(),
-                "tokens, positions, slots: (M,) int64");
+  torch::Tensor step(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+                     const std::vector<int64_t>& slots, int64_t block_size, torch::Tensor k_cache,
+                     torch::Tensor v_cache, const torch::Tensor& tables, torch::Tensor local_k, torch::Tensor local_v,
+                     const torch::Tensor& local_tables) const {
+    const int64_t M = static_cast<int64_t>(tokens.size());
+    TORCH_CHECK(positions.size() == tokens.size() && slots.size() == tokens.size(), "tokens, positions, slots: (M,)");
     const int64_t C = embedding.size(1), V = embedding.size(0);
     const bool positioned = position_table.numel() > 0;
-    const int64_t* token = tokens.data_ptr<int64_t>();
-    const int64_t* position = positions.data_ptr<int64_t>();
-    auto x = torch::empty({M, C}, embedding.options());
+    StepRows rows;
+    rows.M = M;
+    rows.x.resize(M * C);
+    rows.lengths.resize(M);
     const float scale = static_cast<float>(embed_scale);
     for (int64_t m = 0; m < M; ++m) {
-      TORCH_CHECK(token[m] >= 0 && token[m] < V, "token id out of range");
-      TORCH_CHECK(position[m] >= 0 && (!positioned || position[m] < position_table.size(0)),
+      TORCH_CHECK(tokens[m] >= 0 && tokens[m] < V, "token id out of range");
+      TORCH_CHECK(positions[m] >= 0 && (!positioned || positions[m] < position_table.size(0)),
                   "position out of range");
-      const float* e = embedding.data_ptr<float>() + token[m] * C;
-      const float* p = positioned ? position_table.data_ptr<float>() + position[m] * C : nullptr;
-      float* row = x.data_ptr<float>() + m * C;
+      const float* e = embedding.data_ptr<float>() + tokens[m] * C;
+      const float* p = positioned ? position_table.data_ptr<float>() + positions[m] * C : nullptr;
+      float* row = rows.x.data() + m * C;
       for (int64_t c = 0; c < C; ++c) row[c] = p != nullptr ? e[c] * scale + p[c] : e[c] * scale;
+      rows.lengths[m] = positions[m] + 1;
     }
     std::vector<double> step_config = config;
     step_config.at(3) = static_cast<double>(block_size);
-    const auto [write, row_tables] = plan_writes(tables, slots, position, block_size);
-    torch::Tensor local_write = torch::empty({0}, slots.options()), local_row_tables = local_write;
-    if (local_k.numel() > 0) {
-      std::tie(local_write, local_row_tables) = plan_writes(local_tables, slots, position, block_size);
+    const int64_t KV = static_cast<int64_t>(config.at(1)), D = static_cast<int64_t>(config.at(2));
+    rows.full = StepCache(std::move(k_cache), std::move(v_cache), KV, D);
+    plan_writes(rows.full, tables, slots, positions, block_size);
+    rows.has_local = local_k.numel() > 0;
+    if (rows.has_local) {
+      rows.local = StepCache(std::move(local_k), std::move(local_v), KV, D);
+      plan_writes(rows.local, local_tables, slots, positions, block_size);
     }
-    const auto rows_of = [&](const torch::Tensor& table) {
-      return table.numel() > 0 ? table.index_select(0, positions) : table;
-    };
-    return decode_layers(x, tensors, ints, step_config, isa, k_cache, v_cache, write, row_tables, positions + 1,
-                         local_k, local_v, local_write, local_row_tables, rows_of(rope_cos), rows_of(rope_sin),
-                         rows_of(local_rope_cos), rows_of(local_rope_sin));
+    rows_at(rope_cos, positions, rows.cos);
+    rows_at(rope_sin, positions, rows.sin);
+    rows_at(local_rope_cos, positions, rows.local_cos);
+    rows_at(local_rope_sin, positions, rows.local_sin);
+    return decode_layers(rows, tensors, ints, step_config, isa, embedding);
+  }
+
+  // The rows of a (positions, width) float32 table at each position, one after the other (nothing where the table
+  // is empty).
+  static void rows_at(const torch::Tensor& table, const std::vector<int64_t>& positions, std::vector<float>& out) {
+    if (table.numel() == 0) return;
+    const int64_t width = table.size(1);
+    out.resize(positions.size() * width);
+    for (size_t m = 0; m < positions.size(); ++m) {
+      TORCH_CHECK(positions[m] < table.size(0), "position past the rotary table");
+      const float* at = table.data_ptr<float>() + positions[m] * width;
+      std::copy(at, at + width, out.begin() + m * width);
+    }
   }
 };
 
@@ -529,6 +521,11 @@ DecodePlan make_decode_plan(std::vector<torch::Tensor> tensors, std::vector<int6
                   (position_table.scalar_type() == torch::kFloat && position_table.is_contiguous() &&
                    position_table.dim() == 2 && position_table.size(1) == embedding.size(1)),
               "position_table: (positions, C) float32");
+  for (torch::Tensor* table : {&rope_cos, &rope_sin, &local_rope_cos, &local_rope_sin}) {
+    TORCH_CHECK(table->numel() == 0 || (table->scalar_type() == torch::kFloat && table->dim() == 2),
+                "rotary tables: (positions, rotary / 2) float32");
+    *table = table->contiguous();
+  }
   return DecodePlan{std::move(tensors), std::move(ints), std::move(config), std::move(isa), embedding, embed_scale,
                     position_table, rope_cos, rope_sin, local_rope_cos, local_rope_sin};
 }
