@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,7 +79,7 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& weight,
   return stack[0].toTensor();
 }
 
-// One layer's product of `kind` from K input features to N outputs, its weights checked once a step.
+// One layer's product of `kind` from K input features to N outputs, its weights checked once, when the plan is made.
 struct Product {
   int64_t kind = kDense, K = 0, N = 0, padded_K = 0;  // padded_K: the block kinds' input features in whole blocks
   const torch::Tensor* a = nullptr;                    // the weight (float32, oneDNN's packed) or the panels
@@ -130,10 +131,7 @@ struct Product {
 };
 
 // `model.norms.RMSNorm` / `nn.LayerNorm` of each row of x (M, C) into out.
-void norm_rows(const float* x, float* out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& weight,
-               const torch::Tensor& bias) {
-  const float* w = weight.data_ptr<float>();
-  const float* b = present(bias) ? bias.data_ptr<float>() : nullptr;
+void norm_rows(const float* x, float* out, int64_t M, int64_t C, const Config& cfg, const float* w, const float* b) {
   const float eps = static_cast<float>(cfg.norm_eps), offset = static_cast<float>(cfg.norm_offset);
   for (int64_t m = 0; m < M; ++m) {
     const float* r = x + m * C;
@@ -224,11 +222,11 @@ int64_t activate_lanes(const float* u, const float* gate_by, float* a, int64_t w
 
 // A sub-layer's output into the residual stream: out = sandwich norm (Gemma) of out (in place), times the residual
 // multiplier (Granite), added to x in place.
-void add_residual(float* x, float* out, int64_t M, int64_t C, const Config& cfg, const torch::Tensor& out_norm) {
-  if (present(out_norm)) {
+void add_residual(float* x, float* out, int64_t M, int64_t C, const Config& cfg, const float* out_norm) {
+  if (out_norm != nullptr) {
     Config plain = cfg;
     plain.layer_norm = false;
-    norm_rows(out, out, M, C, plain, out_norm, torch::Tensor());  // a row's sum is taken before it is written
+    norm_rows(out, out, M, C, plain, out_norm, nullptr);  // a row's sum is taken before it is written
   }
   const float multiplier = static_cast<float>(cfg.residual_multiplier);
   for (int64_t i = 0; i < M * C; ++i) x[i] += multiplier == 1.0f ? out[i] : out[i] * multiplier;
@@ -266,21 +264,97 @@ struct StepRows {
   bool has_local = false;
 };
 
-torch::Tensor layers_step(StepRows& rows, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
-                          const std::vector<double>& config, const std::string& isa, const torch::Tensor& like) {
-  const Config cfg = read_config(config, isa);
-  const int64_t layers = (static_cast<int64_t>(ints.size()) - 2) / kInts, M = rows.M;
+// A float32 tensor's rows (nullptr where the layer has none), checked to hold `n` values.
+const float* rows_of(const torch::Tensor& t, int64_t n, const char* what) {
+  if (!present(t)) return nullptr;
+  TORCH_CHECK(t.scalar_type() == torch::kFloat && t.is_contiguous() && t.numel() == n, "decode_layers: ", what,
+              ": ", n, " float32 values");
+  return t.data_ptr<float>();
+}
+
+// One layer as a step reads it: its products and the raw rows of its norms, checked once when the plan is made (a
+// step that checked ~20 tensors a layer read each one's metadata from memory after the previous step's weights had
+// swept the caches).
+struct LayerPlan {
+  Product qkv, o, up, down;
+  const float *norm1_w = nullptr, *norm1_b = nullptr, *norm2_w = nullptr, *norm2_b = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr, *norm1_out = nullptr, *norm2_out = nullptr;
+  int64_t up_n = 0, window = 0;
+  bool rotates = false;
+};
+
+// Every layer's plan, the final norm and the output layer, from the tensors and integers `FusedDecode.build` lists
+// (per layer, as `Slot` / `IntSlot` order them; then the final norm's weight and bias, empty where the model has
+// none, and the output layer as a layer's product, its kind and width last).
+struct LayersPlan {
+  Config cfg;
+  std::vector<LayerPlan> layers;
+  Product output;
+  const float *final_w = nullptr, *final_b = nullptr;
+  int64_t C = 0, vocabulary = 0, windowed = 0, widest = 0;
+  bool packed = false;  // a product is oneDNN's pre-packed one
+
+  LayersPlan(const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints, const Config& config, int64_t C_)
+      : cfg(config), C(C_) {
+    const int64_t count = (static_cast<int64_t>(ints.size()) - 2) / kInts;
+    TORCH_CHECK(count >= 0 && static_cast<int64_t>(tensors.size()) == count * kTensors + 5 &&
+                    static_cast<int64_t>(ints.size()) == count * kInts + 2, "decode_layers: tensors / ints per layer");
+    const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim, q_width = H * D, kv_width = KV * D;
+    const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
+    widest = std::max(C, q_width);  // the widest input or output a product has
+    layers.resize(count);
+    for (int64_t layer = 0; layer < count; ++layer) {
+      const torch::Tensor* t = tensors.data() + layer * kTensors;
+      const int64_t* n = ints.data() + layer * kInts;
+      TORCH_CHECK(n[kQkvN] == q_width + 2 * kv_width && n[kON] == C && n[kDownN] == C && (!gated || n[kUpN] % 2 == 0),
+                  "decode_layers: layer ", layer, "'s product widths");
+      LayerPlan& l = layers[layer];
+      l.qkv = Product(n[kQkvKind], C, n[kQkvN], t[kQkvA], t[kQkvS], t[kQkvBias], cfg.isa);
+      l.o = Product(n[kOKind], q_width, C, t[kOA], t[kOS], t[kOBias], cfg.isa);
+      l.up = Product(n[kUpKind], C, n[kUpN], t[kUpA], t[kUpS], t[kUpBias], cfg.isa);
+      l.down = Product(n[kDownKind], gated ? n[kUpN] / 2 : n[kUpN], C, t[kDownA], t[kDownS], t[kDownBias], cfg.isa);
+      l.norm1_w = rows_of(t[kNorm1W], C, "norm weight");
+      l.norm1_b = rows_of(t[kNorm1B], C, "norm bias");
+      l.norm2_w = rows_of(t[kNorm2W], C, "norm weight");
+      l.norm2_b = rows_of(t[kNorm2B], C, "norm bias");
+      TORCH_CHECK(l.norm1_w != nullptr && l.norm2_w != nullptr, "decode_layers: layer ", layer, "'s norm weights");
+      l.q_norm = rows_of(t[kQNormW], D, "q norm");
+      l.k_norm = rows_of(t[kKNormW], D, "k norm");
+      TORCH_CHECK(!cfg.qk_norm || (l.q_norm != nullptr && l.k_norm != nullptr), "decode_layers: q / k norms");
+      l.norm1_out = rows_of(t[kNorm1OutW], C, "sandwich norm");
+      l.norm2_out = rows_of(t[kNorm2OutW], C, "sandwich norm");
+      l.up_n = n[kUpN];
+      l.rotates = n[kRotates] != 0;
+      l.window = n[kWindow];
+      windowed += l.window > 0;
+      widest = std::max({widest, n[kQkvN], n[kUpN]});
+      for (const Product* p : {&l.qkv, &l.o, &l.up, &l.down}) packed = packed || p->kind == kPacked;
+    }
+    const torch::Tensor* last = tensors.data() + count * kTensors;
+    const int64_t* out = ints.data() + count * kInts;
+    final_w = rows_of(last[0], C, "final norm");
+    final_b = rows_of(last[1], C, "final norm bias");
+    output = Product(out[0], C, out[1], last[2], last[3], last[4], cfg.isa);
+    vocabulary = out[1];
+    packed = packed || output.kind == kPacked;
+    const bool blocks = output.kind >= kQ8 || std::any_of(layers.begin(), layers.end(), [](const LayerPlan& l) {
+      return l.qkv.kind >= kQ8 || l.o.kind >= kQ8 || l.up.kind >= kQ8 || l.down.kind >= kQ8;
+    });
+    if (blocks || cfg.isa == "avx512") check_block_isa(cfg.isa);
+  }
+};
+
+torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_size, const torch::Tensor& like) {
+  Config cfg = plan.cfg;
+  cfg.block_size = block_size;
+  const int64_t M = rows.M, C = plan.C, widest = plan.widest;
   const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
-  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kTensors + 5 &&
-                  static_cast<int64_t>(ints.size()) == layers * kInts + 2, "decode_layers: tensors / ints per layer");
-  const int64_t C = static_cast<int64_t>(rows.x.size()) / std::max<int64_t>(M, 1);
   const bool has_local = rows.has_local;
-  int64_t windowed = 0;
-  for (int64_t layer = 0; layer < layers; ++layer) windowed += ints[layer * kInts + kWindow] > 0;
+  const int64_t layers = static_cast<int64_t>(plan.layers.size());
   const StepCache& full = rows.full;
-  TORCH_CHECK(full.k.size(0) == (has_local ? layers - windowed : layers), "k_cache: one entry per layer it holds");
+  TORCH_CHECK(full.k.size(0) == (has_local ? layers - plan.windowed : layers), "k_cache: one entry per layer it holds");
   const StepCache& local = has_local ? rows.local : full;
-  TORCH_CHECK(!has_local || local.k.size(0) == windowed, "local_k: one entry per sliding-window layer");
+  TORCH_CHECK(!has_local || local.k.size(0) == plan.windowed, "local_k: one entry per sliding-window layer");
   int64_t full_index = 0, local_index = 0;
   const int64_t half = cfg.rotary_dim / 2;
   if (half > 0) TORCH_CHECK(static_cast<int64_t>(rows.cos.size()) == M * half, "cos / sin: (M, rotary / 2)");
@@ -290,29 +364,9 @@ torch::Tensor layers_step(StepRows& rows, const std::vector<torch::Tensor>& tens
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const float query_scale = static_cast<float>(cfg.query_scale);
   const int64_t q_width = H * D, kv_width = KV * D;
-  // The products, their weights checked once; the tables the attention reads, once for every layer.
-  std::vector<Product> products(layers * 4 + 1);
-  int64_t widest = std::max(C, q_width);  // the widest input or output a product has
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    const torch::Tensor* t = tensors.data() + layer * kTensors;
-    const int64_t* n = ints.data() + layer * kInts;
-    const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
-    TORCH_CHECK(n[kQkvN] == q_width + 2 * kv_width && n[kON] == C && n[kDownN] == C && (!gated || n[kUpN] % 2 == 0),
-                "decode_layers: layer ", layer, "'s product widths");
-    Product* p = products.data() + layer * 4;
-    p[0] = Product(n[kQkvKind], C, n[kQkvN], t[kQkvA], t[kQkvS], t[kQkvBias], cfg.isa);
-    p[1] = Product(n[kOKind], q_width, C, t[kOA], t[kOS], t[kOBias], cfg.isa);
-    p[2] = Product(n[kUpKind], C, n[kUpN], t[kUpA], t[kUpS], t[kUpBias], cfg.isa);
-    p[3] = Product(n[kDownKind], gated ? n[kUpN] / 2 : n[kUpN], C, t[kDownA], t[kDownS], t[kDownBias], cfg.isa);
-    widest = std::max({widest, n[kQkvN], n[kUpN]});
-  }
-  const torch::Tensor* last = tensors.data() + layers * kTensors;  // the final norm's weight and bias, the output
-  const int64_t* output = ints.data() + layers * kInts;              // layer's weight, scales, bias; its kind, width
-  products.back() = Product(output[0], C, output[1], last[2], last[3], last[4], cfg.isa);
   const bool wide_attention = cfg.isa == "avx512";  // the attention's path, the block kernels'
-  const bool blocks = std::any_of(products.begin(), products.end(), [](const Product& p) { return p.kind >= kQ8; });
-  if (blocks || wide_attention) check_block_isa(cfg.isa);  // once a step, not once a product
-  TORCH_CHECK(static_cast<int64_t>(rows.lengths.size()) == M, "lengths: (M,)");
+  TORCH_CHECK(static_cast<int64_t>(rows.lengths.size()) == M && static_cast<int64_t>(rows.x.size()) == M * C,
+              "lengths: (M,), x: (M, C)");
   for (const StepCache* cache : std::initializer_list<const StepCache*>{&full, &local}) {
     TORCH_CHECK(cache->positions % cfg.block_size == 0 && static_cast<int64_t>(cache->tables.size()) == M * cache->width,
                 "decode_layers: a cache of whole blocks, tables (M, W)");
@@ -333,22 +387,25 @@ torch::Tensor layers_step(StepRows& rows, const std::vector<torch::Tensor>& tens
   float* attended = q + M * q_width;
   std::copy(rows.x.begin(), rows.x.end(), h);
   const int64_t* length = rows.lengths.data();
+  float* const k_base = full.k.data_ptr<float>();
+  float* const v_base = full.v.data_ptr<float>();
+  float* const local_k_base = has_local ? local.k.data_ptr<float>() : k_base;
+  float* const local_v_base = has_local ? local.v.data_ptr<float>() : v_base;
+  const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
   for (int64_t layer = 0; layer < layers; ++layer) {
-    const torch::Tensor* t = tensors.data() + layer * kTensors;
-    const int64_t* n = ints.data() + layer * kInts;
-    const Product* p = products.data() + layer * 4;
+    const LayerPlan& l = plan.layers[layer];
     // Attention.
-    norm_rows(h, normed, M, C, cfg, t[kNorm1W], t[kNorm1B]);
-    p[0].run(normed, M, wide);
-    const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;
-    const int64_t index = has_local && n[kWindow] > 0 ? local_index++ : full_index++;
-    TORCH_CHECK(index < cache.k.size(0), "decode_layers: layer ", layer, " has no entry in the cache it reads");
+    norm_rows(h, normed, M, C, cfg, l.norm1_w, l.norm1_b);
+    l.qkv.run(normed, M, wide);
+    const bool own = has_local && l.window > 0;
+    const StepCache& cache = own ? local : full;
+    const int64_t index = own ? local_index++ : full_index++;
     const int64_t* at_pos = cache.write.data();
-    float* kc = cache.k.data_ptr<float>() + index * cache.positions * kv_width;
-    float* vc = cache.v.data_ptr<float>() + index * cache.positions * kv_width;
-    const bool local = cfg.has_local_rope && n[kWindow] > 0;
-    const float* cos_rows = half > 0 ? (local ? rows.local_cos : rows.cos).data() : nullptr;
-    const float* sin_rows = half > 0 ? (local ? rows.local_sin : rows.sin).data() : nullptr;
+    float* kc = (own ? local_k_base : k_base) + index * cache.positions * kv_width;
+    float* vc = (own ? local_v_base : v_base) + index * cache.positions * kv_width;
+    const bool local_rope = cfg.has_local_rope && l.window > 0;
+    const float* cos_rows = half > 0 ? (local_rope ? rows.local_cos : rows.cos).data() : nullptr;
+    const float* sin_rows = half > 0 ? (local_rope ? rows.local_sin : rows.sin).data() : nullptr;
     for (int64_t m = 0; m < M; ++m) {
       float* row = wide + m * (q_width + 2 * kv_width);
       float* qm = q + m * q_width;
@@ -359,56 +416,47 @@ torch::Tensor layers_step(StepRows& rows, const std::vector<torch::Tensor>& tens
       for (int64_t j = 0; j < H + KV; ++j) {
         float* head = j < H ? qm + j * D : km + (j - H) * D;
         if (cfg.qk_norm) {
-          norm_head(head, D, t[j < H ? kQNormW : kKNormW].data_ptr<float>(), static_cast<float>(cfg.qk_norm_eps),
+          norm_head(head, D, j < H ? l.q_norm : l.k_norm, static_cast<float>(cfg.qk_norm_eps),
                     static_cast<float>(cfg.norm_offset));
         }
-        if (half > 0 && n[kRotates] != 0) rotate_head(head, cfg.rotary_dim, cos_rows + m * half, sin_rows + m * half);
+        if (half > 0 && l.rotates) rotate_head(head, cfg.rotary_dim, cos_rows + m * half, sin_rows + m * half);
         if (j < H && query_scale != 0.0f) {
           for (int64_t d = 0; d < D; ++d) head[d] *= query_scale;
         }
       }
     }
     paged_decode_into(q, kc, vc, cache.tables.data(), length, attended, M, H, KV, D, cache.width, cfg.block_size,
-                      scale, n[kWindow], wide_attention);
-    p[1].run(attended, M, wide);
-    add_residual(h, wide, M, C, cfg, t[kNorm1OutW]);
+                      scale, l.window, wide_attention);
+    l.o.run(attended, M, wide);
+    add_residual(h, wide, M, C, cfg, l.norm1_out);
     // MLP.
-    norm_rows(h, normed, M, C, cfg, t[kNorm2W], t[kNorm2B]);
-    p[2].run(normed, M, wide);
-    const int64_t width = p[3].K;
+    norm_rows(h, normed, M, C, cfg, l.norm2_w, l.norm2_b);
+    l.up.run(normed, M, wide);
+    const int64_t width = l.down.K;
     for (int64_t m = 0; m < M; ++m) {
-      const float* u = wide + m * n[kUpN];
+      const float* u = wide + m * l.up_n;
       float* a = act + m * width;
-      const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
       const int64_t i = activate_lanes(u, gated ? u + width : nullptr, a, width, cfg.activation);
       activate_rest(u, gated ? u + width : nullptr, a, i, width, cfg.activation);
     }
-    p[3].run(act, M, wide);
-    add_residual(h, wide, M, C, cfg, t[kNorm2OutW]);
+    l.down.run(act, M, wide);
+    add_residual(h, wide, M, C, cfg, l.norm2_out);
   }
-  if (present(last[0])) {
-    norm_rows(h, normed, M, C, cfg, last[0], last[1]);
+  if (plan.final_w != nullptr) {
+    norm_rows(h, normed, M, C, cfg, plan.final_w, plan.final_b);
     h = normed;
   }
-  auto logits = torch::empty({M, output[1]}, like.options());
-  products.back().run(h, M, logits.data_ptr<float>());
+  auto logits = torch::empty({M, plan.vocabulary}, like.options());
+  plan.output.run(h, M, logits.data_ptr<float>());
   return logits;
 }
 
 // The layers of a step (`layers_step`) on the step team, or as PyTorch runs loops where a product is oneDNN's
 // pre-packed one (it opens OpenMP regions of its own: inside the team's they would run on one thread). Returns the
-// logits (M, vocabulary): after the last layer, the final norm (tensors' third and second last: its weight and
-// bias, empty where the model has none) and the output layer (the last three tensors, as a layer's product; the
-// last two integers its kind and width), before any scaling or soft cap of the logits.
-torch::Tensor decode_layers(StepRows& rows, const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& ints,
-                            const std::vector<double>& config, const std::string& isa, const torch::Tensor& like) {
-  const auto step = [&] { return layers_step(rows, tensors, ints, config, isa, like); };
-  const size_t layer_ints = ints.size() >= 2 ? ints.size() - 2 : 0;
-  bool packed = ints.size() >= 2 && ints[layer_ints] == kPacked;
-  for (size_t layer = 0; layer + kInts <= layer_ints; layer += kInts) {
-    for (const int slot : {kQkvKind, kOKind, kUpKind, kDownKind}) packed = packed || ints[layer + slot] == kPacked;
-  }
-  if (packed) return step();
+// logits (M, vocabulary) after the last layer, the final norm and the output layer, before any scaling or soft cap.
+torch::Tensor decode_layers(StepRows& rows, const LayersPlan& plan, int64_t block_size, const torch::Tensor& like) {
+  const auto step = [&] { return layers_step(rows, plan, block_size, like); };
+  if (plan.packed) return step();
   torch::Tensor logits;
   tserve::on_step_team([&] { logits = step(); });
   return logits;
@@ -442,10 +490,9 @@ void plan_writes(StepCache& cache, const torch::Tensor& tables, const std::vecto
 // model's 3-4 ms step; made here, ~80 µs was left around the call: docs/benchmarks/fused-decode.md. A step's rows,
 // tokens and positions come as host integers and everything but the logits is made without a tensor operator.)
 struct DecodePlan {
-  std::vector<torch::Tensor> tensors;
-  std::vector<int64_t> ints;
-  std::vector<double> config;
-  std::string isa;
+  // Every layer's tensors (held here: the layers' plan points into them) and their plan.
+  std::shared_ptr<const std::vector<torch::Tensor>> tensors;
+  std::shared_ptr<const LayersPlan> layers;
   // embedding (vocabulary, C) float32 and its scale; position_table (positions, C) or empty; rope_cos / rope_sin
   // (positions, rotary / 2) or empty, local_rope_cos / local_rope_sin the sliding layers' own or empty.
   torch::Tensor embedding;
@@ -480,9 +527,7 @@ struct DecodePlan {
       for (int64_t c = 0; c < C; ++c) row[c] = p != nullptr ? e[c] * scale + p[c] : e[c] * scale;
       rows.lengths[m] = positions[m] + 1;
     }
-    std::vector<double> step_config = config;
-    step_config.at(3) = static_cast<double>(block_size);
-    const int64_t KV = static_cast<int64_t>(config.at(1)), D = static_cast<int64_t>(config.at(2));
+    const int64_t KV = layers->cfg.kv_heads, D = layers->cfg.head_dim;
     rows.full = StepCache(std::move(k_cache), std::move(v_cache), KV, D);
     plan_writes(rows.full, tables, slots, positions, block_size);
     rows.has_local = local_k.numel() > 0;
@@ -494,7 +539,7 @@ struct DecodePlan {
     rows_at(rope_sin, positions, rows.sin);
     rows_at(local_rope_cos, positions, rows.local_cos);
     rows_at(local_rope_sin, positions, rows.local_sin);
-    return decode_layers(rows, tensors, ints, step_config, isa, embedding);
+    return decode_layers(rows, *layers, block_size, embedding);
   }
 
   // The rows of a (positions, width) float32 table at each position, one after the other (nothing where the table
@@ -526,8 +571,10 @@ DecodePlan make_decode_plan(std::vector<torch::Tensor> tensors, std::vector<int6
                 "rotary tables: (positions, rotary / 2) float32");
     *table = table->contiguous();
   }
-  return DecodePlan{std::move(tensors), std::move(ints), std::move(config), std::move(isa), embedding, embed_scale,
-                    position_table, rope_cos, rope_sin, local_rope_cos, local_rope_sin};
+  auto held = std::make_shared<const std::vector<torch::Tensor>>(std::move(tensors));
+  auto layers = std::make_shared<const LayersPlan>(*held, ints, read_config(config, isa), embedding.size(1));
+  return DecodePlan{std::move(held), std::move(layers), embedding, embed_scale, position_table, rope_cos, rope_sin,
+                    local_rope_cos, local_rope_sin};
 }
 
 // `DecodePlan` in the kernels' Python module (`model.kernels.cpu`; `model.fused_decode.FusedDecode`).
