@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 SHAPES = [(768, 2304), (768, 3072), (3072, 768), (768, 50257), (576, 3072), (1536, 576), (576, 49152)]
 FORMATS = ("int8", "int4", "q8_0", "q4_0")
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         from bench.load import make_checkpoint
         from bench.roofline import make_gpt2_small
 
-        work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-blocks-"))
+        work = scratch_dir(args.work, "tserve-bench-blocks-")
         sizes = ["tiny"] if args.tiny else ["gpt2-small", "smollm2-135m"]
     if args.fused:
         print(f"\nOne greedy request's decode step, {args.prompt}-token prompt, {args.new - 1} steps, best of "

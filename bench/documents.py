@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 SENTENCES = [
     "Click Save to keep your changes.", "The document is stored in the current folder.",
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
 
     text = document(args.chars)
     sentences = split_sentences(text).segments
-    work = Path(tempfile.mkdtemp(prefix="tserve-bench-documents-"))
+    work = scratch_dir(None, "tserve-bench-documents-")
     # Every mode sends the same sentences: without the translation memory each one runs the model.
     server = ServerProcess(["--model", f"mt={args.model}", "--max-queue", str(len(sentences) + 8),
                             "--translation-memory-max-entries", "0"],

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 
 def tiny_lm(directory: Path) -> Path:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from tserve.service.metrics import Metrics
     from tserve.training.common import cpu_name
 
-    loaded = checkpoint.load(tiny_lm(Path(tempfile.mkdtemp(prefix="tserve-overhead-"))), device="cpu",
+    loaded = checkpoint.load(tiny_lm(scratch_dir(None, "tserve-overhead-")), device="cpu",
                              dtype="float32")
     rows = []
     print(f"CPU: {cpu_name()}; {args.threads} threads; {args.steps} steps per batch\n")

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 from tserve.testing.server import ServerProcess  # noqa: E402
 from tserve.training.common import cpu_name  # noqa: E402
 
@@ -58,7 +57,7 @@ def main() -> int:
     args = ap.parse_args()
     rows = []
     for reserved in args.reserved_rows:
-        log = Path(tempfile.mkdtemp()) / "server.log"
+        log = scratch_dir(None, "tserve-bench-") / "server.log"
         srv = ServerProcess(["--model", f"tserve-lm={ROOT / 'models' / 'tserve-lm'}", "--max-running-requests",
                              str(args.rows), "--max-queue", str(args.flood + 8), "--reserved-rows", str(reserved)],
                             log, env={"TSERVE_API_KEYS": "client-a,client-b", "OMP_NUM_THREADS": str(args.threads)})

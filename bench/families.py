@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 from bench.roofline import hf_step_ms, step_ms  # noqa: E402
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 _GEMMA3_270M = dict(vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
-    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-families-"))
+    work = scratch_dir(args.work, "tserve-bench-families-")
     rows = []
     for shape in args.shapes:
         directory = make_checkpoint(shape, work / shape)

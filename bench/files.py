@@ -17,7 +17,6 @@ import io
 import json
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 SUBJECTS = ["The document", "The current folder", "Your printer", "The toolbar", "The status bar", "The dialog",
             "The new file", "Each page", "The spelling check", "The Navigator", "The default style", "This setting"]
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> list[tuple[str, float]]:
     from tserve.training.common import cpu_name
 
     data, sentences = build_docx(args.pages)
-    work = Path(tempfile.mkdtemp(prefix="tserve-bench-files-"))
+    work = scratch_dir(None, "tserve-bench-files-")
     server = ServerProcess(["--model", f"mt={args.model}", "--translation-memory", str(work / "memory.sqlite"),
                             "--file-dir", str(work / "files")], work / "server.log",
                            env={"OMP_NUM_THREADS": str(args.threads)}).wait_ready(timeout=600)

@@ -395,9 +395,10 @@ def main(argv: list[str] | None = None) -> dict:
         (decode_worker if args.worker == "lm" else translation_worker)(args)
         return {}
     _setup(ROOT, args.threads)
+    from bench.scratch import scratch_dir
     from tserve.training.common import cpu_description
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-kv-"))
+    work = scratch_dir(args.work, "tserve-kv-")
     print(f"CPU: {cpu_description()}; {args.threads} threads\n", flush=True)
     out: dict = {}
     if "memory" in args.parts:

@@ -35,15 +35,14 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkpoints come from bench/load.py's makers
-
 from bench.load import Run  # noqa: E402 - after the path above
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 CONVERT = """
 import runpy, sys
@@ -303,7 +302,7 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
     from tserve.testing.server import ServerProcess, port_nobody_else_takes
     from tserve.training.common import cpu_name
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-llama-server-"))
+    work = scratch_dir(args.work, "tserve-bench-llama-server-")
     quantize = args.llama_quantize or args.llama_server.with_name("llama-quantize")
     context = args.prompt + args.max_tokens + 64  # positions per slot / request, both sides
     cache = args.llama_server.resolve().parent.parent / "CMakeCache.txt"  # BUILD/bin/llama-server
@@ -384,7 +383,7 @@ def in_process_main(args: argparse.Namespace) -> list[tuple[str, str, float, str
     from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
-    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-llama-cpp-"))
+    work = scratch_dir(args.work, "tserve-bench-llama-cpp-")
     rows = []
     for size in args.shapes:
         directory = make_shape(size, work)

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
+
 FIXTURES = ROOT / "tests" / "fixtures"  # the committed tiny checkpoints, whose tokenizers the random ones take
 
 SIZES = {  # GPT-2 family shapes
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> list[Run]:
     ap.add_argument("--out", type=Path, help="write the runs as JSON here")
     args = ap.parse_args(argv)
 
-    work = Path(tempfile.mkdtemp(prefix="tserve-bench-"))
+    work = scratch_dir(None, "tserve-bench-")
     prefix = "bench-" if args.size in FAMILY_SIZES else "bench-gpt2-"
     path = args.checkpoint or make_checkpoint(args.size, ROOT / "runs" / f"{prefix}{args.size}")
     server = None if args.url else start_server(path, args, work / "server.log")

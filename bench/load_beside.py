@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 from tserve.testing.server import ServerProcess  # noqa: E402
 from tserve.training.common import cpu_name  # noqa: E402
 
@@ -88,7 +87,7 @@ def main() -> int:
     ap.add_argument("--baseline", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp())
+    root = scratch_dir(None, "tserve-bench-")
     size = big_checkpoint(root / "repo" / "big", args.layers)
     srv = ServerProcess(["--model", f"lm={ROOT / 'models' / 'tserve-lm'}", "--model-repository", str(root / "repo")],
                         root / "server.log", env={"OMP_NUM_THREADS": str(args.threads)})

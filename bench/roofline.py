@@ -28,15 +28,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkpoints come from bench/load.py's makers
-
 from bench.memory_traffic import bandwidth, step_bytes  # noqa: E402 - after the path above
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 
 @dataclass
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
-    work = Path(args.work or tempfile.mkdtemp(prefix="tserve-bench-roofline-"))
+    work = scratch_dir(args.work, "tserve-bench-roofline-")
     models = []  # (model name, format, loaded, weight bytes, KV bytes, HF float32's ms)
     for size in sizes:
         directory = make_gpt2_small(work / size) if size == "gpt2-small" else make_checkpoint(size, work / size)

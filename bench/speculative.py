@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 
 @dataclass
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> tuple[list[Row], list[tuple[int, floa
     from tserve.training.common import cpu_name
 
     torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="tserve-bench-spec-"))
+    work = scratch_dir(None, "tserve-bench-spec-")
     if args.tiny:
         from bench.load import make_checkpoint
 

@@ -21,7 +21,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 SCHEMA = {
     "type": "object",
@@ -163,7 +163,7 @@ def engine_throughput(requests: int, max_tokens: int, threads: int, size: str = 
     from tserve.service.metrics import Metrics
 
     torch.set_num_threads(threads)
-    d = Path(tempfile.mkdtemp(prefix="tserve-structured-")) / size
+    d = scratch_dir(None, "tserve-structured-") / size
     make_family(size, d)
     config = json.loads((d / "config.json").read_text())
     eos = config["vocab_size"] - 1

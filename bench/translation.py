@@ -24,7 +24,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 SHAPES = {
     "opus-mt": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=15_900, max_pos=512),
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if args.tiny:
         args.sentences, args.batch, args.clients, args.max_tokens, args.rounds = 8, 4, 4, 8, 2
     shape = SHAPES["tiny" if args.tiny else args.model]
-    work = Path(tempfile.mkdtemp(prefix="tserve-bench-mt-"))
+    work = scratch_dir(None, "tserve-bench-mt-")
     if args.model == "nllb":  # 2.4 GB of random weights: kept under runs/ for the next run
         d = make_nllb(shape, work / "nllb" if args.tiny else ROOT / "runs" / "bench-nllb-600m")
     else:

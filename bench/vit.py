@@ -22,7 +22,6 @@ import contextlib
 import io
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
+from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 SHAPES = {
     "vit-s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if args.tiny:
         args.images, args.clients, args.hf_batch, args.rounds = 8, 4, 4, 2
     shape = SHAPES["tiny" if args.tiny else "vit-s16"]
-    work = Path(tempfile.mkdtemp(prefix="tserve-bench-vit-"))
+    work = scratch_dir(None, "tserve-bench-vit-")
     d = make_vit(shape, work / "vit")
     images = pngs(args.images, shape["image_size"])
     served, round_lines = service_rows(d, images, args, work)

@@ -318,3 +318,20 @@ def test_decode_attention_benchmark_times_each_path_in_its_own_process(capsys):
     paths = [isa for isa in ("avx2", "avx512") if isa in rows[0]]
     assert paths and all(rows[0][isa][0] > 0 for isa in paths)
     assert "| tiny | 40 |" in capsys.readouterr().out
+
+
+def test_a_benchmarks_own_working_directory_goes_at_exit_and_a_given_one_stays(tmp_path):
+    """A script's scratch space (`bench/scratch.py`): without `--work`, a temporary directory removed when the script
+    exits (a roofline run writes ~1 GB); the directory `--work` names is made and kept for the next run."""
+    import os
+    import subprocess
+
+    given = tmp_path / "given"
+    code = ("import sys; from bench.scratch import scratch_dir; own = scratch_dir(None, 'tserve-bench-x-'); "
+            "(own / 'model').write_text('x'); kept = scratch_dir(sys.argv[1], 'unused-'); "
+            "(kept / 'model').write_text('x'); print(own)")
+    out = subprocess.run([sys.executable, "-c", code, str(given)], cwd=BENCH.parent, capture_output=True, text=True,
+                         env={**os.environ, "TMPDIR": str(tmp_path)}, check=True)
+    own = Path(out.stdout.strip())
+    assert own.parent == tmp_path and own.name.startswith("tserve-bench-x-") and not own.exists()
+    assert (given / "model").read_text() == "x"

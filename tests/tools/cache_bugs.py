@@ -170,7 +170,7 @@ CACHE_BUGS = [
         ("tests/model/test_window_blocks.py::test_usable_prefix_needs_every_block_of_the_window_before_the_hit",
          "tests/model/test_window_blocks.py::test_a_cached_prefix_counts_as_far_as_its_last_window_is_held")),
     Bug("fused-sliding-layers-read-the-global-layers-cache", "tserve/model/kernels/decode_layers.cpp",
-        "const StepCache& cache = has_local && n[kWindow] > 0 ? local : full;", "const StepCache& cache = full;",
+        "const StepCache& cache = has_local && l.window > 0 ? local : full;", "const StepCache& cache = full;",
         (f"{WINDOW_STEPS}[gemma3-fused-step]", f"{WINDOW_STEPS}[phi3-fused-step]")),
     Bug("step-team-helpers-skip-their-chunks", "tserve/model/kernels/step_team.h",
         "const int64_t from = posted_.begin + thread * posted_.chunk;", "const int64_t from = posted_.end;", TEAM_TESTS),

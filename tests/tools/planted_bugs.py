@@ -461,6 +461,9 @@ BUGS = [
         "values = values.masked_fill(torch.isin(ids, banned), float(\"-inf\"))", "values = values",
         ("tests/model/test_top_tokens.py::"
          "test_top_tokens_are_topk_and_argmax_of_the_allowed_columns_with_their_log_probabilities",)),
+    Bug("a-benchmarks-scratch-directory-left-behind", "bench/scratch.py",
+        "    atexit.register(shutil.rmtree, path, ignore_errors=True)\n", "",
+        ("tests/deploy/test_bench.py::test_a_benchmarks_own_working_directory_goes_at_exit_and_a_given_one_stays",)),
     Bug("device-busy-counts-annotations-as-work", "tserve/testing/device_busy.py",
         '{"kernel", "gpu_memcpy", "gpu_memset"}', '{"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}',
         ("tests/deploy/test_device_busy.py::test_a_profiler_trace_gives_the_device_busy_share_of_the_marked_run",)),

@@ -243,6 +243,7 @@ struct StepCache {
   torch::Tensor k, v;
   std::vector<int64_t> write, tables;
   int64_t width = 0, positions = 0;
+  float *k_data = nullptr, *v_data = nullptr;
 
   StepCache() = default;
   StepCache(torch::Tensor k_, torch::Tensor v_, int64_t KV, int64_t D) : k(std::move(k_)), v(std::move(v_)) {
@@ -250,6 +251,8 @@ struct StepCache {
                     k.dim() == 4 && k.size(2) == KV && k.size(3) == D,
                 "k_cache / v_cache: (layers, positions, kv heads, head dim) float32");
     positions = k.size(1);
+    k_data = k.data_ptr<float>();
+    v_data = v.data_ptr<float>();
   }
 };
 
@@ -387,22 +390,18 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
   float* attended = q + M * q_width;
   std::copy(rows.x.begin(), rows.x.end(), h);
   const int64_t* length = rows.lengths.data();
-  float* const k_base = full.k.data_ptr<float>();
-  float* const v_base = full.v.data_ptr<float>();
-  float* const local_k_base = has_local ? local.k.data_ptr<float>() : k_base;
-  float* const local_v_base = has_local ? local.v.data_ptr<float>() : v_base;
   const bool gated = cfg.activation == kSiluGated || cfg.activation == kGeluTanhGated;
   for (int64_t layer = 0; layer < layers; ++layer) {
     const LayerPlan& l = plan.layers[layer];
     // Attention.
     norm_rows(h, normed, M, C, cfg, l.norm1_w, l.norm1_b);
     l.qkv.run(normed, M, wide);
-    const bool own = has_local && l.window > 0;
-    const StepCache& cache = own ? local : full;
-    const int64_t index = own ? local_index++ : full_index++;
+    const StepCache& cache = has_local && l.window > 0 ? local : full;
+    const int64_t index = has_local && l.window > 0 ? local_index++ : full_index++;
+    TORCH_CHECK(index < cache.k.size(0), "decode_layers: layer ", layer, " has no entry in the cache it reads");
     const int64_t* at_pos = cache.write.data();
-    float* kc = (own ? local_k_base : k_base) + index * cache.positions * kv_width;
-    float* vc = (own ? local_v_base : v_base) + index * cache.positions * kv_width;
+    float* kc = cache.k_data + index * cache.positions * kv_width;
+    float* vc = cache.v_data + index * cache.positions * kv_width;
     const bool local_rope = cfg.has_local_rope && l.window > 0;
     const float* cos_rows = half > 0 ? (local_rope ? rows.local_cos : rows.cos).data() : nullptr;
     const float* sin_rows = half > 0 ? (local_rope ? rows.local_sin : rows.sin).data() : nullptr;
