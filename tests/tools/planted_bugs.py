@@ -75,9 +75,8 @@ BUGS = [
         "prefix = [self.cls_token] if self.dist_token is None else [self.dist_token, self.cls_token]",
         ("tests/model/test_hf_parity.py::test_image_classifier_logits_and_top5",)),
     Bug("lm-decode-reads-another-requests-kv-slot", "tserve/model/decoding/lm_runner.py",
-        "self.cache, to_device([s.slot for s in seqs], dev), kv_len=max(positions) + 1,",
-        "self.cache, to_device([s.slot for s in seqs][1:] + [s.slot for s in seqs][:1], dev), "
-        "kv_len=max(positions) + 1,",
+        "        rows = [s.slot for s in seqs]  # each sequence's own cache row",
+        "        rows = [s.slot for s in seqs][1:] + [s.slot for s in seqs][:1]",
         ("tests/engine/test_engine.py::test_greedy_alone_equals_among_fifty_others",
          "tests/engine/test_engine.py::test_a_fault_in_one_request_leaves_the_others_identical",
          "tests/http/test_http.py::test_concurrent_streams_equal_sequential")),

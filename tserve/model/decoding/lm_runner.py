@@ -289,20 +289,19 @@ class DecoderRunner:
         """Feeds each sequence's `next_token` (after `grow` made room for it); logits (B, V)."""
         self._start_masks(seqs)
         positions = [s.num_computed for s in seqs]
+        rows = [s.slot for s in seqs]  # each sequence's own cache row
         fed = self._fed_tokens(seqs)
         if self.graphed is not None:  # static shapes: every row's whole table, batch padded to a captured bucket
-            logits = self.graphed(fed, positions, [s.slot for s in seqs])
+            logits = self.graphed(fed, positions, rows)
         elif self._compiled is None and self.device.type == "cpu":
             # Eager on the CPU: host ints as they are (a fused step reads them with no tensor built); attend only
             # over the positions in use, which is where a CPU spends its time.
-            logits = self.model.decode_step(fed, positions, self.cache, [s.slot for s in seqs],
-                                            kv_len=max(positions) + 1)
+            logits = self.model.decode_step(fed, positions, self.cache, rows, kv_len=max(positions) + 1)
         else:
             dev = self.device
-            logits = self._decode_step(
-                fed if isinstance(fed, Tensor) else to_device(fed, dev), to_device(positions, dev),
-                self.cache, to_device([s.slot for s in seqs], dev), kv_len=max(positions) + 1,
-            )
+            logits = self._decode_step(fed if isinstance(fed, Tensor) else to_device(fed, dev),
+                                       to_device(positions, dev), self.cache, to_device(rows, dev),
+                                       kv_len=max(positions) + 1)
         self._computed(seqs, [p + 1 for p in positions])
         return logits
 
