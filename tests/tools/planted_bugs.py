@@ -26,6 +26,7 @@ from tests.tools.logits_bugs import LOGITS_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
 from tests.tools.service_bugs import SERVICE_BUGS  # noqa: E402
 from tests.tools.tokenizer_bugs import TOKENIZER_BUGS  # noqa: E402
+from tests.tools.tooling_bugs import TOOLING_BUGS  # noqa: E402
 from tserve.testing.avx2_only import AVX2_ONLY  # noqa: E402
 
 KERNELS = {"native": {}, "avx2": AVX2_ONLY}  # each bug's tests run on both
@@ -460,12 +461,6 @@ BUGS = [
         "values = values.masked_fill(torch.isin(ids, banned), float(\"-inf\"))", "values = values",
         ("tests/model/test_top_tokens.py::"
          "test_top_tokens_are_topk_and_argmax_of_the_allowed_columns_with_their_log_probabilities",)),
-    Bug("a-benchmarks-scratch-directory-left-behind", "bench/scratch.py",
-        "    atexit.register(shutil.rmtree, path, ignore_errors=True)\n", "",
-        ("tests/deploy/test_bench.py::test_a_benchmarks_own_working_directory_goes_at_exit_and_a_given_one_stays",)),
-    Bug("device-busy-counts-annotations-as-work", "tserve/testing/device_busy.py",
-        '{"kernel", "gpu_memcpy", "gpu_memset"}', '{"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}',
-        ("tests/deploy/test_device_busy.py::test_a_profiler_trace_gives_the_device_busy_share_of_the_marked_run",)),
     Bug("gguf-q4_0-blocks-nibble-halves-swapped", "tserve/model/gguf/tensors.py",
         "    return torch.cat([packed & 0x0F, packed >> 4], dim=1), blocks",
         "    return torch.cat([packed >> 4, packed & 0x0F], dim=1), blocks",
@@ -503,7 +498,7 @@ BUGS = [
         ("tests/model/test_packed_linear.py::"
          "test_a_fused_float32_model_runs_its_other_products_on_onednn_over_the_weights_the_fused_step_reads",)),
 ]
-BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS + TOKENIZER_BUGS
+BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS + TOKENIZER_BUGS + TOOLING_BUGS
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
 # by a test that `make test-avx2` runs (marked `kernels`). The Triton kernels (tserve/model/kernels/flash.py) are GPU
