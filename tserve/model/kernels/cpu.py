@@ -42,6 +42,8 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from tserve.model.device_inputs import to_device
+
 log = logging.getLogger("tserve.kernels")
 
 _SOURCES = [Path(__file__).with_name(name)
@@ -160,6 +162,5 @@ def argmax(scores: Tensor, excluded: list[list[int]] | None = None) -> Tensor:
         dev = scores.device
         if scores.is_inference() and not torch.is_inference_mode_enabled():
             scores = scores.clone()  # inference-mode logits take no writes outside it
-        scores.index_put_((torch.tensor(rows, device=dev), torch.tensor(ids, device=dev)),
-                          torch.tensor(float("-inf"), device=dev, dtype=scores.dtype))
+        scores.index_put_((to_device(rows, dev), to_device(ids, dev)), to_device(float("-inf"), dev, scores.dtype))
     return scores.argmax(dim=-1)
