@@ -454,9 +454,11 @@ BUGS = [
          "tests/model/test_top_tokens.py::"
          "test_every_rule_but_the_banned_ids_sends_its_row_down_the_full_path_and_the_rest_take_top_tokens")),
     Bug("a-biased-row-chooses-from-the-raw-logits", "tserve/model/decoding/logits.py",
-        "r.params.penalized or bool(r.params.logit_bias) or", "r.params.penalized or",
+        "return row.params.penalized or bool(row.params.logit_bias) or", "return row.params.penalized or",
         ("tests/model/test_top_tokens.py::"
-         "test_every_rule_but_the_banned_ids_sends_its_row_down_the_full_path_and_the_rest_take_top_tokens",)),
+         "test_every_rule_but_the_banned_ids_sends_its_row_down_the_full_path_and_the_rest_take_top_tokens",
+         "tests/model/test_generation.py::test_rows_whose_constraints_only_rule_ids_out_take_the_argmax_of_the_rest",
+         "tests/engine/test_engine.py::test_logit_bias_forces_and_bans_beside_unbiased_requests")),
     Bug("top-tokens-keep-the-banned-ids", "tserve/model/decoding/top_tokens.py",
         "values = values.masked_fill(torch.isin(ids, banned), float(\"-inf\"))", "values = values",
         ("tests/model/test_top_tokens.py::"

@@ -74,17 +74,21 @@ class LogitsPipeline:
         """Per row: does a constraint other than the checkpoint's banned ids apply to it this step? Those rows'
         choices read their whole constrained distribution; the others' are their raw logits with the banned
         ids left out (`top_tokens`), which is what the constraints would give them."""
-        return [r.params.penalized or bool(r.params.logit_bias) or self._eos_banned(r) or self._eos_forced(r)
-                or _forced_first(r) is not None or _token_mask(r) is not None for r in rows]
+        return [self._eos_banned(r) or self._reshapes(r) for r in rows]
 
     def exclusions(self, rows: Sequence[DecodingRow]) -> list[list[int]] | None:
         """Per row, the ids the constraints rule out this step (the checkpoint's banned ids; eos under min_tokens or
         ignore_eos) when ruling ids out is all they do to every row, else None. A greedy row's choice is then the
         argmax of its raw logits over the other ids, with no pass of the constraints over its vocabulary."""
-        if any(r.params.penalized or r.params.logit_bias or self._eos_forced(r) or _forced_first(r) is not None
-               or _token_mask(r) is not None for r in rows):
+        if any(self._reshapes(r) for r in rows):
             return None
         return [self.banned + self.eos_ids if self._eos_banned(r) else self.banned for r in rows]
+
+    def _reshapes(self, row: DecodingRow) -> bool:
+        """Does a constraint do more to the row's scores this step than rule ids out (penalties, bias, forced eos or
+        first token, a grammar's mask)?"""
+        return row.params.penalized or bool(row.params.logit_bias) or self._eos_forced(row) or \
+            _forced_first(row) is not None or _token_mask(row) is not None
 
     def banned_ids(self, device: torch.device) -> Tensor | None:
         """The checkpoint's banned ids on `device` (None: none), for `top_tokens` to leave out."""
