@@ -26,6 +26,10 @@ EXACT_LAYER_TEST = "tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_ker
 TEAM_TESTS = tuple(f"tests/model/test_fused_decode.py::test_a_step_on_two_threads_equals_the_step_on_one[{case}]"
                    for case in ("llama-float32", "llama-q4_0", "gemma3-q8_0"))
 
+UPCOMING_TESTS = tuple(f"tests/model/test_upcoming_lines.py::{name}[60-4608-576-2]"
+                       for name in ("test_each_thread_asks_for_the_first_lines_of_its_own_chunk",
+                                    "test_the_scales_of_the_same_items_come_alongside"))
+
 ONE_ROW_TESTS = tuple(KERNEL_CASE.format(case) for case in ("avx2-1-6-3-80-8-lengths2", "avx2-1-9-3-64-16-lengths3"))
 
 CACHE_BUGS = [
@@ -173,7 +177,12 @@ CACHE_BUGS = [
         "const StepCache& cache = has_local && l.window > 0 ? local : full;", "const StepCache& cache = full;",
         (f"{WINDOW_STEPS}[gemma3-fused-step]", f"{WINDOW_STEPS}[phi3-fused-step]")),
     Bug("step-team-helpers-skip-their-chunks", "tserve/model/kernels/step_team.h",
-        "const int64_t from = posted_.begin + thread * posted_.chunk;", "const int64_t from = posted_.end;", TEAM_TESTS),
+        "      if (first < last) {", "      if (false) {", TEAM_TESTS),
     Bug("step-team-chunks-round-down", "tserve/model/kernels/step_team.h",
-        "posted_.chunk = (n + chunks - 1) / chunks;", "posted_.chunk = n / chunks;", TEAM_TESTS),
+        "const int64_t size = (n + chunks - 1) / chunks,", "const int64_t size = n / chunks,", TEAM_TESTS),
+    Bug("upcoming-lines-of-the-neighbours-chunk", "tserve/model/kernels/step_team.h",
+        "const auto [first, last] = chunk_of(u.items, 1, threads, thread);",
+        "const auto [first, last] = chunk_of(u.items, 1, threads, (thread + 1) % threads);", UPCOMING_TESTS),
+    Bug("upcoming-scales-left-behind", "tserve/model/kernels/step_team.h",
+        "for (scale_debt_ += 64 * scale_bytes_;", "for (scale_debt_ += scale_bytes_;", UPCOMING_TESTS),
 ]

@@ -470,6 +470,14 @@ void block_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* pane
 #endif
 }
 
+// The panels and scales of an (N, K) layer as `block_linear_rows` splits them over threads: a panel an item.
+tserve::Upcoming block_linear_upcoming(const uint8_t* panels, const uint16_t* scales, int64_t K, int64_t N,
+                                       int format) {
+  const int64_t blocks = K / kBlock;
+  return tserve::Upcoming{reinterpret_cast<const char*>(panels), blocks * block_bytes(format), (N + kCols - 1) / kCols,
+                          reinterpret_cast<const char*>(scales), blocks * kCols * static_cast<int64_t>(sizeof(uint16_t))};
+}
+
 // Whether panels (ceil(N / 16), K / 32, block bytes) uint8 and scales (ceil(N / 16), K / 32, 16) float16 hold an
 // (N, K) layer in `format` (0: Q8_0, 1: Q4_0).
 void check_panels(const torch::Tensor& panels, const torch::Tensor& scales, int64_t K, int64_t N, int64_t format) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "step_team.h"
+
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor tables,
                            torch::Tensor lengths, int64_t block_size, double scale, int64_t window,
                            const std::string& isa);
@@ -24,6 +26,27 @@ std::vector<std::string> dense_rows_paths();
 torch::Tensor dense_rows_on(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
                             const std::string& path);
 void bind_decode_plan(pybind11::module& m);
+
+// The lines each of `threads` threads asks for as it waits before a product of `items` items (`item_bytes` of
+// weights, `scale_bytes` of scales each), in the order asked: per thread, each line's offset from the weights' start,
+// or from the scales' start plus 2^40.
+std::vector<std::vector<int64_t>> upcoming_lines(int64_t items, int64_t item_bytes, int64_t scale_bytes,
+                                                 int64_t threads) {
+  constexpr uintptr_t kData = uintptr_t{1} << 44, kScales = uintptr_t{1} << 45;  // never read: only counted
+  const tserve::Upcoming next{reinterpret_cast<const char*>(kData), item_bytes, items,
+                              scale_bytes > 0 ? reinterpret_cast<const char*>(kScales) : nullptr, scale_bytes};
+  std::vector<std::vector<int64_t>> asked(threads);
+  for (int64_t t = 0; t < threads; ++t) {
+    tserve::UpcomingLines lines(next, static_cast<int>(threads), static_cast<int>(t));
+    const auto record = [&](uintptr_t address) {
+      asked[t].push_back(address >= kScales ? static_cast<int64_t>(address - kScales) + (int64_t{1} << 40)
+                                            : static_cast<int64_t>(address - kData));
+    };
+    while (lines.next(record)) {
+    }
+  }
+  return asked;
+}
 
 // How many of PyTorch's threads a parallel loop of `n` items runs on, as the kernels' loops do (1 where the module
 // was compiled without OpenMP: `at::parallel_for` is a header template, serial unless compiled with it).
@@ -46,5 +69,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dense_rows", &dense_rows, "a float32 linear layer for a few rows, on the weight as nn.Linear holds it");
   m.def("dense_rows_paths", &dense_rows_paths, "the instruction sets this CPU runs dense_rows on");
   m.def("dense_rows_on", &dense_rows_on, "dense_rows on a named path (avx512, avx2)");
+  m.def("upcoming_lines", &upcoming_lines, "the weights' and scales' lines each thread asks for before a product");
   bind_decode_plan(m);
 }

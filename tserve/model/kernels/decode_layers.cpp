@@ -35,6 +35,9 @@ void check_block_isa(const std::string& isa);
 void block_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* panels, const uint16_t* scales,
                        const float* bias, int64_t N, int format, bool wide, float* out);
 void dense_rows_into(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* out);
+tserve::Upcoming block_linear_upcoming(const uint8_t* panels, const uint16_t* scales, int64_t K, int64_t N,
+                                       int format);
+tserve::Upcoming dense_rows_upcoming(const float* w, int64_t K, int64_t N);
 
 namespace {
 
@@ -107,6 +110,13 @@ struct Product {
       scales = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
       wide = isa == "avx512";
     }
+  }
+
+  // Its weights as its kernel's loop splits them (nothing for oneDNN's product, which splits its own).
+  tserve::Upcoming upcoming() const {
+    if (kind == kDense) return dense_rows_upcoming(static_cast<const float*>(weights), K, N);
+    if (kind == kPacked) return tserve::Upcoming{};
+    return block_linear_upcoming(static_cast<const uint8_t*>(weights), scales, padded_K, N, kind == kQ8 ? 0 : 1);
   }
 
   // x (M, K) -> out (M, N).
@@ -395,6 +405,9 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
     const LayerPlan& l = plan.layers[layer];
     // Attention.
     norm_rows(h, normed, M, C, cfg, l.norm1_w, l.norm1_b);
+    // Each product's loops (and the attention's) are followed by the next product's weights: its threads ask for
+    // their first lines as they wait (`tserve::UpcomingLines`).
+    tserve::expect_next(l.o.upcoming());
     l.qkv.run(normed, M, wide);
     const StepCache& cache = has_local && l.window > 0 ? local : full;
     const int64_t index = has_local && l.window > 0 ? local_index++ : full_index++;
@@ -426,10 +439,12 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
     }
     paged_decode_into(q, kc, vc, cache.tables.data(), length, attended, M, H, KV, D, cache.width, cfg.block_size,
                       scale, l.window, wide_attention);
+    tserve::expect_next(l.up.upcoming());
     l.o.run(attended, M, wide);
     add_residual(h, wide, M, C, cfg, l.norm1_out);
     // MLP.
     norm_rows(h, normed, M, C, cfg, l.norm2_w, l.norm2_b);
+    tserve::expect_next(l.down.upcoming());
     l.up.run(normed, M, wide);
     const int64_t width = l.down.K;
     for (int64_t m = 0; m < M; ++m) {
@@ -438,6 +453,7 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
       const int64_t i = activate_lanes(u, gated ? u + width : nullptr, a, width, cfg.activation);
       activate_rest(u, gated ? u + width : nullptr, a, i, width, cfg.activation);
     }
+    tserve::expect_next(layer + 1 < layers ? plan.layers[layer + 1].qkv.upcoming() : plan.output.upcoming());
     l.down.run(act, M, wide);
     add_residual(h, wide, M, C, cfg, l.norm2_out);
   }
@@ -445,6 +461,7 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
     norm_rows(h, normed, M, C, cfg, plan.final_w, plan.final_b);
     h = normed;
   }
+  tserve::expect_next(tserve::Upcoming{});
   auto logits = torch::empty({M, plan.vocabulary}, like.options());
   plan.output.run(h, M, logits.data_ptr<float>());
   return logits;

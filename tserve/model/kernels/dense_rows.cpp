@@ -224,6 +224,16 @@ const Path& process_path() {
 }  // namespace
 
 // `dense_rows` on float32 rows and weights the caller has checked, into out (M, N) (a fused decode step).
+// The weight (N, K) as `dense_rows_into` splits it over threads: a block of rows an item.
+tserve::Upcoming dense_rows_upcoming(const float* w, int64_t K, int64_t N) {
+#if defined(TSERVE_VECTOR_MATH)
+  return tserve::Upcoming{reinterpret_cast<const char*>(w), kBlock * K * static_cast<int64_t>(sizeof(float)),
+                          (N + kBlock - 1) / kBlock, nullptr, 0};
+#else
+  return tserve::Upcoming{};  // `at::linear`'s own split
+#endif
+}
+
 void dense_rows_into(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* out) {
 #if defined(TSERVE_VECTOR_MATH)
   rows_on(process_path(), x, w, bias, out, M, K, N);
