@@ -184,5 +184,5 @@ CACHE_BUGS = [
         "const auto [first, last] = chunk_of(u.items, 1, threads, thread);",
         "const auto [first, last] = chunk_of(u.items, 1, threads, (thread + 1) % threads);", UPCOMING_TESTS),
     Bug("upcoming-scales-left-behind", "tserve/model/kernels/step_team.h",
-        "for (scale_debt_ += 64 * scale_bytes_;", "for (scale_debt_ += scale_bytes_;", UPCOMING_TESTS),
+        "for (scale_debt_ += 64 * scale_bytes_;", "for (scale_debt_ += scale_bytes_;", UPCOMING_TESTS[1:]),
 ]
