@@ -151,6 +151,7 @@ struct Pass {
   const uint8_t* panel;     // the panel's first block
   const uint16_t* scales;   // the panel's first block's 16 float16 scales
   float* out;
+  bool ahead;               // ask for the lines ahead (one tile of rows: each weight is read once, from memory)
 };
 
 #if defined(TSERVE_BLOCK_KERNELS)
@@ -158,24 +159,24 @@ struct Pass {
 #define TSERVE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define TSERVE_AVX2 __attribute__((target("avx2,f16c,fma")))
 
-// A decode step's one or two rows (`R` <= 2) ask for their panels' lines 8 KB ahead of the block they multiply: the
+// A decode step's pass (one tile of rows) asks for its panels' lines 8 KB ahead of the block it multiplies: the
 // hardware prefetchers alone leave a thread waiting on each next line when the memory is fast (SmolLM2-135M's Q4_0
 // step at ~78 GB/s read 1.97 -> 1.62 ms natively, 2.18 -> 1.83 ms on AVX2 kernels; Q8_0 2.86 -> 2.70; no change at
-// ~45 GB/s: docs/benchmarks/step-overhead.md). Taller tiles do more arithmetic a line and are left to the hardware. A
-// prefetch past the panels' end is harmless (it never faults), so the address is formed as an integer.
+// ~45 GB/s), and in the taller tiles of several rows at any speed (AVX-512, 8 rows: Q4_0 5.18 -> 4.67 ms a step, Q8_0
+// 6.30 -> 5.24; 4 rows: Q4_0 3.07 -> 2.71; docs/benchmarks/step-overhead.md). A prompt's tiles read each chunk from L1
+// after the first, and ask for nothing. A prefetch past the panels' end is harmless (it never faults), so the address
+// is formed as an integer.
 constexpr int64_t kPrefetchBytes = 8192;
 
-template <int kFormat, int R>
+template <int kFormat>
 inline void prefetch_ahead(const uint8_t* w, const uint16_t* scales) {
-  if constexpr (R <= 2) {
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kPrefetchBytes;
-    for (int64_t line = 0; line < block_bytes(kFormat); line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-    }
-    const uintptr_t ahead_scales =
-        reinterpret_cast<uintptr_t>(scales) + kPrefetchBytes / block_bytes(kFormat) * kCols * sizeof(uint16_t);
-    _mm_prefetch(reinterpret_cast<const char*>(ahead_scales), _MM_HINT_T0);
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kPrefetchBytes;
+  for (int64_t line = 0; line < block_bytes(kFormat); line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
   }
+  const uintptr_t ahead_scales =
+      reinterpret_cast<uintptr_t>(scales) + kPrefetchBytes / block_bytes(kFormat) * kCols * sizeof(uint16_t);
+  _mm_prefetch(reinterpret_cast<const char*>(ahead_scales), _MM_HINT_T0);
 }
 
 inline int32_t quad(const int8_t* codes) {  // 4 activation codes, to broadcast
@@ -195,7 +196,7 @@ TSERVE_AVX512 void pass_avx512(const Pass& p) {
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   for (int64_t b = p.b0; b < p.b1; ++b) {
     const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat);
-    prefetch_ahead<kFormat, R>(w, p.scales + (b - p.b0) * kCols);
+    if (p.ahead) prefetch_ahead<kFormat>(w, p.scales + (b - p.b0) * kCols);
     // Two sums a row (Q8_0: the even and odd runs of 4 inputs; Q4_0: the low and the high nibbles), added at the
     // end (the same int32 total), so that a row's products are two chains of dependent `vpdpbusd`s, not one.
     __m512i isum[R], odd[R];
@@ -256,6 +257,7 @@ TSERVE_AVX2 void half_pass_avx2(const Pass& p, int half) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = p.b0; b < p.b1; ++b) {
     const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat) + 32 * half;
+    if (p.ahead && half == 0) prefetch_ahead<kFormat>(w, p.scales + (b - p.b0) * kCols);  // the second half: from L1
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
     if constexpr (kFormat == kQ8) {
@@ -320,7 +322,7 @@ TSERVE_AVX2 void narrow_pass_avx2(const Pass& p) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = p.b0; b < p.b1; ++b) {
     const uint8_t* w = p.panel + (b - p.b0) * block_bytes(kFormat);
-    prefetch_ahead<kFormat, R>(w, p.scales + (b - p.b0) * kCols);
+    if (p.ahead) prefetch_ahead<kFormat>(w, p.scales + (b - p.b0) * kCols);
     __m256i isum[R][2];
     if constexpr (kFormat == kQ8) {
       for (int r = 0; r < R; ++r) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
@@ -449,7 +451,8 @@ void block_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* pane
                             acts.blocks};
   tserve::parallel_for(0, n_panels, 1, [=](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      Pass p{view, 0, 0, 0, j * kCols, N, static_cast<int>(std::min(kCols, N - j * kCols)), nullptr, nullptr, out};
+      Pass p{view, 0, 0, 0, j * kCols, N, static_cast<int>(std::min(kCols, N - j * kCols)), nullptr, nullptr, out,
+             M <= max_rows};
       for (p.b0 = 0; p.b0 < blocks; p.b0 += chunk) {
         p.b1 = std::min(blocks, p.b0 + chunk);
         p.panel = panels + j * panel_bytes + p.b0 * block_bytes(format);
