@@ -405,8 +405,7 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
     const LayerPlan& l = plan.layers[layer];
     // Attention.
     norm_rows(h, normed, M, C, cfg, l.norm1_w, l.norm1_b);
-    // Each product's loops (and the attention's) are followed by the next product's weights: its threads ask for
-    // their first lines as they wait (`tserve::UpcomingLines`).
+    // Each loop names the product after it: its waiting threads ask for their chunks (`tserve::UpcomingLines`).
     tserve::expect_next(l.o.upcoming());
     l.qkv.run(normed, M, wide);
     const StepCache& cache = has_local && l.window > 0 ? local : full;
