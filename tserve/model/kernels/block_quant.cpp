@@ -478,7 +478,8 @@ tserve::Upcoming block_linear_upcoming(const uint8_t* panels, const uint16_t* sc
                                        int format) {
   const int64_t blocks = K / kBlock;
   return tserve::Upcoming{reinterpret_cast<const char*>(panels), blocks * block_bytes(format), (N + kCols - 1) / kCols,
-                          reinterpret_cast<const char*>(scales), blocks * kCols * static_cast<int64_t>(sizeof(uint16_t))};
+                          reinterpret_cast<const char*>(scales),
+                          blocks * kCols * static_cast<int64_t>(sizeof(uint16_t))};
 }
 
 // Whether panels (ceil(N / 16), K / 32, block bytes) uint8 and scales (ceil(N / 16), K / 32, 16) float16 hold an

@@ -91,6 +91,7 @@ struct Product {
   const float* bias = nullptr;
   const torch::Tensor* bias_tensor = nullptr;
   bool wide = false;
+  tserve::Upcoming upcoming;  // its weights as its kernel's loop splits them (none for oneDNN's, which splits its own)
 
   Product() = default;
   Product(int64_t kind_, int64_t K_, int64_t N_, const torch::Tensor& a_, const torch::Tensor& s,
@@ -110,13 +111,10 @@ struct Product {
       scales = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
       wide = isa == "avx512";
     }
-  }
-
-  // Its weights as its kernel's loop splits them (nothing for oneDNN's product, which splits its own).
-  tserve::Upcoming upcoming() const {
-    if (kind == kDense) return dense_rows_upcoming(static_cast<const float*>(weights), K, N);
-    if (kind == kPacked) return tserve::Upcoming{};
-    return block_linear_upcoming(static_cast<const uint8_t*>(weights), scales, padded_K, N, kind == kQ8 ? 0 : 1);
+    if (kind == kDense) upcoming = dense_rows_upcoming(a_.data_ptr<float>(), K, N);
+    if (kind >= kQ8) {
+      upcoming = block_linear_upcoming(a_.data_ptr<uint8_t>(), scales, padded_K, N, kind == kQ8 ? 0 : 1);
+    }
   }
 
   // x (M, K) -> out (M, N).
@@ -406,7 +404,7 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
     // Attention.
     norm_rows(h, normed, M, C, cfg, l.norm1_w, l.norm1_b);
     // Each loop names the product after it: its waiting threads ask for their chunks (`tserve::UpcomingLines`).
-    tserve::expect_next(l.o.upcoming());
+    tserve::expect_next(l.o.upcoming);
     l.qkv.run(normed, M, wide);
     const StepCache& cache = has_local && l.window > 0 ? local : full;
     const int64_t index = has_local && l.window > 0 ? local_index++ : full_index++;
@@ -438,12 +436,12 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
     }
     paged_decode_into(q, kc, vc, cache.tables.data(), length, attended, M, H, KV, D, cache.width, cfg.block_size,
                       scale, l.window, wide_attention);
-    tserve::expect_next(l.up.upcoming());
+    tserve::expect_next(l.up.upcoming);
     l.o.run(attended, M, wide);
     add_residual(h, wide, M, C, cfg, l.norm1_out);
     // MLP.
     norm_rows(h, normed, M, C, cfg, l.norm2_w, l.norm2_b);
-    tserve::expect_next(l.down.upcoming());
+    tserve::expect_next(l.down.upcoming);
     l.up.run(normed, M, wide);
     const int64_t width = l.down.K;
     for (int64_t m = 0; m < M; ++m) {
@@ -452,7 +450,7 @@ torch::Tensor layers_step(StepRows& rows, const LayersPlan& plan, int64_t block_
       const int64_t i = activate_lanes(u, gated ? u + width : nullptr, a, width, cfg.activation);
       activate_rest(u, gated ? u + width : nullptr, a, i, width, cfg.activation);
     }
-    tserve::expect_next(layer + 1 < layers ? plan.layers[layer + 1].qkv.upcoming() : plan.output.upcoming());
+    tserve::expect_next(layer + 1 < layers ? plan.layers[layer + 1].qkv.upcoming : plan.output.upcoming);
     l.down.run(act, M, wide);
     add_residual(h, wide, M, C, cfg, l.norm2_out);
   }

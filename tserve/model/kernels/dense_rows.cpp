@@ -223,7 +223,6 @@ const Path& process_path() {
 
 }  // namespace
 
-// `dense_rows` on float32 rows and weights the caller has checked, into out (M, N) (a fused decode step).
 // The weight (N, K) as `dense_rows_into` splits it over threads: a block of rows an item.
 tserve::Upcoming dense_rows_upcoming(const float* w, int64_t K, int64_t N) {
 #if defined(TSERVE_VECTOR_MATH)
@@ -234,6 +233,7 @@ tserve::Upcoming dense_rows_upcoming(const float* w, int64_t K, int64_t N) {
 #endif
 }
 
+// `dense_rows` on float32 rows and weights the caller has checked, into out (M, N) (a fused decode step).
 void dense_rows_into(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* out) {
 #if defined(TSERVE_VECTOR_MATH)
   rows_on(process_path(), x, w, bias, out, M, K, N);

@@ -35,11 +35,16 @@
 
 namespace tserve {
 
-// Chunk `thread` of a loop of n items split as the team splits it: at most one chunk a thread (fewer where `grain`
-// asks for more items a chunk), contiguous, in thread order; [first, last), empty past the last chunk.
-inline std::pair<int64_t, int64_t> chunk_of(int64_t n, int64_t grain, int threads, int thread) {
+// The chunks the team splits a loop of n items into: at most one a thread, fewer where `grain` asks for more items a
+// chunk.
+inline int64_t chunk_count(int64_t n, int64_t grain, int threads) {
   grain = std::max<int64_t>(grain, 1);
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads, (n + grain - 1) / grain));
+  return std::max<int64_t>(1, std::min<int64_t>(threads, (n + grain - 1) / grain));
+}
+
+// Chunk `thread` of that split: contiguous, in thread order; [first, last), empty past the last chunk.
+inline std::pair<int64_t, int64_t> chunk_of(int64_t n, int64_t grain, int threads, int thread) {
+  const int64_t chunks = chunk_count(n, grain, threads);
   const int64_t size = (n + chunks - 1) / chunks, first = std::min(n, thread * size);
   return {first, std::min(n, first + size)};
 }
@@ -82,7 +87,8 @@ class UpcomingLines {
     fetch(at_);
     at_ += 64;
     // The scales' lines keep pace with the weights': the scale bytes of the weight bytes asked for so far.
-    for (scale_debt_ += 64 * scale_bytes_; scales_at_ < scales_end_ && scale_debt_ > 0; scale_debt_ -= 64 * item_bytes_) {
+    for (scale_debt_ += 64 * scale_bytes_; scales_at_ < scales_end_ && scale_debt_ > 0;
+         scale_debt_ -= 64 * item_bytes_) {
       fetch(scales_at_);
       scales_at_ += 64;
     }
@@ -123,7 +129,7 @@ class StepTeam {
   void run(int64_t begin, int64_t end, int64_t grain, Loop f) {
     if (end <= begin) return;
     const int64_t n = end - begin;
-    if (chunk_of(n, grain, size_, 1).first >= n) {  // one chunk
+    if (chunk_count(n, grain, size_) <= 1) {
       f(begin, end);
       return;
     }
