@@ -158,11 +158,67 @@ def llama_server_argv(binary: Path, model: Path, port: int, threads: int, slots:
             "-c", str(slots * context), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
 
 
+# GCC 12's <amxtileintrin.h> states `_tile_loadconfig` as an asm statement that reads 8 bytes of the 64-byte tile
+# configuration, so at -O3 GCC drops the stores of each tile's rows and column bytes before it: palette 1 loads with
+# every tile unconfigured, and the first tile instruction raises an illegal instruction. llama.cpp's AMX int8 kernels
+# (`ggml-cpu/amx/mmq.cpp`, `ggml_tile_config_init`) take the Q8_0 / Q4_0 products of more than one row, every prompt;
+# f32 has none. GCC 13 states it as `__builtin_ia32_ldtilecfg`, which the optimizer sees reading the whole struct.
+TILE_CONFIG_AS_8_BYTES = '"m" (*((const void **)__config))'
+WITHOUT_AMX = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+               "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
+               "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
+
+
+def cmake_values(cmake_cache: str) -> dict[str, str]:
+    """A CMakeCache.txt's `NAME:TYPE=VALUE` lines as {NAME: VALUE}."""
+    return {line.split(":", 1)[0]: line.split("=", 1)[1] for line in cmake_cache.splitlines()
+            if ":" in line and "=" in line and not line.startswith(("#", "//"))}
+
+
+def amx_tile_hazard(cmake_cache: str, cpu_flags: set[str], tile_header: str | None) -> str | None:
+    """Why this llama.cpp build dies with an illegal instruction on this CPU's first Q8_0 / Q4_0 prompt, or None:
+    its AMX int8 kernels are built (GGML_AMX_INT8, or GGML_NATIVE on a CPU with AMX) and run here (the CPU has
+    AMX-INT8), at -O3 (a Release build, llama.cpp's default), by a GCC whose `_tile_loadconfig` lets the optimizer
+    drop the tile configuration (`tile_header`: that compiler's amxtileintrin.h, None where it has none)."""
+    values = cmake_values(cmake_cache)
+    on = {name for name, value in values.items() if name.startswith("GGML_") and value == "ON"}
+    has_amx = "amx_int8" in cpu_flags
+    built = "GGML_AMX_INT8" in on or ("GGML_NATIVE" in on and has_amx)
+    optimized = values.get("CMAKE_BUILD_TYPE", "") in ("", "Release")
+    if not (built and has_amx and optimized and tile_header and TILE_CONFIG_AS_8_BYTES in tile_header):
+        return None
+    return ("this llama.cpp build's AMX int8 kernels were compiled at -O3 by a GCC whose _tile_loadconfig lets the "
+            "optimizer drop the tile configuration (GCC 12's amxtileintrin.h): its first Q8_0 or Q4_0 prompt dies "
+            f"with an illegal instruction. Rebuild without AMX ({WITHOUT_AMX}) or with GCC 13 or clang")
+
+
+def compiler_tile_header(cmake_cache: str) -> str | None:
+    """The amxtileintrin.h of the C++ compiler a CMake cache names (None: no such compiler or header, e.g. clang's)."""
+    compiler = cmake_values(cmake_cache).get("CMAKE_CXX_COMPILER")
+    if not compiler:
+        return None
+    try:
+        include = subprocess.run([compiler, "-print-file-name=include"], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    header = Path(include) / "amxtileintrin.h"
+    return header.read_text(errors="replace") if header.is_file() else None
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as Linux lists them (empty where /proc/cpuinfo has none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+
 def llama_build(cmake_cache: str) -> str:
     """llama.cpp's CPU build as its CMakeCache.txt has it: `native` (-march=native), else the widest instruction
     sets switched on (`AVX2` for a build held to AVX2; AVX-512 and AMX where it has them)."""
-    on = {line.split(":", 1)[0] for line in cmake_cache.splitlines()
-          if line.startswith("GGML_") and line.endswith(":BOOL=ON")}
+    on = {name for name, value in cmake_values(cmake_cache).items() if name.startswith("GGML_") and value == "ON"}
     if "GGML_NATIVE" in on:
         return "native"
     wide = [name[5:] for name in sorted(on) if name.startswith(("GGML_AVX512", "GGML_AMX"))]
@@ -307,6 +363,9 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
     context = args.prompt + args.max_tokens + 64  # positions per slot / request, both sides
     cache = args.llama_server.resolve().parent.parent / "CMakeCache.txt"  # BUILD/bin/llama-server
     build, rows = llama_build(cache.read_text()) if cache.exists() else "unknown", []
+    if cache.exists() and (hazard := amx_tile_hazard(cache.read_text(), cpu_flags(),
+                                                     compiler_tile_header(cache.read_text()))):
+        raise SystemExit(f"{cache}: {hazard}")
     for size in args.shapes:
         directory = make_shape(size, work)
         f32 = to_gguf(directory, args.llama_cpp_src, work)

@@ -10,6 +10,7 @@ import pytest
 
 from bench.llama_cpp import (
     HttpRow,
+    amx_tile_hazard,
     llama_build,
     llama_server_argv,
     parse_args,
@@ -67,6 +68,31 @@ def test_the_build_is_named_from_its_cmake_cache():
     assert llama_build(CACHE.format(amx="ON", avx512="ON", native="OFF")) == "AMX_INT8 AVX512"
     assert llama_build(CACHE.format(amx="OFF", avx512="OFF", native="ON")) == "native"
     assert llama_build("CMAKE_BUILD_TYPE:STRING=Release\n") == "unknown"
+
+
+# The statement of `_tile_loadconfig` in GCC 12's amxtileintrin.h (the optimizer sees 8 bytes read) and GCC 13's.
+GCC12_TILE_HEADER = '__asm__ volatile ("ldtilecfg\\t%X0" :: "m" (*((const void **)__config)));'
+GCC13_TILE_HEADER = "__builtin_ia32_ldtilecfg (__config);"
+AMX_CPU = {"avx512f", "avx512_vnni", "amx_tile", "amx_int8"}
+
+
+@pytest.mark.parametrize(("amx", "native", "flags", "build_type", "header", "dies"), [
+    ("ON", "OFF", AMX_CPU, "Release", GCC12_TILE_HEADER, True),
+    ("OFF", "ON", AMX_CPU, "Release", GCC12_TILE_HEADER, True),  # -march=native turns AMX on where the CPU has it
+    ("OFF", "ON", AMX_CPU, "", GCC12_TILE_HEADER, True),  # llama.cpp's default build type is Release
+    ("OFF", "OFF", AMX_CPU, "Release", GCC12_TILE_HEADER, False),  # the build without AMX runs there
+    ("OFF", "ON", AMX_CPU - {"amx_int8"}, "Release", GCC12_TILE_HEADER, False),  # no AMX on this CPU
+    ("ON", "OFF", AMX_CPU, "Release", GCC13_TILE_HEADER, False),
+    ("ON", "OFF", AMX_CPU, "Release", None, False),  # clang: no such header
+    ("ON", "OFF", AMX_CPU, "RelWithDebInfo", GCC12_TILE_HEADER, False),  # -O2 keeps the configuration's stores
+], ids=["amx-int8", "native", "native-default-type", "without-amx", "cpu-without-amx", "gcc13", "clang", "o2"])
+def test_a_build_whose_amx_tile_configuration_gcc_drops_is_named_before_it_dies(amx, native, flags, build_type,
+                                                                                header, dies):
+    cache = CACHE.format(amx=amx, avx512="ON", native=native) + f"CMAKE_BUILD_TYPE:STRING={build_type}\n"
+    hazard = amx_tile_hazard(cache, flags, header)
+    assert (hazard is not None) == dies
+    if dies:
+        assert "illegal instruction" in hazard and "-DGGML_AMX_INT8=OFF" in hazard and "-DGGML_NATIVE=OFF" in hazard
 
 
 def test_no_prompt_serves_twice_and_the_check_request_has_its_own():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from tests.tools.planted_bug import Bug
 
+AMX_HAZARD = "tests/deploy/test_llama_cpp_bench.py::test_a_build_whose_amx_tile_configuration_gcc_drops_is_named_before_it_dies"
+
 TOOLING_BUGS = [
     Bug("device-busy-counts-annotations-as-work", "tserve/testing/device_busy.py",
         '{"kernel", "gpu_memcpy", "gpu_memset"}', '{"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}',
@@ -12,4 +14,9 @@ TOOLING_BUGS = [
     Bug("a-benchmarks-scratch-directory-left-behind", "bench/scratch.py",
         "    atexit.register(shutil.rmtree, path, ignore_errors=True)\n", "",
         ("tests/deploy/test_bench.py::test_a_benchmarks_own_working_directory_goes_at_exit_and_a_given_one_stays",)),
+    Bug("amx-hazard-misses-native-builds", "bench/llama_cpp.py",
+        'built = "GGML_AMX_INT8" in on or ("GGML_NATIVE" in on and has_amx)', 'built = "GGML_AMX_INT8" in on',
+        (f"{AMX_HAZARD}[native]", f"{AMX_HAZARD}[native-default-type]")),
+    Bug("amx-hazard-blames-every-compiler", "bench/llama_cpp.py",
+        "tile_header and TILE_CONFIG_AS_8_BYTES in tile_header", "True", (f"{AMX_HAZARD}[gcc13]", f"{AMX_HAZARD}[clang]")),
 ]
