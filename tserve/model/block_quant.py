@@ -39,15 +39,49 @@ def quantize_q8_0(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def quantize_q4_0(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """llama.cpp's Q4_0 (quantize_row_q4_0_ref) of a float32 (N, K) weight: codes (N, K) uint8 0..15 and scales
-    (N, K / 32) float16; the weight is (code - 8) x scale. The scale maps the block's value of largest magnitude
-    (sign kept) to -8, so the other side gets 7 levels and the extreme one is exact."""
-    blocks = weight.float().reshape(weight.size(0), -1, BLOCK)
+    """Q4_0 blocks of a float32 (N, K) weight, K a multiple of 32: codes (N, K) uint8 0..15 and scales (N, K / 32)
+    float16; the weight is (code - 8) x scale, llama.cpp's format. llama.cpp's reference (quantize_row_q4_0_ref)
+    maps each block's value of largest magnitude (sign kept) to -8; here the scale is the one of least squared
+    error among a few such mappings (the extreme to -8 - 0.1 k, k in `_Q4_CANDIDATES`, each with the least-squares
+    scale of its codes), as llama.cpp's k-quants choose theirs (`make_qx_quants`): no block's error is larger
+    than the reference's (to float16 rounding of the scale), and 11-15% less squared error over Gaussian weights.
+    The bundled LM's next-token agreement with float32 over its test split: 83.31% -> 83.89% with every layer
+    Q4_0, 86.85% -> 87.54% with the output layer Q8_0 as `--quantize q4_0` has it (docs/benchmarks/roofline.md).
+    Rows are done `_Q4_ROWS` at a time, so that the candidates' passes stay in cache: ~1 s for 135M weights on 2
+    cores."""
+    n, k = weight.shape
+    codes = torch.empty(n, k, dtype=torch.uint8)
+    scales = torch.empty(n, k // BLOCK, dtype=torch.float16)
+    for r in range(0, n, _Q4_ROWS):
+        blocks = weight[r : r + _Q4_ROWS].float().reshape(-1, k // BLOCK, BLOCK)
+        d = _least_squares_q4_scale(blocks).to(torch.float16)
+        inverse = torch.where(d != 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+        codes[r : r + _Q4_ROWS] = blocks.mul(inverse).round_().clamp_(-8, 7).add_(8).to(torch.uint8).reshape(-1, k)
+        scales[r : r + _Q4_ROWS] = d.squeeze(-1)
+    return codes, scales
+
+
+# llama.cpp's mapping first, so that it keeps the blocks it fits exactly (a tie is never taken from it); 19 candidates
+# (llama.cpp's -9..9) chose no better on the bundled LM.
+_Q4_CANDIDATES = (0, -6, -3, 3, 6)
+_Q4_ROWS = 1024
+
+
+def _least_squares_q4_scale(blocks: Tensor) -> Tensor:
+    """(..., 32) float32 blocks -> each block's scale (..., 1): of the codes round(w x -(8 + 0.1 k) / extreme),
+    clamped to -8..7, for each candidate k, the least-squares scale sum(w c) / sum(c c) of the codes that fit best
+    (the largest sum(w c)^2 / sum(c c): the least squared error)."""
     extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True))  # the first of equal magnitudes
-    d = extreme.div(-8.0)
-    inverse = torch.where(d != 0, torch.ones_like(d).div(d), torch.zeros_like(d))
-    codes = blocks.mul(inverse).add_(8.5).trunc_().clamp_(0, 15).to(torch.uint8)
-    return codes.reshape(weight.shape), d.squeeze(-1).to(torch.float16)
+    safe = torch.where(extreme != 0, extreme, torch.ones_like(extreme))
+    best_fit, best = torch.full_like(extreme, -1.0), extreme / -8.0
+    for k in _Q4_CANDIDATES:
+        c = blocks.mul(-(8.0 + 0.1 * k) / safe).round_().clamp_(-8, 7)
+        wc = blocks.mul(c).sum(-1, keepdim=True)
+        cc = c.mul_(c).sum(-1, keepdim=True).clamp_min_(1.0)  # an all-zero block: codes 0, scale 0
+        fit = wc * wc / cc
+        better = fit > best_fit
+        best_fit, best = torch.where(better, fit, best_fit), torch.where(better, wc / cc, best)
+    return best
 
 
 def dequantize(codes: Tensor, scales: Tensor, fmt: str) -> Tensor:
