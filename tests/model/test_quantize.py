@@ -306,36 +306,33 @@ def test_int4_language_model_perplexity_within_3_percent():
     assert int4 == pytest.approx(fp32, rel=0.03)
 
 
-@pytest.mark.slow
-def test_int4_next_tokens_agree_with_float32s_with_the_output_layer_int8():
-    """Teacher-forced next tokens of `--quantize int4` against float32's on the bundled LM's first 20 test texts
-    (12,437 positions): 89.1% with the output layer int8, 85.9% were it int4 too (the whole split: 88.94% and
-    85.68%, docs/benchmarks/roofline.md)."""
+def lm_agreement(quantize: str) -> float:
+    """Teacher-forced next tokens of the bundled LM quantized as `quantize` against float32's, on its first 20 test
+    texts (12,437 positions): the share that agree."""
     from tserve.training.lm import strided_top1_agreement, token_stream
 
     test = _data_or_skip(lambda: data_mod.load_lm_corpus()["test"])
-    fp32, int4 = _bundled("tserve-lm"), _bundled("tserve-lm", "int4")
-    stream = token_stream(int4.tokenizer, list(test[:20]))
-    context = int4.model.cfg.max_seq_len
-    agreement, positions = strided_top1_agreement(fp32.model, int4.model, stream, context, context // 2)
-    print(f"int4 next-token agreement {agreement:.2%} over {positions} positions")
-    assert agreement >= 0.88
+    fp32, quantized = _bundled("tserve-lm"), _bundled("tserve-lm", quantize)
+    stream = token_stream(quantized.tokenizer, list(test[:20]))
+    context = quantized.model.cfg.max_seq_len
+    agreement, positions = strided_top1_agreement(fp32.model, quantized.model, stream, context, context // 2)
+    print(f"{quantize} next-token agreement {agreement:.2%} over {positions} positions")
+    return agreement
+
+
+@pytest.mark.slow
+def test_int4_next_tokens_agree_with_float32s_with_the_output_layer_int8():
+    """`--quantize int4` on the first 20 test texts: 89.1% with the output layer int8, 85.9% were it int4 too (the
+    whole split: 88.94% and 85.68%, docs/benchmarks/roofline.md)."""
+    assert lm_agreement("int4") >= 0.88
 
 
 @pytest.mark.slow
 def test_q4_0_next_tokens_agree_with_float32s_with_the_output_layer_q8_0():
-    """The same for `--quantize q4_0`: its output layer Q8_0 (llama.cpp's Q4_0 files keep theirs at 6-8 bits),
-    every other layer Q4_0 with least-squares scales. The first 20 test texts: 87.3%, 84.0% were the output layer
-    Q4_0 too (the whole split: 87.54% and 83.89%; with llama.cpp's reference scales 86.85% and 83.31%)."""
-    from tserve.training.lm import strided_top1_agreement, token_stream
-
-    test = _data_or_skip(lambda: data_mod.load_lm_corpus()["test"])
-    fp32, q4_0 = _bundled("tserve-lm"), _bundled("tserve-lm", "q4_0")
-    stream = token_stream(q4_0.tokenizer, list(test[:20]))
-    context = q4_0.model.cfg.max_seq_len
-    agreement, positions = strided_top1_agreement(fp32.model, q4_0.model, stream, context, context // 2)
-    print(f"q4_0 next-token agreement {agreement:.2%} over {positions} positions")
-    assert agreement >= 0.86
+    """`--quantize q4_0`: its output layer Q8_0 (llama.cpp's Q4_0 files keep theirs at 6-8 bits), every other layer
+    Q4_0 with least-squares scales. The first 20 test texts: 87.3%, 84.0% were the output layer Q4_0 too (the whole
+    split: 87.54% and 83.89%; with llama.cpp's reference scales 86.85% and 83.31%)."""
+    assert lm_agreement("q4_0") >= 0.86
 
 
 @pytest.mark.slow
