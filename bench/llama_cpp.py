@@ -206,15 +206,6 @@ def compiler_tile_header(cmake_cache: str) -> str | None:
     return header.read_text(errors="replace") if header.is_file() else None
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags as Linux lists them (empty where /proc/cpuinfo has none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
-
-
 def llama_build(cmake_cache: str) -> str:
     """llama.cpp's CPU build as its CMakeCache.txt has it: `native` (-march=native), else the widest instruction
     sets switched on (`AVX2` for a build held to AVX2; AVX-512 and AMX where it has them)."""
@@ -356,15 +347,15 @@ def http_main(args: argparse.Namespace) -> list[HttpRow]:
 
     from tserve.model.tokenizer import load_tokenizer
     from tserve.testing.server import ServerProcess, port_nobody_else_takes
-    from tserve.training.common import cpu_name
+    from tserve.training.common import cpu_flags, cpu_name
 
     work = scratch_dir(args.work, "tserve-bench-llama-server-")
     quantize = args.llama_quantize or args.llama_server.with_name("llama-quantize")
     context = args.prompt + args.max_tokens + 64  # positions per slot / request, both sides
     cache = args.llama_server.resolve().parent.parent / "CMakeCache.txt"  # BUILD/bin/llama-server
-    build, rows = llama_build(cache.read_text()) if cache.exists() else "unknown", []
-    if cache.exists() and (hazard := amx_tile_hazard(cache.read_text(), cpu_flags(),
-                                                     compiler_tile_header(cache.read_text()))):
+    cmake_cache = cache.read_text() if cache.exists() else ""
+    build, rows = llama_build(cmake_cache) if cmake_cache else "unknown", []
+    if hazard := amx_tile_hazard(cmake_cache, cpu_flags(), compiler_tile_header(cmake_cache)):
         raise SystemExit(f"{cache}: {hazard}")
     for size in args.shapes:
         directory = make_shape(size, work)

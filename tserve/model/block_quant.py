@@ -74,7 +74,7 @@ def _least_squares_q4_scale(blocks: Tensor) -> Tensor:
     (the largest sum(w c)^2 / sum(c c): the least squared error)."""
     extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True))  # the first of equal magnitudes
     safe = torch.where(extreme != 0, extreme, torch.ones_like(extreme))
-    best_fit, best = torch.full_like(extreme, -1.0), extreme / -8.0
+    best_fit, best = torch.full_like(extreme, -1.0), torch.zeros_like(extreme)  # every fit >= 0: the first is taken
     for k in _Q4_CANDIDATES:
         c = blocks.mul(-(8.0 + 0.1 * k) / safe).round_().clamp_(-8, 7)
         wc = blocks.mul(c).sum(-1, keepdim=True)

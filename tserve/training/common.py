@@ -69,14 +69,20 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo's `flags`, or `Features` on Arm; empty where it
+    has none)."""
+    try:
+        return set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                        if line.startswith(("flags", "Features"))).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
 def cpu_isa() -> str:
     """The CPU's vector extensions that pick kernels (AVX2, AVX-512 and its VNNI / BF16, AMX), and the ISA
     PyTorch's own kernels run at, which says when a run is held to AVX2 (`ATEN_CPU_CAPABILITY`)."""
-    try:
-        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith(("flags", "Features"))).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        flags = set()
+    flags = cpu_flags()
     names = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "VNNI", "avx512_bf16": "AVX512-BF16",
              "amx_tile": "AMX", "asimd": "NEON", "sve": "SVE"}
     present = [name for flag, name in names.items() if flag in flags] or ["no AVX2"]
