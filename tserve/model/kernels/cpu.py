@@ -49,8 +49,8 @@ log = logging.getLogger("tserve.kernels")
 _SOURCES = [Path(__file__).with_name(name)
             for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp", "block_quant.cpp",
                          "decode_layers.cpp", "argmax_rows.cpp", "dense_rows.cpp")]
-_HEADERS = [Path(__file__).with_name(name) for name in ("int8_row_range.h", "linear_args.h", "step_team.h",
-                                                              "vector_math.h")]
+_HEADERS = [Path(__file__).with_name(name) for name in ("int8_row_range.h", "kernel_entries.h", "linear_args.h",
+                                                              "step_team.h", "vector_math.h")]
 
 
 def _flags() -> list[str]:
