@@ -1,6 +1,7 @@
 """What a decode step's memory traffic is measured against: the machine's bandwidth (a STREAM-style triad and a
-read-only pass) and the bytes one decode step of a language model reads. Shared by bench/roofline.py and
-bench/load.py (which reports each run's fraction of the roofline)."""
+read-only pass), the rate our Q4_0 kernel reads one product far larger than the caches at, where two cores sit
+(a cache line's round trip between them), and the bytes one decode step of a language model reads. Shared by
+bench/roofline.py and bench/load.py (which reports each run's fraction of the roofline)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,44 @@ def bandwidth(threads: int, array_mb: int, repeats: int) -> tuple[float, float]:
         b.sum()
         read = min(read, time.perf_counter() - start)
     return 3 * n * 4 / triad / 1e9, n * 4 / read / 1e9
+
+
+def product_bandwidth(threads: int, array_mb: int, repeats: int) -> float | None:
+    """GB/s at which our kernels read the weights of one Q4_0 product of one row, `array_mb` of them (random
+    blocks, 4096 inputs; best of `repeats`): a decode step's products at their best, each thread streaming one
+    contiguous chunk with no other loop between. None where the block kernels do not run."""
+    import torch
+
+    from tserve.model.kernels import cpu as cpu_kernels
+
+    isa = cpu_kernels.kernel_isa()
+    if isa is None:
+        return None
+    torch.set_num_threads(threads)
+    k, block_bytes = 4096, 16 * 16  # 16 columns of a panel, 16 bytes of nibbles each a block
+    blocks = k // 32
+    panels = max(1, array_mb * 2**20 // (blocks * (block_bytes + 32)))
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 256, (panels, blocks, block_bytes), dtype=torch.uint8, generator=generator)
+    scales = (torch.rand(panels, blocks, 16, generator=generator) * 0.01).half()
+    x = torch.randn(1, k, generator=generator)
+    ext, best = cpu_kernels.extension(), float("inf")
+    for _ in range(repeats + 1):  # the first call pages the output in
+        start = time.perf_counter()
+        ext.block_linear(x, codes, scales, None, panels * 16, 1, isa)
+        best = min(best, time.perf_counter() - start)
+    return (codes.numel() + scales.numel() * 2) / best / 1e9
+
+
+def core_round_trip_ns() -> float | None:
+    """ns for a cache line from one of this process's first two CPUs to the other and back (None: one CPU, or no
+    kernels). On a VM the same two vCPUs may sit on one CCD (~50-100 ns) or on two (~200-400 ns), and with them
+    the triad moves (two CCDs: two paths to memory)."""
+    from tserve.model.kernels import cpu as cpu_kernels
+
+    ext = cpu_kernels.extension()
+    ns = ext.core_round_trip_ns(20000, 3) if ext is not None else -1.0
+    return ns if ns > 0 else None
 
 
 def step_bytes(loaded, context: int) -> tuple[int, int]:  # noqa: ANN001 - a LoadedModel

@@ -20,7 +20,11 @@ measured the same way in the same run (greedy `generate`, eager attention).
 A machine's bandwidth moves while it runs (a shared host: the triad read 43 to 72 GB/s within an hour on one
 2-core VM), so `--rounds N` measures it N times, each round the bandwidth and then every model's step in turn:
 a row's fractions are the median of its rounds' (its step against the bandwidth measured just before it), its
-ms the median step.
+ms the median step. Each round also says where the two first CPUs sit (a cache line's round trip between them:
+on a VM the same two vCPUs ~50-100 ns apart on one CCD, ~200-400 ns on two, where each has its own path to memory
+and the triad reads ~1.6x faster) and how fast our Q4_0 kernel reads one product of one row far larger than the
+caches (`product`, where the block kernels run): `of product` is the step's rate against it, what a step loses
+to its ~150 products a step being small, the loops' hand-overs and the work between them.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkpoints come from bench/load.py's makers
-from bench.memory_traffic import bandwidth, step_bytes  # noqa: E402 - after the path above
+from bench.memory_traffic import (  # noqa: E402 - after the path above
+    bandwidth,
+    core_round_trip_ns,
+    product_bandwidth,
+    step_bytes,
+)
 from bench.scratch import scratch_dir  # noqa: E402 - after the path above
 
 
@@ -47,6 +56,7 @@ class Row:
     ms_per_step: float
     gb_per_s: float
     of_triad: float
+    of_product: float | None
     of_read: float
     vs_hf: float  # HF float32's ms per step / this row's
 
@@ -145,28 +155,37 @@ def main(argv: list[str] | None = None) -> list[Row]:
                                      fused_layers=True)
             weights, kv = step_bytes(loaded, args.prompt + args.new // 2)
             models.append((f"{size} (vocab {loaded.config.vocab_size:,})", fmt, loaded, weights, kv, hf_ms))
-    rounds = []  # per round: (triad, read, [ms per model])
+    rounds = []  # per round: (triad, read, [ms per model], Q4_0 product GB/s or None, round trip ns or None)
     for _ in range(max(1, args.rounds)):
+        trip = core_round_trip_ns()
         triad, read = bandwidth(args.threads, args.array_mb, args.repeats)
-        rounds.append((triad, read, [step_ms(m[2], args.prompt, args.new, args.repeats) for m in models]))
+        product = product_bandwidth(args.threads, args.array_mb, args.repeats)
+        rounds.append((triad, read, [step_ms(m[2], args.prompt, args.new, args.repeats) for m in models], product,
+                       trip))
     rows = []
     for i, (name, fmt, _, weights, kv, hf_ms) in enumerate(models):
         ms = statistics.median(r[2][i] for r in rounds)
         rates = [(weights + kv) / (r[2][i] / 1000) / 1e9 for r in rounds]  # GB/s, each round's
         of_triad = statistics.median(rate / r[0] for rate, r in zip(rates, rounds, strict=True))
         of_read = statistics.median(rate / r[1] for rate, r in zip(rates, rounds, strict=True))
-        rows.append(Row(name, fmt, weights / 1e6, kv / 1e6, ms, (weights + kv) / (ms / 1000) / 1e9, of_triad, of_read,
-                        hf_ms / ms))
+        of_product = (statistics.median(rate / r[3] for rate, r in zip(rates, rounds, strict=True))
+                      if all(r[3] for r in rounds) else None)
+        rows.append(Row(name, fmt, weights / 1e6, kv / 1e6, ms, (weights + kv) / (ms / 1000) / 1e9, of_triad,
+                        of_product, of_read, hf_ms / ms))
     triads = ", ".join(f"{r[0]:.1f}" for r in rounds)
     reads = ", ".join(f"{r[1]:.1f}" for r in rounds)
+    products = ", ".join("-" if r[3] is None else f"{r[3]:.1f}" for r in rounds)
+    trips = ", ".join("-" if r[4] is None else f"{r[4]:.0f}" for r in rounds)
     print(f"\nCPU: {cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads; "
-          f"triad {triads} GB/s, read {reads} GB/s ({args.array_mb} MB arrays; {len(rounds)} round(s)); one greedy "
-          f"request, {args.prompt}-token prompt, {args.new - 1} steps measured\n")
-    print("| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read | x HF float32 |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+          f"triad {triads} GB/s, read {reads} GB/s ({args.array_mb} MB arrays; {len(rounds)} round(s)); Q4_0 product "
+          f"{products} GB/s; the first two CPUs' round trip {trips} ns; one greedy request, {args.prompt}-token "
+          f"prompt, {args.new - 1} steps measured\n")
+    print("| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of product | of read | "
+          "x HF float32 |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        product = "-" if r.of_product is None else f"{r.of_product:.2f}"
         print(f"| {r.model} | {r.fmt} | {r.weight_mb:.1f} | {r.kv_mb:.2f} | {r.ms_per_step:.2f} | {r.gb_per_s:.1f} | "
-              f"{r.of_triad:.2f} | {r.of_read:.2f} | {r.vs_hf:.2f} |")
+              f"{r.of_triad:.2f} | {product} | {r.of_read:.2f} | {r.vs_hf:.2f} |")
     return rows
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tserve.model.kernels import cpu as cpu_kernels
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -195,9 +198,18 @@ def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
     assert fp32.kv_mb == int8.kv_mb == int4.kv_mb > 0
     assert all(r.ms_per_step > 0 and 0 < r.of_triad and r.vs_hf > 0 for r in rows)
     out = capsys.readouterr().out
-    assert "| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of read | x HF float32 |" in out
+    assert ("| model | weights | weights MB/step | KV MB/step | ms/step | GB/s | of triad | of product | of read | "
+            "x HF float32 |") in out
     assert "CPU:" in out and "2 round(s)" in out
     assert len(re.search(r"triad ([0-9., ]+) GB/s", out).group(1).split(", ")) == 2  # each round's bandwidth
+    # Where the block kernels run, each round's Q4_0 product rate, and the step against it; the two CPUs' round trip
+    products = re.search(r"Q4_0 product ([0-9.,\- ]+) GB/s", out).group(1).split(", ")
+    trips = re.search(r"round trip ([0-9,\- ]+) ns", out).group(1).split(", ")
+    assert len(products) == len(trips) == 2
+    if cpu_kernels.kernel_isa() is not None:
+        assert all(float(p) > 0 for p in products) and all(0 < r.of_product for r in rows)
+    if len(os.sched_getaffinity(0)) >= 2 and cpu_kernels.extension() is not None:
+        assert all(0 < float(t) < 1e5 for t in trips)
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ from tests.tools.planted_bug import Bug
 
 AMX_HAZARD = "tests/deploy/test_llama_cpp_bench.py::test_a_build_whose_amx_tile_configuration_gcc_drops_is_named_before_it_dies"
 
+ROOFLINE = "tests/deploy/test_bench.py::test_roofline_benchmark_measures_bandwidth_bytes_and_steps"
+
 TOOLING_BUGS = [
     Bug("device-busy-counts-annotations-as-work", "tserve/testing/device_busy.py",
         '{"kernel", "gpu_memcpy", "gpu_memset"}', '{"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}',
@@ -19,4 +21,9 @@ TOOLING_BUGS = [
         (f"{AMX_HAZARD}[native]", f"{AMX_HAZARD}[native-default-type]")),
     Bug("amx-hazard-blames-every-compiler", "bench/llama_cpp.py",
         "tile_header and TILE_CONFIG_AS_8_BYTES in tile_header", "True", (f"{AMX_HAZARD}[gcc13]", f"{AMX_HAZARD}[clang]")),
+    Bug("core-round-trip-of-every-exchange-summed", "tserve/model/kernels/cpu_module.cpp",
+        "best < 0.0 ? ns / iterations : std::min(best, ns / iterations);", "best < 0.0 ? ns : std::min(best, ns);",
+        (ROOFLINE,)),
+    Bug("roofline-product-rate-never-measured", "bench/memory_traffic.py",
+        "    if isa is None:\n        return None\n", "    return None\n", (ROOFLINE,)),
 ]

@@ -2,7 +2,14 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 #include <string>
 #include <vector>
 
@@ -48,6 +55,58 @@ std::vector<std::vector<int64_t>> upcoming_lines(int64_t items, int64_t item_byt
   return asked;
 }
 
+// The time a cache line takes to go from one core to another and back (ns, the best of `rounds` rounds of
+// `iterations` exchanges), between the first two CPUs this process may run on; -1 where it has fewer than two (or
+// is not on Linux). A decode step's threads hand each loop and its rows over in such exchanges; on a VM the same
+// two vCPUs are ~100 ns apart on one CCD and ~400 ns on two (each with its own path to memory: a faster triad).
+double core_round_trip_ns(int64_t iterations, int64_t rounds) {
+#if defined(__linux__)
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || CPU_COUNT(&allowed) < 2) return -1.0;
+  int cpus[2], found = 0;
+  for (int c = 0; c < CPU_SETSIZE && found < 2; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus[found++] = c;
+  }
+  const auto pin = [](int cpu) {  // the calling thread, to one CPU
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+  };
+  double best = -1.0;
+  for (int64_t round = 0; round < rounds; ++round) {
+    // -1: the answering thread not yet on its CPU; 2i + 1: exchange i asked; 2i + 2: answered.
+    alignas(64) std::atomic<int64_t> turn{-1};
+    std::thread answer([&] {
+      pin(cpus[1]);
+      turn.store(0, std::memory_order_release);
+      for (int64_t i = 0; i < iterations; ++i) {
+        while (turn.load(std::memory_order_acquire) != 2 * i + 1) tserve::StepTeam::pause(0);
+        turn.store(2 * i + 2, std::memory_order_release);
+      }
+    });
+    std::thread ask([&] {
+      pin(cpus[0]);
+      while (turn.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < iterations; ++i) {
+        turn.store(2 * i + 1, std::memory_order_release);
+        while (turn.load(std::memory_order_acquire) != 2 * i + 2) tserve::StepTeam::pause(0);
+      }
+      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+      best = best < 0.0 ? ns / iterations : std::min(best, ns / iterations);
+    });
+    ask.join();
+    answer.join();
+  }
+  return best;
+#else
+  (void)iterations;
+  (void)rounds;
+  return -1.0;
+#endif
+}
+
 // How many of PyTorch's threads a parallel loop of `n` items runs on, as the kernels' loops do (1 where the module
 // was compiled without OpenMP: `at::parallel_for` is a header template, serial unless compiled with it).
 int64_t parallel_threads(int64_t n) {
@@ -70,5 +129,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dense_rows_paths", &dense_rows_paths, "the instruction sets this CPU runs dense_rows on");
   m.def("dense_rows_on", &dense_rows_on, "dense_rows on a named path (avx512, avx2)");
   m.def("upcoming_lines", &upcoming_lines, "the weights' and scales' lines each thread asks for before a product");
+  m.def("core_round_trip_ns", &core_round_trip_ns, "ns for a cache line between two cores and back",
+        pybind11::arg("iterations") = 100000, pybind11::arg("rounds") = 3);
   bind_decode_plan(m);
 }

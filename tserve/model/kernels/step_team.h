@@ -12,7 +12,8 @@
 // asks the memory for the first lines of its own chunk of the next product's weights (`Upcoming`, which the step names
 // with `expect_next`): the memory would otherwise idle between products, and the next product starts from L2.
 // SmolLM2-135M's Q4_0 step: 4-8% faster at ~40-60 GB/s, Q8_0 2-5% (docs/benchmarks/step-overhead.md). A thread
-// splits no chunk for it: the static split stays (a shared count that balanced the chunks cost more than it saved).
+// splits no chunk for it: the static split stays (a shared count that balanced the chunks cost more than it saved,
+// and a split learnt from each product's timings, moving items to the thread that read faster, changed nothing).
 #pragma once
 
 #include <ATen/Parallel.h>
