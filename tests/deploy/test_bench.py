@@ -187,6 +187,43 @@ def test_families_benchmark_times_both_sides_of_each_shape(capsys, tmp_path):
     assert "CPU:" in out
 
 
+@pytest.mark.skipif(cpu_kernels.kernel_isa() is None, reason="the block kernels do not run on this CPU")
+def test_the_q4_0_product_rate_is_its_blocks_bytes_over_one_calls_time(monkeypatch):
+    traffic = bench_script("memory_traffic")
+    calls = []
+    real = cpu_kernels.extension()
+
+    class Timed:  # the kernels' module, each block_linear call's arguments kept
+        def __getattr__(self, name):  # noqa: ANN204
+            return getattr(real, name)
+
+        def block_linear(self, x, codes, scales, *rest):  # noqa: ANN001, ANN202
+            calls.append((codes.numel(), scales.numel() * scales.element_size(), x.shape))
+            return real.block_linear(x, codes, scales, *rest)
+
+    class Clock:  # each call takes 0.125 s
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 0.125
+            return self.now
+
+    monkeypatch.setattr(cpu_kernels, "extension", lambda: Timed())
+    monkeypatch.setattr(traffic, "time", Clock())
+    rate = traffic.product_bandwidth(2, 8, 2)
+    codes, scale_bytes, shape = calls[0]
+    assert shape == (1, 4096) and codes + scale_bytes >= 7 * 2**20 and len(calls) == 3  # a warm-up call, then 2
+    assert rate == pytest.approx((codes + scale_bytes) / 0.125 / 1e9), "the blocks' bytes, codes and scales"
+
+
+def test_a_cache_lines_round_trip_between_two_cores_is_per_exchange():
+    if len(os.sched_getaffinity(0)) < 2 or cpu_kernels.extension() is None:
+        pytest.skip("one CPU, or no kernels: no round trip")
+    few, many = (cpu_kernels.extension().core_round_trip_ns(n, 3) for n in (2000, 20000))
+    assert 0 < few < 1e5 and 0 < many < 1e5
+    assert 1 / 3 < many / few < 3, "ten times the exchanges, the same time each"
+
+
 @pytest.mark.slow  # 20 s: the machine's bandwidth is measured too
 def test_roofline_benchmark_measures_bandwidth_bytes_and_steps(capsys):
     rows = bench_script("roofline").main(["--tiny", "--rounds", "2"])
