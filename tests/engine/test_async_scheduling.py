@@ -2,7 +2,8 @@
 streams are the synchronous engine's, event for event, for every sampling and stopping option, structured
 output, speculative steps, preemption and cancellation. On the CPU the device work runs in the launch, so the
 order is what is tested here; `tests/engine/test_gpu.py` runs the same comparison where the device runs beside
-the host."""
+the host. Each test runs on each way the language model is loaded (`factories.LM_LOADS`: its layers' own steps,
+and the fused step `tserve serve` runs on a CPU, float32 and Q4_0)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts
 from tests.helpers.sampling_options import events, option_jobs
-from tserve.model import checkpoint
 from tserve.model.decoding import SamplingParams, Speculation
+from tserve.model.kernels import cpu as cpu_kernels
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -22,9 +23,11 @@ from tserve.service.metrics import Metrics
 pytestmark = pytest.mark.kernels
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return checkpoint.load(factories.tiny_lm_dir(tmp_path_factory.mktemp("async-engine")), device="cpu")
+@pytest.fixture(scope="module", params=list(factories.LM_LOADS))
+def lm(request, tmp_path_factory):
+    if request.param != "layers" and cpu_kernels.extension() is None:
+        pytest.skip("no fused decode step without the CPU kernels")
+    return factories.tiny_lm_loaded(tmp_path_factory.mktemp("async-engine"), request.param)
 
 
 def engine_of(lm, mode: str, **kw) -> GenerationEngine:  # noqa: ANN001

@@ -1,6 +1,8 @@
 """The generation engine on the block pool: outputs with the prefix cache on equal outputs with it off, requests
 preempted by a small pool finish with the tokens they have alone, and after a soak of requests (some
-cancelled) every block is back in the pool."""
+cancelled) every block is back in the pool. The language model's tests run on each way it is loaded
+(`factories.LM_LOADS`: its layers' own steps, and the fused step `tserve serve` runs on a CPU, float32 and Q4_0):
+the fused step reads the pool through the rows' block tables, whose rows are the engine's slots, not the batch's."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from tests.helpers.one_request import lm_tokens
 from tests.helpers.sampling_options import option_matrix, streamed
 from tserve.model import checkpoint
 from tserve.model.decoding import SamplingParams, Speculation
+from tserve.model.kernels import cpu as cpu_kernels
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -22,9 +25,11 @@ from tserve.service.metrics import Metrics
 pytestmark = pytest.mark.kernels
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return checkpoint.load(factories.tiny_lm_dir(tmp_path_factory.mktemp("paged-engine")), device="cpu")
+@pytest.fixture(scope="module", params=list(factories.LM_LOADS))
+def lm(request, tmp_path_factory):
+    if request.param != "layers" and cpu_kernels.extension() is None:
+        pytest.skip("no fused decode step without the CPU kernels")
+    return factories.tiny_lm_loaded(tmp_path_factory.mktemp("paged-engine"), request.param)
 
 
 def engine_of(lm, **kw) -> GenerationEngine:  # noqa: ANN001

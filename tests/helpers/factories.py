@@ -142,6 +142,24 @@ def tiny_lm_dir(d: Path, seed: int = 0, trained: bool = True, **overrides) -> Pa
     return _tiny_lm(d, seed, train=False, **overrides)
 
 
+# How an engine test loads its language model: with its layers' own decode steps (as `checkpoint.load` does by
+# default), or as `tserve serve` loads it on a CPU (`--fused-layers`: pre-packed float32 weights, every layer of a
+# one-token step in one fused call; and with `--quantize q4_0` blocks). The engine's features (batches, the prefix
+# cache, preemption, speculative steps, every sampling option) run on each.
+LM_LOADS = {"layers": {}, "fused": {"pack_weights": True, "fused_layers": True},
+            "fused-q4_0": {"pack_weights": True, "fused_layers": True, "quantize": "q4_0"}}
+
+
+def tiny_lm_loaded(d: Path, load: str):  # noqa: ANN201 - a LoadedModel
+    """The committed tiny LM (`tiny_lm_dir`) loaded as `LM_LOADS[load]` says; a fused load is checked to fuse."""
+    from tserve.model import checkpoint  # noqa: PLC0415
+
+    loaded = checkpoint.load(tiny_lm_dir(d), device="cpu", **LM_LOADS[load])
+    if LM_LOADS[load].get("fused_layers") and loaded.model.fused is None:
+        raise AssertionError(f"{load}: the tiny LM's decode steps did not fuse (are the kernels built?)")
+    return loaded
+
+
 def _tiny_lm(d: Path, seed: int, train: bool, **overrides) -> Path:
     vocab = write_bpe_tokenizer(d, chat_template=CHAT_TEMPLATE)
     tok = load_tokenizer(d)

@@ -30,6 +30,9 @@ UPCOMING_TESTS = tuple(f"tests/model/test_upcoming_lines.py::{name}[60-4608-576-
                        for name in ("test_each_thread_asks_for_the_first_lines_of_its_own_chunk",
                                     "test_the_scales_of_the_same_items_come_alongside"))
 
+SERVED_ENGINE_TESTS = ("tests/engine/test_paged_engine.py::test_requests_preempted_by_a_small_pool_finish_as_they_would_alone[fused]",
+                       "tests/engine/test_paged_engine.py::test_outputs_with_the_prefix_cache_equal_outputs_without[fused-q4_0]")
+
 ONE_ROW_TESTS = tuple(KERNEL_CASE.format(case) for case in ("avx2-1-6-3-80-8-lengths2", "avx2-1-9-3-64-16-lengths3"))
 
 CACHE_BUGS = [
@@ -176,6 +179,9 @@ CACHE_BUGS = [
     Bug("fused-sliding-layers-read-the-global-layers-cache", "tserve/model/kernels/decode_layers.cpp",
         "const StepCache& cache = has_local && l.window > 0 ? local : full;", "const StepCache& cache = full;",
         (f"{WINDOW_STEPS}[gemma3-fused-step]", f"{WINDOW_STEPS}[phi3-fused-step]")),
+    Bug("fused-step-reads-the-block-table-of-its-batch-index-not-its-slot", "tserve/model/kernels/decode_layers.cpp",
+        "std::copy(table + slots[m] * width, table + (slots[m] + 1) * width,",
+        "std::copy(table + m * width, table + (m + 1) * width,", SERVED_ENGINE_TESTS),
     Bug("step-team-helpers-skip-their-chunks", "tserve/model/kernels/step_team.h",
         "      if (first < last) {", "      if (false) {", TEAM_TESTS),
     Bug("step-team-chunks-round-down", "tserve/model/kernels/step_team.h",
