@@ -11,7 +11,6 @@ import pytest
 from tests.helpers import factories
 from tests.helpers.fixture_training import assert_varied, lexicon_sentences
 from tests.helpers.one_request import job_tokens
-from tserve.model import checkpoint
 from tserve.model.decoding.seq2seq_runner import run_jobs
 from tserve.service.engine import TranslationEngine
 from tserve.service.engine.kv_memory import kv_block_bytes
@@ -23,9 +22,10 @@ pytestmark = pytest.mark.kernels
 BLOCK = 4
 
 
-@pytest.fixture(scope="module")
-def mt(tmp_path_factory):
-    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt-async")), device="cpu")
+@pytest.fixture(scope="module", params=list(factories.MT_LOADS))
+def mt(request, tmp_path_factory):
+    """The tiny translator as each of `factories.MT_LOADS` loads it (the server's pre-packed weights, int8)."""
+    return factories.tiny_mt_loaded(tmp_path_factory.mktemp("mt-async"), request.param)
 
 
 def engine_of(mt, mode: str, blocks: int | None = None) -> TranslationEngine:  # noqa: ANN001
@@ -86,8 +86,12 @@ def test_greedy_beams_glossary_and_preemption_stream_what_the_synchronous_engine
     assert_varied([s[-1][3][0][1] for s in expected])
     greedy = [j for j in jobs if j.num_beams == 1]  # their scores, read from the device with their tokens
     alone = [s.logprob_sum / len(s.generated) ** mt.generation.length_penalty for s in run_jobs(mt, greedy)]
+    # int8: the same tokens as alone, but a row's score moves by up to ~2e-3 with the batch it ran in (its activations
+    # are coded per row; where float32 sums before a product differ in their last bits with the batch's shapes, a
+    # value on a code's boundary takes the next code).
+    tolerance = 5e-3 if mt.quantization == "int8" else 1e-3
     assert [s[-1][3][0][2] for s, j in zip(expected, jobs, strict=True) if j.num_beams == 1] == pytest.approx(
-        alone, abs=1e-3)
+        alone, abs=tolerance)
     overlapped = engine_of(mt, "on", blocks=60)
     launched = counting_rows(overlapped)
     assert streams(overlapped, jobs) == expected

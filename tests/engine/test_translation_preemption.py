@@ -23,9 +23,10 @@ pytestmark = pytest.mark.kernels
 BLOCK = 4  # positions per block: outputs of 10-40 tokens cross several blocks
 
 
-@pytest.fixture(scope="module")
-def mt(tmp_path_factory):
-    return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt")), device="cpu")
+@pytest.fixture(scope="module", params=list(factories.MT_LOADS))
+def mt(request, tmp_path_factory):
+    """The tiny translator as each of `factories.MT_LOADS` loads it (the server's pre-packed weights, int8)."""
+    return factories.tiny_mt_loaded(tmp_path_factory.mktemp("mt"), request.param)
 
 
 def small_pool_engine(loaded, blocks: int, max_rows: int = 16) -> TranslationEngine:

@@ -150,6 +150,18 @@ LM_LOADS = {"layers": {}, "fused": {"pack_weights": True, "fused_layers": True},
             "fused-q4_0": {"pack_weights": True, "fused_layers": True, "quantize": "q4_0"}}
 
 
+# How an engine test loads its translator: as `checkpoint.load` does by default, or as `tserve serve` loads it on a
+# CPU (pre-packed float32 weights; and with `--quantize int8`).
+MT_LOADS = {"plain": {}, "packed": {"pack_weights": True}, "int8": {"pack_weights": True, "quantize": "int8"}}
+
+
+def tiny_mt_loaded(d: Path, load: str):  # noqa: ANN201 - a LoadedModel
+    """The committed tiny translator (`tiny_mt_dir`) loaded as `MT_LOADS[load]` says."""
+    from tserve.model import checkpoint  # noqa: PLC0415
+
+    return checkpoint.load(tiny_mt_dir(d), device="cpu", **MT_LOADS[load])
+
+
 def tiny_lm_loaded(d: Path, load: str):  # noqa: ANN201 - a LoadedModel
     """The committed tiny LM (`tiny_lm_dir`) loaded as `LM_LOADS[load]` says; a fused load is checked to fuse."""
     from tserve.model import checkpoint  # noqa: PLC0415
