@@ -18,6 +18,7 @@ from tserve.model import checkpoint
 from tserve.model.cuda_graphs import DecodeAhead
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
 from tserve.model.decoding.draft_model import bucketed_steps
+from tserve.model.kernels import cpu as cpu_kernels
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 from tserve.service.settings import Settings
@@ -31,15 +32,26 @@ def lm_dir(tmp_path_factory):
     return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm"))
 
 
-@pytest.fixture(scope="module")
-def lm(lm_dir):
-    return checkpoint.load(lm_dir)
+@pytest.fixture(scope="module", params=list(factories.LM_LOADS))
+def load(request) -> dict:
+    """How the target (and its twin draft) are loaded (`factories.LM_LOADS`): the draft's one-token steps then run
+    fused as the target's do where `tserve serve` loads both."""
+    if request.param != "layers" and cpu_kernels.extension() is None:
+        pytest.skip("no fused decode step without the CPU kernels")
+    return factories.LM_LOADS[request.param]
 
 
 @pytest.fixture(scope="module")
-def twin(lm_dir):
+def lm(lm_dir, load):
+    loaded = checkpoint.load(lm_dir, device="cpu", **load)
+    assert loaded.model.fused is not None or not load.get("fused_layers"), "the fused load did not fuse"
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def twin(lm_dir, load):
     """The target's own weights, loaded apart: its greedy drafts are the target's choices."""
-    return checkpoint.load(lm_dir)
+    return checkpoint.load(lm_dir, device="cpu", **load)
 
 
 @pytest.fixture(scope="module")

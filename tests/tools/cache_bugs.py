@@ -31,7 +31,8 @@ UPCOMING_TESTS = tuple(f"tests/model/test_upcoming_lines.py::{name}[60-4608-576-
                                     "test_the_scales_of_the_same_items_come_alongside"))
 
 SERVED_ENGINE_TESTS = ("tests/engine/test_paged_engine.py::test_requests_preempted_by_a_small_pool_finish_as_they_would_alone[fused]",
-                       "tests/engine/test_paged_engine.py::test_outputs_with_the_prefix_cache_equal_outputs_without[fused-q4_0]")
+                       "tests/engine/test_paged_engine.py::test_outputs_with_the_prefix_cache_equal_outputs_without[fused-q4_0]",
+                       "tests/engine/test_draft_model.py::test_preempted_requests_finish_the_same_and_both_caches_give_every_block_back[fused]")
 
 ONE_ROW_TESTS = tuple(KERNEL_CASE.format(case) for case in ("avx2-1-6-3-80-8-lengths2", "avx2-1-9-3-64-16-lengths3"))
 
