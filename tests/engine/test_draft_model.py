@@ -98,6 +98,10 @@ def test_the_draft_cache_holds_exactly_each_sequences_tokens(lm, twin, padded):
     seqs = [TextSequence(lm.tokenizer.encode(" ".join(words[a:a + 8])),
                          SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)) for a in (3, 20, 41)]
     assert all(runner.admit(s) for s in seqs)
+    # Q4_0: the draft's one-token steps and the target's steps of several tokens code their activations per block of
+    # 32 from float32 sums made in another order, and a value on a code's boundary takes the next code: keys within a
+    # few thousandths (a stale block holds 1e4, another token's keys differ by tenths).
+    tolerance = 5e-2 if lm.quantization == "q4_0" else 1e-4
     steps = [[t] for t in runner.choose(seqs, runner.prefill(seqs))[0]]
     bs, checked = runner.blocks.block_size, 0
     for step in range(10):
@@ -118,7 +122,7 @@ def test_the_draft_cache_holds_exactly_each_sequences_tokens(lm, twin, padded):
         for s in seqs:
             rows, n = torch.tensor([s.slot]), s.draft_computed
             torch.testing.assert_close(row_keys(runner.drafter.cache, rows)[:, :, :n],
-                                       row_keys(runner.cache, rows)[:, :, :n], atol=1e-4, rtol=1e-4)
+                                       row_keys(runner.cache, rows)[:, :, :n], atol=tolerance, rtol=1e-4)
             checked += n
     assert checked > 3 * 10 * 20
     assert sum(s.accepted for s in seqs) == sum(s.drafted for s in seqs)
