@@ -17,12 +17,13 @@ from PIL import Image
 from tserve.model.preprocessing import ImagePreprocessing
 
 
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _threads() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
 
 
 def _extra_threads_while_alive(work) -> int:  # noqa: ANN001 - a callable
-    """How many threads the process gains while a thread that ran `work` is alive (its OpenMP helpers)."""
+    """How many threads the process gains while a thread that ran `work` is alive (its OpenMP helpers): threads that
+    were not there before, whatever other threads (an earlier test's server or engine) end meanwhile."""
     done, release = threading.Event(), threading.Event()
 
     def run() -> None:
@@ -34,7 +35,7 @@ def _extra_threads_while_alive(work) -> int:  # noqa: ANN001 - a callable
     before = _threads()
     t.start()
     done.wait()
-    gained = _threads() - before - 1  # the thread itself
+    gained = len(_threads() - before) - 1  # the thread itself
     release.set()
     t.join()
     return gained
