@@ -27,9 +27,10 @@ def bandwidth(threads: int, array_mb: int, repeats: int) -> tuple[float, float]:
 
 
 def product_bandwidth(threads: int, array_mb: int, repeats: int) -> float | None:
-    """GB/s at which our kernels read the weights of one Q4_0 product of one row, `array_mb` of them (random
-    blocks, 4096 inputs; best of `repeats`): a decode step's products at their best, each thread streaming one
-    contiguous chunk with no other loop between. None where the block kernels do not run."""
+    """GB/s at which our kernels read the weights of one Q4_0 product of one row, `array_mb` of them (4096 inputs;
+    best of `repeats`; the codes' values change no step of the kernel, so every block is alike): a decode step's
+    products at their best, each thread streaming one contiguous chunk with no other loop between. None where the
+    block kernels do not run."""
     import torch
 
     from tserve.model.kernels import cpu as cpu_kernels
@@ -41,10 +42,9 @@ def product_bandwidth(threads: int, array_mb: int, repeats: int) -> float | None
     k, block_bytes = 4096, 16 * 16  # 16 columns of a panel, 16 bytes of nibbles each a block
     blocks = k // 32
     panels = max(1, array_mb * 2**20 // (blocks * (block_bytes + 32)))
-    generator = torch.Generator().manual_seed(0)
-    codes = torch.randint(0, 256, (panels, blocks, block_bytes), dtype=torch.uint8, generator=generator)
-    scales = (torch.rand(panels, blocks, 16, generator=generator) * 0.01).half()
-    x = torch.randn(1, k, generator=generator)
+    codes = torch.full((panels, blocks, block_bytes), 0x5A, dtype=torch.uint8)  # written: every page is real
+    scales = torch.full((panels, blocks, 16), 0.01, dtype=torch.float16)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(0))
     ext, best = cpu_kernels.extension(), float("inf")
     for _ in range(repeats + 1):  # the first call pages the output in
         start = time.perf_counter()

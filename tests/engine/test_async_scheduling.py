@@ -15,7 +15,6 @@ from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts
 from tests.helpers.sampling_options import events, option_jobs
 from tserve.model.decoding import SamplingParams, Speculation
-from tserve.model.kernels import cpu as cpu_kernels
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -25,8 +24,6 @@ pytestmark = pytest.mark.kernels
 
 @pytest.fixture(scope="module", params=list(factories.LM_LOADS))
 def lm(request, tmp_path_factory):
-    if request.param != "layers" and cpu_kernels.extension() is None:
-        pytest.skip("no fused decode step without the CPU kernels")
     return factories.tiny_lm_loaded(tmp_path_factory.mktemp("async-engine"), request.param)
 
 

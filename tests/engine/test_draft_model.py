@@ -18,7 +18,6 @@ from tserve.model import checkpoint
 from tserve.model.cuda_graphs import DecodeAhead
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
 from tserve.model.decoding.draft_model import bucketed_steps
-from tserve.model.kernels import cpu as cpu_kernels
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 from tserve.service.settings import Settings
@@ -33,31 +32,28 @@ def lm_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=list(factories.LM_LOADS))
-def load(request) -> dict:
-    """How the target (and its twin draft) are loaded (`factories.LM_LOADS`): the draft's one-token steps then run
-    fused as the target's do where `tserve serve` loads both."""
-    if request.param != "layers" and cpu_kernels.extension() is None:
-        pytest.skip("no fused decode step without the CPU kernels")
-    return factories.LM_LOADS[request.param]
+def load(request) -> str:
+    """How the target and its twin draft are loaded (`factories.LM_LOADS`): where `tserve serve` loads both, the
+    draft's one-token steps run fused as the target's do."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
 def lm(lm_dir, load):
-    loaded = checkpoint.load(lm_dir, device="cpu", **load)
-    assert loaded.model.fused is not None or not load.get("fused_layers"), "the fused load did not fuse"
-    return loaded
+    return factories.lm_loaded(lm_dir, load)
 
 
 @pytest.fixture(scope="module")
 def twin(lm_dir, load):
     """The target's own weights, loaded apart: its greedy drafts are the target's choices."""
-    return checkpoint.load(lm_dir, device="cpu", **load)
+    return factories.lm_loaded(lm_dir, load)
 
 
 @pytest.fixture(scope="module")
 def noisy(lm_dir):
-    """The target's weights with noise (0.3 of each tensor's spread): a draft model that agrees most of the time."""
-    draft = checkpoint.load(lm_dir)
+    """The target's weights with noise (0.3 of each tensor's spread): a draft model that agrees most of the time
+    (on the CPU, as the targets: tests/engine/test_gpu.py drafts on the GPU)."""
+    draft = checkpoint.load(lm_dir, device="cpu")
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in draft.model.parameters():

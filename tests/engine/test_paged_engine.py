@@ -17,7 +17,6 @@ from tests.helpers.one_request import lm_tokens
 from tests.helpers.sampling_options import option_matrix, streamed
 from tserve.model import checkpoint
 from tserve.model.decoding import SamplingParams, Speculation
-from tserve.model.kernels import cpu as cpu_kernels
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -27,8 +26,6 @@ pytestmark = pytest.mark.kernels
 
 @pytest.fixture(scope="module", params=list(factories.LM_LOADS))
 def lm(request, tmp_path_factory):
-    if request.param != "layers" and cpu_kernels.extension() is None:
-        pytest.skip("no fused decode step without the CPU kernels")
     return factories.tiny_lm_loaded(tmp_path_factory.mktemp("paged-engine"), request.param)
 
 

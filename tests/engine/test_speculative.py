@@ -20,7 +20,6 @@ from tserve.model import checkpoint
 from tserve.model.cuda_graphs import DecodeAhead
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
 from tserve.model.decoding.speculative import JUDGED_EVERY, PAUSE_TOKENS, NgramIndex
-from tserve.model.kernels import cpu as cpu_kernels
 from tserve.service.engine import GenerationEngine
 from tserve.service.metrics import Metrics
 
@@ -34,8 +33,6 @@ SIGNIFICANCE = 1e-3  # of each chi-square test (Bonferroni-split over the positi
 def lm(request, tmp_path_factory):
     """The tiny LM as each of `factories.LM_LOADS` loads it: speculative steps then verify drafts by layers beside
     one-token steps that run fused."""
-    if request.param != "layers" and cpu_kernels.extension() is None:
-        pytest.skip("no fused decode step without the CPU kernels")
     return factories.tiny_lm_loaded(tmp_path_factory.mktemp("lm"), request.param)
 
 
