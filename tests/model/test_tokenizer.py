@@ -403,6 +403,74 @@ def test_incremental_with_prompt_keeps_leading_space(marian_dir: Path) -> None:
 # --- loading errors and chat templates ------------------------------------------------------------
 
 
+class _Decodes:
+    """A tokenizer wrapper that counts what `decode` is asked for and may take away the library's stream."""
+
+    def __init__(self, tok: Tokenizer, stream: bool) -> None:
+        self.tok, self.decoded = tok, 0
+        self.decodes_bytes_lossily, self.special_ids = tok.decodes_bytes_lossily, tok.special_ids
+        if stream:
+            self.decode_stream = tok.decode_stream
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.decoded += len(ids)
+        return self.tok.decode(ids, skip_special_tokens)
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+@pytest.fixture(params=["bpe-config-specials", "gpt2", "hf-llama", "hf-gemma3", "hf-mistral", "hf-nllb", "hf-t5"])
+def stream_tok(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, bpe_dir: Path) -> Tokenizer:
+    if request.param == "gpt2":
+        return load_tokenizer(_make_gpt2_dir(tmp_path_factory, with_eot=True))
+    if request.param == "bpe-config-specials":  # a special that only tokenizer_config.json names
+        d = tmp_path_factory.mktemp("config-specials")
+        backend = HFBackend.from_file(str(bpe_dir / "tokenizer.json"))
+        backend.add_tokens(["<start>"])
+        backend.save(str(d / "tokenizer.json"))
+        (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<start>", "add_bos_token": True}))
+        return load_tokenizer(d)
+    return load_tokenizer(FIXTURES / request.param)
+
+
+def test_the_libraries_stream_sends_what_the_window_decodes_send(stream_tok: Tokenizer) -> None:
+    """tokenizers' DecodeStream stands in for the two decodes a token: on streams of text, broken bytes,
+    specials and random ids, after a prompt or none, skipping specials or not, every push and the flush are the
+    same with it as without it, and on plain text it leaves `decode` nothing to do."""
+    import random
+
+    tok = stream_tok
+    assert tok.decode_stream([]) is not None, "this tokenizer's library has a stream"
+    vocab = len(tok._tok.get_vocab())  # type: ignore[attr-defined]
+    texts = [*EN, *DE, *SAMPLES]
+    specials = sorted(tok.special_ids)
+    rng = random.Random(0)
+    for trial in range(60):
+        ids: list[int] = []
+        for _ in range(rng.randint(1, 6)):
+            kind = rng.random()
+            if kind < 0.6:
+                ids += tok.encode(rng.choice(texts), add_special_tokens=False)
+            elif kind < 0.8 and specials:
+                ids.append(rng.choice(specials))
+            else:
+                ids += [rng.randrange(vocab) for _ in range(rng.randint(1, 3))]
+        prompt = tok.encode(rng.choice(texts)) if trial % 2 else None
+        skip = trial % 3 != 2
+        with_stream, without = _Decodes(tok, stream=True), _Decodes(tok, stream=False)
+        streamed = IncrementalDetokenizer(with_stream, prompt, skip)  # type: ignore[arg-type]
+        decoded = IncrementalDetokenizer(without, prompt, skip)  # type: ignore[arg-type]
+        for k, i in enumerate(ids):
+            assert streamed.push(i) == decoded.push(i), (trial, k, ids[: k + 1], prompt, skip)
+        assert streamed.flush() == decoded.flush() and streamed.text == decoded.text, (trial, ids)
+    text = tok.encode(" ".join(EN[:2]), add_special_tokens=False)
+    for counting in (with_stream := _Decodes(tok, stream=True), without := _Decodes(tok, stream=False)):
+        detok = IncrementalDetokenizer(counting)  # type: ignore[arg-type]
+        assert "".join(detok.push(i) for i in text) + detok.flush() == tok.decode(text)
+    assert with_stream.decoded < without.decoded / 4, "plain text was decoded here, not by the stream"
+
+
 def test_load_tokenizer_empty_dir_names_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as err:
         load_tokenizer(tmp_path)

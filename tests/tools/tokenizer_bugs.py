@@ -21,4 +21,13 @@ TOKENIZER_BUGS = [
     Bug("byte-fallback-run-sent-piece-by-piece", "tserve/model/tokenizer.py",
         "        return False\n\n    @property\n    def special_ids", "        return True\n\n    @property\n    def special_ids",
         (f"{TESTS}test_sentencepiece_byte_fallback_holds_back_the_whole_broken_run",)),
+    Bug("library-stream-fed-a-config-declared-special", "tserve/model/detokenizer.py",
+        "        if token_id in self._unfed:", "        if False:",
+        (f"{TESTS}test_the_libraries_stream_sends_what_the_window_decodes_send",)),
+    Bug("library-streams-silence-taken-for-nothing-to-send", "tserve/model/detokenizer.py",
+        "            delta = self._delta(force=False)\n            if delta:", "            delta = ''\n            if delta:",
+        (f"{TESTS}test_the_libraries_stream_sends_what_the_window_decodes_send",)),
+    Bug("library-stream-kept-after-the-window-decodes-sent-without-it", "tserve/model/detokenizer.py",
+        "            if delta:\n                self._step = None", "            if delta:\n                pass",
+        (f"{TESTS}test_the_libraries_stream_sends_what_the_window_decodes_send",)),
 ]

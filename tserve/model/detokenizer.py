@@ -31,6 +31,14 @@ class IncrementalDetokenizer:
         self._prefix = max(self._read - 5, 0)  # a few prompt tokens of context, as vLLM uses
         self._sent = 0  # characters of the window's text past [prefix:read]'s already emitted
         self._text = ""
+        # The tokenizer library's own stream, where it has one, keeps the same window and emits the same text
+        # while that text ends in a whole character (a token's usual case) for a fraction of two decodes; the
+        # window's ids are then kept in step with it. When it emits nothing the decodes here decide (a byte-level
+        # text emits all but its last U+FFFD, which the library holds back), and once they emit where it did not
+        # (or it refuses a window whose text changed before its end) the stream is dropped and they go on alone.
+        stream = getattr(tokenizer, "decode_stream", None)
+        self._step = stream(self._ids[self._prefix : self._read], skip_special_tokens) if stream else None
+        self._unfed = tokenizer.special_ids if self._step is not None and skip_special_tokens else frozenset()
 
     @property
     def text(self) -> str:
@@ -65,9 +73,27 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one generated id; return the text it completes ('' while a character or word is pending)."""
-        self._ids.append(int(token_id))
-        return self._delta(force=False)
+        token_id = int(token_id)
+        self._ids.append(token_id)
+        if self._step is None:
+            return self._delta(force=False)
+        if token_id in self._unfed:  # no text of its own: the window's text is unchanged
+            return ""
+        try:
+            delta = self._step(token_id)
+        except Exception:  # tokenizers' DecodeStreamError: the window's text no longer starts with its prefix's
+            self._step = None
+            return self._delta(force=False)
+        if delta is None:
+            delta = self._delta(force=False)
+            if delta:
+                self._step = None
+            return delta
+        self._text += delta
+        self._prefix, self._read, self._sent = self._read, len(self._ids), 0
+        return delta
 
     def flush(self) -> str:
         """Return whatever is still held back (e.g. a trailing incomplete character) at the end."""
+        self._step = None
         return self._delta(force=True)

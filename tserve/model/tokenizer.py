@@ -12,9 +12,9 @@ import importlib.util
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,13 @@ class Tokenizer(ABC):
     def special_ids(self) -> set[int]:
         """Ids dropped by ``decode(skip_special_tokens=True)``."""
         return set(self._special)
+
+    def decode_stream(self, context: list[int], skip_special_tokens: bool = True) -> Callable[[int], str | None] | None:
+        """An incremental decoder in the tokenizer's own library, primed with `context` (ids whose text is already
+        out): each call takes the next id (never one that `decode` drops) and returns the text it completes, None
+        while it completes none. `IncrementalDetokenizer` steps it instead of decoding its window twice a token.
+        None: this tokenizer has none."""
+        return None
 
     @property
     def chat_template(self) -> str | None:
@@ -328,6 +335,18 @@ class HFTokenizer(Tokenizer):
         if skip_special_tokens and not self._special.isdisjoint(ids):  # config-declared specials too
             ids = [i for i in ids if i not in self._special]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self, context: list[int], skip_special_tokens: bool = True) -> Callable[[int], str | None] | None:
+        """tokenizers' DecodeStream (0.22 and later; older ones have none), in Rust: it keeps the same window of ids
+        as `IncrementalDetokenizer` and decodes it with `decode`'s pipeline."""
+        try:
+            from tokenizers.decoders import DecodeStream
+
+            if skip_special_tokens:  # what `decode` drops before the library sees it
+                context = [i for i in context if i not in self._special]
+            return partial(DecodeStream(ids=context, skip_special_tokens=skip_special_tokens).step, self._tok)
+        except (ImportError, TypeError):
+            return None
 
     def id_to_token(self, i: int) -> str:
         if i in self._added:
