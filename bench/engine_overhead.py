@@ -2,6 +2,7 @@
 
     python bench/engine_overhead.py                       # batches of 1, 8 and 64 requests, 200 steps each
     python bench/engine_overhead.py --batches 1 64 --steps 400
+    python bench/engine_overhead.py --batches               # only the streamed text's cost a token (below)
 
 A GPT-2 of one layer of width 32 on the CPU makes the model's share small; its forward pass alone (the
 runner's decode at the same batch, no engine) is timed too, and the difference is the engine's: scheduling,
@@ -10,6 +11,10 @@ thread's own CPU time per step (less the model's) is what a GPU waits for: a str
 request without stop strings on the event loop, which overlaps the device. On a GPU with CUDA
 graphs the model's step costs little more than a replay, so a step takes about this host time plus the
 device's: at 64 requests the host time per row sets the throughput (docs/BENCHMARKS.md, GPU).
+
+Last, the streamed text's own cost a token (part of the stream readers' work above, which this tiny model's
+random tokens exercise poorly): `IncrementalDetokenizer` on a real text with each tokenizer's library stream
+(tokenizers' DecodeStream) and without it (two decodes of the window a token), in turns in the same run.
 """
 
 from __future__ import annotations
@@ -100,11 +105,48 @@ def count_thread_time(engine) -> list[float]:
     return times
 
 
+STREAMED_TEXT = ("The committee met on Tuesday to review the budget. Über 40 Mädchen und Jungen kamen; "
+                 "the café served crème brûlée 🍰 and 寿司. ") * 12
+
+
+def detokenizer_table(rounds: int = 5) -> list[dict]:
+    """Microseconds a token of `IncrementalDetokenizer.push` with and without the library's stream, alternating."""
+    from tserve.model.detokenizer import IncrementalDetokenizer
+    from tserve.model.tokenizer import load_tokenizer
+
+    class WithoutStream:  # the same tokenizer with no `decode_stream`: the window's two decodes a token
+        def __init__(self, tok) -> None:  # noqa: ANN001
+            self.decode, self.decodes_bytes_lossily, self.special_ids = tok.decode, tok.decodes_bytes_lossily, \
+                tok.special_ids
+
+    rows = []
+    print("\n| tokenizer | µs a token, library stream | µs a token, two decodes | ratio |\n|---|---|---|---|")
+    for name, directory in (("tserve-lm (byte-level BPE)", ROOT / "models/tserve-lm"),
+                            ("Llama 3 layout (byte-level BPE)", ROOT / "tests/fixtures/hf-llama"),
+                            ("Mistral layout (SentencePiece, byte fallback)", ROOT / "tests/fixtures/hf-mistral")):
+        tok = load_tokenizer(directory)
+        ids = tok.encode(STREAMED_TEXT, add_special_tokens=False)
+        best = {"stream": float("inf"), "decodes": float("inf")}
+        for _ in range(rounds):
+            for how, t in (("stream", tok), ("decodes", WithoutStream(tok))):
+                start = time.perf_counter()
+                detok = IncrementalDetokenizer(t)
+                for i in ids:
+                    detok.push(i)
+                assert detok.text + detok.flush() == tok.decode(ids)
+                best[how] = min(best[how], (time.perf_counter() - start) / len(ids) * 1e6)
+        rows.append(dict(tokenizer=name, stream_us=best["stream"], decodes_us=best["decodes"]))
+        print(f"| {name} | {best['stream']:.2f} | {best['decodes']:.2f} | {best['decodes'] / best['stream']:.2f}x |",
+              flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 64])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--detokenizer-rounds", type=int, default=5, help="rounds of the streamed text's table (0: none)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -138,6 +180,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          per_request_us=own / batch * 1e3, thread_own_ms=thread_own))
         print(f"| {batch} | {total:.3f} | {model:.3f} | {own:.3f} | {own / batch * 1e3:.0f} | {thread_own:.3f} | "
               f"{thread_own / batch * 1e3:.0f} |", flush=True)
+    if args.detokenizer_rounds:
+        rows += detokenizer_table(args.detokenizer_rounds)
     return rows
 
 

@@ -325,11 +325,15 @@ def test_incremental_holds_back_partial_character(bpe_dir: Path) -> None:
 
 
 def _byte_ids(d: Path) -> dict[int, int]:
+    return _byte_ids_of(load_tokenizer(d))
+
+
+def _byte_ids_of(tok: Tokenizer) -> dict[int, int]:
     """byte -> id of the single-byte tokens of a byte-level tokenizer's vocabulary."""
     from tserve.model.tokenizer import _byte_decoder
 
-    table, backend = _byte_decoder(), load_tokenizer(d)._tok
-    return {table[t]: i for t, i in backend.get_vocab().items() if len(t) == 1 and t in table}
+    table = _byte_decoder()
+    return {table[t]: i for t, i in tok._tok.get_vocab().items() if len(t) == 1 and t in table}  # type: ignore[attr-defined]
 
 
 class _CountingTokenizer:
@@ -465,6 +469,9 @@ def test_the_libraries_stream_sends_what_the_window_decodes_send(stream_tok: Tok
             assert streamed.push(i) == decoded.push(i), (trial, k, ids[: k + 1], prompt, skip)
         assert streamed.flush() == decoded.flush() and streamed.text == decoded.text, (trial, ids)
     text = tok.encode(" ".join(EN[:2]), add_special_tokens=False)
+    if tok.decodes_bytes_lossily:  # first a broken byte the decodes send and the library holds: it starts again
+        byte = _byte_ids_of(tok)
+        text = [byte[0xE2], *[byte[b] for b in "—".encode()], *text]
     for counting in (with_stream := _Decodes(tok, stream=True), without := _Decodes(tok, stream=False)):
         detok = IncrementalDetokenizer(counting)  # type: ignore[arg-type]
         assert "".join(detok.push(i) for i in text) + detok.flush() == tok.decode(text)

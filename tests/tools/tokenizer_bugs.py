@@ -30,4 +30,10 @@ TOKENIZER_BUGS = [
     Bug("library-stream-kept-after-the-window-decodes-sent-without-it", "tserve/model/detokenizer.py",
         "            if delta:\n                self._step = None", "            if delta:\n                pass",
         (f"{TESTS}test_the_libraries_stream_sends_what_the_window_decodes_send",)),
+    Bug("library-stream-never-started-again", "tserve/model/detokenizer.py",
+        "            if self._stream_of is not None and self._read", "            if False and self._read",
+        (f"{TESTS}test_the_libraries_stream_sends_what_the_window_decodes_send",)),
+    Bug("library-stream-started-again-with-text-still-held", "tserve/model/detokenizer.py",
+        "self._read == len(self._ids):\n                self._step", "True:\n                self._step",
+        (f"{TESTS}test_the_libraries_stream_sends_what_the_window_decodes_send",)),
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tserve.model.tokenizer import Tokenizer
 
 __all__ = ["IncrementalDetokenizer"]
@@ -34,11 +36,12 @@ class IncrementalDetokenizer:
         # The tokenizer library's own stream, where it has one, keeps the same window and emits the same text
         # while that text ends in a whole character (a token's usual case) for a fraction of two decodes; the
         # window's ids are then kept in step with it. When it emits nothing the decodes here decide (a byte-level
-        # text emits all but its last U+FFFD, which the library holds back), and once they emit where it did not
-        # (or it refuses a window whose text changed before its end) the stream is dropped and they go on alone.
-        stream = getattr(tokenizer, "decode_stream", None)
-        self._step = stream(self._ids[self._prefix : self._read], skip_special_tokens) if stream else None
-        self._unfed = tokenizer.special_ids if self._step is not None and skip_special_tokens else frozenset()
+        # text emits all but its last U+FFFD, which the library holds back); once they emit where it did not (or
+        # it refuses a window whose text changed before its end) the stream is dropped, and a new one starts
+        # when the window has sent all its text again.
+        self._stream_of = getattr(tokenizer, "decode_stream", None)
+        self._unfed = tokenizer.special_ids if self._stream_of is not None and skip_special_tokens else frozenset()
+        self._step = self._new_stream()
 
     @property
     def text(self) -> str:
@@ -76,7 +79,10 @@ class IncrementalDetokenizer:
         token_id = int(token_id)
         self._ids.append(token_id)
         if self._step is None:
-            return self._delta(force=False)
+            delta = self._delta(force=False)
+            if self._stream_of is not None and self._read == len(self._ids):
+                self._step = self._new_stream()  # every id's text is out: the library's state is a new stream's
+            return delta
         if token_id in self._unfed:  # no text of its own: the window's text is unchanged
             return ""
         try:
@@ -92,6 +98,9 @@ class IncrementalDetokenizer:
         self._text += delta
         self._prefix, self._read, self._sent = self._read, len(self._ids), 0
         return delta
+
+    def _new_stream(self) -> Callable[[int], str | None] | None:
+        return self._stream_of(self._ids[self._prefix : self._read], self._skip) if self._stream_of else None
 
     def flush(self) -> str:
         """Return whatever is still held back (e.g. a trailing incomplete character) at the end."""
