@@ -354,3 +354,31 @@ def test_llama3_rope_factors_round_trip():
     assert families.llama3_from_factors(factors, 500000.0, 128, "f") == scaling
     with pytest.raises(CheckpointError, match="not Llama 3's rope scaling"):
         families.llama3_from_factors(factors[::-1].copy(), 500000.0, 128, "f")
+
+
+@pytest.mark.parametrize("original", [400, 4])
+def test_llama3_rope_factors_with_no_frequency_between_the_bounds_round_trip(original):
+    """Factors that are each 1 or the largest (no wavelength between the bounds: a short original context puts
+    every one at or past its low-frequency bound) leave the original context open: the one read back gives the
+    very same factors, with some at 1 (400) and with none (4)."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": original}
+    factors = families.llama3_factors(scaling, 10000.0, 8)
+    assert set(np.round(factors, 6)) == ({1.0, 8.0} if original == 400 else {8.0})
+    back = families.llama3_from_factors(factors, 10000.0, 8, "f")
+    assert np.array_equal(families.llama3_factors(back, 10000.0, 8), factors)
+
+
+def test_user_defined_tokens_are_text_and_control_tokens_are_not():
+    """A GGUF vocabulary's USER_DEFINED tokens are whole words of the text (encoded as one id, decoded back),
+    its CONTROL ones special (dropped from decoded text), and a CONTROL token that ends a turn stops generation."""
+    from tserve.model.gguf.tokenizer import CONTROL, USER_DEFINED, end_ids, gguf_tokenizer
+
+    tokens = ["a", "b", "Ġ", "<|im_end|>", "<tool>", "<|im_start|>"]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": [],
+            "tokenizer.ggml.token_type": [1, 1, 1, CONTROL, USER_DEFINED, CONTROL], "tokenizer.ggml.eos_token_id": 5}
+    tok = gguf_tokenizer(meta, "f")
+    ids = tok.encode("a<tool>b<|im_end|>")
+    assert ids == [0, 4, 1, 3]
+    assert tok.decode(ids) == "a<tool>b"
+    assert end_ids(meta) == [3, 5]

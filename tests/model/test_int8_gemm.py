@@ -73,6 +73,7 @@ def test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement():
             x[-1] = 0.25
             with torch.inference_mode():
                 assert torch.equal(layer(x), layer._forward_in_steps(x)), (k, rows)
+                assert torch.equal(layer(x.view(1, rows, k)), layer(x).view(1, rows, n))  # (B, T, C) rows too
 
 
 def test_a_layer_on_the_exact_kernel_takes_rows_that_are_not_float32():

@@ -133,6 +133,13 @@ def test_the_output_layer_takes_onednn_where_it_sums_in_int32_and_each_row_stays
 
 
 @pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
+def test_the_activations_asked_for_reach_every_layer(activations):
+    """`quantize_int8`'s choice is each layer's, the output layer's on its own engine too."""
+    model = quantize_int8(_WithOutputLayer(), activations)
+    assert model.body.activations == model.lm_head.activations == activations
+
+
+@pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
 def test_each_row_of_an_int8_weight_spans_its_levels(activations):
     """Every output row's largest weight takes the largest code: 127 levels each side, and 63 for
     `7bit-weights` (so that 8-bit activations cannot overflow an AVX2 kernel's int16 pair sums). Fewer levels

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from tests.tools.async_bugs import ASYNC_BUGS  # noqa: E402
 from tests.tools.block_kernel_bugs import BLOCK_KERNEL_BUGS  # noqa: E402
 from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
+from tests.tools.checkpoint_bugs import CHECKPOINT_BUGS  # noqa: E402
 from tests.tools.logits_bugs import LOGITS_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
 from tests.tools.service_bugs import SERVICE_BUGS  # noqa: E402
@@ -495,12 +496,9 @@ BUGS = [
         "        at = log_probs_at(logits, tokens[:, None])",
         "        at = log_probs_at(logits, (tokens[:, None] + 1) % logits.size(-1))",
         ("tests/model/test_top_tokens.py::test_logprobs_0_reports_the_chosen_tokens_own_log_probabilities",)),
-    Bug("fused-step-refuses-onednn-linears", "tserve/model/fused_decode.py",
-        "    if type(layer) in (nn.Linear, OneDNNLinear) and", "    if type(layer) is nn.Linear and",
-        ("tests/model/test_packed_linear.py::"
-         "test_a_fused_float32_model_runs_its_other_products_on_onednn_over_the_weights_the_fused_step_reads",)),
 ]
-BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS + TOKENIZER_BUGS + TOOLING_BUGS
+BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS + TOKENIZER_BUGS + TOOLING_BUGS \
+    + CHECKPOINT_BUGS
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
 # by a test that `make test-avx2` runs (marked `kernels`). The Triton kernels (tserve/model/kernels/flash.py) are GPU

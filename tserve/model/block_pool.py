@@ -34,16 +34,6 @@ class BlockTable:
     num_cached_tokens: int = 0  # positions found in the prefix cache when the sequence was admitted
 
 
-@dataclass
-class PrefixCacheStats:
-    """Counters since start: sequences admitted with and without a cached prefix, and positions reused."""
-
-    hits: int = 0
-    misses: int = 0
-    cached_tokens: int = 0
-    queried_tokens: int = 0
-
-
 def block_hash(previous: bytes, tokens: Sequence[int]) -> bytes:
     """The name of a full block: its tokens chained with the name of the block before it."""
     return hashlib.blake2b(previous + array("q", tokens).tobytes(), digest_size=16).digest()
@@ -62,7 +52,6 @@ class BlockPool:
         # Free blocks, the next to be taken first: unnamed ones at the front, named ones in the order freed.
         self._free: collections.OrderedDict[int, None] = collections.OrderedDict(
             (b, None) for b in range(1, num_blocks))
-        self.stats = PrefixCacheStats()
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -131,11 +120,6 @@ class BlockPool:
         for block in hits:
             self.acquire(block)
         table = BlockTable(list(hits), list(names), len(hits) * self.block_size)
-        if self.prefix_caching:
-            self.stats.hits += bool(hits)
-            self.stats.misses += not hits
-            self.stats.cached_tokens += table.num_cached_tokens
-            self.stats.queried_tokens += len(token_ids)
         if not self.grow(table, len(token_ids)):
             self.release(table)
             raise RuntimeError(f"the KV cache has no room for {len(token_ids)} positions")

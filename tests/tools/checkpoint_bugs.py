@@ -1,0 +1,34 @@
+"""Planted bugs of what loading a checkpoint decides: a GGUF file's tokenizer and rope settings
+(`tserve/model/gguf/`), and the int8 layers `--quantize int8` makes (`tserve/model/quantize.py`); part of
+`tests/tools/planted_bugs.py`'s list."""
+
+from __future__ import annotations
+
+from tests.tools.planted_bug import Bug
+
+GGUF = "tests/model/test_gguf.py::"
+LLAMA3 = f"{GGUF}test_llama3_rope_factors_with_no_frequency_between_the_bounds_round_trip"
+
+CHECKPOINT_BUGS = [
+    Bug("gguf-user-defined-tokens-made-special", "tserve/model/gguf/tokenizer.py",
+        "tok.add_tokens([AddedToken(t, special=False, normalized=False)",
+        "tok.add_tokens([AddedToken(t, special=True, normalized=False)",
+        (f"{GGUF}test_user_defined_tokens_are_text_and_control_tokens_are_not",)),
+    Bug("gguf-turn-ending-control-tokens-not-looked-up", "tserve/model/gguf/tokenizer.py",
+        'meta.get("tokenizer.ggml.tokens") or [], meta', 'meta.get("tokens") or [], meta',
+        (f"{GGUF}test_user_defined_tokens_are_text_and_control_tokens_are_not",)),
+    Bug("llama3-factors-without-ones-read-from-the-wrong-wavelength", "tserve/model/gguf/families.py",
+        "if ones else float(wavelens[0])", "if ones else float(wavelens[1])", (f"{LLAMA3}[4]",)),
+    Bug("llama3-factors-ignore-the-ones", "tserve/model/gguf/families.py",
+        "        ones = [w for w, f in zip(wavelens, factors, strict=True) if np.isclose(f, 1)]", "        ones = []",
+        (f"{LLAMA3}[400]",)),
+    Bug("int8-layers-not-given-the-activations-asked-for", "tserve/model/quantize.py",
+        "return _replace_linears(model, lambda linear: Int8Linear(linear, activations))",
+        'return _replace_linears(model, lambda linear: Int8Linear(linear, "full"))',
+        tuple(f"tests/model/test_quantize.py::test_the_activations_asked_for_reach_every_layer[{a}]"
+              for a in ("split", "7bit", "7bit-weights"))),
+    Bug("int8-exact-kernel-output-keeps-only-the-batch-dimension", "tserve/model/quantize.py",
+        "                                            self.bias)\n            return out.reshape(*x.shape[:-1],",
+        "                                            self.bias)\n            return out.reshape(*x.shape[:1],",
+        ("tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement",)),
+]
