@@ -10,6 +10,7 @@ import torch
 
 from tserve.model.checkpoint import (
     CheckpointError,
+    cpu_bfloat16_native,
     emulated_bfloat16_note,
     load,
     resolve_device,
@@ -53,6 +54,19 @@ def test_bfloat16_on_kernels_held_to_avx2_loads_with_a_note_that_it_is_emulated(
     assert "bfloat16 on this CPU is emulated" in out.stdout and "AVX2" in out.stdout
     assert out.stdout.strip().endswith("False torch.bfloat16")
     assert emulated_bfloat16_note(torch.float32, torch.device("cpu")) is None
+
+
+def test_bfloat16_is_native_where_the_cpu_has_its_instructions_and_pytorch_may_use_them():
+    """AVX512-BF16 or AMX in /proc/cpuinfo, PyTorch's kernels not held below AVX-512: native, and no note; otherwise
+    (an AVX2-only CPU, or `make test-avx2`'s process) emulated, and the note says so."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64") or not Path("/proc/cpuinfo").exists():
+        pytest.skip("the flags are x86's, read from /proc/cpuinfo")
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    native = bool(flags & {"avx512_bf16", "amx_bf16"}) and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert cpu_bfloat16_native() == native
+    assert (emulated_bfloat16_note(torch.bfloat16, torch.device("cpu")) is None) == native
 
 
 def test_dtype_and_device_resolution(tiny_lm):

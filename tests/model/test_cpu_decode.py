@@ -114,6 +114,14 @@ def test_a_rows_result_is_the_same_alone_and_in_any_batch(isa):
         assert torch.equal(alone, batch[b:b + 1])
 
 
+def test_a_path_the_cpu_does_not_run_is_refused_not_swapped_for_another():
+    """The path asked for is the path run: one no kernel has (or this CPU lacks) is an error, never the default."""
+    k, v, tables = paged(1, 2, 16, 4, 4, seed=6)
+    q = torch.randn(1, 2, 1, 16, generator=torch.Generator().manual_seed(7))
+    with pytest.raises(RuntimeError, match="neon"):
+        cpu_kernels.paged_decode(q, blocks(k, 4), blocks(v, 4), tables, torch.tensor([9]), isa="neon")
+
+
 @pytest.mark.parametrize("bad", [-1, 1 + 2 * 4])
 def test_a_block_id_outside_the_cache_is_refused(bad):
     k, v, tables = paged(2, 2, 16, 4, 4, seed=5)

@@ -192,4 +192,7 @@ CACHE_BUGS = [
         "const auto [first, last] = chunk_of(u.items, 1, threads, (thread + 1) % threads);", UPCOMING_TESTS),
     Bug("upcoming-scales-left-behind", "tserve/model/kernels/step_team.h",
         "for (scale_debt_ += 64 * scale_bytes_;", "for (scale_debt_ += scale_bytes_;", UPCOMING_TESTS[1:]),
+    Bug("paged-decode-ignores-the-path-asked-for", "tserve/model/kernels/cpu.py",
+        "(isa if isa is not None else kernel_isa())", "(kernel_isa())",
+        ("tests/model/test_cpu_decode.py::test_a_path_the_cpu_does_not_run_is_refused_not_swapped_for_another",)),
 ]
