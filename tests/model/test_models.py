@@ -199,6 +199,38 @@ def test_config_validation(bad):
         DecoderConfig.from_dict({"architecture": "decoder", "n_layerz": 2})
 
 
+def test_the_sliding_layers_rotate_with_their_own_base_and_scaling():
+    """Every layer sliding, with a window over every position: the model the same as one whose layers all
+    attend globally with the sliding layers' rope base and scaling as its own."""
+    rope = dict(positions="rope", norm="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2)
+    scaling = {"rope_type": "linear", "factor": 3.0}
+    local = _decoder(**rope, sliding_window=48, sliding_layers=[0, 1], local_rope_base=50.0,
+                     local_rope_scaling=scaling)
+    as_global = _decoder(**rope, rope_base=50.0, rope_scaling=scaling)
+    plain = _decoder(**rope, rope_base=50.0)
+    as_global.load_state_dict(local.state_dict())
+    plain.load_state_dict(local.state_dict())
+    tokens = torch.randint(0, 61, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(local(tokens), as_global(tokens), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(local(tokens), plain(tokens), atol=1e-3)  # the scaling changes the outputs
+
+
+def test_a_bias_setting_of_the_mlp_overrides_the_models():
+    """`mlp_bias` (Llama's config key) decides the MLP's biases alone; `bias` the attention's."""
+    for bias, mlp_bias in ((False, True), (True, False)):
+        model = _decoder(positions="rope", norm="rmsnorm", activation="swiglu", bias=bias, mlp_bias=mlp_bias)
+        names = [n for n, _ in model.named_parameters() if n.endswith(".bias") and ".blocks.0." in f".{n}"]
+        assert any(".mlp." in n for n in names) == mlp_bias, names
+        assert any(".attn." in n for n in names) == bias, names
+
+
+def test_the_rotary_part_may_be_the_whole_head():
+    assert DecoderConfig(d_model=32, n_heads=2, positions="rope", rotary_dim=16).rotary_dim == 16
+    with pytest.raises(ValueError, match="rotary_dim"):
+        DecoderConfig(d_model=32, n_heads=2, positions="rope", rotary_dim=18)
+
+
 def test_moe_routes_to_top_k_experts():
     torch.manual_seed(0)
     model = _decoder(n_experts=4, moe_top_k=1)

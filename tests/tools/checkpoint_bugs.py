@@ -1,12 +1,13 @@
 """Planted bugs of what loading a checkpoint decides: a GGUF file's tokenizer and rope settings
-(`tserve/model/gguf/`), and the int8 layers `--quantize int8` makes (`tserve/model/quantize.py`); part of
-`tests/tools/planted_bugs.py`'s list."""
+(`tserve/model/gguf/`), the model a config builds (`tserve/model/config.py`, `decoder.py`, `layers.py`), and the int8
+layers `--quantize int8` makes (`tserve/model/quantize.py`); part of `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
 
 from tests.tools.planted_bug import Bug
 
 GGUF = "tests/model/test_gguf.py::"
+MODELS = "tests/model/test_models.py::"
 LLAMA3 = f"{GGUF}test_llama3_rope_factors_with_no_frequency_between_the_bounds_round_trip"
 
 CHECKPOINT_BUGS = [
@@ -31,4 +32,14 @@ CHECKPOINT_BUGS = [
         "                                            self.bias)\n            return out.reshape(*x.shape[:-1],",
         "                                            self.bias)\n            return out.reshape(*x.shape[:1],",
         ("tests/model/test_int8_gemm.py::test_a_layer_on_the_exact_kernel_equals_its_pytorch_statement",)),
+    Bug("sliding-layers-lose-their-rope-scaling", "tserve/model/decoder.py",
+        "cos, sin = Rotary.tables(rotated, cfg.max_seq_len, cfg.local_rope_base, cfg.local_rope_scaling)",
+        "cos, sin = Rotary.tables(rotated, cfg.max_seq_len, cfg.local_rope_base, None)",
+        (f"{MODELS}test_the_sliding_layers_rotate_with_their_own_base_and_scaling",)),
+    Bug("mlp-bias-setting-ignored", "tserve/model/layers.py",
+        "bias = cfg.bias if cfg.mlp_bias is None else cfg.mlp_bias", "bias = cfg.bias",
+        (f"{MODELS}test_a_bias_setting_of_the_mlp_overrides_the_models",)),
+    Bug("whole-head-rotary-refused", "tserve/model/config.py",
+        "not 0 < self.rotary_dim <= self.d_head", "not 0 < self.rotary_dim < self.d_head",
+        (f"{MODELS}test_the_rotary_part_may_be_the_whole_head",)),
 ]
