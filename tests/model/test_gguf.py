@@ -382,3 +382,4 @@ def test_user_defined_tokens_are_text_and_control_tokens_are_not():
     assert ids == [0, 4, 1, 3]
     assert tok.decode(ids) == "a<tool>b"
     assert end_ids(meta) == [3, 5]
+    assert gguf_tokenizer(meta | {"tokenizer.ggml.add_eos_token": True}, "f").encode("ab") == [0, 1, 5]

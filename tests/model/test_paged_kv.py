@@ -160,6 +160,18 @@ def test_the_pool_evicts_the_least_recently_freed_named_block_and_forgets_its_na
         pool.release(type(taken)([1]))
 
 
+def test_a_freed_block_holding_nothing_worth_keeping_is_taken_before_a_named_one_freed_earlier():
+    """A block no prefix names (a partial last block) goes to the front of the free list, whenever it is freed:
+    new content takes it, and the never-used ones, before it evicts a cached prefix."""
+    pool = BlockPool(4, 2)  # three usable blocks
+    named = pool.admit([1, 2])
+    pool.name_full_blocks(named, [1, 2])
+    pool.release(named)
+    pool.release(pool.admit([5]))  # one token: a partial block, freed after the named one
+    pool.admit([7, 7, 7, 7])  # two blocks
+    assert pool.cached_prefix([1, 2, 3])[0] and pool.num_cached_free == 1
+
+
 def test_a_request_larger_than_the_pool_is_refused_before_it_runs(lm):
     runner = runner_of(lm, num_blocks=11)
     runner.check(20, 20)  # 10 blocks: fits

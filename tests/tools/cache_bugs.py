@@ -195,4 +195,8 @@ CACHE_BUGS = [
     Bug("paged-decode-ignores-the-path-asked-for", "tserve/model/kernels/cpu.py",
         "(isa if isa is not None else kernel_isa())", "(kernel_isa())",
         ("tests/model/test_cpu_decode.py::test_a_path_the_cpu_does_not_run_is_refused_not_swapped_for_another",)),
+    Bug("unnamed-free-blocks-queued-behind-cached-prefixes", "tserve/model/block_pool.py",
+        "self._free.move_to_end(block, last=False)", "self._free.move_to_end(block, last=True)",
+        ("tests/model/test_paged_kv.py::"
+         "test_a_freed_block_holding_nothing_worth_keeping_is_taken_before_a_named_one_freed_earlier",)),
 ]

@@ -42,4 +42,7 @@ CHECKPOINT_BUGS = [
     Bug("whole-head-rotary-refused", "tserve/model/config.py",
         "not 0 < self.rotary_dim <= self.d_head", "not 0 < self.rotary_dim < self.d_head",
         (f"{MODELS}test_the_rotary_part_may_be_the_whole_head",)),
+    Bug("gguf-add-eos-flag-not-read", "tserve/model/gguf/tokenizer.py",
+        'bool(meta.get("tokenizer.ggml.add_eos_token", False))', 'bool(meta.get("add_eos_token", False))',
+        (f"{GGUF}test_user_defined_tokens_are_text_and_control_tokens_are_not",)),
 ]
