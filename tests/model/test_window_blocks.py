@@ -162,3 +162,19 @@ def test_usable_prefix_needs_every_block_of_the_window_before_the_hit():
     pool.release(again)
     pool.pool.release(other)
     assert pool.pool.num_in_use == 0
+
+
+def test_usable_prefix_takes_a_hit_whose_window_is_held_to_the_block():
+    """Window 10, blocks of 4: a 6-block hit needs blocks 3..5 and no more, so a block missing before them (2)
+    leaves it whole; one missing inside them (3) cuts it to the 3-block hit, which needs 0..2."""
+    pool = WindowBlocks(16, 4, 10, prefix_caching=True, salt="")
+    tokens = list(range(40))
+    names = pool.pool.prefix_names(tokens)
+    table = pool.admit(tokens, names, 0)
+    pool.computed(table, 40, lambda: tokens)
+    pool.release(table)
+    unknown = b"\0" * len(names[0])  # a name no block holds: as if that block had been taken for other tokens
+    assert pool.usable_prefix([*names[:2], unknown, *names[3:]], tokens, 6) == 6
+    assert pool.usable_prefix([*names[:2], unknown, *names[3:]], tokens, 9) == 9
+    assert pool.usable_prefix([*names[:3], unknown, *names[4:]], tokens, 6) == 3
+

@@ -199,4 +199,7 @@ CACHE_BUGS = [
         "self._free.move_to_end(block, last=False)", "self._free.move_to_end(block, last=True)",
         ("tests/model/test_paged_kv.py::"
          "test_a_freed_block_holding_nothing_worth_keeping_is_taken_before_a_named_one_freed_earlier",)),
+    Bug("window-prefix-wants-a-block-more-than-its-window", "tserve/model/window_blocks.py",
+        "if runs[h - 1] >= h - self.first_needed(h * bs):", "if runs[h - 1] > h - self.first_needed(h * bs):",
+        ("tests/model/test_window_blocks.py::test_usable_prefix_takes_a_hit_whose_window_is_held_to_the_block",)),
 ]
