@@ -274,3 +274,17 @@ def test_the_engine_counts_encoder_outputs_reused(mt):
         engine.stop()
     assert first and all(o == first for o in again)
     assert metric(engine, "tserve_encoder_cache_hits_total") == 2
+
+
+def test_each_request_counts_one_first_token_and_a_gap_before_each_later_one(lm):
+    """The latency metrics and each request's timeline (what a trace's prefill and decode spans are cut from): one
+    time to first token a request, one inter-token gap for each token after its first; the first token between
+    the request's admission and its end."""
+    jobs = [(lm.tokenizer.encode(t), SamplingParams(max_tokens=4 + i, temperature=0.0, ignore_eos=True))
+            for i, t in enumerate(cycle_prompts(3, seed=51))]
+    engine = engine_of(lm)
+    reqs = run_all(engine, jobs)
+    assert metric(engine, "tserve_time_to_first_token_seconds_count") == len(jobs)
+    assert metric(engine, "tserve_inter_token_latency_seconds_count") == sum(len(r.generated) - 1 for r in reqs) > 0
+    for r in reqs:
+        assert 0 < r.admitted_ns <= r.first_token_ns <= r.finished_ns, r

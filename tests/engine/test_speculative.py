@@ -15,7 +15,7 @@ import torch
 from tests.helpers import factories
 from tests.helpers.fixture_training import CYCLE_TEXT, cycle_prompts
 from tests.helpers.one_request import lm_tokens
-from tests.helpers.sampling_options import option_matrix, streamed
+from tests.helpers.sampling_options import events, option_matrix, streamed
 from tserve.model import checkpoint
 from tserve.model.cuda_graphs import DecodeAhead
 from tserve.model.decoding import DecoderRunner, SamplingParams, Speculation, TextSequence, generate
@@ -316,21 +316,38 @@ def test_drafts_take_only_blocks_nobody_needs_and_preempted_requests_finish_the_
 
 # Every sampling and stopping option the API accepts, each on its own and beside the others in one batch: the
 # tokens, text and logprobs with drafts are those without (the contract of speculative decoding).
+def assert_same_events(got: list[tuple], want: list[tuple], name: str) -> None:
+    """Event for event the same text, tokens, finish and top alternatives; each logprob within 1e-4 (a draft's
+    positions are scored in one forward over several tokens, the plain steps one token at a time)."""
+    assert len(got) == len(want), name
+    for a, b in zip(got, want, strict=True):
+        if a[0] == "tokens counted":
+            assert a == b, name
+            continue
+        assert (a[0], a[1], a[3]) == (b[0], b[1], b[3]), name
+        assert [(t, top) for t, _, top in a[2]] == [(t, top) for t, _, top in b[2]], name
+        assert all(abs(x - y) <= 1e-4 for (_, x, _), (_, y, _) in zip(a[2], b[2], strict=True)), name
+
+
 def test_every_sampling_and_stopping_option_gives_with_drafts_what_it_gives_without(lm):
     words = CYCLE_TEXT.split()[8:24]
     prompts = [*mixed_prompts(lm, 2), lm.tokenizer.encode(" ".join(words + words[:10]))]  # the last: drafts kept
     options = option_matrix(lm)
     jobs = [(p, sp) for sp in options.values() for p in prompts]
     spec_engine = make_engine(lm, speculation=Speculation(num_tokens=4, max_rows=8))
-    fast = streamed(spec_engine, jobs)
-    plain = streamed(make_engine(lm), jobs)
+    fast = events(spec_engine, jobs)
+    plain = events(make_engine(lm), jobs)
     for k, name in enumerate(options):
-        got, want = fast[k * len(prompts):(k + 1) * len(prompts)], plain[k * len(prompts):(k + 1) * len(prompts)]
-        assert got == want, name
-    assert len({tuple(ids) for ids, _ in plain}) > len(plain) * 0.6  # the options change what is written
+        for got, want in zip(fast[k * len(prompts):(k + 1) * len(prompts)],
+                             plain[k * len(prompts):(k + 1) * len(prompts)], strict=True):
+            assert_same_events(got, want, name)
+    assert any(e[2] for stream in fast for e in stream[:-1]), "the logprobs option reports logprobs"
+    plain_ids = [stream[-1][1] for stream in plain]  # the tokens each request counts
+    assert len({tuple(ids) for ids in plain_ids}) > len(plain) * 0.6  # the options change what is written
     # min_tokens: the biased eos comes exactly where the ban ends, drafts or not (the cycle's first draft spans
     # the end of the ban: each of its positions must see its own count of tokens generated).
-    held = plain[2 * len(prompts):3 * len(prompts)]
-    assert all(len(ids) == 3 for ids, _ in held), held
+    held = plain_ids[2 * len(prompts):3 * len(prompts)]
+    assert all(len(ids) == 3 for ids in held), held
     m = spec_engine.m
     assert m.spec_accepted._value.get() > 0 and m.spec_drafted._value.get() > m.spec_accepted._value.get()
+    assert m.spec_acceptance._value.get() == pytest.approx(m.spec_accepted._value.get() / m.spec_drafted._value.get())

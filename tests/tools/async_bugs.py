@@ -1,6 +1,7 @@
 """Planted bugs of asynchronous scheduling: a step fed stale tokens, a finished request's extra row reaching its
 stream, a step taken past max_tokens, blocks never named, a preemption or a penalty that does not wait for the
-tokens on their way, the overlap silently off (part of `tests/tools/planted_bugs.py`'s list)."""
+tokens on their way, the overlap silently off; and the engine's per-token bookkeeping beside it (speculative
+steps' logprobs, the acceptance gauge, the latency metrics) (part of `tests/tools/planted_bugs.py`'s list)."""
 
 from __future__ import annotations
 
@@ -50,4 +51,15 @@ ASYNC_BUGS = [
     Bug("step-latencies-observed-one-bucket-late", "tserve/service/metrics.py",
         "bisect.bisect_left(bounds, v)", "bisect.bisect_right(bounds, v)",
         ("tests/engine/test_worker_behaviour.py::test_a_steps_latencies_observed_at_once_fill_the_buckets_one_by_one_would",)),
+    Bug("speculative-steps-drop-their-logprobs", "tserve/service/engine/generation.py",
+        "                self._emit(req, token, lp, now)", "                self._emit(req, token, None, now)",
+        ("tests/engine/test_speculative.py::"
+         "test_every_sampling_and_stopping_option_gives_with_drafts_what_it_gives_without",)),
+    Bug("acceptance-gauge-subtracts-the-kept-tokens", "tserve/service/engine/generation.py",
+        "self._accepted + kept", "self._accepted - kept",
+        ("tests/engine/test_speculative.py::"
+         "test_every_sampling_and_stopping_option_gives_with_drafts_what_it_gives_without",)),
+    Bug("first-token-taken-for-a-later-one", "tserve/service/engine/worker.py",
+        "        if req.last_emit == 0.0:", "        if req.last_emit != 0.0:",
+        ("tests/engine/test_paged_engine.py::test_each_request_counts_one_first_token_and_a_gap_before_each_later_one",)),
 ]
