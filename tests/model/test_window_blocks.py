@@ -178,3 +178,40 @@ def test_usable_prefix_takes_a_hit_whose_window_is_held_to_the_block():
     assert pool.usable_prefix([*names[:2], unknown, *names[3:]], tokens, 9) == 9
     assert pool.usable_prefix([*names[:3], unknown, *names[4:]], tokens, 6) == 3
 
+
+
+def test_asynchronous_steps_on_sliding_layers_stream_the_same_and_name_both_pools_blocks(gemma):
+    """The engine launching each step before it reads the last one's tokens (`--async-scheduling on`) on a model
+    with sliding layers and their own pool: the streams of the synchronous engine, and a follow-up prompt (prompt +
+    answer + more) finds the blocks the answer filled, in both pools, before their tokens were known."""
+    import asyncio
+
+    from tserve.service.engine import GenerationEngine
+    from tserve.service.metrics import Metrics
+
+    prompts = long_prompts(gemma, 3, seed=45)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def run(mode: str) -> tuple[list[list[int]], int]:
+        engine = GenerationEngine("g", gemma, metrics=Metrics(), max_slots=3, max_queue=8, max_model_len=96,
+                                  timeout_s=60.0, kv_block_size=BS, async_scheduling=mode)
+        engine.start()
+
+        async def go() -> tuple[list[list[int]], int]:
+            reqs = [engine.submit(p, params) for p in prompts]
+            for r in reqs:
+                async for _ in engine.stream(r):
+                    pass
+            follow = engine.submit(prompts[0] + reqs[0].generated + [5, 6], SamplingParams(max_tokens=2))
+            async for _ in engine.stream(follow):
+                pass
+            return [r.generated for r in reqs], follow.cached_tokens
+
+        try:
+            return asyncio.run(go())
+        finally:
+            engine.stop()
+
+    synchronous, overlapped = run("off"), run("on")
+    assert overlapped == synchronous
+    assert overlapped[1] == (len(prompts[0]) + 24 - 1) // BS * BS  # every full block but the last answer token's
