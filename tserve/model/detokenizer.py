@@ -40,8 +40,10 @@ class IncrementalDetokenizer:
         # it refuses a window whose text changed before its end) the stream is dropped, and a new one starts
         # when the window has sent all its text again.
         self._stream_of = getattr(tokenizer, "decode_stream", None)
-        self._unfed = tokenizer.special_ids if self._stream_of is not None and skip_special_tokens else frozenset()
         self._step = self._new_stream()
+        if self._step is None:  # none in this tokenizer's library: the two decodes throughout, never asked again
+            self._stream_of = None
+        self._unfed = tokenizer.special_ids if self._step is not None and skip_special_tokens else frozenset()
 
     @property
     def text(self) -> str:
