@@ -113,7 +113,18 @@ def test_request_id_is_echoed_or_generated(server):
                       json={"model": "lm", "prompt": "Hello", "max_tokens": 2, "stream": True}, timeout=60) as resp:
         assert resp.headers["x-request-id"] == sent + "-d"
         assert [line for line in resp.iter_lines() if line][-1] == "data: [DONE]"
-    assert sent + "-b" in server.log()  # the access log names the request by its id
+    # One JSON object a line; the access log names each request by its id, with its route, method and status.
+    server.log()  # flushed
+    entries = [json.loads(line) for line in server.log_file.read_text().splitlines() if line.startswith("{")]
+    access = {e["request_id"]: e for e in entries if e.get("logger") == "tserve.access"}
+    for suffix, route, status in (("-a", "/healthz", 200), ("-b", "/v1/completions", 200),
+                                  ("-c", "/v1/completions", 404), ("-d", "/v1/completions", 200)):
+        entry = access[sent + suffix]
+        assert (entry["message"], entry["level"], entry["route"], entry["status"]) == ("request", "INFO", route, status)
+        assert entry["method"] == ("GET" if suffix == "-a" else "POST")
+        assert isinstance(entry["ms"], int | float) and entry["ms"] >= 0 and entry["time"][:2] == "20"
+    serving = [e for e in entries if e["message"] == "serving model"]
+    assert {e["model"] for e in serving} >= {"lm"} and all(e["task"] and e["path"] for e in serving)
 
     generated = [
         httpx.get(server.url + "/healthz"),

@@ -167,6 +167,31 @@ def test_prompts_are_logged_only_when_asked(caplog):
     assert caplog.records[0].inputs == ["secret text"] and caplog.records[0].request_id == "r1"
 
 
+def test_log_lines_are_one_json_object_with_the_records_fields():
+    """--log-level's lines: time, level, logger, message, every `extra=` field by its own name, the
+    exception's traceback under `exception`, text as it is (not \\u-escaped), none of LogRecord's own
+    attributes (args, pathname, ...)."""
+    import json
+    import logging
+    import sys
+
+    from tserve.service.cli import JsonFormatter
+
+    try:
+        raise ValueError("bad weight")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("tserve.access", logging.WARNING, __file__, 1, "über %s", ("alles",), exc_info)
+    record.__dict__.update(request_id="r7", status=404, ms=1.5)
+    line = JsonFormatter().format(record)
+    assert "\n" not in line and "über alles" in line
+    entry = json.loads(line)
+    assert entry.pop("exception").splitlines()[-1] == "ValueError: bad weight"
+    assert entry.pop("time")[:2] == "20"
+    assert entry == {"level": "WARNING", "logger": "tserve.access", "message": "über alles", "request_id": "r7",
+                     "status": 404, "ms": 1.5}
+
+
 def test_requests_are_admitted_as_their_key_or_address_with_the_keys_priority():
     """The middleware says whose each request is for the engines' fair admission: the key (`KEY:N` gives its
     priority N), else the client's address; a body's `priority` may ask for a later turn than its key's, not an

@@ -259,6 +259,38 @@ def test_unpermute_undoes_llama_cpp_permute():
         assert torch.equal(families.unpermute_qk(torch.from_numpy(permute(rows.numpy(), heads, kv)), kv), rows)
 
 
+def test_a_llama_file_with_attention_and_mlp_biases_is_the_original(originals, tmp_path):
+    """`attention_bias` / `mlp_bias` of the `llama` architecture (as InternLM-style checkpoints have): the q and k
+    biases, reordered by the converter as their rows were, put back with them; o, gate, up and down biases as they
+    are. A value length other than the key length is refused by name."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = shutil.copytree(originals["llama"], tmp_path / "biased")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg | {"attention_bias": True, "mlp_bias": True}))
+    weights = load_file(d / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for name, w in list(weights.items()):
+        if name.endswith(("_proj.weight",)):  # every projection: q, k, v, o, gate, up, down
+            weights[name.replace(".weight", ".bias")] = 0.05 * torch.randn(w.shape[0], generator=g)
+    save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
+    original = checkpoint.load(d)
+    assert original.config.qkv_bias and original.config.out_bias and original.config.mlp_bias
+    gguf = checkpoint.load(write_gguf(d, tmp_path / "biased.gguf", "llama"))
+    assert (gguf.config.qkv_bias, gguf.config.out_bias, gguf.config.mlp_bias) == (True, True, True)
+    _assert_same_model(original, gguf)
+
+    from tests.helpers.gguf_files import rewrite_gguf
+
+    longer = rewrite_gguf(tmp_path / "biased.gguf", tmp_path / "v.gguf",
+                          metadata={"llama.attention.value_length": 2 * original.config.head_dim})
+    with pytest.raises(CheckpointError, match="value_length differs from key_length"):
+        checkpoint.load(longer)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # llama.cpp's own converter
 # ------------------------------------------------------------------------------------------------------------

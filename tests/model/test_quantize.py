@@ -20,6 +20,7 @@ from tserve.model.quantize import (
     Int8Linear,
     is_int8_linear,
     linear_weight_bytes,
+    quantize_int4,
     quantize_int8,
     resolve_activations,
 )
@@ -121,6 +122,10 @@ def test_the_output_layer_takes_onednn_where_it_sums_in_int32_and_each_row_stays
     assert model.body.engine is None
     expected = "onednn" if _sums_in_int32_natively() and not model.lm_head.exact else None
     assert model.lm_head.engine == expected
+    int4 = quantize_int4(_WithOutputLayer())  # its output layer is int8 with `auto` activations, on that engine too
+    assert int4.lm_head.activations == resolve_activations("auto")
+    full = int4.lm_head.activations == "full" and not int4.lm_head.exact
+    assert int4.lm_head.engine == ("onednn" if _sums_in_int32_natively() and full else None)
     rows = _long_tailed_rows()
     linear = nn.Linear(64, 3000)
     layer = Int8Linear(linear, "full", engine=expected)

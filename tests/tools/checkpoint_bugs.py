@@ -45,4 +45,15 @@ CHECKPOINT_BUGS = [
     Bug("gguf-add-eos-flag-not-read", "tserve/model/gguf/tokenizer.py",
         'bool(meta.get("tokenizer.ggml.add_eos_token", False))', 'bool(meta.get("add_eos_token", False))',
         (f"{GGUF}test_user_defined_tokens_are_text_and_control_tokens_are_not",)),
+    Bug("gguf-llama-q-k-biases-kept-in-the-converters-order", "tserve/model/gguf/tensors.py",
+        "        if projection in self._heads:", "        if projection in self._heads and name.endswith(\".weight\"):",
+        (f"{GGUF}test_a_llama_file_with_attention_and_mlp_biases_is_the_original",)),
+    Bug("gguf-value-length-unchecked", "tserve/model/gguf/families.py",
+        'if meta.get(f"{arch}.attention.value_length", head_dim) != head_dim:', "if False:",
+        (f"{GGUF}test_a_llama_file_with_attention_and_mlp_biases_is_the_original",)),
+    Bug("int4-output-layer-on-the-default-int8-engine", "tserve/model/quantize.py",
+        "        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations, engine=output_layer_engine(activations)))",
+        "        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations))",
+        ("tests/model/test_quantize.py::"
+         "test_the_output_layer_takes_onednn_where_it_sums_in_int32_and_each_row_stays_its_own",)),
 ]

@@ -280,4 +280,11 @@ SERVICE_BUGS = [
     Bug("draft-model-beside-prompt-lookup", "tserve/service/settings.py",
         "if self.draft_model and self.speculative != \"off\":", "if False:",
         ("tests/engine/test_draft_model.py::test_a_draft_model_and_prompt_lookup_are_not_asked_for_together",)),
+    Bug("access-log-names-the-status-code", "tserve/service/app.py",
+        '"status": status, "ms"', '"code": status, "ms"',
+        ("tests/http/test_http_contract.py::test_request_id_is_echoed_or_generated",)),
+    Bug("log-lines-drop-the-exception", "tserve/service/cli.py",
+        '            entry["exception"] = self.formatException(record.exc_info)',
+        '            entry["error"] = str(record.exc_info[1])',
+        ("tests/http/test_security.py::test_log_lines_are_one_json_object_with_the_records_fields",)),
 ]
