@@ -137,6 +137,17 @@ def test_the_output_layer_takes_onednn_where_it_sums_in_int32_and_each_row_stays
     assert error.max() < ROW_ERROR["full"], error
 
 
+def test_int4s_output_layer_asks_for_the_output_layers_engine(monkeypatch):
+    """`quantize_int4`'s int8 output layer is put on `output_layer_engine`'s choice for its activations, as
+    `quantize_int8`'s is (on a CPU whose int8 GEMM sums in int32 that is oneDNN, elsewhere the default)."""
+    import tserve.model.quantize as quantize
+
+    asked = []
+    monkeypatch.setattr(quantize, "output_layer_engine", lambda activations: asked.append(activations))
+    int4 = quantize_int4(_WithOutputLayer())
+    assert asked == [int4.lm_head.activations] == [resolve_activations("auto")]
+
+
 @pytest.mark.parametrize("activations", ["full", "split", "7bit", "7bit-weights"])
 def test_the_activations_asked_for_reach_every_layer(activations):
     """`quantize_int8`'s choice is each layer's, the output layer's on its own engine too."""

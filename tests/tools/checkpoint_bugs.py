@@ -54,6 +54,5 @@ CHECKPOINT_BUGS = [
     Bug("int4-output-layer-on-the-default-int8-engine", "tserve/model/quantize.py",
         "        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations, engine=output_layer_engine(activations)))",
         "        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations))",
-        ("tests/model/test_quantize.py::"
-         "test_the_output_layer_takes_onednn_where_it_sums_in_int32_and_each_row_stays_its_own",)),
+        ("tests/model/test_quantize.py::test_int4s_output_layer_asks_for_the_output_layers_engine",)),
 ]
