@@ -105,6 +105,7 @@ def _edit_config(d, edit):
         # A width other than the weights' (whatever the fixture's is).
         (lambda d: _edit_config(d, lambda c: {**c, "d_model": 2 * c["d_model"]}), "weights do not match|shape"),
         (lambda d: _edit_config(d, lambda c: {**c, "n_headz": 2}), "unknown decoder config fields"),
+        (lambda d: _edit_config(d, lambda c: {**c, "task": ["text-generation"]}), "'task' must be a string"),
     ],
 )
 def test_bad_checkpoints_name_the_file(tiny_lm, tmp_path, damage, message):

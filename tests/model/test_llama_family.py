@@ -244,6 +244,72 @@ def test_linear_and_dynamic_rope_scaling_equal_transformers(tmp_path, kind, fact
     assert got == out[0, len(prompt):].tolist()
 
 
+def test_dynamic_rope_tables_are_transformers_for_each_sequence_length():
+    """`dynamic` (NTK-aware) scaling without generating: within the trained context the default tables; at each
+    later position p, the angles transformers' own `dynamic` rope gives a sequence of p + 1 tokens at p (what
+    decoding token by token sees); not the linear ones, nor the default's."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tserve.model import rope
+
+    trained, factor, base, d_head = 32, 3.0, 10000.0, 16
+    scaling = {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": trained}
+    cos, sin = rope.tables(d_head, 96, base, scaling)
+    cfg = LlamaConfig(hidden_size=4 * d_head, num_attention_heads=4, max_position_embeddings=trained,
+                      rope_parameters={"rope_type": "dynamic", "factor": factor, "rope_theta": base})
+    default_cos, _ = rope.tables(d_head, 96, base)
+    assert torch.equal(cos[:trained], default_cos[:trained])
+    for p in (trained, trained + 1, 50, 95):
+        inv, _ = ROPE_INIT_FUNCTIONS["dynamic"](cfg, "cpu", seq_len=p + 1)
+        torch.testing.assert_close(cos[p], torch.cos(p * inv.float()), atol=1e-5, rtol=0)
+        torch.testing.assert_close(sin[p], torch.sin(p * inv.float()), atol=1e-5, rtol=0)
+        assert (cos[p] - default_cos[p]).abs().max() > 1e-3
+    # The importer takes the trained context from the config's max_position_embeddings.
+    from pathlib import Path
+
+    from tserve.model.importers import llama
+
+    raw = {"max_position_embeddings": trained, "rope_parameters": {"rope_type": "dynamic", "factor": factor}}
+    assert llama.rope_settings(raw, Path("config.json"))[1] == scaling
+
+
+@pytest.mark.parametrize("layer_types", [False, True])
+def test_qwens_sliding_window_layers_equal_transformers(tmp_path, layer_types):
+    """Qwen2's `use_sliding_window`: the layers from `max_window_layers` on slide (a config without `layer_types`,
+    as older hub configs are), or those `layer_types` marks; logits equal transformers' past the window, and the
+    window matters there."""
+    d = hf_family_dir("qwen2", tmp_path / "qwen2")
+    raw = json.loads((d / "config.json").read_text())
+    raw |= {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 1}
+    if layer_types:
+        raw["layer_types"] = ["sliding_attention", "full_attention"]
+    else:
+        del raw["layer_types"]
+    (d / "config.json").write_text(json.dumps(raw))
+    ours, hf = load(d), _hf(d)
+    assert (ours.config.sliding_window, ours.config.sliding_layers) == (12, [0] if layer_types else [1])
+    tokens = torch.randint(0, ours.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = ours.model(tokens)
+        torch.testing.assert_close(got, hf(tokens).logits, atol=1e-4, rtol=1e-4)
+        assert (got - load(hf_family_dir("qwen2", tmp_path / "plain")).model(tokens)).abs().max() > 1e-2
+
+
+def test_gemma_ties_its_output_layer_unless_the_config_says_otherwise(tmp_path):
+    """Gemma's configs default `tie_word_embeddings` to true: a config without the key ties the output layer to the
+    embedding, as transformers builds it."""
+    d = hf_family_dir("gemma2", tmp_path / "gemma2")
+    raw = json.loads((d / "config.json").read_text())
+    assert raw.pop("tie_word_embeddings", True) is True
+    (d / "config.json").write_text(json.dumps(raw))
+    ours, hf = load(d), _hf(d)
+    assert ours.config.tie_embeddings and hf.config.tie_word_embeddings
+    tokens = torch.randint(0, ours.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(tokens), hf(tokens).logits, atol=1e-4, rtol=1e-4)
+
+
 def test_longrope_past_the_original_context_equals_transformers(tmp_path):
     """Phi-3's LongRoPE with an original context of 32 (of 128): the short factors within it, the long ones and the
     attention factor past it, equal to transformers' model decoding greedily token by token with its cache; and

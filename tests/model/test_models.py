@@ -157,6 +157,19 @@ def test_rows_sharing_a_source_attend_to_it_as_one_query_block(backend):
     assert SharedSources.of(torch.tensor([2, 0, 1])) is None  # nothing shared: each row reads its own
 
 
+def test_learned_positions_of_each_side_are_its_own():
+    """`positions="learned"`: the encoder adds its own table, the decoder its own (neither reads the other's)."""
+    model = _seq2seq(positions="learned")
+    src, tgt, lengths = torch.randint(3, 53, (1, 7)), torch.randint(3, 53, (1, 4)), torch.tensor([7])
+    with torch.no_grad():
+        memory, logits = model.encode(src, lengths)[0], model(src, lengths, tgt)
+        model.dec_pos_emb.weight.normal_()
+        assert torch.equal(model.encode(src, lengths)[0], memory)
+        assert not torch.allclose(model(src, lengths, tgt), logits, atol=1e-3)
+        model.enc_pos_emb.weight.normal_()
+        assert not torch.allclose(model.encode(src, lengths)[0], memory, atol=1e-3)
+
+
 def test_seq2seq_attention_maps():
     model = _seq2seq()
     src, tgt = torch.randint(3, 53, (1, 7)), torch.randint(3, 53, (1, 4))
@@ -166,6 +179,11 @@ def test_seq2seq_attention_maps():
     assert maps.cross[1].shape == (1, 4, 4, 7)
     for m in (maps.encoder[1], maps.decoder[1], maps.cross[1]):
         torch.testing.assert_close(m.sum(-1), torch.ones(m.shape[:-1]), atol=1e-5, rtol=0)
+    logits, every = model.forward_with_attention(src, torch.tensor([7]), tgt)  # no selection: every layer's
+    layers = set(range(model.cfg.n_encoder_layers))
+    assert set(every.encoder) == set(every.decoder) == set(every.cross) == layers and len(layers) > 1
+    assert torch.equal(every.cross[1], maps.cross[1])
+    torch.testing.assert_close(logits, model(src, torch.tensor([7]), tgt), atol=1e-5, rtol=0)
 
 
 def test_vit_unmasked_attention_and_padding_free_batching():

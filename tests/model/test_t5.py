@@ -5,6 +5,8 @@ front of the source, greedy and 4 beams both ways, and the relative position bia
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -75,6 +77,21 @@ def test_original_t5_layout_tied_and_scaled(tmp_path):
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
+def test_gated_silu_layout_and_the_configs_context(tmp_path):
+    """`feed_forward_proj: gated-silu` (SiLU(wi_0 x) * wi_1 x, as some T5 v1.1 fine-tunes are) equals transformers;
+    `n_positions`, where a config gives it, sizes the caches (T5 has no position table to say)."""
+    from tests.helpers.multilingual import build_t5
+
+    d = build_t5(tmp_path / "t5-silu", train=False, feed_forward_proj="gated-silu")
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(raw | {"n_positions": 96}))
+    ours = load(d)
+    hf = transformers.T5ForConditionalGeneration.from_pretrained(d).eval()
+    assert ours.config.activation == "swiglu" and ours.config.max_source_len == ours.config.max_target_len == 96
+    got, ref = _padded_logits(ours, hf, TEXTS)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize(("bidirectional", "buckets", "distance"), [(True, 32, 128), (False, 32, 128), (True, 8, 16),
                                                                     (False, 8, 16)])
 def test_relative_buckets_equal_transformers(bidirectional, buckets, distance):
@@ -94,6 +111,8 @@ def test_the_target_tag_goes_in_front_of_the_source(t5):
         ids = theirs(f"<2de> {text}").input_ids
         assert ours.encode_with_language(text, "<2de>") == ids and ids[0] == theirs.convert_tokens_to_ids("<2de>")
         assert ours.decode(ids[1:]) == theirs.decode(ids[1:], skip_special_tokens=True)
+        # A translator's source and target for (source, target): the target's tag in front, nothing forced.
+        assert ours.source_in(text, ("<2en>", "<2de>")) == ids and ours.target_prefix(("<2en>", "<2de>")) == []
 
 
 @pytest.mark.parametrize(("tag", "texts"), [

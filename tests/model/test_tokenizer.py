@@ -269,6 +269,31 @@ def test_marian_decodes_with_target_spm(marian_dir: Path) -> None:
     assert "".join(tok.tokens(tok.encode_target("Hallo Welt", add_special_tokens=False))) == " Hallo Welt"
 
 
+def test_marian_with_separate_vocabularies_matches_transformers(marian_dir: Path, tmp_path: Path) -> None:
+    """`separate_vocabs` (opus-mt-tc models): the target side's ids come from target_vocab.json, its own order,
+    for encoding targets and decoding; the source side keeps vocab.json."""
+    import random
+    import shutil
+
+    d = Path(shutil.copytree(marian_dir, tmp_path / "separate"))
+    vocab = json.loads((d / "vocab.json").read_text())
+    fixed = {"</s>", "<unk>", "<pad>"}
+    pieces = [p for p in vocab if p not in fixed]
+    ids = [vocab[p] for p in pieces]
+    random.Random(0).shuffle(ids)
+    (d / "target_vocab.json").write_text(json.dumps({p: vocab[p] for p in fixed} | dict(zip(pieces, ids, strict=True)),
+                                                    ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text()) | {"separate_vocabs": True}
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    hf, tok, shared = _hf_marian(d), load_tokenizer(d), load_tokenizer(marian_dir)
+    for text in MARIAN_SAMPLES:
+        assert tok.encode(text) == hf(text)["input_ids"] == shared.encode(text), text
+        target = hf(text_target=text)["input_ids"]
+        assert tok.encode_target(text) == target, text
+        assert tok.decode(target) == hf.decode(target, skip_special_tokens=True) == shared.decode(shared.encode_target(text))
+    assert any(tok.encode_target(t) != shared.encode_target(t) for t in MARIAN_SAMPLES)
+
+
 def test_marian_save_roundtrip(marian_dir: Path, tmp_path: Path) -> None:
     tok = load_tokenizer(marian_dir)
     tok.save(tmp_path)

@@ -1,6 +1,7 @@
 """Planted bugs of what loading a checkpoint decides: a GGUF file's tokenizer and rope settings
-(`tserve/model/gguf/`), the model a config builds (`tserve/model/config.py`, `decoder.py`, `layers.py`), and the int8
-layers `--quantize int8` makes (`tserve/model/quantize.py`); part of `tests/tools/planted_bugs.py`'s list."""
+(`tserve/model/gguf/`), what the Hugging Face importers read (`tserve/model/importers/`, `rope.py`, a Marian or
+tagged tokenizer), the model a config builds (`tserve/model/config.py`, `decoder.py`, `layers.py`, `seq2seq.py`), and
+the int8 layers `--quantize int8` makes (`tserve/model/quantize.py`); part of `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
 
@@ -55,4 +56,35 @@ CHECKPOINT_BUGS = [
         "        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations, engine=output_layer_engine(activations)))",
         "        setattr(model, OUTPUT_LAYER, Int8Linear(output, activations))",
         ("tests/model/test_quantize.py::test_int4s_output_layer_asks_for_the_output_layers_engine",)),
+    Bug("dynamic-rope-base-divided", "tserve/model/rope.py",
+        "bases = base * (factor", "bases = base / (factor",
+        ("tests/model/test_llama_family.py::test_dynamic_rope_tables_are_transformers_for_each_sequence_length",)),
+    Bug("dynamic-rope-without-the-trained-context", "tserve/model/importers/llama.py",
+        '    if kind == "dynamic":\n        scaling["max_position_embeddings"]', '    if kind != "dynamic":\n        scaling["max_position_embeddings"]',
+        ("tests/model/test_llama_family.py::test_dynamic_rope_tables_are_transformers_for_each_sequence_length",)),
+    Bug("qwen-sliding-window-never-read", "tserve/model/importers/llama.py",
+        'raw.get("use_sliding_window") and raw.get("sliding_window")', 'raw.get("use_sliding_window") and raw.get("window")',
+        ("tests/model/test_llama_family.py::test_qwens_sliding_window_layers_equal_transformers",)),
+    Bug("qwen-sliding-layers-from-the-first", "tserve/model/importers/llama.py",
+        'return list(range(int(raw.get("max_window_layers", 0)), n))', "return list(range(n))",
+        ("tests/model/test_llama_family.py::test_qwens_sliding_window_layers_equal_transformers[False]",)),
+    Bug("gemma-untied-without-the-key", "tserve/model/importers/gemma.py",
+        '{"tie_word_embeddings": True,', '{"tie_word_embeddings": False,',
+        ("tests/model/test_llama_family.py::test_gemma_ties_its_output_layer_unless_the_config_says_otherwise",)),
+    Bug("marian-target-vocabulary-ignored", "tserve/model/tokenizer.py",
+        'target_vocab = _read_json(d / "target_vocab.json") if config.get("separate_vocabs") else None',
+        "target_vocab = None",
+        ("tests/model/test_tokenizer.py::test_marian_with_separate_vocabularies_matches_transformers",)),
+    Bug("t5-gated-silu-not-gated", "tserve/model/importers/t5.py",
+        'if cfg.activation in ("gated_gelu_tanh", "swiglu"):', 'if cfg.activation == "gated_gelu_tanh":',
+        ("tests/model/test_t5.py::test_gated_silu_layout_and_the_configs_context",)),
+    Bug("tagged-translator-source-behind-the-source-tag", "tserve/model/tokenizer.py",
+        "languages[1] if self.target_tagged else languages[0]", "languages[0] if languages[0] else languages[1]",
+        ("tests/model/test_t5.py::test_the_target_tag_goes_in_front_of_the_source",)),
+    Bug("encoder-reads-the-decoders-position-table", "tserve/model/seq2seq.py",
+        '(self.enc_pos_emb if side == "enc" else self.dec_pos_emb)', "self.dec_pos_emb",
+        ("tests/model/test_models.py::test_learned_positions_of_each_side_are_its_own",)),
+    Bug("marian-alignment-offset-not-read", "tserve/model/importers/marian.py",
+        'alignment_offset=int(gen.get("alignment_offset") or 0)', "alignment_offset=0",
+        ("tests/training/test_align_imported.py::test_alignment_heads_and_offset_in_generation_config_are_read[marian]",)),
 ]

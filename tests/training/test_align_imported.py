@@ -52,3 +52,18 @@ def test_heads_chosen_on_an_imported_translator_are_written_and_read_back(family
     assert written["alignment_heads"] == report["heads"] and not (d / "generation.json").exists()
     heads, offset = default_heads(loaded)
     assert [list(h) for h in heads] == report["heads"] and offset == report["offset"]
+
+
+@pytest.mark.parametrize("family", ["marian", "nllb", "t5"])
+def test_alignment_heads_and_offset_in_generation_config_are_read(family, tmp_path):
+    """What `align` writes, as another run (or Whisper-style checkpoints) leaves it: both the heads and the offset
+    (which decoder position stands for a target token) are what tag placement reads; without them, the last
+    decoder layer's heads at offset 0."""
+    d = {"marian": factories.hf_marian_dir, "nllb": factories.hf_nllb_dir, "t5": factories.hf_t5_dir}[family](
+        tmp_path / family)
+    last = load(d).config.n_decoder_layers - 1
+    assert default_heads(load(d))[1] == 0 and {h[0] for h in default_heads(load(d))[0]} == {last}
+    path = d / "generation_config.json"
+    written = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(written | {"alignment_heads": [[0, 1], [last, 2]], "alignment_offset": 1}))
+    assert default_heads(load(d)) == ([(0, 1), (last, 2)], 1)
