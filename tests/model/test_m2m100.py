@@ -169,6 +169,8 @@ def test_m2m100_layout_tokenizer_and_logits(m2m100):
         for text in ("The quick brown fox.", "Der schnelle braune Fuchs über den faulen Hund."):
             ids = theirs(text).input_ids
             assert tok.encode_with_language(text, f"__{source}__") == ids
+            if source == "en":  # the tokenizer's own source language (src_lang, else English) without one named
+                assert tok.encode(text) == ids and tok.encode(text, add_special_tokens=False) == ids[1:-1]
             assert tok.decode(ids) == theirs.decode([i for i in ids if i not in languages], skip_special_tokens=True)
     hf = transformers.M2M100ForConditionalGeneration.from_pretrained(m2m100).eval()
     theirs.src_lang = "de"
