@@ -4,11 +4,13 @@ whole application in-process (its ASGI app called directly: no sockets, no HTTP 
     python bench/stream_overhead.py                          # 1, 8 and 64 requests, 3 rounds
     python bench/stream_overhead.py --batches 64 --tokens 128 --rounds 5
 
-A GPT-2 of one layer of width 32 keeps the model's share small, as in `bench/engine_overhead.py`. Reported per
-round: output tokens a second, and the CPU time of the event loop's thread a token (the routes, the served model's
+The committed tiny language model (tests/fixtures/tiny-lm: two layers of width 64, trained on a short text, so that
+its greedy tokens are words and every token's text is rendered; a random model's byte-level tokens rarely finish a
+character) keeps the model's share small. Reported, medians of the rounds: output tokens a second, and the CPU time of the event loop's thread a token (the routes, the served model's
 event streams, detokenization, SSE rendering; a web server's socket writes come on top) and of the engine's
 thread a token (its steps, the model included). On a GPU the loop runs beside the engine's thread and takes turns
-with it on the interpreter lock: at many requests its time a token is what bounds tokens a second over HTTP.
+with it on the interpreter lock: at many requests its time a token is what bounds tokens a second over HTTP. And SSE
+chunks a token: below one where a reader that fell behind got several tokens in one chunk.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the project's modules come from the repository root
-from bench.engine_overhead import tiny_lm  # noqa: E402 - after the path above
-from bench.scratch import scratch_dir  # noqa: E402
+
+TINY_LM = ROOT / "tests" / "fixtures" / "tiny-lm"
 
 
 def _scope(body: bytes) -> dict:
@@ -37,10 +39,10 @@ def _scope(body: bytes) -> dict:
             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
 
 
-async def _stream(app, body: bytes) -> tuple[int, int]:  # noqa: ANN001 - an ASGI app
-    """One streamed request through the app; (status, SSE data lines received)."""
+async def _stream(app, body: bytes) -> tuple[int, bool, int]:  # noqa: ANN001 - an ASGI app
+    """One streamed request through the app: (status, whether it ran to its length and [DONE], SSE chunks)."""
     sent, never = [False], asyncio.Event()
-    status, lines = [0], [0]
+    status, tail, chunks = [0], [b""], [0]
 
     async def receive() -> dict:
         if not sent[0]:
@@ -53,23 +55,23 @@ async def _stream(app, body: bytes) -> tuple[int, int]:  # noqa: ANN001 - an ASG
         if message["type"] == "http.response.start":
             status[0] = message["status"]
         elif message["type"] == "http.response.body":
-            lines[0] += message.get("body", b"").count(b"data: ")
+            tail[0] = (tail[0] + message.get("body", b""))[-400:]
+            chunks[0] += message.get("body", b"").count(b"data: {")
 
     await app(_scope(body), receive, send)
-    return status[0], lines[0]
+    return status[0], b'"finish_reason":"length"' in tail[0] and tail[0].endswith(b"data: [DONE]\n\n"), chunks[0]
 
 
 def engine_thread_time() -> float:
-    """CPU seconds of the engine's worker threads so far (every thread but this one, on Linux)."""
+    """CPU seconds of the other threads so far (the engine's worker among them): each thread's own CPU clock."""
     total = 0.0
     for thread in threading.enumerate():
-        if thread is threading.current_thread() or thread.native_id is None:
+        if thread is threading.current_thread() or thread.ident is None:
             continue
         try:
-            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, ValueError):  # it ended meanwhile
             continue
-        total += (int(stat[11]) + int(stat[12])) / 100.0  # utime + stime, clock ticks
     return total
 
 
@@ -90,10 +92,10 @@ async def _run(app, batches: list[int], tokens: int, rounds: int) -> list[dict]:
                 answers = await asyncio.gather(*(_stream(app, b) for b in bodies))
                 wall = time.perf_counter() - start
                 loop_cpu, engine_cpu = time.thread_time() - loop_cpu, engine_thread_time() - engine_cpu
-                assert all(s == 200 and n >= tokens for s, n in answers), answers
+                assert all(s == 200 and done for s, done, _ in answers), answers
                 n = batch * tokens
                 rows.append(dict(requests=batch, round=r, tok_s=n / wall, loop_us=loop_cpu / n * 1e6,
-                                 engine_us=engine_cpu / n * 1e6))
+                                 engine_us=engine_cpu / n * 1e6, chunks=sum(c for _, _, c in answers) / n))
     return rows
 
 
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--tokens", type=int, default=64, help="output tokens a request")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    ap.add_argument("--checkpoint", type=Path, default=TINY_LM, help="the language model served")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -110,16 +113,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from tserve.service.settings import Settings
     from tserve.training.common import cpu_name
 
-    directory = tiny_lm(scratch_dir(None, "tserve-stream-overhead-"))
-    settings = Settings(models=[f"lm={directory}"], device="cpu", dtype="float32", log_level="warning",
+    settings = Settings(models=[f"lm={args.checkpoint}"], device="cpu", dtype="float32", log_level="warning",
                         max_running_requests=max(args.batches), max_model_len=args.tokens + 32, cuda_graphs=False)
     rows = asyncio.run(_run(build_app(settings), args.batches, args.tokens, args.rounds))
     print(f"CPU: {cpu_name()}; engine on {args.threads} torch thread(s); {args.tokens} tokens a request\n")
-    print("| requests | tokens/s | event loop's CPU a token, µs | engine thread's CPU a token, µs |\n|---|---|---|---|")
+    print("| requests | tokens/s | event loop's CPU a token, µs | engine thread's CPU a token, µs | SSE chunks a token |")
+    print("|---|---|---|---|---|")
     for batch in args.batches:
         mine = [r for r in rows if r["requests"] == batch]
-        med = {k: statistics.median(r[k] for r in mine) for k in ("tok_s", "loop_us", "engine_us")}
-        print(f"| {batch} | {med['tok_s']:.0f} | {med['loop_us']:.1f} | {med['engine_us']:.1f} |")
+        med = {k: statistics.median(r[k] for r in mine) for k in ("tok_s", "loop_us", "engine_us", "chunks")}
+        print(f"| {batch} | {med['tok_s']:.0f} | {med['loop_us']:.1f} | {med['engine_us']:.1f} | {med['chunks']:.2f} |")
     return rows
 
 

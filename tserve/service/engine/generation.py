@@ -64,6 +64,14 @@ class GenerationRequest(EngineRequest, TextSequence):
         return text_event(self.detok, self.stops, token, is_eos, event.finish_reason,
                           event.logprobs[0] if event.logprobs else None)
 
+    def join(self, first: Event, then: Event) -> Event | None:
+        """Tokens' text and ids joined; not with logprobs (each token's entry keeps the text offset it starts at),
+        an error or a result."""
+        if first.logprobs or then.logprobs or then.error is not None or first.result is not None \
+                or then.result is not None:
+            return None
+        return Event(first.text + then.text, first.token_ids + then.token_ids, finish_reason=then.finish_reason)
+
 
 class GenerationEngine(Worker):
     def __init__(self, name: str, loaded: LoadedModel, *, max_slots: int, max_queue: int,

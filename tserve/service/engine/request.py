@@ -117,6 +117,11 @@ class EngineRequest:
         """The event as its client sees it (on the event loop): what the engine left to the reader."""
         return event
 
+    def join(self, first: Event, then: Event) -> Event | None:
+        """One event that says what `first` then `then` say, for a reader that reads them together; None where
+        they must stay apart (by default, always)."""
+        return None
+
     def cancel(self) -> None:
         """Called from the event loop when the client goes away; the engine frees its rows next step."""
         self.cancelled = True

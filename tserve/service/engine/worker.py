@@ -162,11 +162,22 @@ class Worker:
             last = event
         return last.result
 
-    async def stream(self, req: EngineRequest) -> AsyncIterator[Event]:
-        """Events of one request until it finishes. Leaving early (disconnect) cancels the request."""
+    async def stream(self, req: EngineRequest, coalesce: bool = False) -> AsyncIterator[Event]:
+        """Events of one request until it finishes. Leaving early (disconnect) cancels the request.
+        `coalesce`: events already waiting when one is read come as one where the request can join them
+        (`EngineRequest.join`): a reader that fell behind (an event loop busy with many streams) catches up with
+        one chunk, not one per token, as vLLM's output collector merges a request's outputs."""
+        held: Event | None = None
         try:
             while True:
-                event = req.render(await req.events.get())
+                event, held = held or req.render(await req.events.get()), None
+                while coalesce and event.finish_reason is None and event.error is None and not req.events.empty():
+                    later = req.render(req.events.get_nowait())
+                    joined = req.join(event, later)
+                    if joined is None:
+                        held = later
+                        break
+                    event = joined
                 if event.error is not None:
                     raise event.error
                 yield event

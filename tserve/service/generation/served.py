@@ -108,11 +108,19 @@ class ServedLanguageModel(ServedModel):
         """(index into `reqs`, event) of every submitted request as the events come; an engine failure is
         raised here. Every request is cancelled when the stream ends, early or not (close it at once with
         `contextlib.aclosing`)."""
+        if len(reqs) == 1:  # one stream (n = 1, the usual request): read here, not through a task and a queue
+            try:
+                async with aclosing(self.engine.stream(reqs[0], coalesce=True)) as stream:
+                    async for event in stream:
+                        yield 0, event
+            finally:
+                reqs[0].cancel()
+            return
         queue: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
 
         async def pump(i: int, req: GenerationRequest) -> None:
             try:
-                async for event in self.engine.stream(req):
+                async for event in self.engine.stream(req, coalesce=True):
                     queue.put_nowait((i, event))
             except Exception as exc:  # surfaces in the consumer
                 queue.put_nowait((i, exc))
