@@ -67,6 +67,15 @@ def test_engine_overhead_benchmark_separates_the_model_from_the_engine(capsys):
     assert "| requests | engine ms/step |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_stream_overhead_benchmark_streams_every_request_to_its_end(capsys):
+    """Each round's requests ran to their length and [DONE] (checked by the script), and every column is filled."""
+    rows = bench_script("stream_overhead").main(["--batches", "1", "4", "--tokens", "8", "--rounds", "2"])
+    assert [(r["requests"], r["round"]) for r in rows] == [(1, 0), (1, 1), (4, 0), (4, 1)]
+    assert all(r["tok_s"] > 0 and r["loop_us"] > 0 and r["engine_us"] > 0 and 0 < r["chunks"] <= 1 for r in rows)
+    assert "| requests | tokens/s | event loop's CPU a token" in capsys.readouterr().out
+
+
 @pytest.mark.slow  # 2-3 s: the benchmarks' smoke runs are CI's (`make test SLOW=1`)
 def test_structured_output_benchmark_times_masks_and_the_engine(capsys):
     out = bench_script("structured").main(["--vocab-sizes", "3000", "--size", "tiny-llama", "--requests", "2",
