@@ -15,6 +15,7 @@ import base64
 import io
 import json
 import random
+import time
 import uuid
 
 import httpx
@@ -114,9 +115,16 @@ def test_request_id_is_echoed_or_generated(server):
         assert resp.headers["x-request-id"] == sent + "-d"
         assert [line for line in resp.iter_lines() if line][-1] == "data: [DONE]"
     # One JSON object a line; the access log names each request by its id, with its route, method and status.
-    server.log()  # flushed
-    entries = [json.loads(line) for line in server.log_file.read_text().splitlines() if line.startswith("{")]
-    access = {e["request_id"]: e for e in entries if e.get("logger") == "tserve.access"}
+    def access_lines() -> tuple[list[dict], dict[str, dict]]:
+        server.log()  # flushed
+        entries = [json.loads(line) for line in server.log_file.read_text().splitlines() if line.startswith("{")]
+        return entries, {e["request_id"]: e for e in entries if e.get("logger") == "tserve.access"}
+
+    for _ in range(200):  # a stream's line is written once its response has ended, after the client read [DONE]
+        entries, access = access_lines()
+        if sent + "-d" in access:
+            break
+        time.sleep(0.02)
     for suffix, route, status in (("-a", "/healthz", 200), ("-b", "/v1/completions", 200),
                                   ("-c", "/v1/completions", 404), ("-d", "/v1/completions", 200)):
         entry = access[sent + suffix]

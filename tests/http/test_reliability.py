@@ -197,8 +197,10 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(checkpoints, tmp_path):
     # Steps of at least 50 ms: the 60-token streams run for 3 s, long enough to watch the drain.
     srv = ServerProcess([*factories.model_flags(checkpoints), "--max-running-requests", "8"],
                         tmp_path / "server.log", step_delay_s=0.05).wait_ready()
+    # logprobs: every token a chunk of its own (tokens waiting for a reader are otherwise joined), so that 60
+    # chunks say that all 60 tokens came.
     body = {"model": "lm", "prompt": "Hello", "max_tokens": 60, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": True, "logprobs": 0}
     seen: dict = {"finished": 0}
 
     async def go() -> list[list[str]]:
