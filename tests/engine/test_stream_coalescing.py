@@ -1,6 +1,7 @@
 """A reader that fell behind its request's stream (`Worker.stream(req, coalesce=True)`, what the HTTP routes read):
 the events already waiting come as one, with the same text and ids as read one by one; events that must stay apart
-(logprobs, an error) do; and the served model's single-stream path closes its stream at once when its reader leaves."""
+(logprobs, an error) do; the served model's single-stream path closes its stream at once when its reader leaves,
+and several choices' streams come each with its index."""
 
 from __future__ import annotations
 
@@ -92,6 +93,27 @@ def test_tokens_with_logprobs_stay_one_event_each(engine, lm):
     assert len(events) == TOKENS and all(len(e.token_ids) == len(e.logprobs) == 1 for e in events)
 
 
+def test_join_keeps_apart_what_must_stay_apart(engine, lm):
+    """Text and ids join; an entry with logprobs never joins (nor one after it: a logprobs request's eos event has
+    none), nor a result or an error."""
+    from tserve.service.engine import Event, TokenLogprob
+
+    lp = TokenLogprob("a", -0.5, {})
+
+    async def run():
+        req = engine.submit(lm.tokenizer.encode("the"), _params(max_tokens=1))
+        await _read(engine, req, coalesce=False)
+        a, b = Event("a", [5]), Event("b", [6], finish_reason="length")
+        joined = req.join(a, b)
+        assert (joined.text, joined.token_ids, joined.finish_reason) == ("ab", [5, 6], "length")
+        for first, then in ((Event("a", [5], [lp]), Event("", [], finish_reason="stop")),
+                            (Event("a", [5]), Event("b", [6], [lp])),
+                            (Event("a", [5], result=1), b), (a, Event(result=[1])), (a, Event(error=ValueError()))):
+            assert req.join(first, then) is None, (first, then)
+
+    asyncio.run(run())
+
+
 def test_tokens_before_an_error_come_first_then_the_error(engine, lm, monkeypatch):
     """A step that fails after some tokens: the waiting tokens come joined, then the error is raised."""
     original, calls = lm.model.decode_step, {"n": 0}
@@ -153,5 +175,70 @@ def test_the_single_stream_path_closes_its_stream_when_its_reader_leaves(lm):
             assert len(got) == 1 and len(got[0].token_ids) == TOKENS
 
         asyncio.run(run())
+    finally:
+        served.worker.stop()
+
+
+def test_several_choices_come_each_with_its_index_coalesced(lm):
+    """n > 1: each request's events come with its index, joined where they waited, each text the text of its
+    request alone; leaving early cancels every one of them."""
+    from tserve.service.generation.served import ServedLanguageModel
+    from tserve.service.settings import Settings
+
+    served = ServedLanguageModel("lm", lm, Settings(max_running_requests=4, cuda_graphs=False), Metrics())
+    served.worker.start()
+    prompts = [lm.tokenizer.encode(p) for p in ("the quick", "brown fox jumps", "over")]
+    try:
+        async def run():
+            alone = [await _read(served.engine, served.submit([(p, _params())])[0], coalesce=False) for p in prompts]
+            reqs = served.submit([(p, _params()) for p in prompts])
+            for req in reqs:
+                await _all_waiting(req, TOKENS)
+            got = {i: [] for i in range(len(reqs))}
+            async with aclosing(served.events(reqs)) as events:
+                async for i, event in events:
+                    got[i].append(event)
+            for i, events in got.items():
+                assert len(events) == 1, i
+                assert events[0].token_ids == [t for e in alone[i] for t in e.token_ids]
+                assert events[0].text == "".join(e.text for e in alone[i])
+            assert len({e[0].text for e in got.values()}) == len(prompts)
+            reqs = served.submit([(p, _params(max_tokens=100)) for p in prompts])
+            async with aclosing(served.events(reqs)) as events:
+                async for _ in events:
+                    break
+            assert all(r.cancelled for r in reqs)
+            await until(lambda: served.engine.slots_in_use == 0)
+
+        asyncio.run(run())
+    finally:
+        served.worker.stop()
+
+
+
+def test_an_error_in_one_of_several_choices_is_raised(lm, monkeypatch):
+    from tserve.service.generation.served import ServedLanguageModel
+    from tserve.service.settings import Settings
+
+    served = ServedLanguageModel("lm", lm, Settings(max_running_requests=4, cuda_graphs=False), Metrics())
+    original, calls = lm.model.decode_step, {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] >= 3:  # every step from the third: retried one by one, each request fails
+            raise RuntimeError("injected fault")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lm.model, "decode_step", failing)
+    served.worker.start()
+    try:
+        async def run():
+            reqs = served.submit([(lm.tokenizer.encode(p), _params()) for p in ("the quick", "brown fox")])
+            async with aclosing(served.events(reqs)) as events:
+                async for _ in events:
+                    pass
+
+        with pytest.raises(RuntimeError, match="generation failed"):
+            asyncio.run(asyncio.wait_for(run(), 10))
     finally:
         served.worker.stop()

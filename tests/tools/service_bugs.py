@@ -305,4 +305,10 @@ SERVICE_BUGS = [
     Bug("routes-read-streams-uncoalesced", "tserve/service/generation/served.py",
         "self.engine.stream(reqs[0], coalesce=True)", "self.engine.stream(reqs[0])",
         ("tests/engine/test_stream_coalescing.py::test_the_single_stream_path_closes_its_stream_when_its_reader_leaves",)),
+    Bug("a-logprobs-tokens-joined-with-the-eos-after-it", "tserve/service/engine/generation.py",
+        "        if first.logprobs or then.logprobs or then.error", "        if first.logprobs and then.logprobs or then.error",
+        ("tests/engine/test_stream_coalescing.py::test_join_keeps_apart_what_must_stay_apart",)),
+    Bug("several-choices-swallow-an-error", "tserve/service/generation/served.py",
+        "            queue.put_nowait((i, exc))", "            queue.put_nowait((i, None))",
+        ("tests/engine/test_stream_coalescing.py::test_an_error_in_one_of_several_choices_is_raised",)),
 ]
