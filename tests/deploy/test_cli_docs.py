@@ -197,3 +197,20 @@ def test_a_test_server_whose_port_was_taken_meanwhile_starts_on_another(tmp_path
             assert srv.port != taken.getsockname()[1] and "address already in use" in srv.log()
         finally:
             srv.stop()
+
+
+# Each metric's labels, as dashboards and autoscalers query them: by model, but the request counters and latency
+# (by route, and status) and the file jobs (by how they ended); the translation memory's size is the server's.
+METRIC_LABELS = {"tserve_requests": ("route", "status"), "tserve_request_latency_seconds": ("route",),
+                 "tserve_translation_file_jobs": ("status",), "tserve_translation_memory_entries": ()}
+
+
+def test_every_metric_is_documented_with_its_labels():
+    from tserve.service.metrics import Metrics
+
+    collectors = list(Metrics().registry._collector_to_names)
+    assert len(collectors) > 25
+    for c in collectors:
+        assert c._labelnames == METRIC_LABELS.get(c._name, ("model",)), c._name
+        documented = c._name + ("_total" if c._type == "counter" else "")
+        assert f"`{documented}" in API_DOC, f"{documented} is not in docs/API.md"

@@ -155,8 +155,9 @@ def test_max_tokens_limit_is_the_largest_max_tokens(limited, faulty, lm):
     assert len(lm.tokenizer.encode("Hello")) + MAX_TOKENS_LIMIT + 1 <= MAX_MODEL_LEN  # only this flag binds
     at = post(limited, "/v1/completions", body | {"max_tokens": MAX_TOKENS_LIMIT}, AUTH)
     assert at.status_code == 200 and at.json()["usage"]["completion_tokens"] == MAX_TOKENS_LIMIT
-    assert_error(post(limited, "/v1/completions", body | {"max_tokens": MAX_TOKENS_LIMIT + 1}, AUTH), 400,
-                 f"max_tokens {MAX_TOKENS_LIMIT + 1}", f"limit of {MAX_TOKENS_LIMIT}")
+    over = assert_error(post(limited, "/v1/completions", body | {"max_tokens": MAX_TOKENS_LIMIT + 1}, AUTH), 400,
+                        f"max_tokens {MAX_TOKENS_LIMIT + 1}", f"limit of {MAX_TOKENS_LIMIT}")
+    assert over["code"] == "max_tokens_too_large"
     chat = {"model": "lm", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "ignore_eos": True}
     chat_prompt = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(chat["messages"]), add_special_tokens=False)
     assert len(chat_prompt) + MAX_TOKENS_LIMIT + 1 <= MAX_MODEL_LEN
@@ -203,6 +204,49 @@ def test_api_keys_guard_attention_and_the_viewers_calls(limited):
         resp = httpx.post(attention_url, json=body, headers=AUTH, timeout=60)
         assert resp.status_code == 200, resp.text
         assert resp.json()["model"] == body["model"] and resp.json()["maps"]
+
+
+def test_bodies_past_the_limit_are_refused_before_a_route_reads_them():
+    """--max-body-bytes: a Content-Length past it is 413 before the body is read; a Content-Length that is not a
+    number is 400; a body without a length (chunked) is 413 once it has grown past the limit; the file routes'
+    limit (--max-file-bytes and the form's fields) lets a larger body through to the route. Errors as JSON."""
+    app = build_app(Settings(max_body_bytes=1024, max_file_bytes=4096), load_models=False)
+
+    async def call(path: str, chunks: list[bytes], length: str | None) -> tuple[int, dict]:
+        headers = [(b"content-type", b"application/json")] + ([(b"content-length", length.encode())] if length else [])
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
+                 "client": ("127.0.0.1", 1), "server": ("test", 80)}
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        status, body = [0], []
+
+        async def receive() -> dict:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+
+        await app(scope, receive, send)
+        return status[0], json.loads(b"".join(body) or b"{}")
+
+    big = json.dumps({"model": "lm", "prompt": "a" * 2000}).encode()
+
+    async def run() -> list:
+        return [await call("/v1/completions", [big], str(len(big))),
+                await call("/v1/completions", [big], "12ab"),
+                await call("/v1/completions", [big[i:i + 500] for i in range(0, len(big), 500)], None),
+                await call("/v1/completions", [big[:900]], "900"),
+                await call("/v1/translations/files", [big], str(len(big)))]
+
+    (too_long, bad, chunked, small, file_route) = asyncio.run(run())
+    assert too_long == (413, {"error": {"message": "request body exceeds 1024 bytes", "type": "invalid_request_error",
+                                        "code": "body_too_large"}})
+    assert bad[0] == 400 and bad[1]["error"]["message"] == "bad Content-Length"
+    assert chunked == (413, too_long[1])
+    assert small[0] != 413 and file_route[0] != 413  # on to the route (no model loaded, a cut body: its own answer)
 
 
 def test_viewer_needs_the_key_unless_public():
@@ -274,7 +318,7 @@ def test_request_timeout_is_504(faulty):
 
     plain, lines, elapsed = asyncio.run(both())
     error = assert_error(plain, 504, "timed out")
-    assert error["code"] == "timeout" and elapsed >= TIMEOUT_S
+    assert (error["code"], error["type"]) == ("timeout", "server_error") and elapsed >= TIMEOUT_S
     assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["error"]["code"] == "timeout"
     assert len(lines) > 3  # it had been streaming tokens until then
     for _ in range(50):

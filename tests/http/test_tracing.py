@@ -26,7 +26,8 @@ class Receiver:
 
     def __init__(self) -> None:
         self.spans: list = []
-        spans, lock = self.spans, threading.Lock()
+        self.services: set[str] = set()  # the senders' service.name
+        spans, services, lock = self.spans, self.services, threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
@@ -35,6 +36,8 @@ class Receiver:
                 request.ParseFromString(body)
                 with lock:
                     for resource in request.resource_spans:
+                        services.update(kv.value.string_value for kv in resource.resource.attributes
+                                        if kv.key == "service.name")
                         for scope in resource.scope_spans:
                             spans.extend(scope.spans)
                 self.send_response(200)
@@ -89,6 +92,7 @@ def test_a_completion_is_one_trace_under_the_clients_span(traced):
     spans = {s.name: s for s in receiver.trace(TRACE_ID, 6)}
     root = spans["POST /v1/completions"]
     assert root.parent_span_id.hex() == CLIENT_SPAN
+    assert receiver.services == {"tserve"}  # OTEL_SERVICE_NAME unset
     for name in ("validate", "queue", "prefill", "decode", "output"):
         assert spans[name].parent_span_id == root.span_id, name
         assert root.start_time_unix_nano <= spans[name].start_time_unix_nano <= spans[name].end_time_unix_nano
