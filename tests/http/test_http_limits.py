@@ -206,6 +206,26 @@ def test_api_keys_guard_attention_and_the_viewers_calls(limited):
         assert resp.json()["model"] == body["model"] and resp.json()["maps"]
 
 
+def test_each_engine_failure_is_its_status_type_and_code():
+    """The one map from what an engine raised to what its client gets (`errors.engine_failure`); an internal
+    failure reaches it already as the kind of failure only (`engine.request_error`)."""
+    from tserve.model.decoding.constrained_beam import ConstraintsUnmet
+    from tserve.service.engine import InvalidInput, OutOfMemory, QueueFull, RequestTimeout
+    from tserve.service.errors import engine_failure
+
+    cases = [(QueueFull("full"), 429, "server_overloaded", "rate_limit_exceeded"),
+             (OutOfMemory("oom"), 503, "server_overloaded", "unavailable"),
+             (RequestTimeout("timed out"), 504, "server_error", "timeout"),
+             (ConstraintsUnmet("no room"), 422, "invalid_request_error", "glossary_unplaceable"),
+             (InvalidInput("bad", "empty_prompt"), 400, "invalid_request_error", "empty_prompt"),
+             (ValueError("too long"), 400, "invalid_request_error", "context_length_exceeded"),
+                  (RuntimeError("generation failed: KeyError"), 500, "server_error", "generation_failed")]
+    for exc, status, type_, code in cases:
+        err = engine_failure(exc, "generation", "context_length_exceeded")
+        assert (err.status, err.type, err.code) == (status, type_, code), exc
+    assert engine_failure(QueueFull("full"), "generation").headers["Retry-After"] == "1"
+
+
 def test_bodies_past_the_limit_are_refused_before_a_route_reads_them():
     """--max-body-bytes: a Content-Length past it is 413 before the body is read; a Content-Length that is not a
     number is 400; a body without a length (chunked) is 413 once it has grown past the limit; the file routes'
