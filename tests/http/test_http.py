@@ -117,6 +117,41 @@ def test_openai_client_completion_matches_reference(server, lm):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == resp.choices[0].finish_reason
 
 
+def _sse_chunks(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", server.url + path, json=body | {"stream": True}, timeout=60) as resp:
+        lines = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk(server, lm):
+    """vLLM's `stream_options.continuous_usage_stats` (with `include_usage`): every chunk carries its choice's
+    prompt, completion (so far) and total tokens, whatever number of tokens the chunk holds; the last of each
+    choice is its whole count, and the usage chunk at the end the request's. Alone it adds nothing."""
+    prompt = len(lm.tokenizer.encode("Hello world"))
+    body = {"model": "lm", "prompt": "Hello world", "max_tokens": 9, "temperature": 0, "ignore_eos": True, "n": 2,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chat = {"model": "lm", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 7, "temperature": 0,
+            "ignore_eos": True, "stream_options": body["stream_options"]}
+    for path, req, tokens in (("/v1/completions", body, 9), ("/v1/chat/completions", chat, 7)):
+        chunks = _sse_chunks(server, path, req)
+        *with_choices, last = chunks
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] == tokens * req.get("n", 1)
+        seen: dict[int, list[int]] = {}
+        for chunk in with_choices:
+            (choice,) = chunk["choices"]
+            usage = chunk["usage"]
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+            if path == "/v1/completions":
+                assert usage["prompt_tokens"] == prompt
+            seen.setdefault(choice["index"], []).append(usage["completion_tokens"])
+        for counts in seen.values():
+            assert counts == sorted(counts) and counts[-1] == tokens and counts[0] < tokens
+        assert sorted(seen) == list(range(req.get("n", 1)))
+    alone = _sse_chunks(server, "/v1/completions", body | {"stream_options": {"continuous_usage_stats": True}})
+    assert all("usage" not in chunk for chunk in alone)
+
+
 def test_openai_client_chat(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]

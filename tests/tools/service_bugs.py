@@ -331,4 +331,11 @@ SERVICE_BUGS = [
     Bug("traces-under-another-service-name", "tserve/service/tracing.py",
         '"tserve")}))', '"tserve-server")}))',
         ("tests/http/test_tracing.py::test_a_completion_is_one_trace_under_the_clients_span",)),
+    Bug("continuous-usage-without-include-usage", "tserve/service/routes/completions.py",
+        "return bool(options and options.include_usage and options.continuous_usage_stats)",
+        "return bool(options and options.continuous_usage_stats)",
+        ("tests/http/test_http.py::test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk",)),
+    Bug("continuous-usage-counts-the-prompt-as-completion", "tserve/service/routes/completions.py",
+        '"completion_tokens": c.tokens,\n', '"completion_tokens": prompt + c.tokens,\n',
+        ("tests/http/test_http.py::test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk",)),
 ]

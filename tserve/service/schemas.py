@@ -32,6 +32,9 @@ class AttentionSelection(RequestBody):
 
 class StreamOptions(RequestBody):
     include_usage: bool = False
+    # vLLM's extension: with include_usage, every chunk also carries its choice's usage so far (a chunk may hold
+    # several tokens: those waiting for a stream that fell behind).
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(_Prioritised):

@@ -182,11 +182,27 @@ async def _collect(request: Request, served: ServedLanguageModel, choices: list[
         raise engine_failure(exc, "generation") from exc
 
 
+def _choice_chunk(base: dict[str, Any], c: Choice, choice: dict[str, Any], continuous: bool) -> str:
+    """One choice's SSE chunk; with `continuous` (stream_options.continuous_usage_stats, vLLM's), that choice's
+    usage so far."""
+    if not continuous:
+        return sse(base | {"choices": [choice]})
+    prompt = len(c.request.prompt_ids)
+    return sse(base | {"choices": [choice], "usage": {"prompt_tokens": prompt, "completion_tokens": c.tokens,
+                                                      "total_tokens": prompt + c.tokens}})
+
+
+def _continuous_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    """Usage in every chunk: vLLM's `continuous_usage_stats`, which takes effect only with `include_usage`."""
+    options = body.stream_options
+    return bool(options and options.include_usage and options.continuous_usage_stats)
+
+
 async def _event_stream(served: ServedLanguageModel, choices: list[Choice], base: dict[str, Any],
                         render: Callable[[Choice, Event, list[int]], dict[str, Any] | list[dict[str, Any]]],
-                        usage: Callable[[], dict[str, Any]] | None) -> AsyncIterator[str]:
-    """SSE chunks of the merged choices (rendered per API), an engine failure as an error event, the usage
-    chunk when asked for, then [DONE]."""
+                        usage: Callable[[], dict[str, Any]] | None, continuous: bool = False) -> AsyncIterator[str]:
+    """SSE chunks of the merged choices (rendered per API; with `continuous`, each with its choice's usage), an
+    engine failure as an error event, the usage chunk when asked for, then [DONE]."""
     try:
         async with aclosing(_merged(served, choices)) as merged:
             async for c, event in merged:
@@ -195,7 +211,7 @@ async def _event_stream(served: ServedLanguageModel, choices: list[Choice], base
                     continue  # the detokenizer is holding back an unfinished character
                 rendered = render(c, event, offsets)
                 for choice in rendered if isinstance(rendered, list) else [rendered]:
-                    yield sse(base | {"choices": [choice]})
+                    yield _choice_chunk(base, c, choice, continuous)
     except Exception as exc:
         err = engine_failure(exc, "generation")
         yield sse({"error": {"message": err.message, "type": err.type, "code": err.code}})
@@ -291,8 +307,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
             for c in choices:
                 if c.prefix:
                     lp = c.logprobs_dict(served.tokenizer) if body.logprobs is not None else None
-                    yield sse(base | {"choices": [{"text": c.prefix, "index": c.index, "logprobs": lp,
-                                                   "finish_reason": None}]})
+                    yield _choice_chunk(base, c, {"text": c.prefix, "index": c.index, "logprobs": lp,
+                                                  "finish_reason": None}, _continuous_usage(body))
 
             def render(c: Choice, event: Event, offsets: list[int]) -> dict[str, Any]:
                 lp = None
@@ -301,7 +317,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                 return {"text": event.text, "index": c.index, "logprobs": lp, "finish_reason": event.finish_reason}
 
             usage = (lambda: _usage(prompt_tokens * body.n, choices)) if include_usage else None
-            async for chunk in _event_stream(served, choices, base, render, usage):
+            async for chunk in _event_stream(served, choices, base, render, usage, _continuous_usage(body)):
                 yield chunk
 
         return _streaming(chunks(), choices)
@@ -376,8 +392,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         async def chunks() -> AsyncIterator[str]:
             base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
             for c in choices:
-                yield sse(base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                               "logprobs": None, "finish_reason": None}]})
+                yield _choice_chunk(base, c, {"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                              "logprobs": None, "finish_reason": None}, _continuous_usage(body))
 
             streams = {c.index: ToolStream(tools) for c in choices}
 
@@ -393,7 +409,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 return out
 
             usage = (lambda: _usage(len(ids) * body.n, choices)) if include_usage else None
-            async for chunk in _event_stream(served, choices, base, render, usage):
+            async for chunk in _event_stream(served, choices, base, render, usage, _continuous_usage(body)):
                 yield chunk
 
         return _streaming(chunks(), choices)
