@@ -72,7 +72,7 @@ def test_waiting_tokens_come_as_one_event_with_the_same_text_and_ids(engine, lm)
     assert event.finish_reason == one_by_one[-1].finish_reason == "length"
 
 
-def test_a_reader_that_keeps_up_gets_one_event_a_token(engine, lm):
+def test_a_coalesced_reader_gets_every_token_once_and_the_finish(engine, lm):
     async def run():
         return await _read(engine, engine.submit(lm.tokenizer.encode("the quick"), _params()), coalesce=True)
 

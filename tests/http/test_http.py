@@ -145,8 +145,9 @@ def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk(ser
             if path == "/v1/completions":
                 assert usage["prompt_tokens"] == prompt
             seen.setdefault(choice["index"], []).append(usage["completion_tokens"])
-        for counts in seen.values():
-            assert counts == sorted(counts) and counts[-1] == tokens and counts[0] < tokens
+        for counts in seen.values():  # (all of a choice's tokens may come in one chunk, where its stream fell behind)
+            assert counts == sorted(counts) and counts[-1] == tokens
+            assert path == "/v1/completions" or counts[0] == 0  # chat's first chunk: the role, no token yet
         assert sorted(seen) == list(range(req.get("n", 1)))
     alone = _sse_chunks(server, "/v1/completions", body | {"stream_options": {"continuous_usage_stats": True}})
     assert all("usage" not in chunk for chunk in alone)
