@@ -34,6 +34,32 @@ def engine(lm):
     engine.stop()
 
 
+@pytest.fixture
+def served(lm):
+    """The served language model the routes read (`ServedLanguageModel.events`), its worker running."""
+    from tserve.service.generation.served import ServedLanguageModel
+    from tserve.service.settings import Settings
+
+    served = ServedLanguageModel("lm", lm, Settings(max_running_requests=4, cuda_graphs=False), Metrics())
+    served.worker.start()
+    yield served
+    served.worker.stop()
+
+
+def _fail_decode_steps(monkeypatch, lm, first: int, every: bool = False) -> None:
+    """Decode step number `first` raises (`every`: that one and each after it, so that the engine's retry one
+    request at a time fails too)."""
+    original, calls = lm.model.decode_step, {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == first or (every and calls["n"] > first):
+            raise RuntimeError("injected fault")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lm.model, "decode_step", failing)
+
+
 async def _read(engine, req, coalesce: bool) -> list:
     async def read() -> list:
         return [event async for event in engine.stream(req, coalesce=coalesce)]
@@ -116,15 +142,7 @@ def test_join_keeps_apart_what_must_stay_apart(engine, lm):
 
 def test_tokens_before_an_error_come_first_then_the_error(engine, lm, monkeypatch):
     """A step that fails after some tokens: the waiting tokens come joined, then the error is raised."""
-    original, calls = lm.model.decode_step, {"n": 0}
-
-    def failing(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise RuntimeError("injected fault")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(lm.model, "decode_step", failing)
+    _fail_decode_steps(monkeypatch, lm, 5)
     got = []
 
     async def run():
@@ -142,103 +160,74 @@ def test_tokens_before_an_error_come_first_then_the_error(engine, lm, monkeypatc
     assert len(got) == 1 and len(got[0].token_ids) == 5 and got[0].finish_reason is None
 
 
-def test_the_single_stream_path_closes_its_stream_when_its_reader_leaves(lm):
+def test_the_single_stream_path_closes_its_stream_when_its_reader_leaves(served, lm):
     """n = 1 is read without a task between the engine and the route: a reader that leaves after the first event
     cancels the request and frees its row at once, and the request's observer (tracing) sees it end; and it is
     read coalesced."""
     from tserve.service.engine import request as engine_request
-    from tserve.service.generation.served import ServedLanguageModel
-    from tserve.service.settings import Settings
 
-    served = ServedLanguageModel("lm", lm, Settings(max_running_requests=2, cuda_graphs=False), Metrics())
     seen = []
-    served.worker.start()
-    try:
-        async def run():
-            token = engine_request.request_observer.set(seen.append)
-            try:
-                (req,) = served.submit([(lm.tokenizer.encode("the quick"),
-                                         SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))])
-            finally:
-                engine_request.request_observer.reset(token)
-            async with aclosing(served.events([req])) as events:
-                async for i, event in events:
-                    assert i == 0 and event.token_ids
-                    break
-            assert req.cancelled and seen == [req]
-            await until(lambda: served.engine.slots_in_use == 0)
-            # What the routes read: the waiting tokens of a reader that fell behind as one event.
-            (late,) = served.submit([(lm.tokenizer.encode("the quick"), _params())])
-            await _all_waiting(late, TOKENS)
-            async with aclosing(served.events([late])) as events:
-                got = [event async for _, event in events]
-            assert len(got) == 1 and len(got[0].token_ids) == TOKENS
 
-        asyncio.run(run())
-    finally:
-        served.worker.stop()
+    async def run():
+        token = engine_request.request_observer.set(seen.append)
+        try:
+            (req,) = served.submit([(lm.tokenizer.encode("the quick"),
+                                     SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))])
+        finally:
+            engine_request.request_observer.reset(token)
+        async with aclosing(served.events([req])) as events:
+            async for i, event in events:
+                assert i == 0 and event.token_ids
+                break
+        assert req.cancelled and seen == [req]
+        await until(lambda: served.engine.slots_in_use == 0)
+        # What the routes read: the waiting tokens of a reader that fell behind as one event.
+        (late,) = served.submit([(lm.tokenizer.encode("the quick"), _params())])
+        await _all_waiting(late, TOKENS)
+        async with aclosing(served.events([late])) as events:
+            got = [event async for _, event in events]
+        assert len(got) == 1 and len(got[0].token_ids) == TOKENS
+
+    asyncio.run(run())
 
 
-def test_several_choices_come_each_with_its_index_coalesced(lm):
+def test_several_choices_come_each_with_its_index_coalesced(served, lm):
     """n > 1: each request's events come with its index, joined where they waited, each text the text of its
     request alone; leaving early cancels every one of them."""
-    from tserve.service.generation.served import ServedLanguageModel
-    from tserve.service.settings import Settings
-
-    served = ServedLanguageModel("lm", lm, Settings(max_running_requests=4, cuda_graphs=False), Metrics())
-    served.worker.start()
     prompts = [lm.tokenizer.encode(p) for p in ("the quick", "brown fox jumps", "over")]
-    try:
-        async def run():
-            alone = [await _read(served.engine, served.submit([(p, _params())])[0], coalesce=False) for p in prompts]
-            reqs = served.submit([(p, _params()) for p in prompts])
-            for req in reqs:
-                await _all_waiting(req, TOKENS)
-            got = {i: [] for i in range(len(reqs))}
-            async with aclosing(served.events(reqs)) as events:
-                async for i, event in events:
-                    got[i].append(event)
-            for i, events in got.items():
-                assert len(events) == 1, i
-                assert events[0].token_ids == [t for e in alone[i] for t in e.token_ids]
-                assert events[0].text == "".join(e.text for e in alone[i])
-            assert len({e[0].text for e in got.values()}) == len(prompts)
-            reqs = served.submit([(p, _params(max_tokens=100)) for p in prompts])
-            async with aclosing(served.events(reqs)) as events:
-                async for _ in events:
-                    break
-            assert all(r.cancelled for r in reqs)
-            await until(lambda: served.engine.slots_in_use == 0)
 
-        asyncio.run(run())
-    finally:
-        served.worker.stop()
+    async def run():
+        alone = [await _read(served.engine, served.submit([(p, _params())])[0], coalesce=False) for p in prompts]
+        reqs = served.submit([(p, _params()) for p in prompts])
+        for req in reqs:
+            await _all_waiting(req, TOKENS)
+        got = {i: [] for i in range(len(reqs))}
+        async with aclosing(served.events(reqs)) as events:
+            async for i, event in events:
+                got[i].append(event)
+        for i, events in got.items():
+            assert len(events) == 1, i
+            assert events[0].token_ids == [t for e in alone[i] for t in e.token_ids]
+            assert events[0].text == "".join(e.text for e in alone[i])
+        assert len({e[0].text for e in got.values()}) == len(prompts)
+        reqs = served.submit([(p, _params(max_tokens=100)) for p in prompts])
+        async with aclosing(served.events(reqs)) as events:
+            async for _ in events:
+                break
+        assert all(r.cancelled for r in reqs)
+        await until(lambda: served.engine.slots_in_use == 0)
+
+    asyncio.run(run())
 
 
+def test_an_error_in_one_of_several_choices_is_raised(served, lm, monkeypatch):
+    _fail_decode_steps(monkeypatch, lm, 3, every=True)  # from the third step: its one-by-one retry fails too
 
-def test_an_error_in_one_of_several_choices_is_raised(lm, monkeypatch):
-    from tserve.service.generation.served import ServedLanguageModel
-    from tserve.service.settings import Settings
+    async def run():
+        reqs = served.submit([(lm.tokenizer.encode(p), _params()) for p in ("the quick", "brown fox")])
+        async with aclosing(served.events(reqs)) as events:
+            async for _ in events:
+                pass
 
-    served = ServedLanguageModel("lm", lm, Settings(max_running_requests=4, cuda_graphs=False), Metrics())
-    original, calls = lm.model.decode_step, {"n": 0}
-
-    def failing(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] >= 3:  # every step from the third: retried one by one, each request fails
-            raise RuntimeError("injected fault")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(lm.model, "decode_step", failing)
-    served.worker.start()
-    try:
-        async def run():
-            reqs = served.submit([(lm.tokenizer.encode(p), _params()) for p in ("the quick", "brown fox")])
-            async with aclosing(served.events(reqs)) as events:
-                async for _ in events:
-                    pass
-
-        with pytest.raises(RuntimeError, match="generation failed"):
-            asyncio.run(asyncio.wait_for(run(), 10))
-    finally:
-        served.worker.stop()
+    with pytest.raises(RuntimeError, match="generation failed"):
+        asyncio.run(asyncio.wait_for(run(), 10))

@@ -294,8 +294,8 @@ SERVICE_BUGS = [
         "        if first.logprobs or then.logprobs or then.error", "        if then.error",
         ("tests/engine/test_stream_coalescing.py::test_tokens_with_logprobs_stay_one_event_each",)),
     Bug("an-event-that-cannot-be-joined-is-lost", "tserve/service/engine/worker.py",
-        "event, held = held or req.render(await req.events.get()), None",
-        "event, held = req.render(await req.events.get()), None",
+        "                    event, held = held, None\n",
+        "                    event, held = req.render(await req.events.get()), None\n",
         ("tests/engine/test_stream_coalescing.py::test_tokens_with_logprobs_stay_one_event_each", "tests/engine/test_stream_coalescing.py::test_tokens_before_an_error_come_first_then_the_error")),
     Bug("single-stream-left-open-when-its-reader-leaves", "tserve/service/generation/served.py",
         "                async with aclosing(self.engine.stream(reqs[0], coalesce=True)) as stream:\n"

@@ -170,7 +170,10 @@ class Worker:
         held: Event | None = None
         try:
             while True:
-                event, held = held or req.render(await req.events.get()), None
+                if held is None:
+                    event = req.render(await req.events.get())
+                else:  # the event a join refused last time: read before any that came after it
+                    event, held = held, None
                 while coalesce and event.finish_reason is None and event.error is None and not req.events.empty():
                     later = req.render(req.events.get_nowait())
                     joined = req.join(event, later)
