@@ -3,6 +3,7 @@ whole application in-process (its ASGI app called directly: no sockets, no HTTP 
 
     python bench/stream_overhead.py                          # 1, 8 and 64 requests, 3 rounds
     python bench/stream_overhead.py --batches 64 --tokens 128 --rounds 5
+    python bench/stream_overhead.py --batches 64 --tokens 96 --rounds 4 --no-gc-freeze   # the heap left unfrozen
 
 The committed tiny language model (tests/fixtures/tiny-lm: two layers of width 64, trained on a short text, so that
 its greedy tokens are words and every token's text is rendered; a random model's byte-level tokens rarely finish a
@@ -10,13 +11,17 @@ character) keeps the model's share small. Reported, medians of the rounds: outpu
 event streams, detokenization, SSE rendering; a web server's socket writes come on top) and of the engine's
 thread a token (its steps, the model included). On a GPU the loop runs beside the engine's thread and takes turns
 with it on the interpreter lock: at many requests its time a token is what bounds tokens a second over HTTP. And SSE
-chunks a token: below one where a reader that fell behind got several tokens in one chunk.
+chunks a token: below one where a reader that fell behind got several tokens in one chunk. Last, the garbage
+collector's work during the rounds (`--gc-freeze`, on by default as in the server: docs/SETTINGS.md): full
+(generation 2) collections, their total and longest pause, and the tokens a second over all rounds, which a pause
+that stops every stream lowers (the median round may miss it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -75,6 +80,28 @@ def engine_thread_time() -> float:
     return total
 
 
+class FullCollections:
+    """The pauses of the garbage collector's full (generation 2) collections while it is open, in seconds."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._start = 0.0
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                self._start = time.perf_counter()
+            else:
+                self.pauses.append(time.perf_counter() - self._start)
+
+
 async def _run(app, batches: list[int], tokens: int, rounds: int) -> list[dict]:  # noqa: ANN001
     rows = []
     async with app.router.lifespan_context(app):
@@ -89,13 +116,15 @@ async def _run(app, batches: list[int], tokens: int, rounds: int) -> list[dict]:
                                       "temperature": 0, "ignore_eos": True, "stream": True}).encode()
                           for i in range(batch)]
                 loop_cpu, engine_cpu, start = time.thread_time(), engine_thread_time(), time.perf_counter()
-                answers = await asyncio.gather(*(_stream(app, b) for b in bodies))
+                with FullCollections() as full:
+                    answers = await asyncio.gather(*(_stream(app, b) for b in bodies))
                 wall = time.perf_counter() - start
                 loop_cpu, engine_cpu = time.thread_time() - loop_cpu, engine_thread_time() - engine_cpu
                 assert all(s == 200 and done for s, done, _ in answers), answers
                 n = batch * tokens
                 rows.append(dict(requests=batch, round=r, tok_s=n / wall, loop_us=loop_cpu / n * 1e6,
-                                 engine_us=engine_cpu / n * 1e6, chunks=sum(c for _, _, c in answers) / n))
+                                 engine_us=engine_cpu / n * 1e6, chunks=sum(c for _, _, c in answers) / n,
+                                 tokens=n, wall_s=wall, gc_pauses=full.pauses))
     return rows
 
 
@@ -106,6 +135,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     ap.add_argument("--checkpoint", type=Path, default=TINY_LM, help="the language model served")
+    ap.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                    help="freeze the heap once the model is ready, as the server does (default: on)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -114,15 +145,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from tserve.training.common import cpu_name
 
     settings = Settings(models=[f"lm={args.checkpoint}"], device="cpu", dtype="float32", log_level="warning",
-                        max_running_requests=max(args.batches), max_model_len=args.tokens + 32, cuda_graphs=False)
+                        max_running_requests=max(args.batches), max_model_len=args.tokens + 32, cuda_graphs=False,
+                        gc_freeze=args.gc_freeze)
     rows = asyncio.run(_run(build_app(settings), args.batches, args.tokens, args.rounds))
-    print(f"CPU: {cpu_name()}; engine on {args.threads} torch thread(s); {args.tokens} tokens a request\n")
-    print("| requests | tokens/s | event loop's CPU a token, µs | engine thread's CPU a token, µs | SSE chunks a token |")
-    print("|---|---|---|---|---|")
+    print(f"CPU: {cpu_name()}; engine on {args.threads} torch thread(s); {args.tokens} tokens a request; heap "
+          f"{'frozen' if args.gc_freeze else 'not frozen'} once ready\n")
+    print("| requests | tokens/s | event loop's CPU a token, µs | engine thread's CPU a token, µs | SSE chunks a token "
+          "| full collections | their pauses, ms (longest) | tokens/s over all rounds |")
+    print("|---|---|---|---|---|---|---|---|")
     for batch in args.batches:
         mine = [r for r in rows if r["requests"] == batch]
         med = {k: statistics.median(r[k] for r in mine) for k in ("tok_s", "loop_us", "engine_us", "chunks")}
-        print(f"| {batch} | {med['tok_s']:.0f} | {med['loop_us']:.1f} | {med['engine_us']:.1f} | {med['chunks']:.2f} |")
+        pauses = [p for r in mine for p in r["gc_pauses"]]
+        overall = sum(r["tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
+        print(f"| {batch} | {med['tok_s']:.0f} | {med['loop_us']:.1f} | {med['engine_us']:.1f} | {med['chunks']:.2f} "
+              f"| {len(pauses)} | {sum(pauses) * 1e3:.1f} ({max(pauses, default=0) * 1e3:.1f}) | {overall:.0f} |")
     return rows
 
 

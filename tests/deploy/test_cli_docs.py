@@ -200,9 +200,11 @@ def test_a_test_server_whose_port_was_taken_meanwhile_starts_on_another(tmp_path
 
 
 # Each metric's labels, as dashboards and autoscalers query them: by model, but the request counters and latency
-# (by route, and status) and the file jobs (by how they ended); the translation memory's size is the server's.
+# (by route, and status), the file jobs (by how they ended) and the collector's pauses (by generation); the
+# translation memory's size is the server's.
 METRIC_LABELS = {"tserve_requests": ("route", "status"), "tserve_request_latency_seconds": ("route",),
-                 "tserve_translation_file_jobs": ("status",), "tserve_translation_memory_entries": ()}
+                 "tserve_translation_file_jobs": ("status",), "tserve_translation_memory_entries": (),
+                 "tserve_gc_pause_seconds": ("generation",)}
 
 
 def test_every_metric_is_documented_with_its_labels():

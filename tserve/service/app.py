@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tserve.service import tracing
+from tserve.service import heap, tracing
 from tserve.service.errors import APIError, error_response, install_error_handlers
 from tserve.service.metrics import Metrics
 from tserve.service.registry import ModelRegistry
@@ -123,6 +123,7 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         tracing.configure(settings.otlp_endpoint)
+        pauses = heap.PauseObserver(metrics.gc_pause)
         if load_models:
             registry.start_loading()
         yield
@@ -130,6 +131,7 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
         await file_jobs.close()
         registry.wait_loaded(timeout=60)
         registry.stop()
+        pauses.close()
         tracing.shutdown()  # after the drain: the last requests' spans go out too
 
     app = FastAPI(title="tserve", version="0.1.0", lifespan=lifespan,

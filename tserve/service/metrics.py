@@ -70,6 +70,10 @@ class Metrics:
         self.embeddings = Counter("tserve_embeddings_total", "Inputs embedded (/v1/embeddings)", ["model"], registry=r)
         self.calls = Counter("tserve_model_calls_total", "Model work other than token streams run by a worker "
                              "(attention maps, prompt scoring)", ["model"], registry=r)
+        self.gc_pause = Histogram("tserve_gc_pause_seconds", "Garbage collections by generation (0-2), and how "
+                                  "long each stopped the process", ["generation"],
+                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+                                  registry=r)
         self.batch_size = Histogram("tserve_batch_size", "Size of the batches run", ["model"],
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
 

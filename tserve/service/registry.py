@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from tserve.model import checkpoint, hub
 from tserve.model.attention import resolve_backend
-from tserve.service import tasks
+from tserve.service import heap, tasks
 from tserve.service.errors import APIError, bad_request, not_found, overloaded
 from tserve.service.metrics import Metrics
 from tserve.service.settings import Settings
@@ -35,8 +35,10 @@ class ModelState:
     reason: str = ""
 
 
-def _give_memory_back() -> None:
-    """Free what the models dropped (reference cycles included) and return the freed pages to the system."""
+def _give_memory_back(refreeze: bool) -> None:
+    """Free what the models dropped (reference cycles included, the frozen heap's too) and return the freed pages
+    to the system; `refreeze`: freeze what is left again (`heap.freeze`)."""
+    heap.thaw()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -44,6 +46,8 @@ def _give_memory_back() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+    if refreeze:
+        heap.freeze()
 
 
 class ModelRegistry:
@@ -92,6 +96,8 @@ class ModelRegistry:
             for served in self.models.values():
                 for worker in served.workers:
                     worker.start()
+            if self.settings.gc_freeze:  # what is alive now lives as long as the process
+                heap.freeze()
             self.ready = True
             self._changed()
             log.info("ready", extra={"models": sorted(self.models)})
@@ -175,6 +181,7 @@ class ModelRegistry:
         for served in self.models.values():
             for worker in served.workers:
                 worker.stop()
+        heap.thaw()  # the process may go on (an application that embeds this one): its cycles are collectable again
 
     # ----------------------------------------------------------------------------------------------
     # Changes at run time (tserve/service/routes/repository.py)
@@ -222,7 +229,7 @@ class ModelRegistry:
             self.states[name] = ModelState("READY", f"a replacement failed to load: {reason}") if name in self.models \
                 else ModelState("UNAVAILABLE", reason)
             exc.__traceback__ = None  # its frames hold what was loaded so far
-        _give_memory_back()
+        _give_memory_back(self.settings.gc_freeze)
         raise bad_request(f"model {name!r} failed to load: {reason}", "load_failed")
 
     def install(self, name: str, served: ServedModel) -> bool:
@@ -238,6 +245,8 @@ class ModelRegistry:
             if old is not None:
                 self._retiring.append(old)
             self._changed()
+        if self.settings.gc_freeze:
+            heap.freeze()
         return old is not None
 
     def remove(self, name: str) -> None:
@@ -258,7 +267,7 @@ class ModelRegistry:
             self._retiring = [m for m in self._retiring if not any(m is x for x in mine)]
             self._retired_ids -= {id(m) for m in mine}
         del mine  # the last reference: what is freed now is given back below
-        _give_memory_back()
+        _give_memory_back(self.settings.gc_freeze)
         if unloaded is not None:
             self.states[unloaded] = ModelState("UNAVAILABLE", "unloaded")
 

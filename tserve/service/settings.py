@@ -55,6 +55,11 @@ class Settings(BaseSettings):
         "tokens of the one before "
         "(the host detokenizes, streams and plans while the device computes; a request's last step is computed "
         "once more and dropped); auto: on CUDA, off on the CPU, where nothing runs beside the host")
+    gc_freeze: bool = Field(
+        True, description="once the models are loaded and warmed up, put every object then alive out of the garbage "
+        "collector's reach (gc.freeze): a full collection then walks only what serving allocated, not the models' "
+        "and libraries' objects, and stops the process for milliseconds instead of a tenth of a second "
+        "(--no-gc-freeze: off)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="JSON logs to stderr")
 
     # Generation engine (one per language model).
