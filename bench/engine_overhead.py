@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(args.threads)
 
     from tserve.model import checkpoint
+    from tserve.service import heap
     from tserve.service.engine import GenerationEngine
     from tserve.service.metrics import Metrics
     from tserve.training.common import cpu_name
@@ -170,10 +171,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         engine.start()
         try:
             engine_ms_per_step(engine, batch, min(args.steps, 20))  # warm-up
+            heap.freeze()  # as the server does once its models are ready (--gc-freeze)
             thread_s.clear()
             total = engine_ms_per_step(engine, batch, args.steps)
         finally:
             engine.stop()
+            heap.thaw()
         own = max(total - model, 0.0)
         thread_own = max(sum(thread_s) / len(thread_s) * 1e3 - model, 0.0)
         rows.append(dict(requests=batch, engine_ms=total, model_ms=model, own_ms=own,

@@ -224,6 +224,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
 
     from tserve.model import checkpoint
     from tserve.model.decoding import SamplingParams
+    from tserve.service import heap
     from tserve.service.engine import GenerationEngine
     from tserve.service.metrics import Metrics
 
@@ -252,6 +253,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
         params = SamplingParams(max_tokens=n_new + 1, temperature=0.0, ignore_eos=True)
         hf_step = statistics.median(hf_inter_token(hf, one, n_new + 1, eos) for _ in range(3))
         engine_inter_token(engine, ids, params)  # warm-up
+        heap.freeze()  # as the server does once its models are ready (--gc-freeze)
         ours_step = statistics.median(engine_inter_token(engine, ids, params) for _ in range(3))
         table.add(section, "decode step, batch 1", hf_step * 1e3, ours_step * 1e3, "ms/step", False)
         for c in shape["lm_concurrency"]:
@@ -279,6 +281,7 @@ def bench_lm(shape: dict, device: torch.device, dtype: torch.dtype, workdir: Pat
                               tokens / sync_s, "tokens/s", True, "HF static batch")
     finally:
         engine.stop()
+        heap.thaw()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -290,6 +293,7 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
 
     from tserve.model import checkpoint
     from tserve.model.decoding import TranslationJob
+    from tserve.service import heap
     from tserve.service.engine import TranslationEngine
     from tserve.service.metrics import Metrics
     from tserve.testing.checkpoints import write_marian_tokenizer
@@ -318,6 +322,7 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
     ids, mask = ids.to(device), (ids != pad).long().to(device)
     engine = TranslationEngine("mt", loaded, max_rows=4 * n, max_queue=8 * n, timeout_s=600.0, metrics=Metrics())
     engine.start()
+    heap.freeze()  # as the server does once its models are ready (--gc-freeze)
     try:
         for beams in (1, 4):
             def hf_run(beams=beams) -> None:
@@ -345,6 +350,7 @@ def bench_translation(shape: dict, device: torch.device, dtype: torch.dtype, wor
                           True)
     finally:
         engine.stop()
+        heap.thaw()
 
 
 # --------------------------------------------------------------------------------------------------
