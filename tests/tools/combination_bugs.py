@@ -1,7 +1,10 @@
 """Planted bugs where two options meet: a numeric format with an untied output layer or a half precision model, the
 fused decode step with Granite's multipliers or Gemma's sliding layers, rope scalings at the edge of their original
-context (`tests/model/test_option_combinations_models.py` and the module tests named); part of
-`tests/tools/planted_bugs.py`'s list."""
+context (`tests/model/test_option_combinations_models.py`); stop strings with streamed logprobs, eos, a grammar,
+min_tokens or each other, streamed usage and tools with several choices, echo and chat logprobs
+(`tests/engine/test_option_combinations_lm.py`); HTML, alternatives, a glossary, the translation memory, word alignments
+and streaming over pivots and multilingual models (`tests/engine/test_option_combinations_translation.py`); and the
+module tests named. Part of `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
 
@@ -11,6 +14,15 @@ MODELS = "tests/model/test_option_combinations_models.py::"
 GRANITE = f"{MODELS}test_granites_fused_decode_steps_keep_its_embedding_multiplier_and_logits_scaling"
 OUTPUT_LAYER = f"{MODELS}test_a_4_bit_formats_output_layer_keeps_8_bits_whether_or_not_it_is_tied"
 GEMMA2 = f"{MODELS}test_gemma2s_decode_steps_soft_cap_their_attention_scores_as_the_whole_forward_does"
+LM = "tests/engine/test_option_combinations_lm.py::"
+EOS_STOP = f"{LM}test_a_stop_string_that_never_matches_changes_nothing_when_eos_ends_the_text"
+WIDTHS = f"{LM}test_requests_batched_together_each_get_the_number_of_alternatives_they_asked_for"
+TOOL_LOGPROBS = f"{LM}test_a_streamed_chat_with_tools_streams_every_tokens_logprobs"
+MT = "tests/engine/test_option_combinations_translation.py::"
+PIVOT_ALTERNATIVES = f"{MT}test_libretranslate_alternatives_are_the_last_hops_beyond_the_checkpoints_beams[de-hops0]"
+FIRST_HOP = "return TranslationAsk(texts, None, ask.max_tokens, 1, None, ask.html, source, target, cache=ask.cache)"
+HTML_BLOCKS = "docs = [self.document(b.text, num_beams, max_tokens, glossary, languages) for b in markup.blocks]"
+BLOCK_ALIGNMENT = f"{MT}test_a_blocks_second_sentence_aligns_to_its_own_words"
 
 COMBINATION_BUGS = [
     Bug("int4-untied-output-layer-int4", "tserve/model/quantize.py",
@@ -69,4 +81,122 @@ COMBINATION_BUGS = [
         "own = (local.k, local.v, local.tables) if local is not None else (_NONE,) * 3", "own = (_NONE,) * 3",
         ("tests/model/test_window_blocks.py::test_steps_equal_those_of_a_cache_that_keeps_every_position_and_hold_only"
          "_the_window[gemma3-fused-step]",)),
+    Bug("stream-drops-logprobs-of-held-back-text", "tserve/service/routes/completions.py",
+        "if not (event.text or event.logprobs or event.finish_reason):", "if not (event.text or event.finish_reason):",
+        (f"{LM}test_streamed_logprobs_cover_the_tokens_a_stop_string_held_back",)),
+    Bug("eos-drops-text-held-for-a-stop-string", "tserve/service/engine/output.py",
+        "        text = stops.close(detok.flush())[0]", "        text = detok.flush()", (EOS_STOP,)),
+    Bug("stop-strings-cut-at-the-first-listed", "tserve/model/decoding/stop.py",
+        "return text[: min(hits)], True", "return text[: hits[0]], True",
+        (f"{LM}test_of_several_stop_strings_the_one_earliest_in_the_text_cuts_it",
+         "tests/model/test_generation.py::test_stop_strings_cut_a_stream_however_it_is_chunked")),
+    Bug("stop-string-request-counts-its-eos", "tserve/service/engine/output.py",
+        "return Event(text, [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish)",
+        "return Event(text, [token], [lp] if lp is not None and not is_eos else [], finish)",
+        (EOS_STOP, "tests/http/test_http_contract.py::test_min_tokens_and_ignore_eos")),
+    Bug("chat-stream-last-text-dropped-with-the-finish", "tserve/service/routes/completions.py",
+        'delta = {"content": event.text} if event.text or event.finish_reason is None else {}',
+        'delta = {"content": event.text} if event.finish_reason is None else {}',
+        ("tests/http/test_llama_family_http.py::test_the_openai_client_chats_and_streams[llama]",)),
+    Bug("streamed-usage-counts-one-choices-prompt", "tserve/service/routes/completions.py",
+        "usage = (lambda: _usage(prompt_tokens * body.n, choices)) if include_usage else None",
+        "usage = (lambda: _usage(prompt_tokens, choices)) if include_usage else None",
+        (f"{LM}test_the_usage_of_a_streamed_request_of_several_choices_counts_each_choices_prompt",)),
+    Bug("chat-choices-share-one-seed", "tserve/service/routes/completions.py",
+        "jobs = [(ids, _sampling(body, max_tokens, j, top, bias, grammar)) for j in range(body.n)]",
+        "jobs = [(ids, _sampling(body, max_tokens, 0, top, bias, grammar)) for j in range(body.n)]",
+        (f"{LM}test_seeded_chat_choices_each_take_the_seed_plus_their_index",)),
+    Bug("echo-with-logprobs-0-skips-the-prompt", "tserve/service/routes/completions.py",
+        "if body.echo and body.logprobs is not None:", "if body.echo and body.logprobs:",
+        (f"{LM}test_echo_with_logprobs_0_reports_the_prompt_tokens_too",)),
+    Bug("logprob-offsets-ignore-the-echoed-prompt", "tserve/service/routes/completions.py",
+        "start = [len(self.prefix) + len(self.text)] * len(event.logprobs)", "start = [len(self.text)] * len(event.logprobs)",
+        ("tests/http/test_http.py::test_prompt_list_n_and_echo_logprobs",)),
+    Bug("min-tokens-counts-only-the-tokens-read", "tserve/model/decoding/lm_runner.py",
+        "        return len(self.generated) + self.unresolved\n", "        return len(self.generated)\n",
+        ("tests/engine/test_async_scheduling.py::test_a_request_ended_by_max_tokens_is_not_stepped_again_and_one_ended_by"
+         "_eos_is_once[layers]",)),
+    Bug("greedy-rows-drop-their-logprobs", "tserve/model/decoding/lm_runner.py",
+        "if all(p.greedy and p.logprobs is None for p in params) and", "if all(p.greedy for p in params) and",
+        (f"{LM}test_streamed_logprobs_cover_the_tokens_a_stop_string_held_back", WIDTHS)),
+    Bug("stop-hold-back-shortened-by-a-later-stop", "tserve/model/decoding/stop.py",
+        "for n in range(min(len(s) - 1, len(text)), keep, -1):", "for n in range(min(len(s) - 1, len(text)), 0, -1):",
+        (f"{LM}test_a_stop_string_spanning_tokens_is_found_beside_a_shorter_partial_one",)),
+    Bug("penalized-rows-drafted-for", "tserve/model/decoding/speculative.py",
+        "return seq.grammar is None and not seq.params.penalized", "return seq.grammar is None",
+        ("tests/engine/test_speculative.py::test_every_sampling_and_stopping_option_gives_with_drafts_what_it_gives"
+         "_without[layers]",)),
+    Bug("chat-logprobs-without-top-logprobs-dropped", "tserve/service/routes/completions.py",
+        "top = (body.top_logprobs or 0) if body.logprobs else None", "top = body.top_logprobs if body.logprobs else None",
+        (f"{LM}test_chat_logprobs_without_top_logprobs_list_every_token",)),
+    Bug("streamed-choices-share-one-tool-parser", "tserve/service/routes/completions.py",
+        "deltas, finish = streams[c.index].deltas(event.text, event.finish_reason)",
+        "deltas, finish = streams[0].deltas(event.text, event.finish_reason)",
+        (f"{LM}test_several_streamed_choices_of_a_named_tool_each_stream_their_own_call",)),
+    Bug("mixed-logprobs-counts-get-the-widest", "tserve/service/engine/output.py",
+        "zip(top_i[row][:k], top_v[row][:k], strict=True)", "zip(top_i[row], top_v[row], strict=True)", (WIDTHS,)),
+    Bug("grammar-finish-skips-the-last-flush", "tserve/service/engine/output.py",
+        "        if not stopped and finish is not None:  # the last text may complete a stop string too",
+        '        if not stopped and finish == "length":  # the last text may complete a stop string too',
+        (f"{LM}test_a_stop_string_prefix_held_back_is_let_go_when_a_grammar_completes",)),
+    Bug("stop-strings-searched-before-min-tokens", "tserve/service/engine/generation.py",
+        "StopStrings(params.stop, unchecked=params.min_tokens)", "StopStrings(params.stop)",
+        (f"{LM}test_stop_strings_are_looked_for_only_once_min_tokens_tokens_are_out",)),
+    Bug("streamed-tool-chat-logprobs-never-sent", "tserve/service/routes/completions.py",
+        "                    if out and unsent[c.index]:", "                    if False:",
+        (f"{TOOL_LOGPROBS}[auto]", f"{TOOL_LOGPROBS}[named]")),
+    Bug("streamed-tool-chat-logprobs-of-held-text-lost", "tserve/service/routes/completions.py",
+        "                    unsent[c.index] += event.logprobs\n", "                    unsent[c.index] = list(event.logprobs)\n",
+        (f"{TOOL_LOGPROBS}[auto]",)),
+    Bug("pivot-first-hop-reads-html-as-text", "tserve/service/translation/routing.py", FIRST_HOP,
+        FIRST_HOP.replace("ask.html", "False"), (f"{MT}test_an_html_page_keeps_its_markup_and_text_through_a_pivot",)),
+    Bug("pivot-first-hop-ignores-max-tokens", "tserve/service/translation/routing.py", FIRST_HOP,
+        FIRST_HOP.replace("ask.max_tokens", "None"), (f"{MT}test_max_tokens_bounds_both_hops_of_a_pivot",)),
+    Bug("pivot-first-hop-asked-for-alternatives", "tserve/service/translation/routing.py", FIRST_HOP,
+        FIRST_HOP.replace("ask.max_tokens, 1,", "ask.max_tokens, ask.n,"), (PIVOT_ALTERNATIVES,)),
+    Bug("pivot-second-hop-drops-the-alternatives", "tserve/service/translation/routing.py",
+        "        return assemble(doc, results, ask.n)", "        return assemble(doc, results, 1)", (PIVOT_ALTERNATIVES,)),
+    Bug("libretranslate-alternatives-beyond-the-checkpoints-beams", "tserve/service/routes/libretranslate.py",
+        "max(last.loaded.generation.num_beams, n)", "last.loaded.generation.num_beams",
+        (f"{MT}test_libretranslate_alternatives_beyond_a_one_hop_models_beams",)),
+    Bug("libretranslate-batch-groups-take-the-first-texts", "tserve/service/routes/libretranslate.py",
+        "ask = TranslationAsk([texts[i] for i in idx],", "ask = TranslationAsk(texts[:len(idx)],",
+        (f"{MT}test_a_batch_with_detected_languages_sends_each_text_through_its_own_route",)),
+    Bug("memory-keeps-only-the-best-hypothesis", "tserve/service/translation/served.py",
+        "[StoredHypothesis(h.text, h.token_ids, h.score) for h in r.hypotheses]",
+        "[StoredHypothesis(h.text, h.token_ids, h.score) for h in r.hypotheses[:1]]",
+        (f"{MT}test_the_memory_answers_alternatives_as_a_fresh_translation_would",)),
+    Bug("memory-key-without-the-glossary", "tserve/service/translation/served.py", '"constraints": job.constraints,', "",
+        (f"{MT}test_a_glossary_request_is_not_answered_with_a_translation_kept_without_it",)),
+    Bug("glossary-sets-the-beams-to-four", "tserve/service/engine/translation_input.py",
+        "job.num_beams = max(job.num_beams, MIN_CONSTRAINED_BEAMS)", "job.num_beams = MIN_CONSTRAINED_BEAMS",
+        (f"{MT}test_a_glossary_takes_at_least_four_beams_and_keeps_more_when_asked",)),
+    Bug("html-blocks-drop-the-glossary", "tserve/service/engine/translation_input.py", HTML_BLOCKS,
+        HTML_BLOCKS.replace("glossary, languages", "None, languages"),
+        (f"{MT}test_glossary_terms_are_placed_in_an_html_pages_text",)),
+    Bug("html-blocks-encoded-without-their-languages", "tserve/service/engine/translation_input.py", HTML_BLOCKS,
+        HTML_BLOCKS.replace("glossary, languages", "glossary"),
+        (f"{MT}test_the_memory_tells_an_html_pages_language_pairs_apart",
+         f"{MT}test_an_html_pages_sentences_are_answered_from_what_a_text_request_kept")),
+    Bug("html-document-forgets-its-languages", "tserve/service/engine/translation_input.py",
+        "[d.document for d in docs], languages)", "[d.document for d in docs])",
+        (f"{MT}test_an_html_pages_sentences_are_answered_from_what_a_text_request_kept",)),
+    Bug("html-block-alignment-not-offset-per-sentence", "tserve/service/translation/served.py",
+        "[x + base if x >= 0 else -1 for x in a]", "[x if x >= 0 else -1 for x in a]", (BLOCK_ALIGNMENT,)),
+    Bug("html-block-second-sentence-offsets-skip-the-gap", "tserve/service/translation/served.py",
+        "            src_at += len(source) + len(after)\n", "            src_at += len(source)\n", (BLOCK_ALIGNMENT,)),
+    Bug("html-alignment-report-with-alternatives-aligns-one", "tserve/service/translation/served.py",
+        "            if d.markup is None and report:\n                picks = picks[:1]",
+        "            if report:\n                picks = picks[:1]",
+        (f"{MT}test_html_alternatives_with_return_alignment_report_the_best",)),
+    Bug("streamed-document-final-chunk-without-alternatives", "tserve/service/routes/translations.py",
+        "out = assemble(doc, done, n)", "out = assemble(doc, done, 1)",
+        (f"{MT}test_a_streamed_document_ends_with_the_alternatives_it_answers_whole",)),
+    Bug("n-checked-against-the-checkpoints-beams", "tserve/service/translation/inputs.py",
+        "beams = ask.num_beams or default_beams", "beams = default_beams",
+        (f"{MT}test_n_up_to_the_requests_own_beams_beyond_the_checkpoints",)),
+    Bug("document-alternatives-limited-by-the-surest-sentence", "tserve/service/translation/served.py",
+        "for k in range(1, max(map(len, options)) if n > 1 else 1)]",
+        "for k in range(1, min(map(len, options)) if n > 1 else 1)]",
+        (f"{MT}test_a_documents_alternatives_go_as_far_as_its_sentence_with_the_most",)),
 ]

@@ -8,16 +8,22 @@ from collections.abc import Sequence
 class StopStrings:
     """Finds stop strings in streamed text. `feed(delta)` returns the text that is safe to emit (it can
     no longer become part of a stop string) and whether a stop string was hit; the stop string itself
-    and anything after it are never emitted."""
+    and anything after it are never emitted. `unchecked`: the deltas of that many first feeds (a request's first
+    `min_tokens` tokens, one feed a token) pass unsearched: a stop string ends a text only once `min_tokens` tokens
+    are out, as in vLLM, where `min_tokens` holds back eos and stop strings alike."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], unchecked: int = 0) -> None:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self._unchecked = unchecked
 
     def feed(self, delta: str) -> tuple[str, bool]:
         if self.stopped:
             return "", True
+        if self._unchecked > 0:
+            self._unchecked -= 1
+            return delta, False
         text = self._held + delta
         hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
         if hits:

@@ -53,7 +53,7 @@ class GenerationRequest(EngineRequest, TextSequence):
         TextSequence.__init__(self, prompt_ids, params, device)
         self.detok = detokenizer
         self.input_tokens = len(prompt_ids)
-        self.stops = StopStrings(params.stop)
+        self.stops = StopStrings(params.stop, unchecked=params.min_tokens)
 
     def render(self, event: Event) -> Event:
         """Text for an event whose request has no stop strings: detokenized here, on the event loop, while the

@@ -396,6 +396,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                                               "logprobs": None, "finish_reason": None}, _continuous_usage(body))
 
             streams = {c.index: ToolStream(tools) for c in choices}
+            # With tools, a choice's text may be held back (a call still being parsed): its tokens' logprobs wait
+            # with it and go out with its next chunk, so that every token's entry is streamed once, in order.
+            unsent: dict[int, list[TokenLogprob]] = {c.index: [] for c in choices}
 
             def render(c: Choice, event: Event, _: list[int]) -> list[dict[str, Any]]:
                 lp = _chat_logprobs(event.logprobs) if body.logprobs else None
@@ -406,6 +409,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 out = [{"index": c.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
                 if finish is not None:
                     out.append({"index": c.index, "delta": {}, "logprobs": None, "finish_reason": finish})
+                if body.logprobs:
+                    unsent[c.index] += event.logprobs
+                    if out and unsent[c.index]:
+                        out[0]["logprobs"], unsent[c.index] = _chat_logprobs(unsent[c.index]), []
                 return out
 
             usage = (lambda: _usage(len(ids) * body.n, choices)) if include_usage else None
