@@ -2,7 +2,7 @@
 
 A full (generation 2) collection stops every thread of the process, the engine's included, for as long as it takes
 to walk every container object alive: after loading models, their modules, tokenizers and the libraries' objects
-are a few hundred thousand, and one such collection took 120-135 ms (docs/benchmarks/gpu.md), a stall of every
+are a few hundred thousand, and one such collection took 120-150 ms (docs/benchmarks/gpu.md), a stall of every
 stream. Those objects live until the process ends, so `freeze` moves them to the collector's permanent generation
 once the models are loaded and warmed up (`gc.freeze`, as vLLM does after its warm-up): a full collection then
 walks only what serving allocated since. Objects in the permanent generation are still freed by their reference
