@@ -292,3 +292,17 @@ def test_a_documents_alternatives_go_as_far_as_its_sentence_with_the_most():
     assert [text for text, _ in out.alternatives] == [
         "Hallo. Wo ist der Bahnhof?", "Hallo. Wo der Bahnhof?", "Hallo. Bahnhof?"]
     assert len(assemble(doc, [segment("Hallo."), segment("Wo ist der Bahnhof?", "Wo der Bahnhof?")], 1).alternatives) == 1
+
+
+@pytest.mark.parametrize(("text", "glossary", "plain"), [
+    ("three daughters know the king", {"king": "König"}, "drei Töchter weiß der König"),
+    ("the quick brown fox jumps", {"fox": "Hund"}, "der schnelle braune Hund springt"),
+    ("where is the station today", {"station": "Bahnhof"}, "wo ist der Bahnhof heute")], ids=["king", "fox", "station"])
+def test_a_term_of_more_tokens_than_beams_is_placed_where_its_word_goes(mt, text, glossary, plain):
+    """A term of 4 tokens or more under the default 4 beams: more banks (tokens placed: 0 to the term's length) than
+    beams. The hypotheses that have placed nothing yet must keep a beam, or every one left has started the term at
+    its first steps ("König Töchter weiß der König"); the term then goes where the model writes its word."""
+    served = mt.registry.models["mt"]
+    (job,) = served.engine.translator.document(text, 1, None, glossary).jobs
+    assert job.num_beams == 4 and len(job.constraints[0]) >= 4
+    assert mt.one(input=text, glossary=glossary, cache=False)["translation"] == plain

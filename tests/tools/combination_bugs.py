@@ -199,4 +199,10 @@ COMBINATION_BUGS = [
         "for k in range(1, max(map(len, options)) if n > 1 else 1)]",
         "for k in range(1, min(map(len, options)) if n > 1 else 1)]",
         (f"{MT}test_a_documents_alternatives_go_as_far_as_its_sentence_with_the_most",)),
+    Bug("more-banks-than-beams-serve-the-most-advanced", "tserve/model/decoding/constrained_beam.py",
+        "        if len(served) > nb:", "        if False:",
+        (f"{MT}test_a_term_of_more_tokens_than_beams_is_placed_where_its_word_goes[king]",)),
+    Bug("more-banks-than-beams-serve-the-worst-scored", "tserve/model/decoding/constrained_beam.py",
+        "key=lambda bank: -banks[bank][0][0].score", "key=lambda bank: banks[bank][0][0].score",
+        (f"{MT}test_a_term_of_more_tokens_than_beams_is_placed_where_its_word_goes[king]",)),
 ]

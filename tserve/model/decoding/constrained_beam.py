@@ -6,7 +6,8 @@ token sequence, e.g. a glossary term) somewhere in its output. Dynamic beam allo
   it has not met), so that constraints are tried even where the model would not choose them;
 - a candidate's bank is the number of constraint tokens it has met; the beam is split between the banks,
   best first within each, and slots a bank cannot fill go to the best remaining candidates, so hypotheses
-  that met fewer constraints are not crowded out by (or crowd out) those that met more;
+  that met fewer constraints are not crowded out by (or crowd out) those that met more; with more banks than
+  beams, the most advanced bank and then the best-scored ones (`_allocate`);
 - a constraint started and then left unfinished counts for nothing again;
 - eos is allowed only to a hypothesis that has met every constraint, and only such hypotheses finish.
 
@@ -179,8 +180,16 @@ class ConstrainedBeamSearch:
             banks.setdefault(self._placed(cand[0]), []).append(cand)
         if not banks:
             return []
-        share = max(nb // len(banks), 1)
-        chosen = [c for bank in sorted(banks, reverse=True) for c in banks[bank][:share]][:nb]
+        served = sorted(banks, reverse=True)
+        if len(served) > nb:
+            # More banks than beams (a term of nb or more tokens): the most advanced bank, which finishes, and then
+            # the banks whose best candidates score highest. Serving the most advanced ones instead would drop the
+            # hypotheses that have placed nothing yet, and with them every term placed where the model would place
+            # it: each surviving hypothesis would have started its term at the first steps.
+            rest = sorted(served[1:], key=lambda bank: -banks[bank][0][0].score)[: nb - 1]
+            served = sorted([served[0], *rest], reverse=True)
+        share = max(nb // len(served), 1)
+        chosen = [c for bank in served for c in banks[bank][:share]][:nb]
         taken = {id(c[0]) for c in chosen}
         rest = sorted((c for c in candidates if id(c[0]) not in taken), key=lambda c: -c[0].score)
         chosen += rest[: nb - len(chosen)]
