@@ -202,3 +202,19 @@ def test_dynamic_rope_scaling_extends_the_context_a_checkpoint_is_served_for(tmp
         logits = loaded.model.prefill(ids, torch.tensor([ids.size(1)]), cache, torch.tensor([0]))
     assert torch.isfinite(logits).all()
 
+
+
+@needs_kernels
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fused_layers_alone_fuse_a_gated_models_steps(tmp_path, family):
+    """`load(path, fused_layers=True)` without pre-packed weights (a program that loads a model itself, not through
+    `tserve serve`): the fused step needs the gate and up projections as one product, which are merged for it too,
+    and its steps compute what the layers' steps compute."""
+    d = factories.hf_family_dir(family, tmp_path / family)
+    fused, layered = load(d, fused_layers=True), load(d)
+    assert fused.model.fused is not None and layered.model.fused is None
+    ids = fused.tokenizer.encode("The quick brown fox jumps over the lazy dog.")[:12]
+    with torch.no_grad():
+        for a, b in zip(_teacher_forced_logits(layered, ids, 4)[1:], _teacher_forced_logits(fused, ids, 4)[1:],
+                        strict=True):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)

@@ -282,7 +282,7 @@ def load(
     select_device(dev)
     loaded.model.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     loaded.parameter_count = parameters = loaded.num_parameters()
-    if pack_weights or quantize != "none":  # served: fewer, larger products
+    if pack_weights or quantize != "none" or fused_layers:  # served: fewer, larger products (the fused step's too)
         fuse_gated_mlps(loaded.model)
     quantized = {}
     if quantize == "int8":
