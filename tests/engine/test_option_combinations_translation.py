@@ -173,6 +173,9 @@ def test_a_glossary_request_is_not_answered_with_a_translation_kept_without_it(m
     assert "Hund" in fresh["translation"] and "Hund" not in without["translation"]
     assert mt.one(input=sentence, glossary=glossary) == fresh
     assert mt.one(input=sentence, glossary=glossary) == fresh
+    # Another glossary for the same sentence (the same beams: a term each) is not answered with the first's.
+    other = mt.one(input=sentence, glossary={"king": "Fuchs"})
+    assert "Fuchs" in other["translation"] and "Hund" not in other["translation"]
 
 
 def test_the_memory_tells_an_html_pages_language_pairs_apart(nllb):
