@@ -3,8 +3,10 @@ fused decode step with Granite's multipliers or Gemma's sliding layers, rope sca
 context (`tests/model/test_option_combinations_models.py`); stop strings with streamed logprobs, eos, a grammar,
 min_tokens or each other, streamed usage and tools with several choices, echo and chat logprobs
 (`tests/engine/test_option_combinations_lm.py`); HTML, alternatives, a glossary, the translation memory, word alignments
-and streaming over pivots and multilingual models (`tests/engine/test_option_combinations_translation.py`); and the
-module tests named. Part of `tests/tools/planted_bugs.py`'s list."""
+and streaming over pivots and multilingual models (`tests/engine/test_option_combinations_translation.py`); the
+repository API, --max-model-memory, --reserved-rows, priorities, --max-queue 0, list settings, the translation
+memory's key and file jobs beside the options they meet (`tests/engine/test_option_combinations_operations.py`); and
+the module tests named. Part of `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ PIVOT_ALTERNATIVES = f"{MT}test_libretranslate_alternatives_are_the_last_hops_be
 FIRST_HOP = "return TranslationAsk(texts, None, ask.max_tokens, 1, None, ask.html, source, target, cache=ask.cache)"
 HTML_BLOCKS = "docs = [self.document(b.text, num_beams, max_tokens, glossary, languages) for b in markup.blocks]"
 BLOCK_ALIGNMENT = f"{MT}test_a_blocks_second_sentence_aligns_to_its_own_words"
+OPS = "tests/engine/test_option_combinations_operations.py::"
+MEMORY_LIMIT = f"{OPS}test_max_model_memory_counts_the_served_dtype_and_the_model_being_replaced"
+REPLACING = f"{OPS}test_a_model_being_replaced_serves_and_shows_ready_and_a_failed_replacement_keeps_it"
+TRANSLATOR_ROWS = f"{OPS}test_a_clients_beam_request_does_not_take_a_translators_reserved_row"
+LIST_SETTINGS = f"{OPS}test_list_settings_from_the_environment_and_flags_drop_the_spaces_around_commas"
+UNLOADED_SERIES = f"{OPS}test_an_unloaded_models_series_leave_the_metrics_and_a_replaced_ones_stay"
 
 COMBINATION_BUGS = [
     Bug("int4-untied-output-layer-int4", "tserve/model/quantize.py",
@@ -208,4 +216,62 @@ COMBINATION_BUGS = [
     Bug("fused-layers-alone-leave-a-gated-mlp-unmerged", "tserve/model/checkpoint.py",
         'quantize != "none" or fused_layers:', 'quantize != "none":',
         (f"{MODELS}test_fused_layers_alone_fuse_a_gated_models_steps[llama]",)),
+    Bug("max-model-memory-leaves-out-the-model-being-replaced", "tserve/service/registry.py",
+        "            holding = [*self.models.values(), *self._retiring]",
+        "            holding = [*(m for n, m in self.models.items() if n != name), *self._retiring]", (MEMORY_LIMIT,)),
+    Bug("max-model-memory-counts-float32-whatever-the-dtype", "tserve/service/registry.py",
+        "        needed = checkpoint.weight_bytes(path, dtype)", "        needed = checkpoint.weight_bytes(path, torch.float32)",
+        (MEMORY_LIMIT,)),
+    Bug("index-shows-a-model-being-replaced-as-loading", "tserve/service/routes/repository.py",
+        '        if name in reg.models and entry["state"] == "LOADING":  # a replacement loading: the old one serves\n'
+        '            entry["state"] = "READY"\n', "", (REPLACING,)),
+    Bug("a-model-loading-answers-404", "tserve/service/registry.py",
+        'self.states[name].state in ("LOADING", "UNLOADING"):', 'self.states[name].state == "UNLOADING":', (REPLACING,)),
+    Bug("failed-replacement-marks-the-served-model-unavailable", "tserve/service/registry.py",
+        'f"a replacement failed to load: {reason}") if name in self.models \\',
+        'f"a replacement failed to load: {reason}") if False \\', (REPLACING,)),
+    Bug("repository-open-when-keys-are-on-without-admin-keys", "tserve/service/routes/repository.py",
+        "    elif s.api_keys:\n", "    elif False:\n",
+        (f"{OPS}test_with_api_keys_and_no_admin_keys_the_repository_api_is_closed_to_every_key",)),
+    Bug("reserved-rows-count-one-row-for-beams", "tserve/service/engine/worker.py",
+        "        return takes_reserved_rows(self._rows_needed(req), self.capacity - self.rows_in_use, self.reserved_rows,",
+        "        return takes_reserved_rows(1, self.capacity - self.rows_in_use, self.reserved_rows,", (TRANSLATOR_ROWS,)),
+    Bug("translators-ignore-reserved-rows", "tserve/service/translation/served.py",
+        "        self.engine.reserved_rows = min(s.reserved_rows, s.max_running_requests - 1)\n", "", (TRANSLATOR_ROWS,)),
+    Bug("reserved-rows-ignore-this-steps-admissions", "tserve/service/engine/worker.py",
+        "for r in (*self.running, *admitted) if not isinstance(r, CallRequest))",
+        "for r in self.running if not isinstance(r, CallRequest))",
+        ("tests/engine/test_fair_admission.py::test_a_reserved_row_starts_another_clients_request_at_once",)),
+    Bug("one-clients-priorities-never-reordered", "tserve/service/engine/worker.py",
+        "if len({(r.priority, r.client) for r in self.waiting}) > 1 or", "if len({r.client for r in self.waiting}) > 1 or",
+        (f"{OPS}test_one_clients_urgent_request_goes_before_its_own_earlier_ones",)),
+    Bug("max-queue-0-batcher-takes-items-while-a-batch-runs", "tserve/service/engine/batcher.py",
+        "        return self.capacity if self.running else 0", "        return len(self.running)",
+        (f"{OPS}test_with_max_queue_0_a_batcher_takes_no_item_while_its_batch_runs",)),
+    Bug("list-settings-keep-spaces", "tserve/service/settings.py",
+        'return [v.strip() for v in value.split(",") if v.strip()]', 'return [v for v in value.split(",") if v]',
+        (LIST_SETTINGS,)),
+    Bug("list-flags-repeatable-and-unsplit", "tserve/service/cli.py",
+        'return {"type": str, "metavar": "A,B,..."}', 'return {"type": str, "metavar": "A,B,...", "action": "append"}',
+        (LIST_SETTINGS,)),
+    Bug("translation-memory-key-without-the-weights", "tserve/service/translation/served.py",
+        "        return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,",
+        '        return memory_key(self.name, "", languages[0], languages[1], options,',
+        (f"{OPS}test_a_translator_replaced_under_its_name_is_not_answered_from_the_old_ones_memory",)),
+    Bug("weights-hash-without-quantization", "tserve/service/translation/served.py",
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"',
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.dtype}"',
+        (f"{OPS}test_a_memory_shared_by_servers_of_another_quantization_misses",)),
+    Bug("file-jobs-drop-the-glossary", "tserve/service/routes/files.py",
+        '_form_int(form, "max_tokens"), 1, terms, False,', '_form_int(form, "max_tokens"), 1, None, False,',
+        (f"{OPS}test_a_file_job_of_each_format_keeps_its_glossary[txt]",
+         f"{OPS}test_a_file_job_of_each_format_keeps_its_glossary[docx]")),
+    Bug("libretranslate-keys-lose-their-priority", "tserve/service/routes/libretranslate.py",
+        "        raise overloaded(gate.busy_message())\n    gate.admit_as(key)\n",
+        "        raise overloaded(gate.busy_message())\n",
+        ("tests/http/test_files.py::test_a_job_and_its_file_belong_to_the_key_that_made_it",)),
+    Bug("an-unloaded-models-series-stay", "tserve/service/registry.py",
+        "            self.metrics.forget_model(unloaded)\n", "", (UNLOADED_SERIES,)),
+    Bug("an-unloaded-models-embedding-series-stay", "tserve/service/metrics.py",
+        'for label in (name, f"{name}/embeddings"):', "for label in (name,):", (UNLOADED_SERIES,)),
 ]

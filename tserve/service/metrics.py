@@ -80,6 +80,18 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def forget_model(self, name: str) -> None:
+        """Drop the series of model `name` and of its embedding batcher from every per-model metric: a model
+        unloaded is not reported as if it still held rows and cache memory (a model loaded again under that name
+        starts its series afresh)."""
+        for metric in vars(self).values():
+            if getattr(metric, "_labelnames", None) == ("model",):
+                for label in (name, f"{name}/embeddings"):
+                    try:
+                        metric.remove(label)
+                    except KeyError:  # no series of it in this metric
+                        pass
+
     def for_model(self, name: str) -> ModelMetrics:
         return ModelMetrics(self, name)
 

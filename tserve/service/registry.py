@@ -270,6 +270,7 @@ class ModelRegistry:
         _give_memory_back(self.settings.gc_freeze)
         if unloaded is not None:
             self.states[unloaded] = ModelState("UNAVAILABLE", "unloaded")
+            self.metrics.forget_model(unloaded)
 
     def _stop_workers(self, models: list[ServedModel]) -> None:
         for served in models:
