@@ -5,8 +5,9 @@ min_tokens or each other, streamed usage and tools with several choices, echo an
 (`tests/engine/test_option_combinations_lm.py`); HTML, alternatives, a glossary, the translation memory, word alignments
 and streaming over pivots and multilingual models (`tests/engine/test_option_combinations_translation.py`); the
 repository API, --max-model-memory, --reserved-rows, priorities, --max-queue 0, list settings, the translation
-memory's key and file jobs beside the options they meet (`tests/engine/test_option_combinations_operations.py`); and
-the module tests named. Part of `tests/tools/planted_bugs.py`'s list."""
+memory's key and file jobs beside the options they meet (`tests/engine/test_option_combinations_operations.py`);
+attention maps, pictures, embeddings, classifications and the Open Inference Protocol beside selections, formats,
+uploads and images' own modes (`tests/engine/test_option_combinations_inspection.py`); and the module tests named. Part of `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ REPLACING = f"{OPS}test_a_model_being_replaced_serves_and_shows_ready_and_a_fail
 TRANSLATOR_ROWS = f"{OPS}test_a_clients_beam_request_does_not_take_a_translators_reserved_row"
 LIST_SETTINGS = f"{OPS}test_list_settings_from_the_environment_and_flags_drop_the_spaces_around_commas"
 UNLOADED_SERIES = f"{OPS}test_an_unloaded_models_series_leave_the_metrics_and_a_replaced_ones_stay"
+LOOK = "tests/engine/test_option_combinations_inspection.py::"
+FLOATS = f"{LOOK}test_max_attention_floats_bounds_image_models_by_their_token_count"
+EXIF = f"{LOOK}test_an_exif_orientation_turns_the_picture_upright_for_every_image_route"
+EMBEDDINGS = "tests/http/test_embeddings.py::"
 
 COMBINATION_BUGS = [
     Bug("int4-untied-output-layer-int4", "tserve/model/quantize.py",
@@ -274,4 +279,56 @@ COMBINATION_BUGS = [
         "            self.metrics.forget_model(unloaded)\n", "", (UNLOADED_SERIES,)),
     Bug("an-unloaded-models-embedding-series-stay", "tserve/service/metrics.py",
         'for label in (name, f"{name}/embeddings"):', "for label in (name,):", (UNLOADED_SERIES,)),
+    Bug("vit-attention-ignores-the-head-selection", "tserve/service/vision/served.py",
+        "self.loaded.preprocessing(image), body.layers,\n                                                body.heads)",
+        "self.loaded.preprocessing(image), body.layers,\n                                                None)",
+        (f"{LOOK}test_a_vits_maps_hold_only_the_heads_asked_for",)),
+    Bug("vit-attention-skips-the-weight-bound", "tserve/service/vision/served.py", "        self.bound_weights(body)\n", "",
+        (f"{FLOATS}[vit-17]", f"{FLOATS}[deit-18]")),
+    Bug("deit-weight-count-forgets-the-distillation-token", "tserve/model/attention_maps.py",
+        "n_tokens = cfg.grid_size**2 + cfg.n_prefix_tokens", "n_tokens = cfg.grid_size**2 + 1", (f"{FLOATS}[deit-18]",)),
+    Bug("png-heatmap-indexes-heads-by-number", "tserve/service/vision/attention_png.py",
+        "heat = _colour(m.weights[head_index])", "heat = _colour(m.weights[head])",
+        (f"{LOOK}test_a_language_models_heatmap_picture_draws_the_selected_heads",)),
+    Bug("bertviz-of-a-vit-is-empty", "tserve/model/attention_maps.py",
+        'module = maps[0].module if maps else "decoder.self"', 'module = "decoder.self"',
+        (f"{LOOK}test_a_vits_bertviz_shapes_are_its_encoders_layers",)),
+    Bug("oip-request-parameters-override-the-tensors", "tserve/service/routes/oip.py",
+        '{"parameters": (body.parameters or {}) | (tensor.parameters or {})}',
+        '{"parameters": (tensor.parameters or {}) | (body.parameters or {})}',
+        (f"{LOOK}test_a_tensors_own_parameters_override_the_requests",)),
+    Bug("multipart-classifications-ignore-top-k", "tserve/service/routes/classifications.py",
+        'ClassificationRequest, ("model", "top_k"), max_images)', 'ClassificationRequest, ("model",), max_images)',
+        (f"{LOOK}test_a_multipart_classification_reads_top_k",)),
+    Bug("multipart-embeddings-ignore-the-encoding-format", "tserve/service/routes/embeddings.py",
+        'EmbeddingRequest, ("model", "encoding_format"), max_inputs)', 'EmbeddingRequest, ("model",), max_inputs)',
+        (f"{LOOK}test_a_multipart_embedding_reads_the_encoding_format",)),
+    Bug("transparent-palette-images-get-a-black-background", "tserve/model/preprocessing.py",
+        'if image.mode in ("RGBA", "LA", "P"):', 'if image.mode in ("RGBA", "LA"):',
+        (f"{LOOK}test_a_transparent_palette_image_is_seen_as_its_rgba_twin",)),
+    Bug("exif-orientation-ignored", "tserve/model/preprocessing.py", "        image = ImageOps.exif_transpose(image)\n", "",
+        (EXIF,)),
+    Bug("image-overlay-drawn-from-the-first-selected-layer", "tserve/service/routes/attention.py",
+        "else maps[-1].weights.mean(0)[0, patches:]", "else maps[0].weights.mean(0)[0, patches:]",
+        (f"{LOOK}test_the_picture_over_an_image_is_the_last_selected_layers",)),
+    Bug("embedding-mean-counts-padding", "tserve/model/embeddings.py",
+        "mean = (states * keep[:, :, None]).sum(1) / lengths[:, None].to(states.dtype)",
+        "mean = states.sum(1) / lengths[:, None].to(states.dtype)",
+        (f"{EMBEDDINGS}test_base64_is_the_float32_bytes_and_batched_equals_alone",)),
+    Bug("translator-embeddings-attend-to-padding", "tserve/model/embeddings.py",
+        "states, _ = loaded.model.encode(tokens, lengths)",
+        "states, _ = loaded.model.encode(tokens, torch.full_like(lengths, tokens.size(1)))",
+        (f"{EMBEDDINGS}test_translator_embeddings_are_transformers_mean_encoder_output",)),
+    Bug("full-batch-still-waits", "tserve/service/engine/batcher.py",
+        "full = len(self.waiting) >= self.max_batch_size", "full = len(self.waiting) > self.max_batch_size",
+        ("tests/engine/test_engine.py::test_an_item_on_an_idle_batcher_does_not_wait_for_a_batch_but_items_under_load_do",)),
+    Bug("own-translation-keeps-eos-in-lens-and-attention", "tserve/service/translation/served.py",
+        "return src, [t for t in own_translation if t != self.loaded.config.eos_token_id]", "return src, list(own_translation)",
+        ("tests/http/test_logit_lens.py::test_translator_lens_reads_the_returned_translation_by_default",)),
+    Bug("attention-and-lens-read-the-source-without-its-language", "tserve/service/translation/served.py",
+        "        src = self.source_ids(body.input, languages)\n        if own_translation",
+        "        src = self.source_ids(body.input, None)\n        if own_translation",
+        ("tests/http/test_multilingual_http.py::test_attention_and_logit_lens_read_the_languages_asked_for",)),
+    Bug("image-picture-drawn-on-the-stored-pixels", "tserve/service/vision/served.py",
+        "image=self.loaded.preprocessing.to_image(image))", "image=image)", (EXIF,)),
 ]

@@ -63,8 +63,10 @@ class ServedClassifier(ServedModel):
         s = self.settings
         image = open_image(decode_base64(body.image), s.max_image_bytes, s.max_image_pixels)
         self.bound_weights(body)
+        # The picture drawn under the maps is the one the model saw (upright, transparency on white, fitted), so that
+        # its patch grid is the maps' grid.
         return AttentionResult(am.vit_attention(self.loaded, self.loaded.preprocessing(image), body.layers,
-                                                body.heads), image=image)
+                                                body.heads), image=self.loaded.preprocessing.to_image(image))
 
     # ----------------------------------------------------------------------------------------------
     def oip_metadata(self) -> dict[str, Any]:
