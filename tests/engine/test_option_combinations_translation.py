@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers import factories
 from tests.http.test_html import assert_same_markup
+from tests.http.test_pivot_http import pivot_checkpoints
 from tserve.model.segmentation import split_sentences
 from tserve.service.app import build_app
 from tserve.service.engine.output import Hypothesis
@@ -58,15 +59,15 @@ class InProcess:
         return self.post("/translate", body).json()
 
 
+def in_process(tmp_path_factory, name: str, checkpoints) -> InProcess:  # noqa: ANN001 - pytest's, root -> models
+    root = tmp_path_factory.mktemp(name)
+    return InProcess(checkpoints(root), root / "memory.sqlite")
+
+
 @pytest.fixture(scope="module")
 def pivot(tmp_path_factory):
-    """German → English and English → "French" (a translator whose checkpoint says en → fr): de → fr pivots."""
-    root = tmp_path_factory.mktemp("pivot")
-    de_en = factories.tiny_mt_dir(root / "de-en", reverse=True, languages=("de", "en"))
-    en_fr = factories.hf_marian_dir(root / "en-fr")
-    config = json.loads((en_fr / "tokenizer_config.json").read_text()) | {"target_lang": "fr"}
-    (en_fr / "tokenizer_config.json").write_text(json.dumps(config))
-    app = InProcess({"de-en": de_en, "en-fr": en_fr}, root / "memory.sqlite")
+    """German → English and English → "French": de → fr pivots."""
+    app = in_process(tmp_path_factory, "pivot", pivot_checkpoints)
     yield app
     app.registry.stop()
 
@@ -74,16 +75,14 @@ def pivot(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mt(tmp_path_factory):
     """English → German, word for word (the lexicon fixture whose alignment heads are known)."""
-    root = tmp_path_factory.mktemp("aligned")
-    app = InProcess({"mt": factories.aligned_mt_dir(root / "mt")}, root / "memory.sqlite")
+    app = in_process(tmp_path_factory, "aligned", lambda root: {"mt": factories.aligned_mt_dir(root / "mt")})
     yield app
     app.registry.stop()
 
 
 @pytest.fixture(scope="module")
 def nllb(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nllb")
-    app = InProcess({"nllb": factories.hf_nllb_dir(root / "nllb")}, root / "memory.sqlite")
+    app = in_process(tmp_path_factory, "nllb", lambda root: {"nllb": factories.hf_nllb_dir(root / "nllb")})
     yield app
     app.registry.stop()
 

@@ -6,6 +6,7 @@ it writes does not matter here, only that the second hop translates what the fir
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,14 +18,18 @@ from tests.helpers.server import ServerProcess
 TEXTS = ["der schnelle braune Fuchs", "Guten Morgen wo ist der Bahnhof", "drei Töchter", "der König ist heute schön"]
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pivot")
+def pivot_checkpoints(root: Path) -> dict[str, Path]:
+    """German → English and English → "French" (a translator whose checkpoint says en → fr): de → fr pivots."""
     de_en = factories.tiny_mt_dir(root / "de-en", reverse=True, languages=("de", "en"))
     en_fr = factories.hf_marian_dir(root / "en-fr")
     config = json.loads((en_fr / "tokenizer_config.json").read_text()) | {"target_lang": "fr"}
     (en_fr / "tokenizer_config.json").write_text(json.dumps(config))
     return {"de-en": de_en, "en-fr": en_fr}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return pivot_checkpoints(tmp_path_factory.mktemp("pivot"))
 
 
 def _server(checkpoints, log, *extra: str) -> ServerProcess:
