@@ -7,7 +7,9 @@ and streaming over pivots and multilingual models (`tests/engine/test_option_com
 repository API, --max-model-memory, --reserved-rows, priorities, --max-queue 0, list settings, the translation
 memory's key and file jobs beside the options they meet (`tests/engine/test_option_combinations_operations.py`);
 attention maps, pictures, embeddings, classifications and the Open Inference Protocol beside selections, formats,
-uploads and images' own modes (`tests/engine/test_option_combinations_inspection.py`); and the module tests named. Part of `tests/tools/planted_bugs.py`'s list."""
+uploads and images' own modes (`tests/engine/test_option_combinations_inspection.py`); chat templates, tool choices and
+structured output beside each other and beside streaming, stop strings and speculation
+(`tests/engine/test_option_combinations_chat.py`); and the module tests named. Part of `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ LOOK = "tests/engine/test_option_combinations_inspection.py::"
 FLOATS = f"{LOOK}test_max_attention_floats_bounds_image_models_by_their_token_count"
 EXIF = f"{LOOK}test_an_exif_orientation_turns_the_picture_upright_for_every_image_route"
 EMBEDDINGS = "tests/http/test_embeddings.py::"
+CHAT = "tests/engine/test_option_combinations_chat.py::"
+CONVERSATION = f"{CHAT}test_a_conversation_with_a_call_and_its_answer_reaches_the_template_as_transformers_passes_it"
+COMPILE_LIMIT = f"{CHAT}test_max_grammar_compile_ms_refuses_a_constraint_slower_than_it"
 
 COMBINATION_BUGS = [
     Bug("int4-untied-output-layer-int4", "tserve/model/quantize.py",
@@ -331,4 +336,57 @@ COMBINATION_BUGS = [
         ("tests/http/test_multilingual_http.py::test_attention_and_logit_lens_read_the_languages_asked_for",)),
     Bug("image-picture-drawn-on-the-stored-pixels", "tserve/service/vision/served.py",
         "image=self.loaded.preprocessing.to_image(image))", "image=image)", (EXIF,)),
+    Bug("parallel-default-caps-required-at-one-call", "tserve/service/generation/tool_calls.py",
+        '{"maxItems": 1} if parallel is False else {}', '{"maxItems": 1} if not parallel else {}',
+        ("tests/http/test_tool_call_parsing.py::test_the_required_schema_allows_each_tool_with_its_own_arguments_and"
+         "_nothing_else",)),
+    Bug("a-named-tool-choice-beside-a-response-format-not-refused", "tserve/service/routes/completions.py",
+        '        if constraint is not None:\n            raise bad_request("tool_choice required',
+        '        if constraint is not None and tools.mode == "required":\n            raise bad_request("tool_choice required',
+        (f"{CHAT}test_a_constrained_tool_choice_beside_a_response_format_is_refused[named]",)),
+    Bug("template-gets-tools-only-in-auto", "tserve/service/routes/completions.py",
+        "tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None)",
+        'tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools and tools.mode == "auto" else None)',
+        (f"{CHAT}test_the_template_describes_the_tools_whatever_the_tool_choice[required]",)),
+    Bug("streamed-named-call-cut-by-length-reports-tool-calls", "tserve/service/generation/tool_calls.py",
+        'finish_reason == "stop" and _is_json(self.text) else finish_reason)', "finish_reason else finish_reason)",
+        (f"{CHAT}test_a_streamed_named_call_cut_by_max_tokens_finishes_with_length",)),
+    Bug("streamed-named-call-cut-by-a-stop-string-reports-tool-calls", "tserve/service/generation/tool_calls.py",
+        'finish_reason == "stop" and _is_json(self.text) else', 'finish_reason == "stop" else',
+        (f"{CHAT}test_a_named_call_cut_by_a_stop_string_is_no_call_streamed_or_not",)),
+    Bug("auto-json-answer-with-unknown-name-taken-for-a-call", "tserve/service/generation/tool_calls.py",
+        "if call is None or call.name not in mode.names:", "if call is None:",
+        ("tests/http/test_tool_call_parsing.py::test_auto_parses_the_templates_formats",)),
+    Bug("grammar-cache-key-without-the-kind", "tserve/model/decoding/structured.py",
+        'hashlib.sha256(f"{self.kind}\\0{self.spec}".encode())', 'hashlib.sha256(f"{self.spec}".encode())',
+        (f"{CHAT}test_a_regex_with_the_text_of_an_earlier_choice_list_is_its_own_constraint",)),
+    Bug("speculative-drafts-for-constrained-rows", "tserve/model/decoding/speculative.py",
+        "return seq.grammar is None and not seq.params.penalized", "return not seq.params.penalized",
+        (f"{CHAT}test_a_constrained_answer_under_ngram_speculation_is_the_one_without_it",)),
+    Bug("chat-prompt-gets-a-second-bos", "tserve/service/routes/completions.py",
+        "ids = _encode(served.tokenizer, prompt, cfg.max_input_chars, add_special_tokens=False)",
+        "ids = _encode(served.tokenizer, prompt, cfg.max_input_chars)",
+        (f"{CHAT}test_a_template_that_writes_its_own_bos_gets_no_second_one",)),
+    Bug("tool-message-loses-its-call-id", "tserve/service/request_schemas.py",
+        'for key in ("tool_call_id", "name"):', 'for key in ("name",):', (CONVERSATION,)),
+    Bug("earlier-call-arguments-left-as-text", "tserve/service/request_schemas.py",
+        '"name": c.function.name, "arguments": _arguments(c.function.arguments)}}',
+        '"name": c.function.name, "arguments": c.function.arguments}}', (CONVERSATION,)),
+    Bug("grammar-compile-limit-read-as-seconds", "tserve/model/decoding/structured.py",
+        "future.result(timeout=self.max_compile_ms / 1000)", "future.result(timeout=self.max_compile_ms)",
+        ("tests/model/test_structured_output.py::test_a_grammar_slower_than_the_limit_is_refused", COMPILE_LIMIT)),
+    Bug("grammar-compile-limit-not-passed", "tserve/service/generation/served.py",
+        "                                       max_grammar_compile_ms=s.max_grammar_compile_ms,\n", "",
+        (COMPILE_LIMIT,)),
+    Bug("grammar-completing-on-the-last-token-reports-length", "tserve/model/decoding/lm_runner.py",
+        '            if seq.grammar is not None and seq.grammar.finished:  # complete: nothing more may follow\n'
+        '                seq.finish_reason = "stop"\n'
+        '            elif len(seq.generated) >= seq.params.max_tokens or len(seq.prompt_ids) + len(seq.generated) >= '
+        'self.max_len:\n                seq.finish_reason = "length"',
+        '            if len(seq.generated) >= seq.params.max_tokens or len(seq.prompt_ids) + len(seq.generated) >= '
+        'self.max_len:\n                seq.finish_reason = "length"\n'
+        '            elif seq.grammar is not None and seq.grammar.finished:  # complete: nothing more may follow\n'
+        '                seq.finish_reason = "stop"',
+        ("tests/model/test_structured_output.py::test_a_model_that_writes_json_like_text_is_always_valid_under_the"
+         "_schema",)),
 ]

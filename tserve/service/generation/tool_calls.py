@@ -124,6 +124,14 @@ def _call(text: str) -> ToolCall | None:
     return ToolCall(obj["name"], _compact(args)) if isinstance(args, dict) else None
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
@@ -147,7 +155,9 @@ class ToolStream:
                                                                                 "arguments": ""}}]})
             if text:
                 out.append({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
-            return out, ("tool_calls" if finish_reason == "stop" else finish_reason)
+            # "stop" is the grammar completing the arguments, or a stop string cutting them: only the first is a
+            # call, as the whole answer's parse says (a cut call is answered as text there).
+            return out, ("tool_calls" if finish_reason == "stop" and _is_json(self.text) else finish_reason)
         if self.streaming_text:
             return ([{"content": text}] if text else []), finish_reason
         self.held += text
