@@ -167,6 +167,32 @@ def test_max_model_memory_counts_the_served_dtype_and_the_model_being_replaced()
         reg.stop()
 
 
+def test_max_model_memory_counts_the_draft_model():
+    """--draft-model's weights are held beside every language model: a limit that the model's weights fit but not
+    with its draft's refuses the start; with room for both, the draft counts toward a model loaded later."""
+    f32 = checkpoint.weight_bytes(TINY_LM, torch.float32)
+
+    def started(limit: int) -> ModelRegistry:
+        reg = ModelRegistry(Settings(models=[f"lm={TINY_LM}"], device="cpu", dtype="float32", draft_model=str(TINY_LM),
+                                     max_model_memory=f"{limit}B", warmup=False, gc_freeze=False), Metrics())
+        reg.start_loading()
+        reg.wait_loaded(120)
+        return reg
+
+    reg = started(2 * f32 - 1)
+    try:
+        assert not reg.ready and "--draft-model" in reg.error and "passes --max-model-memory" in reg.error
+    finally:
+        reg.stop()
+    reg = started(3 * f32 - 1)
+    try:
+        assert reg.ready, reg.error
+        with pytest.raises(APIError, match="passes --max-model-memory"):
+            reg.load_model("second", TINY_LM)
+    finally:
+        reg.stop()
+
+
 def test_a_translator_replaced_under_its_name_is_not_answered_from_the_old_ones_memory(served, aligned, tmp_path):
     """The translation memory is keyed by the weights: the same sentence sent to a name now served by other
     weights is translated by them (a memory miss), as a request that skips the memory would be."""

@@ -119,7 +119,7 @@ class ModelRegistry:
         served_class = tasks.served_class(loaded.task)
         extra = {}
         if served_class.drafts and s.draft_model:
-            extra["draft"] = self._load_draft(served_class.task, device, backend)
+            extra["draft"] = self._load_draft(served_class.task, device, backend, beside=loaded)
         served = served_class(name, loaded, s, self.metrics, **extra)
         log.info("serving model", extra={"model": name, "task": loaded.task, "path": str(path),
                                          "device": str(loaded.device), "dtype": str(loaded.dtype),
@@ -127,13 +127,16 @@ class ModelRegistry:
                                          "attention_backend": backend, "parameters": loaded.num_parameters()})
         return served
 
-    def _load_draft(self, task: str, device: torch.device, backend: str) -> checkpoint.LoadedModel:
+    def _load_draft(self, task: str, device: torch.device, backend: str,
+                    beside: checkpoint.LoadedModel) -> checkpoint.LoadedModel:
         """--draft-model, loaded as the models it drafts for are (device, dtype, quantization), once: its weights
-        are only read, so every language model's engine drafts with the same copy (each with its own cache)."""
+        are only read, so every language model's engine drafts with the same copy (each with its own cache).
+        `beside`: the model it is loaded for, in memory and not served yet (--max-model-memory counts it)."""
         if self._draft is not None:
             return self._draft
         s = self.settings
         path = hub.checkpoint_dir(s.draft_model)
+        self._check_memory(f"--draft-model {s.draft_model}", path, device, beside=(beside,))
         draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,
                                 int8_activations=s.int8_activations, int4_group_size=s.int4_group_size,
                                 pack_weights=True, fused_layers=s.fused_layers)
@@ -143,17 +146,20 @@ class ModelRegistry:
         self._draft = draft
         return draft
 
-    def _check_memory(self, name: str, path: Path, device: torch.device) -> None:
-        """--max-model-memory: the weights of `path` and of every model served (one being replaced included,
-        as both are in memory until the swap) together, from the checkpoint's headers before any weight is read."""
+    def _check_memory(self, name: str, path: Path, device: torch.device,
+                      beside: tuple[checkpoint.LoadedModel, ...] = ()) -> None:
+        """--max-model-memory: the weights of `path` and of every model held (served, one being replaced, as both
+        are in memory until the swap, the draft model, and `beside`: loaded, not served yet) together, from the
+        checkpoint's headers before any weight is read."""
         limit = self.settings.max_model_memory_bytes
         if limit is None or not path.exists():  # a directory, or a GGUF file
             return
         dtype = checkpoint.resolve_dtype(self.settings.dtype, device)
         needed = checkpoint.weight_bytes(path, dtype)
         with self._changes:
-            holding = [*self.models.values(), *self._retiring]
-        held = sum(sum(t.numel() * t.element_size() for t in (*m.loaded.model.parameters(), *m.loaded.model.buffers()))
+            holding = [m.loaded for m in (*self.models.values(), *self._retiring)]
+        holding += [*beside, *([self._draft] if self._draft is not None else [])]
+        held = sum(sum(t.numel() * t.element_size() for t in (*m.model.parameters(), *m.model.buffers()))
                    for m in holding)
         if held + needed > limit:
             raise ValueError(f"loading {name!r} needs {needed / 1e6:,.1f} MB for its weights; with the "
