@@ -8,20 +8,17 @@ so that the tests take seconds."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 
-import httpx
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from tests.helpers import factories
+from tests.helpers.in_process import InProcessApp
 from tserve.model.attention_maps import AttentionMap
-from tserve.service.app import build_app
-from tserve.service.settings import Settings
 from tserve.service.vision.attention_png import heatmap_grid
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
@@ -35,32 +32,10 @@ MAX_ATTENTION_FLOATS = 600
 LM_TEXT = "Hello world"
 
 
-class InProcess:
-    """A served app with its models loaded, answering requests without a server process."""
-
-    def __init__(self, models: dict, **settings) -> None:  # noqa: ANN003 - Settings fields
-        self.app = build_app(Settings(models=[f"{n}={d}" for n, d in models.items()], device="cpu", **settings))
-        self.registry = self.app.state.registry
-        self.registry.start_loading()
-        self.registry.wait_loaded(120)
-        assert self.registry.ready
-
-    def post(self, path: str, body: dict | None = None, status: int = 200, **kwargs) -> httpx.Response:  # noqa: ANN003
-        async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
-                return await client.post(path, json=body, **kwargs) if body is not None else \
-                    await client.post(path, **kwargs)
-
-        resp = asyncio.run(send())
-        assert resp.status_code == status, resp.text
-        return resp
-
-
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     root = tmp_path_factory.mktemp("inspection")
-    served = InProcess({"vit": factories.tiny_vit_dir(root / "vit"),
+    served = InProcessApp({"vit": factories.tiny_vit_dir(root / "vit"),
                         "deit": factories.hf_vit_dir(root / "deit", seed=3, family="deit"),
                         "lm": factories.tiny_lm_dir(root / "lm")},
                        max_attention_floats=MAX_ATTENTION_FLOATS)
@@ -83,7 +58,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def embedding(app: InProcess, data: bytes, model: str = "vit") -> np.ndarray:
+def embedding(app: InProcessApp, data: bytes, model: str = "vit") -> np.ndarray:
     (item,) = app.post("/v1/embeddings", {"model": model, "image": b64(data)}).json()["data"]
     return np.asarray(item["embedding"], dtype=np.float32)
 

@@ -20,6 +20,7 @@ from tests.engine.test_fair_admission import _run
 from tests.files.test_formats import MARKED, SENTENCES
 from tests.helpers import factories
 from tests.helpers.hooked_server import slow_steps
+from tests.helpers.in_process import InProcessApp
 from tests.helpers.office_files import build, read_back
 from tests.helpers.polling import until
 from tserve.model import checkpoint
@@ -36,26 +37,11 @@ TINY_LM = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-lm"
 SENTENCE = "hello world good morning"
 
 
-class App:
+class App(InProcessApp):
     """An app with its models loaded (the heap never frozen: this is the test process's)."""
 
     def __init__(self, root: Path, models: dict[str, Path], **settings) -> None:  # noqa: ANN003
-        self.app = build_app(Settings(models=[f"{n}={d}" for n, d in models.items()], device="cpu",
-                                      gc_freeze=False, file_dir=str(root / "files"), **settings))
-        self.registry = self.app.state.registry
-        self.registry.start_loading()
-        self.registry.wait_loaded(120)
-        assert self.registry.ready, self.registry.error
-
-    async def _send(self, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN003
-        transport = httpx.ASGITransport(app=self.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
-            return await client.request(method, path, **kwargs)
-
-    def post(self, path: str, body: dict, status: int = 200) -> httpx.Response:
-        resp = asyncio.run(self._send("POST", path, json=body))
-        assert resp.status_code == status, resp.text
-        return resp
+        super().__init__(models, gc_freeze=False, file_dir=str(root / "files"), **settings)
 
     def translate(self, model: str, **body) -> str:
         return self.post("/v1/translations", {"model": model, "input": SENTENCE, "num_beams": 1, "max_tokens": 40}

@@ -6,47 +6,29 @@ models the committed fixtures, each with its own translation memory file, so tha
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
-import httpx
 import pytest
 
 from tests.helpers import factories
+from tests.helpers.in_process import InProcessApp
 from tests.http.test_html import assert_same_markup
 from tests.http.test_pivot_http import pivot_checkpoints
 from tserve.model.segmentation import split_sentences
-from tserve.service.app import build_app
 from tserve.service.engine.output import Hypothesis
 from tserve.service.engine.translation_input import DocumentJob
-from tserve.service.settings import Settings
 from tserve.service.translation.served import SegmentResult, assemble
 
 # The outcome depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
 pytestmark = pytest.mark.kernels
 
 
-class InProcess:
-    """A served app with its models loaded, answering requests without a server process."""
+class InProcess(InProcessApp):
+    """A translator app in this process, with its own translation memory file."""
 
     def __init__(self, models: dict, memory) -> None:  # noqa: ANN001 - a path
-        self.app = build_app(Settings(models=[f"{n}={d}" for n, d in models.items()], device="cpu",
-                                      translation_memory=str(memory)))
-        self.registry = self.app.state.registry
-        self.registry.start_loading()
-        self.registry.wait_loaded(120)
-        assert self.registry.ready
-
-    def post(self, path: str, body: dict, status: int = 200) -> httpx.Response:
-        async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
-                return await client.post(path, json=body)
-
-        resp = asyncio.run(send())
-        assert resp.status_code == status, resp.text
-        return resp
+        super().__init__(models, translation_memory=str(memory))
 
     def v1(self, **body) -> dict:
         return self.post("/v1/translations", body).json()

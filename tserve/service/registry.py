@@ -251,7 +251,7 @@ class ModelRegistry:
             if old is not None:
                 self._retiring.append(old)
             self._changed()
-        if self.settings.gc_freeze:
+        if self.settings.gc_freeze and old is None:  # a replacement is frozen by `retire`, after the old one goes
             heap.freeze()
         return old is not None
 

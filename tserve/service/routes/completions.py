@@ -401,8 +401,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             unsent: dict[int, list[TokenLogprob]] = {c.index: [] for c in choices}
 
             def render(c: Choice, event: Event, _: list[int]) -> list[dict[str, Any]]:
-                lp = _chat_logprobs(event.logprobs) if body.logprobs else None
                 if tools.mode == "none":
+                    lp = _chat_logprobs(event.logprobs) if body.logprobs else None
                     delta = {"content": event.text} if event.text or event.finish_reason is None else {}
                     return [{"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": event.finish_reason}]
                 deltas, finish = streams[c.index].deltas(event.text, event.finish_reason)
