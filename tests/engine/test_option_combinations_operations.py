@@ -8,8 +8,11 @@ seconds."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
+import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -177,6 +180,57 @@ def test_max_model_memory_counts_the_draft_model():
             reg.load_model("second", TINY_LM)
     finally:
         reg.stop()
+
+
+def test_the_draft_model_is_freed_with_the_last_model_that_drafts_with_it():
+    """--draft-model is held for the language models that draft with it: once the last one is unloaded its memory
+    is given back (and counts toward --max-model-memory no longer), and a model loaded later loads it again."""
+    reg = ModelRegistry(Settings(models=[f"lm={TINY_LM}"], device="cpu", dtype="float32", draft_model=str(TINY_LM),
+                                 warmup=False, gc_freeze=False), Metrics())
+    reg.start_loading()
+    reg.wait_loaded(120)
+    try:
+        assert reg.ready, reg.error
+        draft = weakref.ref(reg.models["lm"].draft)
+        reg.load_model("second", TINY_LM)
+        assert reg.models["second"].draft is draft()  # one copy for every language model
+        reg.unload_model("lm")
+        gc.collect()
+        assert draft() is not None  # "second" still drafts with it
+        reg.unload_model("second")
+        gc.collect()
+        assert draft() is None
+        reg.load_model("third", TINY_LM)
+        assert reg.models["third"].draft is not None
+    finally:
+        reg.stop()
+
+
+def test_stopping_the_registry_drains_every_worker_against_one_request_timeout(monkeypatch):
+    """Stopping waits for what the workers hold until --request-timeout-s after the drain began, one deadline for
+    all of them: not a fixed wait per worker, and nothing more once a SIGTERM's drain has used it up."""
+    from tserve.service.engine.worker import Worker
+
+    given: list[float] = []
+    stop = Worker.stop
+    monkeypatch.setattr(Worker, "stop", lambda self, drain_timeout_s=30.0: (given.append(drain_timeout_s),
+                                                                              stop(self, drain_timeout_s)))
+    for timeout, drained_before in ((5.0, False), (0.05, True)):
+        given.clear()
+        reg = ModelRegistry(Settings(models=[f"a={TINY_LM}", f"b={TINY_LM}"], device="cpu", dtype="float32",
+                                     warmup=False, gc_freeze=False, request_timeout_s=timeout), Metrics())
+        reg.start_loading()
+        reg.wait_loaded(120)
+        assert reg.ready, reg.error
+        if drained_before:  # a SIGTERM's drain whose deadline has passed: the workers stop at once
+            reg.begin_drain()
+            time.sleep(2 * timeout)
+        reg.stop()
+        assert len(given) >= 2
+        assert all(0.0 <= t <= timeout for t in given), given
+        assert given == sorted(given, reverse=True)
+        if drained_before:
+            assert given == [0.0] * len(given)
 
 
 def test_a_translator_replaced_under_its_name_is_not_answered_from_the_old_ones_memory(served, aligned, tmp_path):

@@ -63,8 +63,9 @@ def test_health_and_metadata(server):
 def test_classify_bytes_and_pixels(server, models):
     vit = checkpoint.load(models["vit"], device="cpu")
     images = [png((200, 20, 20)), png((250, 250, 250))]
-    body = {"id": "req-1", "inputs": [{"name": "image", "datatype": "BYTES", "shape": [2],
-                                        "data": [base64.b64encode(b).decode() for b in images]}]}
+    encoded = [base64.b64encode(b).decode() for b in images]
+    encoded[1] = "data:image/png;base64," + encoded[1]  # a data URL, as /v1 takes it too
+    body = {"id": "req-1", "inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": encoded}]}
     resp = httpx.post(server.url + "/v2/models/vit/infer", json=body).json()
     assert resp["model_name"] == "vit" and resp["id"] == "req-1"
     outputs = {o["name"]: o for o in resp["outputs"]}

@@ -8,6 +8,7 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,12 +63,15 @@ class ModelRegistry:
         self._retired_ids: set[int] = set()  # those a `retire` call is draining
         self.ready = False
         self.draining = False
+        self._drain_deadline = 0.0  # time.monotonic() by which a drain ends (`begin_drain`)
         self.error: str | None = None
         # Called (from the loader thread) when the models given at start fail to load: `tserve serve` then stops
         # the server and exits 1, so that a supervisor sees the failure instead of a process answering 503.
         self.on_load_failure: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
-        self._draft: checkpoint.LoadedModel | None = None  # --draft-model, loaded once for every language model
+        # --draft-model, loaded once for every language model; weakly held, so that its memory goes with the last
+        # model that drafts with it (an unload) and a later one loads it again
+        self._draft: weakref.ref[checkpoint.LoadedModel] | None = None
 
     # ----------------------------------------------------------------------------------------------
     def start_loading(self) -> None:
@@ -132,8 +136,8 @@ class ModelRegistry:
         """--draft-model, loaded as the models it drafts for are (device, dtype, quantization), once: its weights
         are only read, so every language model's engine drafts with the same copy (each with its own cache).
         `beside`: the model it is loaded for, in memory and not served yet (--max-model-memory counts it)."""
-        if self._draft is not None:
-            return self._draft
+        if (held := self._held_draft()) is not None:
+            return held
         s = self.settings
         path = hub.checkpoint_dir(s.draft_model)
         self._check_memory(f"--draft-model {s.draft_model}", path, device, beside=(beside,))
@@ -143,8 +147,11 @@ class ModelRegistry:
         if draft.task != task:
             raise ValueError(f"--draft-model {s.draft_model}: a {draft.task} model, not a {task} model")
         log.info("draft model loaded", extra={"path": str(path), "parameters": draft.num_parameters()})
-        self._draft = draft
+        self._draft = weakref.ref(draft, lambda _: log.info("draft model unloaded: no model drafts with it"))
         return draft
+
+    def _held_draft(self) -> checkpoint.LoadedModel | None:
+        return self._draft() if self._draft is not None else None
 
     def _check_memory(self, name: str, path: Path, device: torch.device,
                       beside: tuple[checkpoint.LoadedModel, ...] = ()) -> None:
@@ -158,7 +165,7 @@ class ModelRegistry:
         needed = checkpoint.weight_bytes(path, dtype)
         with self._changes:
             holding = [m.loaded for m in (*self.models.values(), *self._retiring)]
-        holding += [*beside, *([self._draft] if self._draft is not None else [])]
+        holding += [*beside, *([draft] if (draft := self._held_draft()) is not None else [])]
         held = sum(sum(t.numel() * t.element_size() for t in (*m.model.parameters(), *m.model.buffers()))
                    for m in holding)
         if held + needed > limit:
@@ -174,6 +181,8 @@ class ModelRegistry:
     def begin_drain(self) -> None:
         """Shutdown, first part: not ready any more, and every model refuses new requests while the ones it
         holds finish."""
+        if not self.draining:
+            self._drain_deadline = time.monotonic() + self.settings.request_timeout_s
         self.ready, self.draining = False, True
         for served in self.models.values():
             for worker in served.workers:
@@ -184,9 +193,12 @@ class ModelRegistry:
         return all(w.idle for served in self.models.values() for w in served.workers)
 
     def stop(self) -> None:
+        """Stop every model's workers. What they hold may finish until one deadline shared by all of them,
+        --request-timeout-s after the drain began (a SIGTERM's drain, or this call), not a wait per worker."""
+        self.begin_drain()
         for served in self.models.values():
             for worker in served.workers:
-                worker.stop()
+                worker.stop(max(0.0, self._drain_deadline - time.monotonic()))
         heap.thaw()  # the process may go on (an application that embeds this one): its cycles are collectable again
 
     # ----------------------------------------------------------------------------------------------

@@ -83,9 +83,9 @@ class ServedClassifier(ServedModel):
             pixels = []
             for i, item in enumerate(bytes_elements(tensor, limits.max_prompts)):
                 try:
-                    blob = base64.b64decode(item, validate=True)
+                    blob = decode_base64(item)  # plain or a data URL, as the /v1 routes read it
                     pixels.append(await asyncio.to_thread(self.classifier.preprocess, blob))
-                except (binascii.Error, ValueError, InvalidInput) as exc:
+                except (ValueError, InvalidInput) as exc:
                     raise OIPError(400, f"image {i}: {exc}") from exc
         else:
             want = [cfg.n_channels, cfg.image_size, cfg.image_size]
