@@ -183,7 +183,6 @@ def test_files_benchmark_times_a_file_cold_and_with_the_memory_warm(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_families_benchmark_times_both_sides_of_each_shape(capsys, tmp_path):
     rows = bench_script("families").main(["--tiny", "--work", str(tmp_path)])
     assert [(r.shape, r.fmt) for r in rows] == [(s, f) for s in ("tiny-gemma3", "tiny-phi3") for f in ("float32", "int8")]
@@ -229,9 +228,15 @@ def test_the_q4_0_product_rate_is_its_blocks_bytes_over_one_calls_time(monkeypat
 def test_a_cache_lines_round_trip_between_two_cores_is_per_exchange():
     if len(os.sched_getaffinity(0)) < 2 or cpu_kernels.extension() is None:
         pytest.skip("one CPU, or no kernels: no round trip")
-    few, many = (cpu_kernels.extension().core_round_trip_ns(n, 3) for n in (2000, 20000))
-    assert 0 < few < 1e5 and 0 < many < 1e5
-    assert 1 / 3 < many / few < 3, "ten times the exchanges, the same time each"
+    # On a loaded machine a spinning thread can lose its core for a while, so a pair of measurements may be off:
+    # up to 10 pairs are taken. A time not divided by the exchanges would be 10x apart in every pair.
+    pairs = []
+    for _ in range(10):
+        few, many = (cpu_kernels.extension().core_round_trip_ns(n, 3) for n in (2000, 20000))
+        pairs.append((few, many))
+        if 0 < few < 1e5 and 0 < many < 1e5 and 1 / 3 < many / few < 3:
+            return
+    pytest.fail(f"ten times the exchanges should take the same time each (ns, 2000 and 20000 exchanges): {pairs}")
 
 
 @pytest.mark.slow  # 20 s: the machine's bandwidth is measured too
