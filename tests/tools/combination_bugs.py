@@ -13,6 +13,7 @@ structured output beside each other and beside streaming, stop strings and specu
 
 from __future__ import annotations
 
+from tests.tools.option_bugs import OPTION_BUGS
 from tests.tools.planted_bug import Bug
 
 MODELS = "tests/model/test_option_combinations_models.py::"
@@ -231,7 +232,7 @@ COMBINATION_BUGS = [
         "            holding = [m.loaded for m in (*(m for n, m in self.models.items() if n != name), *self._retiring)]",
         (MEMORY_LIMIT,)),
     Bug("max-model-memory-leaves-out-the-draft-model", "tserve/service/registry.py",
-        "        holding += [*beside, *([self._draft] if self._draft is not None else [])]\n",
+        "        holding += [*beside, *([draft] if (draft := self._held_draft()) is not None else [])]\n",
         "        holding += [*beside]\n", (f"{OPS}test_max_model_memory_counts_the_draft_model",)),
     Bug("the-draft-model-loaded-unchecked", "tserve/service/registry.py",
         '        self._check_memory(f"--draft-model {s.draft_model}", path, device, beside=(beside,))\n', "",
@@ -396,4 +397,16 @@ COMBINATION_BUGS = [
         '                seq.finish_reason = "stop"',
         ("tests/model/test_structured_output.py::test_a_model_that_writes_json_like_text_is_always_valid_under_the"
          "_schema",)),
+    Bug("draft-model-held-after-its-last-model", "tserve/service/registry.py",
+        "        return draft\n\n    def _held_draft",
+        "        self._kept = draft\n        return draft\n\n    def _held_draft",
+        (f"{OPS}test_the_draft_model_is_freed_with_the_last_model_that_drafts_with_it",)),
+    Bug("oip-images-as-plain-base64-only", "tserve/service/vision/served.py",
+        "blob = decode_base64(item)", "blob = base64.b64decode(item, validate=True)",
+        ("tests/http/test_oip.py::test_classify_bytes_and_pixels",)),
+    Bug("registry-stop-waits-per-worker", "tserve/service/registry.py",
+        "worker.stop(max(0.0, self._drain_deadline - time.monotonic()))", "worker.stop()",
+        (f"{OPS}test_stopping_the_registry_drains_every_worker_against_one_request_timeout",)),
 ]
+
+COMBINATION_BUGS += OPTION_BUGS

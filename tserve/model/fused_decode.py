@@ -102,7 +102,7 @@ class FusedDecode:
         config = [cfg.n_heads, cfg.kv_heads, cfg.d_head, 0, rotary, _ACTIVATIONS[cfg.activation],
                   float(cfg.norm == "layernorm"), float(cfg.qk_norm), float(cfg.local_rope_base is not None),
                   cfg.norm_eps, cfg.norm_weight_offset, qk_eps, first.query_scale or 0.0, cfg.residual_multiplier]
-        return cls(tensors, ints, config, next(iter(isas), None) or cpu_kernels.kernel_isa() or "avx2", _step_inputs(model))
+        return cls(tensors, ints, config, next(iter(isas), None) or cpu_kernels.kernel_isa(), _step_inputs(model))
 
     def step(self, tokens: Tensor | list[int], positions: Tensor | list[int], cache,  # noqa: ANN001 - PagedKVCache
              slots: Tensor | list[int]) -> Tensor:
@@ -138,6 +138,8 @@ def _unfusable(model: nn.Module) -> str | None:
     cfg = model.cfg
     if not cpu_kernels.available():
         return "the CPU kernels are not built"
+    if cpu_kernels.kernel_isa() is None:  # not compiled for this CPU, or PyTorch held below AVX2: no vector path
+        return "the CPU kernels do not run here"
     first = next(model.parameters())
     if first.device.type != "cpu" or first.dtype != torch.float32:
         return f"{first.dtype} on {first.device} (float32 on the CPU only)"
