@@ -475,9 +475,10 @@ def test_batcher_queue_limit():
     async def run() -> int:
         first = batcher.enqueue([1])  # taken by the worker, which then blocks
         await until(lambda: batcher.running and not batcher.waiting)
-        batcher.enqueue([2, 3])
+        batcher.enqueue([2, 3])  # one request of two items: it waits as one
+        batcher.enqueue([4])
         with pytest.raises(QueueFull):
-            batcher.enqueue([4])
+            batcher.enqueue([5])
         gate.set()
         return await asyncio.wait_for(batcher.result(first[0]), 5)
 

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     max_running_requests: int = Field(16, ge=1, description="KV-cache rows per generative model (a beam request takes num_beams)")
     reserved_rows: int = Field(0, ge=0, description="rows of each generative model a client with requests running "
                                "may not take: kept for another client's first request (fair admission)")
-    max_queue: int = Field(256, ge=0, description="waiting requests per model before 429; 0: no waiting room, a request is taken only when free rows take it at once")
+    max_queue: int = Field(256, ge=0, description="client requests waiting per model before 429 (a request counts once, with all its parts); 0: no waiting room, a request is taken only when free rows take it at once")
     max_model_len: int | None = Field(None, ge=2, description="cap on prompt + completion tokens (default: the model's context, at most 4096; the KV cache holds this many positions per running request); a translator's source tokens and target tokens, each (default: the model's)")
     kv_cache_memory: str | None = Field(
         None, description="KV cache of each language model (a translator: its decoder's): bytes (2GB, 512MiB) or a fraction of the memory free on "

@@ -51,9 +51,9 @@ class DynamicBatcher(Worker, Generic[T, R]):
     # ----------------------------------------------------------------------------------------------
     # Event-loop side
     # ----------------------------------------------------------------------------------------------
-    def submit_job(self, item: T) -> BatchItem[T]:
+    def submit_job(self, item: T, **part: Any) -> BatchItem[T]:
         req = BatchItem(item, time.perf_counter() + self.timeout_s)
-        self._enqueue(req)
+        self._enqueue(req, **part)
         return req
 
     def enqueue(self, items: list[T]) -> list[BatchItem[T]]:

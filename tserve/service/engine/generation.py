@@ -20,6 +20,7 @@ with the same generator, so they finish with the tokens they would have had."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -105,16 +106,16 @@ class GenerationEngine(Worker):
     def check_limits(self, prompt_len: int, max_tokens: int) -> None:
         self.runner.check(prompt_len, max_tokens)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> GenerationRequest:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, **part: Any) -> GenerationRequest:
         """Queue a request (raises QueueFull or ValueError). Must be called on the event loop."""
         self.check_limits(len(prompt_ids), params.max_tokens)
         req = GenerationRequest(prompt_ids, params, time.perf_counter() + self.timeout_s,
                                 IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids), self.device)
-        self._enqueue(req)
+        self._enqueue(req, **part)
         return req
 
-    def submit_job(self, job: tuple[list[int], SamplingParams]) -> GenerationRequest:
-        return self.submit(*job)
+    def submit_job(self, job: tuple[list[int], SamplingParams], **part: Any) -> GenerationRequest:
+        return self.submit(*job, **part)
 
     @property
     def slots_in_use(self) -> int:

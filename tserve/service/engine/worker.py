@@ -129,17 +129,15 @@ class Worker:
     def submit_all(self, jobs: list[Any], *, one_request: bool = False, group: object | None = None,
                    first_turn: int = 0) -> list[EngineRequest]:
         """Queue every job or none: when one is refused (QueueFull, ValueError), those already queued are
-        cancelled and the error is raised. `one_request`: the jobs are parts of one client request (a
-        document's sentences): they count once toward --max-queue and are admitted in turns with others;
-        `group` / `first_turn`: parts of a client request submitted in several calls (a pivot's second hop)."""
+        cancelled and the error is raised. The jobs are one client request's (its choices, its prompts, its
+        images): they count once toward --max-queue. `one_request`: they are parts a client request is cut into
+        (a document's sentences), admitted in turns with other requests' parts; `group` / `first_turn`: parts of
+        a client request submitted in several calls (a pivot's second hop)."""
         submitted: list[EngineRequest] = []
         group = group if group is not None else object()
         try:
             for turn, job in enumerate(jobs, start=first_turn):
-                if one_request:
-                    submitted.append(self.submit_job(job, group=group, turn=turn))
-                else:
-                    submitted.append(self.submit_job(job))
+                submitted.append(self.submit_job(job, group=group, turn=turn if one_request else first_turn))
         except (QueueFull, ValueError):
             for req in submitted:
                 req.cancel()
@@ -147,7 +145,7 @@ class Worker:
         return submitted
 
     def submit_job(self, job: Any, **part: Any) -> EngineRequest:
-        """Queue one job; `part` (group=, turn=) is passed on to `_enqueue` by engines that take documents."""
+        """Queue one job; `part` (group=, turn=: which client request it is part of) is passed on to `_enqueue`."""
         raise NotImplementedError
 
     def call(self, fn: Callable[..., Any], *args: Any) -> CallRequest:
