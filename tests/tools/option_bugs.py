@@ -2,7 +2,11 @@
 and the fused step's paths (`tests/model/test_option_combinations_kernels.py`); asynchronous scheduling with logprobs,
 preemption with the prefix cache and the queue's order, identical prompts at once, call jobs with --max-queue 0, a
 fractional KV budget beside a sliding pool, a translator's admission in a small pool and a request's choices toward
---max-queue (`tests/engine/test_option_combinations_scheduling.py`), beside the module tests named. Part of
+--max-queue (`tests/engine/test_option_combinations_scheduling.py`); streamed against unstreamed answers under echo,
+logprobs, several choices, stop strings at the last token and chat messages' parts and names
+(`tests/engine/test_option_combinations_streaming.py`); LibreTranslate's lists, forms, detection and limits, the Open
+Inference Protocol's limits and beams, embeddings beside several models, CORS with API keys and a model unloaded and
+loaded again (`tests/http/test_option_combinations_compat.py`), beside the module tests named. Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -16,6 +20,22 @@ DRAFT_LOAD = "quantize=s.quantize,\n                                int8_activat
 GROUP_SIZE = f"{KERNELS}test_an_int4_group_size_reaches_the_served_model_and_its_draft"
 ACTIVATIONS = f"{KERNELS}test_int8_activations_reach_the_served_model_and_its_draft"
 SCHED = "tests/engine/test_option_combinations_scheduling.py::"
+STREAM = "tests/engine/test_option_combinations_streaming.py::"
+EVERY_COMBINATION = f"{STREAM}test_a_streamed_completion_is_the_unstreamed_one_under_every_combination"
+C = "tserve/service/routes/completions.py"
+LT = "tserve/service/routes/libretranslate.py"
+COMPAT = "tests/http/test_option_combinations_compat.py::"
+RELOADED = f"{COMPAT}test_a_translator_unloaded_and_loaded_again_leaves_and_rejoins_libretranslates_routes"
+FORM = f"{COMPAT}test_a_form_body_takes_alternatives_and_a_repeated_q_as_a_list"
+V2_LIMITS = f"{COMPAT}test_a_language_models_v2_requests_keep_max_tokens_limit_and_max_input_chars"
+KEYS_BEFORE_CORS = ('    app.state.key_gate = gate = KeyGate(settings.api_keys, settings.max_requests_per_key)\n'
+                    '    app.add_middleware(APIKeyMiddleware, gate=gate, public_paths=settings.public_paths,\n'
+                    '                       self_checked_paths=libretranslate.KEY_CHECKED_PATHS,\n'
+                    "                       # the admin keys and a download's owner key are checked there\n"
+                    '                       self_checked_prefixes=(repository.PREFIX + "/", libretranslate.DOWNLOAD_PREFIX))\n')
+CORS = ('    if settings.cors_origins:\n'
+        '        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],\n'
+        '                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"])\n')
 PREEMPTED_ORDER = f"{SCHED}test_the_newest_running_request_gives_way_and_comes_back_before_later_arrivals"
 
 OPTION_BUGS = [
@@ -86,4 +106,69 @@ OPTION_BUGS = [
         "group=group, turn=turn if one_request else first_turn))",
         "group=group if one_request else object(), turn=turn if one_request else first_turn))",
         (f"{SCHED}test_a_requests_choices_and_prompts_count_once_toward_max_queue",)),
+    Bug("chat-streamed-usage-counts-one-choices-prompt", C,
+        "usage = (lambda: _usage(len(ids) * body.n, choices)) if include_usage else None",
+        "usage = (lambda: _usage(len(ids), choices)) if include_usage else None",
+        (f"{STREAM}test_a_streamed_chat_of_several_choices_counts_each_choices_prompt",)),
+    Bug("streamed-echo-with-logprobs-0-drops-the-prompts-logprobs", C,
+        "lp = c.logprobs_dict(served.tokenizer) if body.logprobs is not None else None\n                    yield",
+        "lp = c.logprobs_dict(served.tokenizer) if body.logprobs else None\n                    yield",
+        (f"{EVERY_COMBINATION}[llama]", f"{EVERY_COMBINATION}[mistral]")),
+    Bug("streamed-chat-logprobs-only-with-top-logprobs", C,
+        "lp = _chat_logprobs(event.logprobs) if body.logprobs else None",
+        "lp = _chat_logprobs(event.logprobs) if body.top_logprobs else None",
+        (f"{STREAM}test_streamed_chat_logprobs_are_the_unstreamed_ones[logprobs-alone]",)),
+    Bug("stop-string-on-the-last-allowed-token-finishes-with-length", "tserve/service/engine/output.py",
+        '        if stopped:\n            finish = "stop"', '        if stopped and finish is None:\n            finish = "stop"',
+        (f"{STREAM}test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop",)),
+    Bug("detokenizer-starts-without-the-prompt", "tserve/service/engine/generation.py",
+        "IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids)", "IncrementalDetokenizer(self.tokenizer)",
+        (f"{EVERY_COMBINATION}[mistral]",)),
+    Bug("chat-default-max-tokens-ignores-the-prompt", C,
+        "max(1, min(cfg.max_tokens_limit, served.max_len - len(ids)))", "max(1, min(cfg.max_tokens_limit, served.max_len))",
+        (f"{STREAM}test_a_chat_without_max_tokens_writes_up_to_the_end_of_the_context",)),
+    Bug("content-parts-keep-only-the-first", "tserve/service/request_schemas.py",
+        'else "".join(p.text for p in self.content)}', "else self.content[0].text}",
+        (f"{STREAM}test_a_message_of_text_parts_is_the_message_of_their_joined_text",)),
+    Bug("message-name-not-passed-to-the-template", "tserve/service/request_schemas.py",
+        'for key in ("tool_call_id", "name"):', 'for key in ("tool_call_id",):',
+        (f"{STREAM}test_a_participants_name_and_a_system_message_reach_the_template",)),
+    Bug("libretranslate-list-of-one-answered-as-a-string", LT,
+        '{"translatedText": translated if batch else translated[0]}',
+        '{"translatedText": translated if len(texts) > 1 else translated[0]}',
+        (f"{COMPAT}test_a_libretranslate_list_of_one_text_is_answered_as_a_list",)),
+    Bug("libretranslate-form-alternatives-taken-as-text", LT,
+        "    if isinstance(value, str) and value.strip().isdigit():  # a form sends every field as text\n"
+        "        value = int(value)\n", "", (FORM,)),
+    Bug("libretranslate-repeated-form-field-keeps-the-last", LT,
+        "fields[name] = values if len(values) > 1 else values[0]", "fields[name] = values[-1]", (FORM,)),
+    Bug("libretranslate-auto-detects-among-the-sources-only", LT,
+        "detected = await _detect(texts, sorted({s for s, _ in pairs} | {target}))",
+        "detected = await _detect(texts, sorted({s for s, _ in pairs}))", (RELOADED,)),
+    Bug("libretranslate-batch-limit-checked-per-language", LT,
+        "            check_count(len(texts), settings(request))\n", "            check_count(1, settings(request))\n",
+        (f"{COMPAT}test_a_libretranslate_batch_past_max_prompts_is_refused_even_when_detection_splits_it",)),
+    Bug("oip-lm-max-tokens-past-the-server-limit", "tserve/service/generation/served.py",
+        '        high = max_tokens_limit if name == "max_tokens" else high\n', "", (V2_LIMITS,)),
+    Bug("oip-lm-prompts-past-max-input-chars", "tserve/service/generation/served.py",
+        "ids = self.loaded.tokenizer.encode(text) if text and len(text) <= limit else []",
+        "ids = self.loaded.tokenizer.encode(text) if text else []", (V2_LIMITS,)),
+    Bug("oip-translator-num-beams-ignored", "tserve/service/translation/served.py",
+        'ask = TranslationAsk(texts, params.get("num_beams"), None, n,', "ask = TranslationAsk(texts, None, None, n,",
+        (f"{COMPAT}test_a_translators_v2_num_beams_parameter_allows_more_alternatives_than_its_default",)),
+    Bug("oip-pixel-batch-unbounded", "tserve/service/vision/served.py",
+        'if not 1 <= tensor["shape"][0] <= limits.max_prompts:', 'if not 1 <= tensor["shape"][0]:',
+        (f"{COMPAT}test_a_v2_pixel_batch_is_held_to_max_prompts",)),
+    Bug("embeddings-without-model-count-every-embedding-model", "tserve/service/routes/embeddings.py",
+        "candidates = [m for m in registry.models.values() if m.embeds == kind]",
+        "candidates = [m for m in registry.models.values() if m.embeds]",
+        (f"{COMPAT}test_image_embeddings_without_a_model_go_to_the_only_image_model_beside_text_ones",)),
+    Bug("cors-behind-the-api-keys", "tserve/service/app.py", KEYS_BEFORE_CORS + CORS, CORS + KEYS_BEFORE_CORS,
+        (f"{COMPAT}test_cors_preflights_and_refusals_pass_in_front_of_api_keys",)),
+    Bug("index-forgets-unloaded-models-outside-the-repository", "tserve/service/routes/repository.py",
+        "names = sorted(set(reg.models) | set(reg.states) | set(_repository_models(request)))",
+        "names = sorted(set(reg.models) | set(_repository_models(request)))", (RELOADED,)),
+    Bug("unload-keeps-the-derived-routes", "tserve/service/registry.py",
+        "            self._retiring.append(self.models.pop(name))\n            self._changed()\n",
+        "            self._retiring.append(self.models.pop(name))\n", (RELOADED,)),
 ]
