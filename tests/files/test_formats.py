@@ -188,6 +188,10 @@ def test_xml_entity_declarations_are_refused():
     assert "entities" in refused("laughs.docx", _docx_with({"word/document.xml": laughs}), "hostile_file")
     external = laughs.replace(b'<!ENTITY a "aaaaaaaaaa">', b'<!ENTITY a SYSTEM "file:///etc/passwd">')
     refused("external.docx", _docx_with({"word/document.xml": external}), "hostile_file")
+    for encoding in ("utf-16", "utf-32"):  # the declarations' bytes are not b"<!ENTITY" there
+        wide = laughs.decode().replace('encoding="UTF-8"', "").replace('version="1.0"',
+                                                                       f'version="1.0" encoding="{encoding}"')
+        refused(f"{encoding}.docx", _docx_with({"word/document.xml": wide.encode(encoding)}), "hostile_file")
 
 
 @pytest.mark.parametrize(("name", "data"), [

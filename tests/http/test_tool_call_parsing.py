@@ -80,6 +80,18 @@ def test_streams_named_arguments_as_they_come_and_hold_auto_until_known():
     assert prose.deltas("lo", "stop") == ([{"content": "lo"}], "stop")
 
 
+def test_calls_then_text_cut_by_max_tokens_finish_with_tool_calls_streamed_as_unstreamed():
+    """auto: complete calls, then text until max_tokens ended the answer. The whole answer's parse finds the calls
+    (its message carries them, so its finish_reason is "tool_calls", as vLLM answers); the stream says the same."""
+    mode = tool_mode([WEATHER], "auto", None)
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Bern"}}</tool_call>\nand then some'
+    assert parse_output(mode, text)[1]
+    stream = ToolStream(mode)
+    assert stream.deltas(text[:30], None) == ([], None)
+    deltas, finish = stream.deltas(text[30:], "length")
+    assert finish == "tool_calls" and any("tool_calls" in d for d in deltas)
+
+
 def _rebuilt_as_openai_clients_do(deltas: list[dict]) -> list[dict]:
     """The calls a client rebuilds from a stream's deltas, as OpenAI documents it (and its SDK's stream helper
     does): a call is keyed by its `index`; the delta that opens it carries `id`, `type` and the function's name,

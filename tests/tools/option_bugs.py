@@ -6,7 +6,9 @@ fractional KV budget beside a sliding pool, a translator's admission in a small 
 logprobs, several choices, stop strings at the last token and chat messages' parts and names
 (`tests/engine/test_option_combinations_streaming.py`); LibreTranslate's lists, forms, detection and limits, the Open
 Inference Protocol's limits and beams, embeddings beside several models, CORS with API keys and a model unloaded and
-loaded again (`tests/http/test_option_combinations_compat.py`), beside the module tests named. Part of
+loaded again (`tests/http/test_option_combinations_compat.py`); each file format's escapes, cues, tables, footers and
+master pages, file jobs with the translation memory, max_tokens, pivots and glossaries, and `/translate_file` with
+`auto` (`tests/files/test_option_combinations_files.py`), beside the module tests named. Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ COMPAT = "tests/http/test_option_combinations_compat.py::"
 RELOADED = f"{COMPAT}test_a_translator_unloaded_and_loaded_again_leaves_and_rejoins_libretranslates_routes"
 FORM = f"{COMPAT}test_a_form_body_takes_alternatives_and_a_repeated_q_as_a_list"
 V2_LIMITS = f"{COMPAT}test_a_language_models_v2_requests_keep_max_tokens_limit_and_max_input_chars"
+FILES = "tests/files/test_option_combinations_files.py::"
+AMPERSAND = f"{FILES}test_an_ampersand_comes_back_as_the_character_each_format_writes_it_as"
+PIVOTED_FILE = f"{FILES}test_a_pivoted_file_is_the_second_models_translation_of_the_first_ones"
+ROUTE_FILES = "tserve/service/routes/files.py"
+TEXT_FILES = "tserve/service/translation/files/text_files.py"
+MARKDOWN = "tserve/service/translation/files/markdown.py"
 KEYS_BEFORE_CORS = ('    app.state.key_gate = gate = KeyGate(settings.api_keys, settings.max_requests_per_key)\n'
                     '    app.add_middleware(APIKeyMiddleware, gate=gate, public_paths=settings.public_paths,\n'
                     '                       self_checked_paths=libretranslate.KEY_CHECKED_PATHS,\n'
@@ -171,4 +179,58 @@ OPTION_BUGS = [
     Bug("unload-keeps-the-derived-routes", "tserve/service/registry.py",
         "            self._retiring.append(self.models.pop(name))\n            self._changed()\n",
         "            self._retiring.append(self.models.pop(name))\n", (RELOADED,)),
+    Bug("file-jobs-ignore-cache-false", ROUTE_FILES,
+        "rendered = await hop[0].translate_blocks(hop_doc, current.escape, ask.cache, job.progress)",
+        "rendered = await hop[0].translate_blocks(hop_doc, current.escape, True, job.progress)",
+        (f"{FILES}test_a_warm_memory_gives_a_file_the_same_runs_and_cache_false_translates_it_again",)),
+    Bug("pivoted-file-last-hop-drops-glossary", ROUTE_FILES,
+        "    asks = [first_ask, *(replace(hop_ask(ask, hop, [], k == len(hops) - 1), markups=[fdoc.markup])",
+        "    asks = [first_ask, *(replace(hop_ask(ask, hop, [], False), markups=[fdoc.markup])",
+        (f"{FILES}test_a_pivoted_files_glossary_is_placed_by_its_last_hop",)),
+    Bug("pivoted-file-job-names-the-pivot-as-target", ROUTE_FILES,
+        "languages = (first_ask.source_lang, hops[-1][1][1] if len(hops) > 1 else first_ask.target_lang)",
+        "languages = (first_ask.source_lang, first_ask.target_lang)", (PIVOTED_FILE,)),
+    Bug("pivoted-files-second-hop-reads-the-source", ROUTE_FILES,
+        "(hop_doc,) = hop[0].documents(replace(asks[k], markups=[current.markup]), hop_languages[k])",
+        "(hop_doc,) = hop[0].documents(replace(asks[k], markups=[fdoc.markup]), hop_languages[k])", (PIVOTED_FILE,)),
+    Bug("file-jobs-drop-max-tokens", ROUTE_FILES,
+        'ask = TranslationAsk([], _form_int(form, "num_beams"), _form_int(form, "max_tokens"), 1, terms, False,',
+        'ask = TranslationAsk([], _form_int(form, "num_beams"), None, 1, terms, False,',
+        (f"{FILES}test_a_file_jobs_max_tokens_bounds_each_sentence[txt]",)),
+    Bug("srt-text-html-escaped", TEXT_FILES, "    escape = (lambda s: html.escape(s, quote=False)) if vtt else no_escape\n",
+        "    escape = lambda s: html.escape(s, quote=False)\n", (f"{AMPERSAND}[srt]",)),
+    Bug("office-text-html-escaped", "tserve/service/translation/files/xml_parts.py",
+        "return FileDocument(Markup([p.block for p, _ in self.paragraphs]), lambda text: text, self.write, media_type)",
+        "return FileDocument(Markup([p.block for p, _ in self.paragraphs]), None, self.write, media_type)",
+        (f"{AMPERSAND}[docx]", f"{AMPERSAND}[odt]")),
+    Bug("subtitle-cue-rewrapped-in-two-lines", TEXT_FILES, "    for k in range(1, lines):\n",
+        "    for k in range(1, min(lines, 2)):\n", (f"{FILES}test_a_subtitle_cue_of_three_lines_comes_back_in_three[srt]",)),
+    Bug("markdown-hard-break-in-quote-loses-prefix", MARKDOWN,
+        'prefix = lines[found[1][0]][: found[1][1]] if len(found) > 1 else ""', 'prefix = ""',
+        (f"{FILES}test_a_markdown_hard_break_inside_a_quote_or_a_list_item_keeps_the_line_in_it",)),
+    Bug("markdown-table-cells-of-one-text-overlap", MARKDOWN,
+        "at = lines[n].find(content_line.strip(), cursor.get(n, 0))", "at = lines[n].find(content_line.strip())",
+        (f"{FILES}test_markdown_table_cells_of_the_same_text_on_one_row_are_each_translated",)),
+    Bug("docx-footers-untranslated", "tserve/service/translation/files/ooxml.py",
+        'DOCX_PARTS = re.compile(r"word/(document|header\\d*|footer\\d*|footnotes|endnotes|comments)\\.xml")',
+        'DOCX_PARTS = re.compile(r"word/(document|header\\d*|footnotes|endnotes|comments)\\.xml")',
+        (f"{FILES}test_a_word_footer_is_translated_like_its_header",)),
+    Bug("odt-master-page-headers-untranslated", "tserve/service/translation/files/odf.py",
+        '    for name in ("content.xml", "styles.xml"):', '    for name in ("content.xml",):',
+        (f"{FILES}test_an_opendocument_master_pages_header_and_footer_are_translated",)),
+    Bug("epub-title-entities-escaped-twice", "tserve/service/translation/files/epub.py",
+        "element.text = html.unescape(text)  # rendered as HTML; lxml escapes it again", "element.text = text",
+        (f"{AMPERSAND}[epub]",)),
+    Bug("libretranslate-file-auto-source-taken-as-a-language", LT,
+        "ask = TranslationAsk([], None, None, 1, None, False, None if auto else source, target)",
+        "ask = TranslationAsk([], None, None, 1, None, False, source, target)",
+        (f"{FILES}test_libretranslate_detects_an_auto_source_file_and_routes_it_through_the_pivot",)),
+    Bug("xml-entities-in-wide-encodings-parsed", "tserve/service/translation/files/containers.py",
+        "    if dtd is not None and next(iter(dtd.iterentities()), None) is not None:\n        raise refused\n", "",
+        ("tests/files/test_formats.py::test_xml_entity_declarations_are_refused",)),
+    Bug("streamed-calls-cut-by-max-tokens-finish-with-length", "tserve/service/generation/tool_calls.py",
+        'return out, ("tool_calls" if calls else finish_reason)',
+        'return out, ("tool_calls" if calls and finish_reason == "stop" else finish_reason)',
+        ("tests/http/test_tool_call_parsing.py::test_calls_then_text_cut_by_max_tokens_finish_with_tool_calls_streamed_as_"
+         "unstreamed",)),
 ]

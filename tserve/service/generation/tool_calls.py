@@ -174,7 +174,9 @@ class ToolStream:
         for k, call in enumerate(calls):
             out.append({"tool_calls": [call.openai(k) | {"function": {"name": call.name, "arguments": ""}}]})
             out.append({"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]})
-        return out, ("tool_calls" if calls and finish_reason == "stop" else finish_reason)
+        # calls found: "tool_calls", however the answer ended (text after them cut by max_tokens), as the whole
+        # answer's message with its calls says
+        return out, ("tool_calls" if calls else finish_reason)
 
 
 def _may_begin_call(text: str) -> bool:
