@@ -206,3 +206,16 @@ def test_a_translator_unloaded_and_loaded_again_leaves_and_rejoins_libretranslat
         assert call(repo, "/translate", {"q": GERMAN, "source": "de", "target": "en"}) == {"translatedText": ENGLISH}
     finally:
         repo.stop()
+
+
+def test_max_input_chars_bounds_embeddings_texts_and_language_detection(app):
+    """--max-input-chars holds for every text a request brings, as its setting says: an embeddings input and
+    LibreTranslate's /detect `q` past it are a 400 in each API's shape, before any tokenizing or ranking."""
+    long = "word " * (MAX_INPUT_CHARS // 5 + 1)
+    ok = call(app, "/v1/embeddings", {"model": "lm", "input": ["short", "text"]})
+    assert len(ok["data"]) == 2
+    refused = call(app, "/v1/embeddings", {"model": "lm", "input": ["short", long]}, 400)
+    assert refused["error"]["code"] == "input_too_long" and "input 1" in refused["error"]["message"]
+    assert call(app, "/detect", {"q": ENGLISH_TEXT})[0]["language"] == "en"
+    refused = call(app, "/detect", {"q": long}, 400)
+    assert "characters" in refused["error"]

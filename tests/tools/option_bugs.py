@@ -233,4 +233,10 @@ OPTION_BUGS = [
         'return out, ("tool_calls" if calls and finish_reason == "stop" else finish_reason)',
         ("tests/http/test_tool_call_parsing.py::test_calls_then_text_cut_by_max_tokens_finish_with_tool_calls_streamed_as_"
          "unstreamed",)),
+    Bug("embeddings-texts-past-max-input-chars", "tserve/service/routes/embeddings.py",
+        '            check_chars(text, cfg.max_input_chars, f"input {i}")\n', "",
+        (f"{COMPAT}test_max_input_chars_bounds_embeddings_texts_and_language_detection",)),
+    Bug("detect-q-past-max-input-chars", LT,
+        '            check_input_chars(q, settings(request).max_input_chars, "q")\n',
+        '            pass\n', (f"{COMPAT}test_max_input_chars_bounds_embeddings_texts_and_language_detection",)),
 ]

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from tserve.service.errors import InvalidInput, bad_request
 from tserve.service.routes.deps import (
     base64_images,
+    check_chars,
     check_count,
     image_body,
     prioritise,
@@ -90,6 +91,8 @@ async def create_embeddings(request: Request) -> Any:
         if not texts:
             raise bad_request("input list is empty", "missing_input")
         check_count("inputs", len(texts), cfg.max_prompts)
+        for i, text in enumerate(texts):
+            check_chars(text, cfg.max_input_chars, f"input {i}")
         served = _model(request, body.model, "text")
         items = []
         for i, text in enumerate(texts):

@@ -28,6 +28,7 @@ from tserve.service.errors import (
     bad_request,
     overloaded,
 )
+from tserve.service.limits import check_input_chars
 from tserve.service.routes.deps import log_inputs, ready_registry, settings
 from tserve.service.routes.files import file_response, jobs_of, read_upload, start_job
 from tserve.service.security import bearer_token
@@ -213,6 +214,10 @@ async def detect(request: Request) -> list[dict[str, Any]]:
         q = fields.get("q")
         if not isinstance(q, str) or not q.strip():
             raise bad_request("Invalid request: missing q parameter", "empty_input")
+        try:
+            check_input_chars(q, settings(request).max_input_chars, "q")
+        except InvalidInput as exc:
+            raise bad_request(str(exc), exc.code) from exc
         served = sorted({code for pair in translators_by_pair(ready_registry(request)) for code in pair})
         ranked = await asyncio.to_thread(detector.rank, q, served)
     return [{"language": code, "confidence": confidence} for code, confidence in ranked[:10]]
