@@ -182,10 +182,10 @@ def test_a_chat_without_max_tokens_writes_up_to_the_end_of_the_context(models):
 
 
 def test_a_message_of_text_parts_is_the_message_of_their_joined_text(models):
-    """OpenAI's content as a list of text parts reaches the template as one text: the same prompt and the same
-    answer as the string content."""
-    text = chat(max_tokens=6, temperature=0, messages=[{"role": "user", "content": "Where is the station?"}])
-    parts = text | {"messages": [{"role": "user", "content": [{"type": "text", "text": "Where is "},
+    """OpenAI's content as a list of text parts reaches the template as one text, the parts one per line (as vLLM
+    joins them): the same prompt and the same answer as that string content."""
+    text = chat(max_tokens=6, temperature=0, messages=[{"role": "user", "content": "Where is\nthe station?"}])
+    parts = text | {"messages": [{"role": "user", "content": [{"type": "text", "text": "Where is"},
                                                                {"type": "text", "text": "the station?"}]}]}
 
     async def go(client):

@@ -136,7 +136,7 @@ OPTION_BUGS = [
         "max(1, min(cfg.max_tokens_limit, served.max_len - len(ids)))", "max(1, min(cfg.max_tokens_limit, served.max_len))",
         (f"{STREAM}test_a_chat_without_max_tokens_writes_up_to_the_end_of_the_context",)),
     Bug("content-parts-keep-only-the-first", "tserve/service/request_schemas.py",
-        'else "".join(p.text for p in self.content)}', "else self.content[0].text}",
+        'else "\\n".join(p.text for p in self.content)}', "else self.content[0].text}",
         (f"{STREAM}test_a_message_of_text_parts_is_the_message_of_their_joined_text",)),
     Bug("message-name-not-passed-to-the-template", "tserve/service/request_schemas.py",
         'for key in ("tool_call_id", "name"):', 'for key in ("tool_call_id",):',
@@ -239,4 +239,7 @@ OPTION_BUGS = [
     Bug("detect-q-past-max-input-chars", LT,
         '            check_input_chars(q, settings(request).max_input_chars, "q")\n',
         '            pass\n', (f"{COMPAT}test_max_input_chars_bounds_embeddings_texts_and_language_detection",)),
+    Bug("content-parts-joined-without-a-line-break", "tserve/service/request_schemas.py",
+        'else "\\n".join(p.text for p in self.content)}', 'else "".join(p.text for p in self.content)}',
+        (f"{STREAM}test_a_message_of_text_parts_is_the_message_of_their_joined_text",)),
 ]

@@ -86,10 +86,10 @@ class ChatMessage(BaseModel):
         return self
 
     def for_template(self) -> dict[str, Any]:
-        """The message as chat templates read it: text content, and a call's arguments as an object (as
-        transformers passes them)."""
+        """The message as chat templates read it: text content (text parts one per line, as vLLM joins them), and
+        a call's arguments as an object (as transformers passes them)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content if not isinstance(self.content, list)
-                               else "".join(p.text for p in self.content)}
+                               else "\n".join(p.text for p in self.content)}
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in self.tool_calls]
