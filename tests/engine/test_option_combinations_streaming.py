@@ -116,6 +116,24 @@ def test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop(mo
     assert (joined["text"], joined["finish_reason"]) == (" brown", "stop")
 
 
+def test_tokens_held_back_by_a_possible_stop_string_keep_their_own_text_offsets(models):
+    """" f", "o", "x" could begin the stop string " foxy", so their text waits until the next token rules it out;
+    each token's text_offset is still where its own text starts, as without the stop string, streamed or not."""
+    free = completion(max_tokens=8, logprobs=0)
+    held = free | {"stop": [" foxy"]}
+
+    async def go(client):
+        return (await post(client, "/v1/completions", free), await post(client, "/v1/completions", held),
+                await chunks(client, "/v1/completions", held))
+
+    free_answer, whole, streamed = run(models, go)
+    want = free_answer["choices"][0]["logprobs"]
+    assert " fox" in free_answer["choices"][0]["text"] and whole["choices"][0]["text"] == free_answer["choices"][0]["text"]
+    assert len(set(want["text_offset"])) == len(want["text_offset"])  # one token's text each
+    assert whole["choices"][0]["logprobs"]["text_offset"] == want["text_offset"]
+    assert _joined_completion(streamed)[0]["text_offset"] == want["text_offset"]
+
+
 # --------------------------------------------------------------------------------------------------
 # Chat
 # --------------------------------------------------------------------------------------------------

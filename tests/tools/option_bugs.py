@@ -242,4 +242,7 @@ OPTION_BUGS = [
     Bug("content-parts-joined-without-a-line-break", "tserve/service/request_schemas.py",
         'else "\\n".join(p.text for p in self.content)}', 'else "".join(p.text for p in self.content)}',
         (f"{STREAM}test_a_message_of_text_parts_is_the_message_of_their_joined_text",)),
+    Bug("held-back-tokens-offset-at-the-sent-text", C,
+        "own = event.text_start if event.text_start is not None else len(self.text)", "own = len(self.text)",
+        (f"{STREAM}test_tokens_held_back_by_a_possible_stop_string_keep_their_own_text_offsets",)),
 ]

@@ -26,6 +26,7 @@ def text_event(detok: IncrementalDetokenizer, stops: StopStrings, token: int, is
                lp: TokenLogprob | None) -> Event:
     """An LM token as text: an eos that ends the sequence is not part of the output (its flush is); a stop
     string cuts the text and finishes with "stop", also when the last flush completes one."""
+    start = len(detok.text)
     if is_eos:
         text = stops.close(detok.flush())[0]
     else:
@@ -35,7 +36,8 @@ def text_event(detok: IncrementalDetokenizer, stops: StopStrings, token: int, is
             text += tail
         if stopped:
             finish = "stop"
-    return Event(text, [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish)
+    return Event(text, [] if is_eos else [token], [lp] if lp is not None and not is_eos else [], finish,
+                 text_start=start)
 
 
 @dataclass

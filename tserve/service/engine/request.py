@@ -84,6 +84,9 @@ class Event:
     result: Any = None  # what a batch item or a call job computed (its only event)
     # (token, is_eos): the text is left to the stream's reader (`EngineRequest.render`), off the engine's thread
     text_pending: tuple[int, bool] | None = None
+    # Where the token's text starts in the request's whole text (None: where `text` starts). The two differ while
+    # a stop string may begin: the text held back is sent later, but each token's offset is its own.
+    text_start: int | None = None
 
 
 class EngineRequest:

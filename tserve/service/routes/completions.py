@@ -73,7 +73,8 @@ class Choice:
 
     def add(self, event: Event) -> list[int]:
         """Take one event; return the text offsets of its tokens."""
-        start = [len(self.prefix) + len(self.text)] * len(event.logprobs)
+        own = event.text_start if event.text_start is not None else len(self.text)
+        start = [len(self.prefix) + own] * len(event.logprobs)
         self.offsets.extend(start)
         self.text += event.text
         self.tokens += len(event.token_ids)
