@@ -20,6 +20,9 @@ from tserve.service.metrics import Metrics
 from tserve.service.registry import ModelRegistry
 from tserve.service.settings import Settings
 
+# Each path depends on the CPU's kernels: `make test-avx2` runs this module again on AVX2-only ones.
+pytestmark = pytest.mark.kernels
+
 TINY_LM = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-lm"
 
 
