@@ -8,7 +8,13 @@ logprobs, several choices, stop strings at the last token and chat messages' par
 Inference Protocol's limits and beams, embeddings beside several models, CORS with API keys and a model unloaded and
 loaded again (`tests/http/test_option_combinations_compat.py`); each file format's escapes, cues, tables, footers and
 master pages, file jobs with the translation memory, max_tokens, pivots and glossaries, and `/translate_file` with
-`auto` (`tests/files/test_option_combinations_files.py`), beside the module tests named. Part of
+`auto` (`tests/files/test_option_combinations_files.py`); the families' importers where a config leaves its fixture's
+default, the backends, and Gemma's norms and embedding scale in bfloat16
+(`tests/model/test_option_combinations_families.py`); what an operator sees where options meet: refusals by middleware,
+route labels, sizes from flags and the environment, the OTLP endpoint, failed spans, the log level, the drain
+(`tests/http/test_option_combinations_observability.py`); each row's temperature, top-k and top-p, logprobs beside the
+constraints, several eos ids, a grammar beside min_tokens and beams that never stop early
+(`tests/model/test_option_combinations_sampling.py`), beside the module tests named. Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -31,6 +37,20 @@ RELOADED = f"{COMPAT}test_a_translator_unloaded_and_loaded_again_leaves_and_rejo
 FORM = f"{COMPAT}test_a_form_body_takes_alternatives_and_a_repeated_q_as_a_list"
 V2_LIMITS = f"{COMPAT}test_a_language_models_v2_requests_keep_max_tokens_limit_and_max_input_chars"
 FILES = "tests/files/test_option_combinations_files.py::"
+FAMILIES = "tests/model/test_option_combinations_families.py::"
+LLAMA_FAMILY = "tests/model/test_llama_family.py::"
+OBS = "tests/http/test_option_combinations_observability.py::"
+REFUSED_FOR_KEY = f"{OBS}test_a_request_refused_for_its_key_is_counted_logged_and_carries_its_request_id"
+ROUTE_LABEL = f"{OBS}test_the_route_label_stays_bounded_for_unknown_paths_and_templated_routes"
+ERROR_SHAPES = f"{OBS}test_errors_keep_each_route_familys_shape_and_headers"
+OTLP = f"{OBS}test_the_otlp_flag_wins_over_the_environment_and_a_full_traces_url_is_kept"
+DRAIN = f"{OBS}test_a_drain_ends_at_its_timeout_and_a_second_signal_stops_at_once"
+FAILED_SPANS = f"{OBS}test_every_5xx_marks_the_requests_span_failed_and_a_4xx_does_not"
+SAMPLING = "tests/model/test_option_combinations_sampling.py::"
+MIXED_BATCH = f"{SAMPLING}test_each_row_is_tempered_before_its_top_k_and_top_p_in_a_mixed_batch"
+CONSTRAINED_LOGPROBS = f"{SAMPLING}test_reported_logprobs_are_the_constrained_distributions_before_temperature"
+EOS_IDS = f"{SAMPLING}test_ignore_eos_and_min_tokens_ban_every_eos_id_of_the_checkpoint"
+LOGITS = "tserve/model/decoding/logits.py"
 AMPERSAND = f"{FILES}test_an_ampersand_comes_back_as_the_character_each_format_writes_it_as"
 PIVOTED_FILE = f"{FILES}test_a_pivoted_file_is_the_second_models_translation_of_the_first_ones"
 ROUTE_FILES = "tserve/service/routes/files.py"
@@ -41,6 +61,7 @@ KEYS_BEFORE_CORS = ('    app.state.key_gate = gate = KeyGate(settings.api_keys, 
                     '                       self_checked_paths=libretranslate.KEY_CHECKED_PATHS,\n'
                     "                       # the admin keys and a download's owner key are checked there\n"
                     '                       self_checked_prefixes=(repository.PREFIX + "/", libretranslate.DOWNLOAD_PREFIX))\n')
+CONTEXT = "    app.add_middleware(RequestContextMiddleware, metrics=metrics)\n"
 CORS = ('    if settings.cors_origins:\n'
         '        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],\n'
         '                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"])\n')
@@ -245,4 +266,111 @@ OPTION_BUGS = [
     Bug("held-back-tokens-offset-at-the-sent-text", C,
         "own = event.text_start if event.text_start is not None else len(self.text)", "own = len(self.text)",
         (f"{STREAM}test_tokens_held_back_by_a_possible_stop_string_keep_their_own_text_offsets",)),
+    Bug("qwen3-output-projection-bias-dropped", "tserve/model/importers/qwen3.py",
+        "qkv_bias=bias, out_bias=bias, qk_norm=True", "qkv_bias=bias, out_bias=False, qk_norm=True",
+        (f"{FAMILIES}test_attention_biases_on_the_query_key_value_and_output_projections_equal_transformers[qwen3]",)),
+    Bug("granite-untied-output-read-as-tied", "tserve/model/importers/granite.py",
+        'raw = {"tie_word_embeddings": True} | raw', 'raw = raw | {"tie_word_embeddings": True}',
+        (f"{FAMILIES}test_an_untied_output_layer_is_read_in_families_whose_fixtures_tie_it[granite]",)),
+    Bug("longrope-default-factor-inverted", "tserve/model/importers/llama.py",
+        'scaling["factor"] = raw["max_position_embeddings"] / original',
+        'scaling["factor"] = original / raw["max_position_embeddings"]',
+        (f"{LLAMA_FAMILY}test_longrope_past_the_original_context_equals_transformers",)),
+    Bug("smollm3-default-nope-layers-shifted", "tserve/model/importers/smollm3.py",
+        "flags = [int((i + 1) % interval != 0)", "flags = [int(i % interval != 0)",
+        (f"{FAMILIES}test_smollm3_without_no_rope_layers_leaves_every_intervalth_layer_without_positions",)),
+    Bug("gemma-offset-norm-in-half-precision", "tserve/model/norms.py",
+        "return (normed * (self.offset + self.weight.float())).to(x.dtype)",
+        "return normed.to(x.dtype) * (self.offset + self.weight)",
+        (f"{FAMILIES}test_gemmas_offset_norms_in_bfloat16_are_transformers_bit_for_bit[gemma2]",)),
+    Bug("mistral-window-only-with-layer-types", "tserve/model/importers/mistral.py", "default_all=True",
+        "default_all=False", (f"{FAMILIES}test_mistral_slides_every_layer_when_its_config_sets_a_window_without_layer_types",)),
+    Bug("t5-num-decoder-layers-ignored", "tserve/model/importers/t5.py",
+        'n_decoder_layers=raw.get("num_decoder_layers") or raw["num_layers"]', 'n_decoder_layers=raw["num_layers"]',
+        (f"{FAMILIES}test_a_t5_decoder_of_its_own_depth_reads_every_layer",)),
+    Bug("dynamic-rope-base-of-p-tokens", "tserve/model/rope.py", "factor * (later + 1) / trained",
+        "factor * later / trained",
+        (f"{LLAMA_FAMILY}test_dynamic_rope_tables_are_transformers_for_each_sequence_length",)),
+    Bug("tokenizer-eos-wins-over-generation-eos-list", "tserve/model/decoding/lm_runner.py",
+        "self.eos_ids = set(gen.eos_token_ids or ([] if eos is None else [eos]))",
+        "self.eos_ids = {eos} if eos is not None else set(gen.eos_token_ids)",
+        (f"{LLAMA_FAMILY}test_every_eos_id_stops",)),
+    Bug("gemma2-hub-config-slides-five-of-six", "tserve/model/importers/gemma.py",
+        'pattern = 2 if raw["model_type"] == "gemma2" else int(raw.get("sliding_window_pattern", 6))',
+        'pattern = int(raw.get("sliding_window_pattern", 6))',
+        (f"{FAMILIES}test_gemma2_configs_without_layer_types_slide_every_other_layer",)),
+    Bug("softcap-dropped-on-the-math-backend", "tserve/model/attention.py",
+        "        if self.softcap is not None:  # no fused kernel caps the scores",
+        '        if self.softcap is not None and name != "math":  # no fused kernel caps the scores',
+        (f"{FAMILIES}test_every_cpu_backend_computes_each_familys_attention[gemma2-math]",)),
+    Bug("gemma-embedding-scale-unrounded-in-half-precision", "tserve/model/decoder.py",
+        "if self.cfg.scale_embeddings and x.dtype != torch.float32:", "if False:",
+        (f"{FAMILIES}test_gemmas_embedding_scale_in_bfloat16_is_rounded_as_transformers_rounds_it[gemma3]",)),
+    Bug("auth-refusals-outside-the-request-context", "tserve/service/app.py", KEYS_BEFORE_CORS + CORS + CONTEXT,
+        CONTEXT + KEYS_BEFORE_CORS + CORS, (REFUSED_FOR_KEY,)),
+    Bug("unmatched-routes-labelled-by-their-path", "tserve/service/app.py",
+        'route = getattr(scope.get("route"), "path", "unmatched")',
+        'route = getattr(scope.get("route"), "path", scope["path"])', (ROUTE_LABEL,)),
+    Bug("routes-labelled-by-their-concrete-path", "tserve/service/app.py",
+        'route = getattr(scope.get("route"), "path", "unmatched")',
+        'route = scope["path"] if scope.get("route") else "unmatched"', (ROUTE_LABEL,)),
+    Bug("translate-file-errors-in-openai-shape", "tserve/service/errors.py",
+        '"/frontend/settings", "/translate_file"})', '"/frontend/settings"})', (ERROR_SHAPES,)),
+    Bug("http-error-headers-dropped", "tserve/service/errors.py",
+        'type_, None, getattr(exc, "headers", None)))', "type_, None, None))", (ERROR_SHAPES,)),
+    Bug("middleware-refusals-in-openai-shape-everywhere", "tserve/service/errors.py",
+        "    path = request.url.path if request is not None else path\n",
+        "    path = request.url.path if request is not None else None\n",
+        (f"{OBS}test_the_middlewares_refusals_keep_each_route_familys_shape",)),
+    Bug("gib-read-as-gb", "tserve/service/settings.py", '"gib": 2**30,', '"gib": 10**9,',
+        (f"{OBS}test_sizes_are_read_the_same_from_a_flag_and_from_the_environment[2GiB-2147483648]",)),
+    Bug("otlp-environment-wins-over-the-flag", "tserve/service/tracing.py",
+        'endpoint = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")',
+        'endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or endpoint', (OTLP,)),
+    Bug("otlp-traces-path-appended-twice", "tserve/service/tracing.py",
+        'url = url if url.endswith("/v1/traces") else url + "/v1/traces"', 'url = url + "/v1/traces"', (OTLP,)),
+    Bug("only-500-marks-a-trace-failed", "tserve/service/tracing.py", "if status >= 500:", "if status == 500:",
+        (FAILED_SPANS,)),
+    Bug("spans-without-the-request-id", "tserve/service/tracing.py",
+        'return scope.get("state", {}).get("request_id", "")', 'return ""', (FAILED_SPANS,)),
+    Bug("drain-waits-past-its-timeout", "tserve/service/shutdown.py",
+        "while not self.registry.idle() and time.monotonic() < deadline:", "while not self.registry.idle():", (DRAIN,)),
+    Bug("second-signal-drains-again", "tserve/service/shutdown.py",
+        "if self._drain is not None or self.should_exit:", "if self.should_exit:", (DRAIN,)),
+    Bug("log-level-flag-ignored", "tserve/service/cli.py", "root.setLevel(level.upper())",
+        "root.setLevel(logging.INFO)", (f"{OBS}test_log_level_decides_whether_access_lines_are_written",)),
+    Bug("inputs-logged-under-the-clients-header", "tserve/service/routes/deps.py",
+        '"request_id": getattr(request.state, "request_id", None), "inputs"',
+        '"request_id": request.headers.get("x-request-id"), "inputs"',
+        (f"{OBS}test_the_inputs_log_line_carries_the_request_id_the_server_generated",)),
+    Bug("tempering-after-the-nucleus", LOGITS, "self.shaping = [self.temperature, self.top_k_top_p]",
+        "self.shaping = [self.top_k_top_p, self.temperature]", (MIXED_BATCH,)),
+    Bug("filtered-rows-share-the-first-rows-top-k", LOGITS,
+        "top_k = to_device([max(rows[i].params.top_k, 0) for i in idx], dev)",
+        "top_k = to_device([max(rows[idx[0]].params.top_k, 0) for i in idx], dev)", (MIXED_BATCH,)),
+    Bug("top-p-measured-over-the-whole-distribution", LOGITS,
+        'probs = torch.softmax(sorted_logits.float().masked_fill(remove, float("-inf")), dim=-1)',
+        "probs = torch.softmax(sorted_logits.float(), dim=-1)",
+        (f"{SAMPLING}test_top_p_measures_the_mass_of_what_top_k_kept",)),
+    Bug("logprobs-read-before-the-bias", "tserve/model/decoding/lm_runner.py",
+        "logprobs = token_logprobs(constrained, tokens, max(p.logprobs or 0 for p in params))",
+        "logprobs = token_logprobs(logits, tokens, max(p.logprobs or 0 for p in params))", (CONSTRAINED_LOGPROBS,)),
+    Bug("eos-ban-of-some-rows-bans-the-first-eos-only", LOGITS,
+        "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)",
+        "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids[:1]), strict=True)", (EOS_IDS,)),
+    Bug("every-row-eos-ban-bans-the-first-eos-only", LOGITS,
+        "self._eos_tensors[device] = to_device(list(self.eos_ids), device)",
+        "self._eos_tensors[device] = to_device(self.eos_ids[:1], device)", (EOS_IDS,)),
+    Bug("greedy-exclusions-ban-the-first-eos-only", LOGITS,
+        "return [self.banned + self.eos_ids if self._eos_banned(r) else self.banned for r in rows]",
+        "return [self.banned + self.eos_ids[:1] if self._eos_banned(r) else self.banned for r in rows]", (EOS_IDS,)),
+    Bug("grammar-rescue-undone-by-the-eos-ban", LOGITS,
+        "self.constraints = [self.penalties, self.logit_bias, self.ban_eos, self.ban_ids, self.force_eos,\n"
+        "                            self.force_first, self.grammar]",
+        "self.constraints = [self.penalties, self.logit_bias, self.grammar, self.ban_eos, self.ban_ids, "
+        "self.force_eos,\n                            self.force_first]",
+        (f"{SAMPLING}test_a_grammar_that_allows_only_eos_wins_over_min_tokens",)),
+    Bug("never-early-stopping-at-any-length-penalty", "tserve/model/decoding/beam_search.py",
+        'if s.early_stopping == "never" and s.length_penalty > 0.0:', 'if s.early_stopping == "never":',
+        (f"{SAMPLING}test_never_stopping_early_with_a_negative_length_penalty_judges_running_beams_at_their_length",)),
 ]

@@ -61,7 +61,11 @@ class Decoder(nn.Module):
     # ----------------------------------------------------------------------------------------------
     def _embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Rotary | None, Rotary | None]:
         """Embeddings (B, T, C), the rotary positions and the sliding layers' own (None: the same)."""
-        x = self.tok_emb(tokens) * self.embed_scale
+        x = self.tok_emb(tokens)
+        scale = self.embed_scale
+        if self.cfg.scale_embeddings and x.dtype != torch.float32:  # Gemma rounds sqrt(d_model) to the weights'
+            scale = torch.tensor(scale, dtype=x.dtype).item()       # dtype first (bfloat16: 33.94 -> 34.0)
+        x = x * scale
         rotary = local = None
         if self.cfg.positions == "learned":
             x = x + self.pos_emb(positions)

@@ -58,7 +58,8 @@ class BodyLimitMiddleware:
         if length is not None and (not length.isdigit() or int(length) > limit):
             status = 413 if length.isdigit() else 400
             msg = f"request body exceeds {limit} bytes" if status == 413 else "bad Content-Length"
-            await error_response(status, msg, "invalid_request_error", "body_too_large")(scope, receive, send)
+            await error_response(status, msg, "invalid_request_error", "body_too_large",
+                                 path=scope.get("path"))(scope, receive, send)
             return
         seen = 0
 

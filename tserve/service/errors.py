@@ -94,9 +94,11 @@ def flat_errors(path: str) -> bool:
 
 
 def error_response(status: int, message: str, type_: str, code: str | None = None,
-                   headers: dict[str, str] | None = None, request: Request | None = None) -> JSONResponse:
-    """The error in the shape of the request's protocol."""
-    if request is not None and flat_errors(request.url.path):
+                   headers: dict[str, str] | None = None, request: Request | None = None,
+                   path: str | None = None) -> JSONResponse:
+    """The error in the shape of the request's protocol: the request's, or `path`'s (an ASGI middleware's)."""
+    path = request.url.path if request is not None else path
+    if path is not None and flat_errors(path):
         return JSONResponse({"error": message}, status_code=status, headers=headers)
     return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
 

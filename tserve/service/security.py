@@ -117,12 +117,13 @@ class APIKeyMiddleware:
         key = self.gate.match(bearer_token(scope))
         if key is None:
             response = error_response(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                                      "invalid_request_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+                                      "invalid_request_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"},
+                                      path=path)
             await response(scope, receive, send)
             return
         if not self.gate.enter(key):
             response = error_response(429, self.gate.busy_message(), "server_overloaded", "rate_limit_exceeded",
-                                      {"Retry-After": "1"})
+                                      {"Retry-After": "1"}, path=path)
             await response(scope, receive, send)
             return
         self.gate.admit_as(key)

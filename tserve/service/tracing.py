@@ -105,6 +105,10 @@ class _RequestTrace:
         self.span.end(end_time=end_ns)
 
 
+def _request_id(scope: dict[str, Any]) -> str:
+    return scope.get("state", {}).get("request_id", "")
+
+
 @contextmanager
 def request_trace(scope: dict[str, Any]) -> Iterator[_RequestTrace | None]:
     """The root span of an HTTP request (None when tracing is off), continuing the client's traceparent; the
@@ -120,7 +124,9 @@ def request_trace(scope: dict[str, Any]) -> Iterator[_RequestTrace | None]:
     start = time.time_ns()
     span = _tracer.start_span(f"{scope['method']} {scope['path']}", context=context, kind=SpanKind.SERVER,
                               start_time=start, attributes={"http.request.method": scope["method"],
-                                                            "url.path": scope["path"]})
+                                                            "url.path": scope["path"],
+                                                            # the id the response and the logs carry
+                                                            "tserve.request_id": _request_id(scope)})
     traced = _RequestTrace(span, start)
     token = request_observer.set(traced.observe)
     try:

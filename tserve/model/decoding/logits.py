@@ -233,14 +233,15 @@ def _token_mask(row: DecodingRow) -> Tensor | None:
 
 
 def filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Mask (-inf) tokens outside each row's top-k and nucleus top-p. top_k 0 = off, top_p 1 = off.
-    The most likely token is always kept."""
+    """Mask (-inf) tokens outside each row's top-k, then outside the nucleus top-p of what top-k kept (its mass
+    measured on the top-k tokens' renormalised distribution, as vLLM and transformers measure it). top_k 0 = off,
+    top_p 1 = off. The most likely token is always kept."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     V = logits.size(-1)
     ranks = torch.arange(V, device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, V)[:, None]
     remove = ranks >= k
-    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    probs = torch.softmax(sorted_logits.float().masked_fill(remove, float("-inf")), dim=-1)
     # Remove a token when the mass of the tokens before it already reaches top_p.
     remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
     remove[:, 0] = False
