@@ -14,7 +14,8 @@ default, the backends, and Gemma's norms and embedding scale in bfloat16
 route labels, sizes from flags and the environment, the OTLP endpoint, failed spans, the log level, the drain
 (`tests/http/test_option_combinations_observability.py`); each row's temperature, top-k and top-p, logprobs beside the
 constraints, several eos ids, a grammar beside min_tokens and beams that never stop early
-(`tests/model/test_option_combinations_sampling.py`), beside the module tests named. Part of
+(`tests/model/test_option_combinations_sampling.py`); training continued, validated and recorded for every model kind,
+evaluation's quantized figures, limits and cards (`tests/training/test_option_combinations_training.py`), beside the module tests named. Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ MIXED_BATCH = f"{SAMPLING}test_each_row_is_tempered_before_its_top_k_and_top_p_i
 CONSTRAINED_LOGPROBS = f"{SAMPLING}test_reported_logprobs_are_the_constrained_distributions_before_temperature"
 EOS_IDS = f"{SAMPLING}test_ignore_eos_and_min_tokens_ban_every_eos_id_of_the_checkpoint"
 LOGITS = "tserve/model/decoding/logits.py"
+TRAINING = "tests/training/test_option_combinations_training.py::"
+EVALUATE = "tserve/training/evaluate.py"
+QUANTIZED_FIGURES = f"{TRAINING}test_each_quantized_format_is_stored_under_its_own_key_and_survives_a_float32_evaluation"
+LIMITED = f"{TRAINING}test_quantized_lm_figures_on_a_limited_split_are_those_of_the_same_texts"
+CONTINUED = f"{TRAINING}test_every_model_kind_continued_with_a_new_dropout_validates_its_start_and_records_the_run"
+DE_EN = f"{TRAINING}test_a_german_to_english_translator_is_validated_and_continued_german_to_english"
 AMPERSAND = f"{FILES}test_an_ampersand_comes_back_as_the_character_each_format_writes_it_as"
 PIVOTED_FILE = f"{FILES}test_a_pivoted_file_is_the_second_models_translation_of_the_first_ones"
 ROUTE_FILES = "tserve/service/routes/files.py"
@@ -255,7 +262,7 @@ OPTION_BUGS = [
         ("tests/http/test_tool_call_parsing.py::test_calls_then_text_cut_by_max_tokens_finish_with_tool_calls_streamed_as_"
          "unstreamed",)),
     Bug("embeddings-texts-past-max-input-chars", "tserve/service/routes/embeddings.py",
-        '            check_chars(text, cfg.max_input_chars, f"input {i}")\n', "",
+        '        for i, text in enumerate(texts):\n            check_chars(text, cfg.max_input_chars, f"input {i}")\n', "",
         (f"{COMPAT}test_max_input_chars_bounds_embeddings_texts_and_language_detection",)),
     Bug("detect-q-past-max-input-chars", LT,
         '            check_input_chars(q, settings(request).max_input_chars, "q")\n',
@@ -373,4 +380,45 @@ OPTION_BUGS = [
     Bug("never-early-stopping-at-any-length-penalty", "tserve/model/decoding/beam_search.py",
         'if s.early_stopping == "never" and s.length_penalty > 0.0:', 'if s.early_stopping == "never":',
         (f"{SAMPLING}test_never_stopping_early_with_a_negative_length_penalty_judges_running_beams_at_their_length",)),
+    Bug("q8_0-figures-stored-under-int8", EVALUATE,
+        'scheme = quantize if quantize in ("int4", "q8_0", "q4_0") else resolve_activations(int8_activations)',
+        'scheme = quantize if quantize in ("int4", "q4_0") else resolve_activations(int8_activations)',
+        (QUANTIZED_FIGURES,)),
+    Bug("q8_0-figures-report-activations", EVALUATE, 'detail = {"group_size": 32} if quantize in ("int4", "q8_0", "q4_0")',
+        'detail = {"group_size": 32} if quantize in ("int4", "q4_0")', (QUANTIZED_FIGURES,)),
+    Bug("float32-eval-drops-block-format-figures", EVALUATE, "if k in QUANTIZED_FIGURES.values()}",
+        'if k.startswith("int")}', (QUANTIZED_FIGURES,)),
+    Bug("quantized-eval-card-rendered-before-metrics", EVALUATE,
+        "            write_json(path / METRICS_FILE, stored | {QUANTIZED_FIGURES[scheme]: figures})\n"
+        "            write_card(path)",
+        "            write_card(path)\n"
+        "            write_json(path / METRICS_FILE, stored | {QUANTIZED_FIGURES[scheme]: figures})", (QUANTIZED_FIGURES,)),
+    Bug("lm-agreement-ignores-limit", EVALUATE,
+        "stream = token_stream(quantized.tokenizer, list(test[:limit] if limit else test))",
+        "stream = token_stream(quantized.tokenizer, list(test))", (LIMITED,)),
+    Bug("lm-agreement-against-the-quantized-model", EVALUATE,
+        'reference = load(path, device=quantized.device, dtype="float32")',
+        'reference = load(path, device=quantized.device, dtype="float32", quantize=quantized.quantization)', (LIMITED,)),
+    Bug("translation-validation-reads-en-de", "tserve/training/translation.py",
+        '    val_examples = encode_pairs(tokenizer, (splits.get("valid") or train_pairs)[: p.val_pairs], p.max_len,\n'
+        "                                languages)",
+        '    val_examples = encode_pairs(tokenizer, (splits.get("valid") or train_pairs)[: p.val_pairs], p.max_len)',
+        (DE_EN,)),
+    Bug("continued-translator-forgets-its-direction", "tserve/training/translation.py",
+        'direction = opts.direction or inherited or "en-de"', 'direction = opts.direction or "en-de"', (DE_EN,)),
+    Bug("translation-continued-run-does-not-keep-start-weights", "tserve/training/translation.py",
+        "start_checkpoint=init is not None)", "start_checkpoint=False)", (f"{CONTINUED}[translation]",)),
+    Bug("vit-dropout-flag-ignored", "tserve/training/vit.py", "    set_dropout(model, opts.dropout)\n", "",
+        (f"{CONTINUED}[vit]",)),
+    Bug("vit-continued-run-not-recorded", "tserve/training/vit.py", "    record_init(info, opts)\n", "",
+        (f"{CONTINUED}[vit]",)),
+    Bug("autocast-ignores-amp-off", "tserve/training/loop.py", 'if device.type != "cuda" or not enabled:',
+        'if device.type != "cuda":', (f"{TRAINING}test_autocast_is_off_when_the_loop_turns_it_off_even_on_cuda",)),
+    Bug("half-leaves-the-card-stale", "tserve/training/cli.py",
+        "    save_file(halved, str(path), metadata=metadata)\n    write_card(args.checkpoint)\n",
+        "    save_file(halved, str(path), metadata=metadata)\n",
+        (f"{TRAINING}test_half_stores_float16_keeps_the_metadata_and_rerenders_the_card",)),
+    Bug("retrained-weights-keep-the-old-test-figures", "tserve/training/card.py",
+        "    (directory / METRICS_FILE).unlink(missing_ok=True)\n", "",
+        (f"{TRAINING}test_weights_trained_into_a_directory_with_test_figures_leave_them_behind[vit]",)),
 ]

@@ -151,6 +151,16 @@ def render_card(directory: str | Path) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def record_run(directory: str | Path, info: dict[str, Any]) -> Path:
+    """A training run's end: its record (`training.json`) and the card. Test figures of weights the run replaced
+    (a `metrics.json` already there, say from retraining into the same directory) go: they are not this run's,
+    and `eval` writes the new ones."""
+    directory = Path(directory)
+    write_json(directory / TRAINING_FILE, info)
+    (directory / METRICS_FILE).unlink(missing_ok=True)
+    return write_card(directory)
+
+
 def write_card(directory: str | Path) -> Path:
     path = Path(directory) / CARD_FILE
     path.write_text(render_card(directory), encoding="utf-8")

@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     length.add_argument("--epochs", type=float, default=None, help="passes over the training data")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--max-minutes", type=float, default=None,
-                   help="stop after this wall time (the learning-rate decay fits it; the best validated weights stay)")
+                   help="stop after this wall time (a cosine schedule's decay fits it, the cpu presets'; the gpu "
+                        "translation preset's inverse square root has no end to fit; the best validated weights stay)")
     t.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     t.add_argument("--dropout", type=_probability, default=None, metavar="P",

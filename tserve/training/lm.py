@@ -25,7 +25,7 @@ from tserve.model.decoder import Decoder
 from tserve.model.tokenizer import HFTokenizer
 from tserve.training import data as data_mod
 from tserve.training.bpe import encode_batch, train_lm_tokenizer
-from tserve.training.card import TRAINING_FILE, write_card, write_json
+from tserve.training.card import record_run
 from tserve.training.common import (
     RunOptions,
     configure_threads,
@@ -244,7 +244,6 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history,
                 tokens_seen=result.units)
-    write_json(out / TRAINING_FILE, info)
-    write_card(out)
+    record_run(out, info)
     log_event("run_done", path=str(out), kept_step=result.kept_step)
     return out

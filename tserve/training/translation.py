@@ -25,7 +25,7 @@ from tserve.model.seq2seq import Seq2Seq
 from tserve.model.tokenizer import HFTokenizer
 from tserve.training import data as data_mod
 from tserve.training.bpe import encode_batch, train_translation_tokenizer
-from tserve.training.card import TRAINING_FILE, write_card, write_json
+from tserve.training.card import record_run
 from tserve.training.common import (
     RunOptions,
     configure_threads,
@@ -241,7 +241,6 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history,
                 epochs_seen=round(result.steps / n_batches, 2))
-    write_json(out / TRAINING_FILE, info)
-    write_card(out)
+    record_run(out, info)
     log_event("run_done", path=str(out), kept_step=result.kept_step)
     return out

@@ -26,7 +26,7 @@ from tserve.model.config import ViTConfig
 from tserve.model.preprocessing import ImagePreprocessing
 from tserve.model.vit import ViT
 from tserve.training import data as data_mod
-from tserve.training.card import TRAINING_FILE, write_card, write_json
+from tserve.training.card import record_run
 from tserve.training.common import (
     RunOptions,
     configure_threads,
@@ -242,7 +242,6 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
                         start_checkpoint=init is not None, best_metric="val_accuracy", higher_is_better=True)
     info.update(steps=result.steps, kept_step=result.kept_step, seconds=round(result.seconds, 1), final_loss=round(result.final_loss, 4),
                 stopped_early=result.stopped_early, validation=result.validations, history=result.history)
-    write_json(out / TRAINING_FILE, info)
-    write_card(out)
+    record_run(out, info)
     log_event("run_done", path=str(out), kept_step=result.kept_step)
     return out
