@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from tests.engine.test_paged_engine import run_all
 from tests.engine.test_translation_preemption import small_pool_engine
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts, lexicon_sentences
@@ -42,21 +43,6 @@ def engine_of(lm, **kw) -> GenerationEngine:  # noqa: ANN001
 def block_bytes(loaded) -> int:  # noqa: ANN001
     cfg = loaded.config
     return BS * 2 * cfg.n_layers * cfg.kv_heads * cfg.d_head * 4  # float32
-
-
-def finished_requests(engine: GenerationEngine, jobs: list) -> list:
-    """Every job submitted at once (before the engine's first step); the requests once all have finished."""
-    async def run() -> list:
-        reqs = [engine.submit(*j) for j in jobs]
-        for r in reqs:
-            async for _ in engine.stream(r):
-                pass
-        return reqs
-
-    try:
-        return asyncio.run(run())
-    finally:
-        engine.stop()
 
 
 def same_length_prompts(lm, n: int, seed: int) -> list[list[int]]:  # noqa: ANN001
@@ -100,7 +86,7 @@ def test_a_preempted_request_reports_the_prompt_tokens_its_first_admission_read_
     jobs = [(p, SamplingParams(max_tokens=30, temperature=0.0 if i % 2 else 1.0, seed=i, ignore_eos=True))
             for i, p in enumerate(prompts)]
     engine = engine_of(lm, max_slots=6, kv_cache_budget=(24 * block_bytes(lm), None), max_model_len=96)
-    reqs = finished_requests(engine, jobs)
+    reqs = run_all(engine, jobs)
     assert engine.m.preemptions._value.get() > 0
     assert [r.cached_tokens for r in reqs] == [0] * len(reqs)
 
@@ -121,7 +107,7 @@ def test_the_newest_running_request_gives_way_and_comes_back_before_later_arriva
         requeue(req, tokens)
 
     engine._requeue_preempted = recorded
-    reqs = finished_requests(engine, jobs)
+    reqs = run_all(engine, jobs)
     assert victims and all(victims)
     steps = [r.finished_step for r in reqs]
     assert steps == sorted(steps)
@@ -138,8 +124,8 @@ def test_identical_prompts_sent_at_once_compute_the_prompt_once_and_the_others_r
     prompt = lm.tokenizer.encode(cycle_prompts(1, seed=44, min_words=8, max_words=8)[0])
     assert len(prompt) > 3 * BS
     jobs = [(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))] * 4
-    cached = finished_requests(engine_of(lm), jobs)
-    plain = finished_requests(engine_of(lm, prefix_caching=False), jobs)
+    cached = run_all(engine_of(lm), jobs)
+    plain = run_all(engine_of(lm, prefix_caching=False), jobs)
     assert [r.cached_tokens for r in cached] == [0] + [(len(prompt) - 1) // BS * BS] * 3
     assert [r.generated for r in cached] == [r.generated for r in plain]
     assert all(r.cached_tokens == 0 for r in plain)
