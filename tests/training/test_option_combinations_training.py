@@ -159,6 +159,7 @@ def test_each_quantized_format_is_stored_under_its_own_key_and_survives_a_float3
     assert set(stored) == {"q8_0"} and stored["q8_0"]["group_size"] == 32
     card = (ckpt / "MODEL_CARD.md").read_text()
     assert f"| q8_0.top1_agreement | {stored['q8_0']['top1_agreement']:.4g} |" in card
+    assert "`q8_0.*` / `q4_0.*`: the same evaluation with `--quantize q8_0` / `q4_0`" in card  # what the figures are
     assert cli.main(["eval", str(ckpt), "--quantize", "int4", "--limit", "2", "--device", "cpu",
                      "--data-dir", data_root]) == 0
     stored = json.loads((ckpt / "metrics.json").read_text())

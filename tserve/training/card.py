@@ -138,6 +138,9 @@ def render_card(directory: str | Path) -> str:
         if "int4" in metrics:
             lines += ["`int4.*`: the same evaluation with `--quantize int4` (group-wise int4 weights, 32 a group; a "
                       "text model's output (vocabulary) layer int8).", ""]
+        if "q8_0" in metrics or "q4_0" in metrics:
+            lines += ["`q8_0.*` / `q4_0.*`: the same evaluation with `--quantize q8_0` / `q4_0` (llama.cpp's block "
+                      "formats, 32 weights a scale; under `q4_0` a text model's output layer Q8_0).", ""]
         if samples:
             lines += ["Samples:", ""]
             for s in samples:
