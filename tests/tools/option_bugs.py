@@ -15,7 +15,9 @@ route labels, sizes from flags and the environment, the OTLP endpoint, failed sp
 (`tests/http/test_option_combinations_observability.py`); each row's temperature, top-k and top-p, logprobs beside the
 constraints, several eos ids, a grammar beside min_tokens and beams that never stop early
 (`tests/model/test_option_combinations_sampling.py`); training continued, validated and recorded for every model kind,
-evaluation's quantized figures, limits and cards (`tests/training/test_option_combinations_training.py`), beside the module tests named. Part of
+evaluation's quantized figures, limits and cards (`tests/training/test_option_combinations_training.py`); the
+translators' scores, stopping rules, position biases, alignments, default lengths and language codes
+(`tests/model/test_option_combinations_translators.py`), beside the module tests named. Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ MIXED_BATCH = f"{SAMPLING}test_each_row_is_tempered_before_its_top_k_and_top_p_i
 CONSTRAINED_LOGPROBS = f"{SAMPLING}test_reported_logprobs_are_the_constrained_distributions_before_temperature"
 EOS_IDS = f"{SAMPLING}test_ignore_eos_and_min_tokens_ban_every_eos_id_of_the_checkpoint"
 LOGITS = "tserve/model/decoding/logits.py"
+MT_OPTIONS = "tests/model/test_option_combinations_translators.py::"
+CODES = "tserve/model/language_codes.py"
 TRAINING = "tests/training/test_option_combinations_training.py::"
 EVALUATE = "tserve/training/evaluate.py"
 QUANTIZED_FIGURES = f"{TRAINING}test_each_quantized_format_is_stored_under_its_own_key_and_survives_a_float32_evaluation"
@@ -421,4 +425,36 @@ OPTION_BUGS = [
     Bug("retrained-weights-keep-the-old-test-figures", "tserve/training/card.py",
         "    (directory / METRICS_FILE).unlink(missing_ok=True)\n", "",
         (f"{TRAINING}test_weights_trained_into_a_directory_with_test_figures_leave_them_behind[vit]",)),
+    Bug("greedy-score-without-length-penalty", "tserve/model/decoding/seq2seq_runner.py",
+        "seq.logprob_sum / max(len(seq.generated), 1) ** self.gen.length_penalty",
+        "seq.logprob_sum / max(len(seq.generated), 1)",
+        (f"{MT_OPTIONS}test_a_greedy_translations_score_takes_the_checkpoints_length_penalty",)),
+    Bug("constrained-running-beam-judged-one-token-longer", "tserve/model/decoding/constrained_beam.py",
+        "max(b.score for b in self.beams) / (self.cur_len - 1) ** self.s.length_penalty",
+        "max(b.score for b in self.beams) / self.cur_len ** self.s.length_penalty",
+        (f"{MT_OPTIONS}test_a_glossary_search_goes_on_exactly_while_a_running_hypothesis_can_still_win",)),
+    Bug("script-subtag-case-kept", CODES, 'script = m["language"].lower(), (m["script"] or "").title()',
+        'script = m["language"].lower(), (m["script"] or "")',
+        (f"{MT_OPTIONS}test_a_script_subtag_picks_the_script_in_any_case",)),
+    Bug("t5-decoder-bias-of-the-first-rows-position", "tserve/model/seq2seq.py",
+        'mask = self._self_mask("dec", positions, kv_len, causal_mask(positions, kv_len), x.dtype)',
+        'mask = self._self_mask("dec", positions[:1], kv_len, causal_mask(positions, kv_len), x.dtype)',
+        (f"{MT_OPTIONS}test_t5_rows_at_different_positions_each_read_their_own_position_bias",)),
+    Bug("constrained-candidates-of-impossible-tokens", "tserve/model/decoding/constrained_beam.py",
+        "            if beam.score <= _NEG / 2 or logp <= _NEG / 2:", "            if beam.score <= _NEG / 2:",
+        (f"{MT_OPTIONS}test_a_glossary_token_the_pipeline_ruled_out_never_finishes_a_hypothesis",)),
+    Bug("alignment-batch-attends-padding", "tserve/model/alignment.py",
+        "        lengths = torch.tensor([len(pairs[i][0]) for i in chunk])",
+        "        lengths = torch.tensor([src_len for i in chunk])",
+        (f"{MT_OPTIONS}test_word_alignments_of_a_batch_equal_each_sentence_aligned_alone",)),
+    Bug("marian-default-length-one-past-max-length", "tserve/model/importers/marian.py",
+        'max_new_tokens=int(gen.get("max_new_tokens") or max_length - 1),',
+        'max_new_tokens=int(gen.get("max_new_tokens") or max_length),',
+        (f"{MT_OPTIONS}test_marians_default_length_is_generates_max_length_less_the_start_token",)),
+    Bug("traditional-chinese-short-code-unknown", CODES, '    if code == "zt":\n        return "zh_Hant"\n', "",
+        (f"{MT_OPTIONS}test_traditional_chinese_is_found_among_the_short_codes_routes_are_listed_by",)),
+    Bug("chinese-region-leaves-the-script-unsaid", CODES,
+        '    if not script and language in ("zh", "zho") and (m["region"] or "").upper() in _TRADITIONAL_CHINESE_REGIONS:\n'
+        '        script = "Hant"\n', "",
+        (f"{MT_OPTIONS}test_traditional_chinese_is_found_among_the_short_codes_routes_are_listed_by",)),
 ]

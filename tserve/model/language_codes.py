@@ -28,13 +28,19 @@ ISO_639_3 = {
 }
 _ISO_639_1 = {three: one for one, three in ISO_639_3.items()} | {"nob": "nb"}
 _ALIASES = {"zt": "zh-Hant"}  # LibreTranslate's code for Traditional Chinese
-_TAG = re.compile(r"(?P<language>[A-Za-z]{2,3})(?:[-_](?P<script>[A-Za-z]{4}))?(?:[-_][A-Za-z0-9]{2,8})*")
+_TAG = re.compile(r"(?P<language>[A-Za-z]{2,3})(?:[-_](?P<script>[A-Za-z]{4}))?(?:[-_](?P<region>[A-Za-z]{2}|\d{3}))?"
+                  r"(?:[-_][A-Za-z0-9]{2,8})*")
+# A Chinese tag's region without a script says which script (CLDR's likely subtags): Traditional in these.
+_TRADITIONAL_CHINESE_REGIONS = frozenset({"TW", "HK", "MO"})
 
 
 def _bare(code: str) -> str:
-    """A model code without its wrapping: `__de__` and `<2de>` -> `de`; `deu_Latn` stays."""
+    """A model code without its wrapping: `__de__` and `<2de>` -> `de`; `deu_Latn` stays; LibreTranslate's short
+    code `zt` is `zh_Hant`, so that a script subtag finds it among the short codes routes are listed by."""
     if code.startswith("<2") and code.endswith(">"):
         return code[2:-1]
+    if code == "zt":
+        return "zh_Hant"
     return code.strip("_")
 
 
@@ -48,6 +54,8 @@ def model_code(requested: str, codes: list[str] | dict[str, int]) -> str | None:
     if m is None:
         return None
     language, script = m["language"].lower(), (m["script"] or "").title()
+    if not script and language in ("zh", "zho") and (m["region"] or "").upper() in _TRADITIONAL_CHINESE_REGIONS:
+        script = "Hant"
     three = ISO_639_3.get(language, language)
     one = _ISO_639_1.get(three, language if len(language) == 2 else None)
     candidates = [c for c in codes if _bare(c).split("_")[0] == language] or \
