@@ -17,7 +17,9 @@ constraints, several eos ids, a grammar beside min_tokens and beams that never s
 (`tests/model/test_option_combinations_sampling.py`); training continued, validated and recorded for every model kind,
 evaluation's quantized figures, limits and cards (`tests/training/test_option_combinations_training.py`); the
 translators' scores, stopping rules, position biases, alignments, default lengths and language codes
-(`tests/model/test_option_combinations_translators.py`), beside the module tests named. Part of
+(`tests/model/test_option_combinations_translators.py`); GGUF files' end-of-generation ids, pre-tokenizers, mixed and
+legacy types, alignment, Gemma's sliding rope, fused q/k/v biases and a named block format
+(`tests/model/test_option_combinations_gguf.py`), beside the module tests named. Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ MIXED_BATCH = f"{SAMPLING}test_each_row_is_tempered_before_its_top_k_and_top_p_i
 CONSTRAINED_LOGPROBS = f"{SAMPLING}test_reported_logprobs_are_the_constrained_distributions_before_temperature"
 EOS_IDS = f"{SAMPLING}test_ignore_eos_and_min_tokens_ban_every_eos_id_of_the_checkpoint"
 LOGITS = "tserve/model/decoding/logits.py"
+GGUF = "tests/model/test_option_combinations_gguf.py::"
+GGUF_TOKENIZER = "tserve/model/gguf/tokenizer.py"
+GGUF_FAMILIES = "tserve/model/gguf/families.py"
+GEMMA_SLIDING_ROPE = f"{GGUF}test_gemma_sliding_layers_rotate_as_llama_cpp_rotates_them"
 MT_OPTIONS = "tests/model/test_option_combinations_translators.py::"
 CODES = "tserve/model/language_codes.py"
 TRAINING = "tests/training/test_option_combinations_training.py::"
@@ -457,4 +463,47 @@ OPTION_BUGS = [
         '    if not script and language in ("zh", "zho") and (m["region"] or "").upper() in _TRADITIONAL_CHINESE_REGIONS:\n'
         '        script = "Hant"\n', "",
         (f"{MT_OPTIONS}test_traditional_chinese_is_found_among_the_short_codes_routes_are_listed_by",)),
+    Bug("gguf-eot-id-not-an-end-of-generation", GGUF_TOKENIZER,
+        '("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",', '("tokenizer.ggml.eos_token_id",',
+        (f"{GGUF}test_eot_and_eom_ids_of_the_metadata_end_generation",)),
+    Bug("gguf-bpe-vocabulary-adds-bos-by-default", GGUF_TOKENIZER,
+        'bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama"))',
+        'bool(meta.get("tokenizer.ggml.add_bos_token", True))',
+        (f"{GGUF}test_a_file_without_add_bos_token_follows_llama_cpps_default",)),
+    Bug("gguf-deepseek-r1-qwen-split-as-llama3", GGUF_TOKENIZER,
+        'PRE_TOKENIZERS["deepseek-r1-qwen"] = PRE_TOKENIZERS["qwen2"]',
+        'PRE_TOKENIZERS["deepseek-r1-qwen"] = PRE_TOKENIZERS["llama-bpe"]',
+        (f"{GGUF}test_pre_tokenizer_aliases_split_as_the_pre_tokenizer_they_name",)),
+    Bug("gguf-loaded-model-stops-at-eos-only", "tserve/model/checkpoint.py",
+        "GenerationDefaults(eos_token_ids=gguf_file.end_ids())",
+        'GenerationDefaults(eos_token_ids=[gguf_file.raw["eos_token_id"]])',
+        (f"{GGUF}test_a_gguf_file_ends_generation_wherever_its_original_does",)),
+    Bug("gguf-auto-format-counts-embedding-and-output", "tserve/model/gguf/tensors.py",
+        'if len(info.shape) == 2 and name.startswith(("model.layers.", "layers.")):', "if len(info.shape) == 2:",
+        (f"{GGUF}test_auto_takes_the_type_most_of_the_layers_have_not_the_embedding_and_output",)),
+    Bug("gguf-q5_0-served-as-int4", "tserve/model/gguf/tensors.py", 'Q.Q5_0: "int8"', 'Q.Q5_0: "int4"',
+        (f"{GGUF}test_legacy_block_types_are_dequantized_and_served_in_the_nearest_format",)),
+    Bug("gguf-gemma3-sliding-rope-base-defaults-to-global", GGUF_FAMILIES,
+        'float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0))',
+        'float(meta.get(f"{arch}.rope.freq_base_swa", raw["rope_theta"]))', (GEMMA_SLIDING_ROPE,)),
+    Bug("gguf-per-layer-values-take-the-first", GGUF_FAMILIES, "if len(set(value)) != 1:", "if not value:",
+        (f"{GGUF}test_per_layer_metadata_is_one_value_only_where_every_layer_has_it",)),
+    Bug("gguf-gemma2-sliding-layers-lose-rope-scaling", GGUF_FAMILIES,
+        '| ((raw["rope_scaling"] or {}) if gemma2 else {}))', "| {})", (GEMMA_SLIDING_ROPE,)),
+    Bug("gguf-custom-alignment-ignored", "tserve/model/gguf/header.py", "            alignment = value\n",
+        "            pass\n", (f"{GGUF}test_a_custom_alignment_reads_the_same_tensors",)),
+    Bug("hub-gguf-file-name-ignores-revision", "tserve/model/hub.py",
+        "return Path(hf_hub_download(repo_id, wanted, revision=revision))", "return Path(hf_hub_download(repo_id, wanted))",
+        (f"{GGUF}test_a_file_named_at_a_revision_is_that_revisions",)),
+    Bug("hub-quant-name-fetched-in-two-cases-only", "tserve/model/hub.py", "for q in {wanted, quant, wanted.upper()}]",
+        "for q in {wanted, quant}]", (f"{GGUF}test_a_quantization_named_in_lower_case_fetches_the_upper_case_file",)),
+    Bug("gguf-gemma-end-of-turn-not-an-end", GGUF_TOKENIZER, '"<|im_end|>", "<|end|>", "<end_of_turn>", ',
+        '"<|im_end|>", "<|end|>", ', (f"{GGUF}test_a_gguf_file_ends_generation_wherever_its_original_does[gemma3]",)),
+    Bug("gguf-fused-qkv-biases-dropped", GGUF_FAMILIES,
+        'any(f"blk.0.{n}.bias" in tensors for n in ("attn_q", "attn_qkv"))', '"blk.0.attn_q.bias" in tensors',
+        (f"{GGUF}test_a_file_with_q_k_and_v_fused_keeps_their_biases",)),
+    Bug("gguf-named-block-format-keeps-the-files-other-format", "tserve/model/gguf/blocks.py",
+        "(found := self._encode(ids, weight)) and (self._any_format or found[2] == fmt):",
+        "(found := self._encode(ids, weight)):",
+        (f"{GGUF}test_a_block_format_named_is_the_one_served_from_a_file_of_the_other",)),
 ]

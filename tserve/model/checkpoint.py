@@ -269,6 +269,7 @@ def load(
     start = time.perf_counter()
     dev = resolve_device(device)
     gguf_file = GGUFCheckpoint(path) if is_gguf(path) else None
+    as_stored = quantize == "auto"  # a GGUF file's own blocks in either format; a format named is the one served
     if gguf_file is not None:
         raw = gguf_file.raw
         if quantize == "auto":
@@ -296,7 +297,7 @@ def load(
     elif quantize in ("q8_0", "q4_0"):  # llama.cpp's blocks of 32 (model.block_quant)
         # A GGUF file's own Q8_0 / Q4_0 blocks as they are (model.gguf.blocks); every other layer quantized.
         given = None if gguf_file is None else \
-            FileBlocks(gguf_file.weights, importer_for(raw, path)[0], loaded.config, loaded.model)
+            FileBlocks(gguf_file.weights, importer_for(raw, path)[0], loaded.config, loaded.model, as_stored)
         quantize_blocks(loaded.model, quantize, given)
         if given is not None:
             given.report(path, quantize, dict(gguf_file.weights.weight_types()))

@@ -380,18 +380,19 @@ def quantize_int4(model: nn.Module, group_size: int = 32) -> nn.Module:
 
 
 # A layer's own codes, scales and format where they are already made (a GGUF file's blocks), else None.
-GivenBlocks = Callable[[nn.Linear], "tuple[Tensor, Tensor, str] | None"]
+# (a linear layer, the format it is to take) -> its stored blocks (codes, scales, their format), or None
+GivenBlocks = Callable[[nn.Linear, str], "tuple[Tensor, Tensor, str] | None"]
 
 
 def quantize_blocks(model: nn.Module, fmt: str, given: GivenBlocks | None = None) -> nn.Module:
     """Replace every `nn.Linear` of a float32 CPU `model` with a `BlockLinear` of `fmt` (`q8_0` or `q4_0`) in
     place, except under `q4_0` the output (vocabulary) layer `OUTPUT_LAYER`, which becomes Q8_0 (`Q4_0_OUTPUT`);
-    returns it. `given`: a layer's blocks as they are where it has them (of either format), quantized from its
-    weight where it answers None."""
+    returns it. `given`: a layer's blocks as they are where it has them (which format it keeps is the giver's
+    rule: told the layer's format), quantized from its weight where it answers None."""
     _check_cpu_float32(model, fmt)
 
     def block_linear(linear: nn.Linear, fmt: str = fmt) -> BlockLinear:
-        blocks = given(linear) if given is not None else None
+        blocks = given(linear, fmt) if given is not None else None
         if blocks is None:
             return BlockLinear(linear, fmt)
         return BlockLinear(linear, blocks[2], blocks=blocks[:2])

@@ -31,8 +31,8 @@ class Settings(BaseSettings):
     quantize: Literal["auto", "none", "int8", "int4", "q8_0", "q4_0"] = Field(
         "auto", description="int8: int8 weights for every linear layer of every model; int4: group-wise int4 "
         "weights, the output (vocabulary) layer int8; q8_0 / q4_0: llama.cpp's blocks of 32 weights with one scale, on our AVX-512 VNNI / AVX2 "
-        "kernels (float32 on the CPU only); auto: a block-quantized GGUF file's nearest (Q8_0: int8, Q4_0: int4), "
-        "none for every other checkpoint")
+        "kernels (float32 on the CPU only); auto: a block-quantized GGUF file's nearest (Q8_0 and Q4_0: q8_0 / q4_0 on "
+        "the file's own blocks; Q5 / Q6: int8; Q4_K, Q4_1 and smaller: int4), none for every other checkpoint")
     int4_group_size: int = Field(
         32, description="with --quantize int4: weights per scale and zero, 32, 64 or 128 (smaller: more accurate, "
         "more bytes)")

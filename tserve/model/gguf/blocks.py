@@ -57,10 +57,14 @@ class _RowIds:
 class FileBlocks:
     """`given` for `quantize_blocks`: a linear layer of `model` (built from `weights` by `importer`, with `config`)
     -> its stored Q8_0 / Q4_0 codes, scales and format, or None (another type, or rows of mixed types: quantized
-    from the weight). `report()` logs, once, what was served from the file and what was quantized again."""
+    from the weight). `any_format`: stored blocks are kept whichever of the two formats they are in (`--quantize
+    auto`: the file as it is); else only those in the format the layer is to take (a format asked for by name is
+    the one served: a Q8_0 file under `q4_0` is quantized again to Q4_0). `report()` logs, once, what was served
+    from the file and what was quantized again."""
 
-    def __init__(self, weights: GGUFWeights, importer: Any, config: Any, model: nn.Module) -> None:
-        self._weights = weights
+    def __init__(self, weights: GGUFWeights, importer: Any, config: Any, model: nn.Module,
+                 any_format: bool = True) -> None:
+        self._weights, self._any_format = weights, any_format
         rows = {name: ids for name, ids in importer.weights(config, _RowIds(weights)) if ids.dim() == 2}
         names: dict[int, list[str]] = {}
         for name, parameter in model.named_parameters(remove_duplicate=False):  # a tied output layer: two names
@@ -81,12 +85,12 @@ class FileBlocks:
         self._requantized: list[str] = []
         self._names = {id(linear.weight): name for name, linear in _linears(model)}
 
-    def __call__(self, linear: nn.Linear) -> tuple[Tensor, Tensor, str] | None:
+    def __call__(self, linear: nn.Linear, fmt: str) -> tuple[Tensor, Tensor, str] | None:
         weight = linear.weight.detach()
         for ids in self._candidates.get(id(linear.weight), []):
             # The first row alone first: it tells a fused layer's orders apart without reading the whole layer.
             if len(ids) == weight.size(0) and self._encode(ids[:1], weight[:1]) and \
-                    (found := self._encode(ids, weight)):
+                    (found := self._encode(ids, weight)) and (self._any_format or found[2] == fmt):
                 self._served[found[2]] += 1
                 return found
         self._requantized.append(self._names[id(linear.weight)])
