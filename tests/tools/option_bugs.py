@@ -19,7 +19,9 @@ evaluation's quantized figures, limits and cards (`tests/training/test_option_co
 translators' scores, stopping rules, position biases, alignments, default lengths and language codes
 (`tests/model/test_option_combinations_translators.py`); GGUF files' end-of-generation ids, pre-tokenizers, mixed and
 legacy types, alignment, Gemma's sliding rope, fused q/k/v biases and a named block format
-(`tests/model/test_option_combinations_gguf.py`), beside the module tests named. Part of
+(`tests/model/test_option_combinations_gguf.py`); the KV cache's eviction order, decode lengths, window pool and drafts
+on sliding layers (`tests/model/test_option_combinations_cache.py`); model specs, revisions, the serve command's
+settings, documented defaults and deploy files' variables (`tests/deploy/test_option_combinations_cli.py`), beside the module tests named. Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ MIXED_BATCH = f"{SAMPLING}test_each_row_is_tempered_before_its_top_k_and_top_p_i
 CONSTRAINED_LOGPROBS = f"{SAMPLING}test_reported_logprobs_are_the_constrained_distributions_before_temperature"
 EOS_IDS = f"{SAMPLING}test_ignore_eos_and_min_tokens_ban_every_eos_id_of_the_checkpoint"
 LOGITS = "tserve/model/decoding/logits.py"
+CACHE = "tests/model/test_option_combinations_cache.py::"
+CLI = "tests/deploy/test_option_combinations_cli.py::"
+MODEL_PATHS = f"{CLI}test_a_model_path_keeps_its_equals_signs_commas_and_home_from_a_flag_and_from_the_environment"
+REVISION = f"{CLI}test_a_revision_picks_the_gguf_file_and_the_quantization_of_that_revision"
+SERVE = f"{CLI}test_keep_alive_and_drain_time_reach_the_http_server_from_flags_and_from_the_environment"
+SETTINGS = "tserve/service/settings.py"
 GGUF = "tests/model/test_option_combinations_gguf.py::"
 GGUF_TOKENIZER = "tserve/model/gguf/tokenizer.py"
 GGUF_FAMILIES = "tserve/model/gguf/families.py"
@@ -506,4 +514,55 @@ OPTION_BUGS = [
         "(found := self._encode(ids, weight)) and (self._any_format or found[2] == fmt):",
         "(found := self._encode(ids, weight)):",
         (f"{GGUF}test_a_block_format_named_is_the_one_served_from_a_file_of_the_other",)),
+    Bug("release-frees-a-prefix-head-first", "tserve/model/block_pool.py", "for block in reversed(table.blocks):",
+        "for block in table.blocks:", (f"{CACHE}test_a_released_prefix_gives_up_its_last_blocks_before_its_first",)),
+    Bug("eager-decode-attends-one-position-short", "tserve/model/decoding/lm_runner.py",
+        "logits = self.model.decode_step(fed, positions, self.cache, rows, kv_len=max(positions) + 1)",
+        "logits = self.model.decode_step(fed, positions, self.cache, rows, kv_len=max(positions))",
+        (f"{CACHE}test_steps_over_a_shared_prefix_and_a_fresh_prompt_equal_the_whole_forward_for_each_backend_and_"
+         "block_size",)),
+    Bug("window-pool-grows-without-the-draft", "tserve/model/decoding/lm_runner.py",
+        "if not self.windows.grow(seq.window_table, seq.num_computed + 1 + ahead):",
+        "if not self.windows.grow(seq.window_table, seq.num_computed + 1):",
+        (f"{CACHE}test_accepted_drafts_on_sliding_layers_leave_the_keys_plain_steps_leave",)),
+    Bug("check-ignores-the-window-pool", "tserve/model/decoding/lm_runner.py",
+        "have = min(have, self.windows.pool.num_usable)", "have = min(have, self.blocks.num_usable)",
+        (f"{CACHE}test_a_request_the_sliding_layers_pool_cannot_hold_is_refused_up_front",)),
+    Bug("model-spec-split-at-last-equals", SETTINGS, 'name, sep, path = entry.partition("=")',
+        'name, sep, path = entry.rpartition("=")', (MODEL_PATHS,)),
+    Bug("model-spec-tilde-kept", SETTINGS, "specs[name] = Path(path).expanduser()", "specs[name] = Path(path)",
+        (MODEL_PATHS,)),
+    Bug("model-spec-written-relative-read-as-a-repo-id", SETTINGS,
+        '            if path.startswith(("./", "../")):', "            if False:",
+        (f"{CLI}test_a_model_path_written_relative_stays_a_path_not_a_repo_id",)),
+    Bug("gguf-quant-revision-dropped", "tserve/model/hub.py",
+        "snapshot = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))",
+        "snapshot = Path(snapshot_download(repo_id, allow_patterns=patterns))", (REVISION,)),
+    Bug("list-settings-json-list-split-on-commas", SETTINGS,
+        '            if value.lstrip().startswith("["):\n                return json.loads(value)\n', "", (MODEL_PATHS,)),
+    Bug("models-load-path-outside-parameters", "tserve/service/cli.py",
+        'body = {"parameters": {"path": args.path}} if args.path else {}', 'body = {"path": args.path} if args.path else {}',
+        (f"{CLI}test_models_load_sends_its_path_as_a_load_parameter_to_the_named_model",)),
+    Bug("keep-alive-flag-ignored", "tserve/service/cli.py", "timeout_keep_alive=settings.keep_alive_s)",
+        "timeout_keep_alive=5)", (SERVE,)),
+    Bug("graceful-shutdown-is-the-keep-alive", "tserve/service/cli.py",
+        "timeout_graceful_shutdown=math.ceil(settings.request_timeout_s)",
+        "timeout_graceful_shutdown=int(settings.keep_alive_s)", (SERVE,)),
+    Bug("graceful-shutdown-rounded-down", "tserve/service/cli.py",
+        "timeout_graceful_shutdown=math.ceil(settings.request_timeout_s)",
+        "timeout_graceful_shutdown=int(settings.request_timeout_s)", (SERVE,)),
+    Bug("repository-only-server-refused", "tserve/service/cli.py",
+        "if not specs and settings.model_repository is None:", "if not specs:",
+        (f"{CLI}test_a_model_repository_alone_is_enough_to_start_without_bundled_models",)),
+    Bug("gguf-file-wins-over-directory-of-its-name", SETTINGS,
+        'return files | {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()}',
+        'return {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()} | files',
+        (f"{CLI}test_a_checkpoint_directory_wins_over_a_gguf_file_of_its_name_in_the_models_directory",)),
+    Bug("keep-alive-default-drifts-from-docs", SETTINGS, "keep_alive_s: int = Field(75, ge=1,",
+        "keep_alive_s: int = Field(5, ge=1,", (f"{CLI}test_the_documented_defaults_are_the_settings_defaults",)),
+    Bug("serve-target-drops-serve-args", "Makefile", "\t$(BIN)/tserve serve $(SERVE_ARGS)", "\t$(BIN)/tserve serve",
+        (f"{CLI}test_make_serve_runs_tserve_serve_with_its_serve_args",)),
+    Bug("k8s-secret-names-an-unread-variable", "deploy/k8s/base/deployment.yaml",
+        "--from-literal=TSERVE_API_KEYS=key1,key2", "--from-literal=TSERVE_API_KEY=key1,key2",
+        (f"{CLI}test_every_tserve_variable_the_deploy_files_name_is_read",)),
 ]

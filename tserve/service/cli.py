@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -104,7 +105,7 @@ def serve(args: argparse.Namespace) -> int:
     from tserve.service.shutdown import DrainingServer  # noqa: PLC0415
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None,
-                            log_level=settings.log_level, timeout_graceful_shutdown=int(settings.request_timeout_s),
+                            log_level=settings.log_level, timeout_graceful_shutdown=math.ceil(settings.request_timeout_s),
                             timeout_keep_alive=settings.keep_alive_s)
     # uvicorn raises a signal it handled again once it has shut down, with the handler found at start-up
     # restored. A no-op handler makes that a clean exit 0 instead of death by signal.

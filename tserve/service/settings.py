@@ -214,6 +214,8 @@ class Settings(BaseSettings):
             if name in specs:
                 raise ValueError(f"model name {name!r} given twice")
             specs[name] = Path(path).expanduser()
+            if path.startswith(("./", "../")):  # written as a path: it stays one (`org/name` alone is a repo id)
+                specs[name] = specs[name].absolute()
         return specs
 
 
