@@ -13,6 +13,7 @@ structured output beside each other and beside streaming, stop strings and specu
 
 from __future__ import annotations
 
+from tests.tools.model_option_bugs import MODEL_OPTION_BUGS
 from tests.tools.option_bugs import OPTION_BUGS
 from tests.tools.planted_bug import Bug
 
@@ -409,4 +410,4 @@ COMBINATION_BUGS = [
         (f"{OPS}test_stopping_the_registry_drains_every_worker_against_one_request_timeout",)),
 ]
 
-COMBINATION_BUGS += OPTION_BUGS
+COMBINATION_BUGS += OPTION_BUGS + MODEL_OPTION_BUGS
