@@ -2,7 +2,8 @@
 position biases, alignments, default lengths and language codes (`tests/model/test_option_combinations_translators.py`);
 GGUF files' end-of-generation ids, pre-tokenizers, mixed and legacy types, alignment, Gemma's sliding rope, fused q/k/v
 biases and a named block format (`tests/model/test_option_combinations_gguf.py`); the KV cache's eviction order, decode
-lengths, window pool and drafts on sliding layers (`tests/model/test_option_combinations_cache.py`). Part of
+lengths, window pool and drafts on sliding layers (`tests/model/test_option_combinations_cache.py`); image classifiers'
+preprocessor configs, modes, limits and half precision (`tests/model/test_option_combinations_images.py`). Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ GGUF_TOKENIZER = "tserve/model/gguf/tokenizer.py"
 GGUF_FAMILIES = "tserve/model/gguf/families.py"
 GEMMA_SLIDING_ROPE = f"{GGUF}test_gemma_sliding_layers_rotate_as_llama_cpp_rotates_them"
 CACHE = "tests/model/test_option_combinations_cache.py::"
+IMAGES = "tests/model/test_option_combinations_images.py::"
+READ_AS_TRANSFORMERS = f"{IMAGES}test_each_preprocessor_config_is_read_as_transformers_reads_it"
+PREPROCESSING = "tserve/model/preprocessing.py"
+IMAGE_LIMITS = f"{IMAGES}test_the_image_limits_hold_at_their_values_on_every_image_route"
+BFLOAT16_VIT = f"{IMAGES}test_a_bfloat16_classifier_classifies_and_embeds_as_float32_does"
 
 MODEL_OPTION_BUGS = [
     Bug("greedy-score-without-length-penalty", "tserve/model/decoding/seq2seq_runner.py",
@@ -107,4 +113,42 @@ MODEL_OPTION_BUGS = [
     Bug("check-ignores-the-window-pool", "tserve/model/decoding/lm_runner.py",
         "have = min(have, self.windows.pool.num_usable)", "have = min(have, self.blocks.num_usable)",
         (f"{CACHE}test_a_request_the_sliding_layers_pool_cannot_hold_is_refused_up_front",)),
+    Bug("hf-image-mean-ignored", PREPROCESSING,
+        'mean = cfg.get("image_mean", [0.5] * n_channels) if normalize else [0.0] * n_channels',
+        "mean = [0.5] * n_channels if normalize else [0.0] * n_channels", (f"{READ_AS_TRANSFORMERS}[imagenet-bicubic]",)),
+    Bug("hf-do-normalize-false-ignored", PREPROCESSING, 'normalize = cfg.get("do_normalize", True)',
+        "normalize = True", (f"{READ_AS_TRANSFORMERS}[unnormalized]",)),
+    Bug("hf-resample-codes-shifted", PREPROCESSING,
+        '_HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}',
+        '_HF_RESAMPLE = {0: "nearest", 1: "bilinear", 2: "bicubic", 3: "lanczos"}',
+        (f"{READ_AS_TRANSFORMERS}[imagenet-bicubic]",)),
+    Bug("pixels-transposed-height-width", PREPROCESSING, "x = x[None] if x.ndim == 2 else x.transpose(2, 0, 1)",
+        "x = x[None] if x.ndim == 2 else x.transpose(2, 1, 0)", (f"{READ_AS_TRANSFORMERS}[lanczos]",)),
+    Bug("la-images-lose-transparency", PREPROCESSING, 'if image.mode in ("RGBA", "LA", "P"):',
+        'if image.mode in ("RGBA", "P"):', (f"{IMAGES}test_a_greyscale_image_with_transparency_is_seen_as_its_rgba_twin",)),
+    Bug("bf16-classifier-batch-not-cast", "tserve/service/vision/images.py",
+        "batch = batch.to(self.loaded.device, self.loaded.dtype, non_blocking=True)",
+        "batch = batch.to(self.loaded.device, non_blocking=True)", (BFLOAT16_VIT,)),
+    Bug("bf16-image-embeddings-not-cast", "tserve/model/embeddings.py",
+        "states = loaded.model.features(pixels.to(loaded.device, loaded.dtype))",
+        "states = loaded.model.features(pixels.to(loaded.device))", (BFLOAT16_VIT,)),
+    Bug("attention-image-limits-swapped", "tserve/service/vision/served.py",
+        "image = open_image(decode_base64(body.image), s.max_image_bytes, s.max_image_pixels)",
+        "image = open_image(decode_base64(body.image), s.max_image_pixels, s.max_image_bytes)",
+        (f"{IMAGE_LIMITS}[attention]",)),
+    Bug("image-byte-limit-off-by-one", "tserve/service/vision/images.py", "if len(data) > max_bytes:",
+        "if len(data) >= max_bytes:", (f"{IMAGE_LIMITS}[classifications]",)),
+    Bug("data-urls-only-for-png", "tserve/service/vision/served.py", 'if value.startswith("data:"):',
+        'if value.startswith("data:image/png"):', (f"{IMAGES}test_a_jpeg_data_url_is_the_jpeg_uploaded",)),
+    Bug("centre-crop-config-read-as-a-resize", PREPROCESSING,
+        '        if cfg.get("do_center_crop") and cfg.get("crop_size") is not None:',
+        "        if False:", (f"{READ_AS_TRANSFORMERS}[resize-then-crop]",)),
+    Bug("centre-crop-taken-from-the-corner", PREPROCESSING,
+        "top, left = (height - self.image_size) // 2, (width - self.image_size) // 2", "top, left = 0, 0",
+        (f"{READ_AS_TRANSFORMERS}[resize-then-crop]",)),
+    Bug("rescale-factor-ignored", PREPROCESSING,
+        'rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0',
+        "rescale = 1 / 255", (f"{READ_AS_TRANSFORMERS}[own-rescale-factor]",)),
+    Bug("sixteen-bit-greyscale-clipped", PREPROCESSING, 'if image.mode in ("I;16", "I;16B", "I;16L", "I"):',
+        'if image.mode in ():', (f"{IMAGES}test_a_16_bit_greyscale_png_is_its_8_bit_image_scaled_not_clipped",)),
 ]

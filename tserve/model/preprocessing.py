@@ -46,6 +46,10 @@ class ImagePreprocessing:
     autocontrast: bool = False
     content_size: int | None = None  # for fit="content"; default image_size
     threshold: float = 0.2  # for fit="content": share of the maximum above which a pixel is object
+    # for fit="resize": (height, width) to resize to before a centre crop to image_size (DeiT's 256 then 224);
+    # None: straight to image_size
+    resize_to: tuple[int, int] | None = None
+    rescale: float = 1 / 255  # pixel values times this before the mean and std (a checkpoint's rescale_factor)
 
     def __post_init__(self) -> None:
         if self.n_channels not in (1, 3):
@@ -59,10 +63,17 @@ class ImagePreprocessing:
         if self.content_size is not None and not 1 <= self.content_size <= self.image_size:
             raise ValueError(f"content_size must be in [1, image_size], got {self.content_size}")
         self.mean, self.std = tuple(self.mean), tuple(self.std)
+        if self.resize_to is not None:
+            self.resize_to = (int(self.resize_to[0]), int(self.resize_to[1]))
+            if min(self.resize_to) < self.image_size:
+                raise ValueError(f"resize_to {self.resize_to} is smaller than the crop {self.image_size}")
 
     def to_image(self, image: Image.Image) -> Image.Image:
         """The resized image the model sees (before normalisation): useful for overlays."""
         image = ImageOps.exif_transpose(image)
+        if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit greyscale (a PNG's): scaled to 8 bits, not clipped
+            wide = np.asarray(image, dtype=np.float64)
+            image = Image.fromarray(np.clip(np.rint(wide * (255 / 65535)), 0, 255).astype(np.uint8), "L")
         if image.mode in ("RGBA", "LA", "P"):
             # Transparent pixels become the background colour, not black.
             rgba = image.convert("RGBA")
@@ -78,7 +89,12 @@ class ImagePreprocessing:
             return self._fit_content(image)
         if self.fit == "pad":
             return ImageOps.pad(image, size, method=_RESAMPLE[self.resample], color=0)
-        return image.resize(size, _RESAMPLE[self.resample])
+        if self.resize_to is None:
+            return image.resize(size, _RESAMPLE[self.resample])
+        height, width = self.resize_to  # then the centre, as transformers' center_crop takes it
+        image = image.resize((width, height), _RESAMPLE[self.resample])
+        top, left = (height - self.image_size) // 2, (width - self.image_size) // 2
+        return image.crop((left, top, left + self.image_size, top + self.image_size))
 
     def _fit_content(self, image: Image.Image) -> Image.Image:
         """Crop to the bounding box of the bright object, scale it into `content_size` keeping the aspect
@@ -131,7 +147,7 @@ class ImagePreprocessing:
         # numpy, not torch: this runs on request threads, and a parallel torch op there would start an OpenMP
         # thread pool in each; while such a thread lives, every parallel region of the model's worker thread
         # wakes its helpers the slow way (ViT-S/16 at batch 1: 43 ms instead of 33; tests/model/test_threads.py).
-        x = np.asarray(pixels, dtype=np.float32) / np.float32(255.0)
+        x = (np.asarray(pixels, dtype=np.float64) * self.rescale).astype(np.float32)  # as transformers rescales
         x = x[None] if x.ndim == 2 else x.transpose(2, 0, 1)
         mean = np.asarray(self.mean, dtype=np.float32)[:, None, None]
         std = np.asarray(self.std, dtype=np.float32)[:, None, None]
@@ -151,16 +167,27 @@ class ImagePreprocessing:
 
     @classmethod
     def from_hf(cls, cfg: dict, image_size: int, n_channels: int) -> ImagePreprocessing:
-        """From a Hugging Face `preprocessor_config.json` (ViTImageProcessor)."""
+        """From a Hugging Face `preprocessor_config.json` (ViTImageProcessor; DeiT's, which resizes and then crops
+        the centre: `do_center_crop`, `crop_size`), with its `rescale_factor`."""
         size = cfg.get("size", image_size)
-        if isinstance(size, dict):
-            size = size.get("height", size.get("shortest_edge", image_size))
-        if int(size) != image_size:
+        height, width = (size.get("height", size.get("shortest_edge", image_size)),
+                         size.get("width", size.get("shortest_edge", image_size))) if isinstance(size, dict) \
+            else (size, size)
+        resize_to = None
+        if cfg.get("do_center_crop") and cfg.get("crop_size") is not None:
+            crop = cfg["crop_size"]
+            crop = (crop.get("height"), crop.get("width")) if isinstance(crop, dict) else (crop, crop)
+            if tuple(map(int, crop)) != (image_size, image_size):
+                raise ValueError(f"preprocessor crop_size {crop} differs from the model's image_size {image_size}")
+            resize_to = (int(height), int(width))
+        elif (int(height), int(width)) != (image_size, image_size):
             raise ValueError(f"preprocessor size {size} differs from the model's image_size {image_size}")
         normalize = cfg.get("do_normalize", True)
         mean = cfg.get("image_mean", [0.5] * n_channels) if normalize else [0.0] * n_channels
         std = cfg.get("image_std", [0.5] * n_channels) if normalize else [1.0] * n_channels
-        return cls(image_size, n_channels, tuple(mean), tuple(std), _HF_RESAMPLE.get(cfg.get("resample", 2), "bilinear"))
+        rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0
+        return cls(image_size, n_channels, tuple(mean), tuple(std), _HF_RESAMPLE.get(cfg.get("resample", 2), "bilinear"),
+                   resize_to=resize_to, rescale=rescale)
 
 
 def _autocontrast(image: Image.Image) -> Image.Image:
