@@ -219,3 +219,26 @@ def test_max_input_chars_bounds_embeddings_texts_and_language_detection(app):
     assert call(app, "/detect", {"q": ENGLISH_TEXT})[0]["language"] == "en"
     refused = call(app, "/detect", {"q": long}, 400)
     assert "characters" in refused["error"]
+
+
+def test_a_gguf_file_is_loaded_by_path_as_a_checkpoint_directory_is(tmp_path):
+    """`--allow-load-paths`: a load request's `parameters.path` may name a GGUF file, as `--model` may; it serves,
+    and a path that is neither a checkpoint directory nor a GGUF file is a 400."""
+    from tests.helpers.gguf_files import write_gguf
+
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    file = write_gguf(factories.hf_family_dir("llama", tmp_path / "llama"), tmp_path / "llama.gguf", "llama")
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "empty").mkdir()
+    repo = InProcessApp({}, gc_freeze=False, admin_keys=[ADMIN], allow_load_paths=True,
+                        models_dir=str(tmp_path / "empty"), model_repository=str(tmp_path / "empty"))
+    try:
+        loaded = repo.post("/v2/repository/models/lm/load", {"parameters": {"path": str(file)}}, headers=admin)
+        assert loaded.json() == {"name": "lm", "state": "READY"}
+        done = repo.post("/v1/completions", {"model": "lm", "prompt": "Hello", "max_tokens": 3}).json()
+        assert done["usage"]["completion_tokens"] == 3
+        refused = repo.post("/v2/repository/models/x/load", {"parameters": {"path": str(tmp_path / "notes.txt")}},
+                            400, headers=admin)
+        assert "GGUF" in refused.json()["error"]
+    finally:
+        repo.stop()

@@ -466,4 +466,7 @@ OPTION_BUGS = [
     Bug("k8s-secret-names-an-unread-variable", "deploy/k8s/base/deployment.yaml",
         "--from-literal=TSERVE_API_KEYS=key1,key2", "--from-literal=TSERVE_API_KEY=key1,key2",
         (f"{CLI}test_every_tserve_variable_the_deploy_files_name_is_read",)),
+    Bug("load-path-takes-directories-only", "tserve/service/routes/repository.py",
+        '((Path(path) / "config.json").is_file() or is_gguf(Path(path)))', '(Path(path) / "config.json").is_file()',
+        (f"{COMPAT}test_a_gguf_file_is_loaded_by_path_as_a_checkpoint_directory_is",)),
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from tserve.model.gguf import is_gguf
 from tserve.service.errors import APIError, OIPError
 from tserve.service.registry import ModelRegistry
 from tserve.service.routes.deps import ready_registry, settings
@@ -88,8 +89,8 @@ async def load(name: str, request: Request) -> dict[str, str]:
     if path is not None:
         if not settings(request).allow_load_paths:
             raise OIPError(403, "loading from a path of the request's is off (--allow-load-paths)")
-        if not isinstance(path, str) or not (Path(path) / "config.json").is_file():
-            raise OIPError(400, f"parameters.path {path!r} is not a checkpoint directory")
+        if not isinstance(path, str) or not ((Path(path) / "config.json").is_file() or is_gguf(Path(path))):
+            raise OIPError(400, f"parameters.path {path!r} is not a checkpoint directory or a GGUF file")
         source = Path(path)
     else:
         found = _repository_models(request)
