@@ -217,10 +217,11 @@ def test_make_serve_runs_tserve_serve_with_its_serve_args():
     and they parse as settings."""
     if shutil.which("make") is None:
         pytest.skip("no make")
-    out = subprocess.run(["make", "-n", "-o", ".venv/bin/.installed", "serve",
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # under `make test`
+    out = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/bin/.installed", "serve",
                           "SERVE_ARGS=--port 9123 --no-warmup --model lm=/x=1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
-    command = out.strip().splitlines()[-1].split()
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True, env=env).stdout
+    command = next(line for line in out.splitlines() if "tserve serve" in line).split()
     assert command[:2] == [".venv/bin/tserve", "serve"], out
     settings = settings_from_args(build_parser().parse_args(command[1:]))
     assert (settings.port, settings.warmup, settings.model_specs()) == (9123, False, {"lm": Path("/x=1")})
