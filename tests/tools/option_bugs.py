@@ -17,7 +17,9 @@ constraints, several eos ids, a grammar beside min_tokens and beams that never s
 (`tests/model/test_option_combinations_sampling.py`); training continued, validated and recorded for every model kind,
 evaluation's quantized figures, limits and cards (`tests/training/test_option_combinations_training.py`); model specs,
 revisions, the serve command's settings, documented defaults and deploy files' variables
-(`tests/deploy/test_option_combinations_cli.py`), beside the module tests named. The model-level ones of the same
+(`tests/deploy/test_option_combinations_cli.py`); structured output's schemas as text, empty schemas, escaped choices,
+regexes that may go on, masked logprobs and preempted grammars (`tests/model/test_option_combinations_structured.py`),
+beside the module tests named. The model-level ones of the same
 survey's last areas are in `tests/tools/model_option_bugs.py`. Part of `tests/tools/combination_bugs.py`'s list, and so
 of `tests/tools/planted_bugs.py`'s."""
 
@@ -60,6 +62,8 @@ MODEL_PATHS = f"{CLI}test_a_model_path_keeps_its_equals_signs_commas_and_home_fr
 REVISION = f"{CLI}test_a_revision_picks_the_gguf_file_and_the_quantization_of_that_revision"
 SERVE = f"{CLI}test_keep_alive_and_drain_time_reach_the_http_server_from_flags_and_from_the_environment"
 SETTINGS = "tserve/service/settings.py"
+STRUCTURED = "tests/model/test_option_combinations_structured.py::"
+ANY_JSON_VALUE = f"{STRUCTURED}test_json_object_starts_with_a_brace_and_a_json_schema_without_a_schema_takes_any_json_value"
 TRAINING = "tests/training/test_option_combinations_training.py::"
 EVALUATE = "tserve/training/evaluate.py"
 QUANTIZED_FIGURES = f"{TRAINING}test_each_quantized_format_is_stored_under_its_own_key_and_survives_a_float32_evaluation"
@@ -369,7 +373,8 @@ OPTION_BUGS = [
         (f"{SAMPLING}test_top_p_measures_the_mass_of_what_top_k_kept",)),
     Bug("logprobs-read-before-the-bias", "tserve/model/decoding/lm_runner.py",
         "logprobs = token_logprobs(constrained, tokens, max(p.logprobs or 0 for p in params))",
-        "logprobs = token_logprobs(logits, tokens, max(p.logprobs or 0 for p in params))", (CONSTRAINED_LOGPROBS,)),
+        "logprobs = token_logprobs(logits, tokens, max(p.logprobs or 0 for p in params))",
+        (CONSTRAINED_LOGPROBS, f"{STRUCTURED}test_logprobs_under_a_constraint_are_those_of_the_masked_distribution")),
     Bug("eos-ban-of-some-rows-bans-the-first-eos-only", LOGITS,
         "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)",
         "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids[:1]), strict=True)", (EOS_IDS,)),
@@ -469,4 +474,24 @@ OPTION_BUGS = [
     Bug("load-path-takes-directories-only", "tserve/service/routes/repository.py",
         '((Path(path) / "config.json").is_file() or is_gguf(Path(path)))', '(Path(path) / "config.json").is_file()',
         (f"{COMPAT}test_a_gguf_file_is_loaded_by_path_as_a_checkpoint_directory_is",)),
+    Bug("structured-outputs-json-text-dumped-again", C,
+        'return Constraint("json", wanted.json_ if isinstance(wanted.json_, str) else json.dumps(wanted.json_))',
+        'return Constraint("json", json.dumps(wanted.json_))',
+        (f"{STRUCTURED}test_a_schema_given_as_text_constrains_as_the_same_schema_given_as_an_object",)),
+    Bug("response-format-text-beside-structured-outputs-refused", C,
+        'if wanted is not None and fmt is not None and fmt.type != "text":', "if wanted is not None and fmt is not None:",
+        (f"{STRUCTURED}test_response_format_text_beside_structured_outputs_leaves_the_structured_outputs_constraint",)),
+    Bug("schemaless-json-schema-format-means-any-object", C,
+        'return Constraint("json", json.dumps(schema if schema is not None else {}))',
+        'return Constraint("json", json.dumps(schema if schema is not None else {"type": "object"}))', (ANY_JSON_VALUE,)),
+    Bug("choice-options-not-escaped", "tserve/model/decoding/structured.py",
+        '"start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options))',
+        '"start: " + " | ".join(f\'"{o}"\' for o in options))',
+        (f"{STRUCTURED}test_choices_holding_quotes_and_backslashes_are_offered_verbatim",)),
+    Bug("grammar-finished-when-it-could-stop", "tserve/model/decoding/structured.py",
+        "        return self._matcher.is_stopped()", "        return self._matcher.is_accepting()",
+        (f"{STRUCTURED}test_a_regex_that_may_go_on_is_not_cut_where_it_could_first_end_streamed_or_not",)),
+    Bug("empty-schema-refused-as-no-constraint", "tserve/service/request_schemas.py",
+        'given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]',
+        'given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k)]', (ANY_JSON_VALUE,)),
 ]

@@ -46,7 +46,9 @@ class StructuredOutputs(RequestBody):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:
-        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
+        # given, not truthy: `"json": {}` is the empty schema (any JSON value), a constraint like any other
+        given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
         if len(given) != 1:
             raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object")
         return self
