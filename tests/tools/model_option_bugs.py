@@ -1,9 +1,13 @@
-"""Planted bugs where options meet, the second survey's model-level areas: the translators' scores, stopping rules,
+"""Planted bugs where options meet, the second survey's last areas: the translators' scores, stopping rules,
 position biases, alignments, default lengths and language codes (`tests/model/test_option_combinations_translators.py`);
 GGUF files' end-of-generation ids, pre-tokenizers, mixed and legacy types, alignment, Gemma's sliding rope, fused q/k/v
 biases and a named block format (`tests/model/test_option_combinations_gguf.py`); the KV cache's eviction order, decode
 lengths, window pool and drafts on sliding layers (`tests/model/test_option_combinations_cache.py`); image classifiers'
-preprocessor configs, modes, limits and half precision (`tests/model/test_option_combinations_images.py`). Part of
+preprocessor configs, modes, limits and half precision (`tests/model/test_option_combinations_images.py`); chat
+templates and tokenizers against transformers (`tests/model/test_option_combinations_tokenizers.py`); attention maps,
+the logit lens and embeddings across families (`tests/model/test_option_combinations_inspection_models.py`);
+speculative decoding's limits, flags, padded steps and metrics (`tests/engine/test_option_combinations_speculative.py`).
+Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -22,6 +26,17 @@ READ_AS_TRANSFORMERS = f"{IMAGES}test_each_preprocessor_config_is_read_as_transf
 PREPROCESSING = "tserve/model/preprocessing.py"
 IMAGE_LIMITS = f"{IMAGES}test_the_image_limits_hold_at_their_values_on_every_image_route"
 BFLOAT16_VIT = f"{IMAGES}test_a_bfloat16_classifier_classifies_and_embeds_as_float32_does"
+TOKENIZERS = "tests/model/test_option_combinations_tokenizers.py::"
+TOKENIZER = "tserve/model/tokenizer.py"
+RENDERS = f"{TOKENIZERS}test_a_template_renders_as_transformers_renders_it_with_tools_or_none"
+CHOSEN = f"{TOKENIZERS}test_templates_are_chosen_and_given_their_tokens_as_transformers_does"
+LOOKS = "tests/model/test_option_combinations_inspection_models.py::"
+ONE_TOKEN_MAPS = f"{LOOKS}test_a_one_token_input_has_a_map_per_query_head"
+BF16_VIT_MAPS = f"{LOOKS}test_bfloat16_image_models_attention_maps"
+SPEC = "tests/engine/test_option_combinations_speculative.py::"
+DRAFT_ROOMS = f"{SPEC}test_drafts_stay_within_num_speculative_tokens_and_the_tokens_max_tokens_leaves"
+SERVE_FLAGS = f"{SPEC}test_serve_flags_reach_the_engine_and_prompt_lookup_answers_what_plain_decoding_gives"
+CONTEXT_END = f"{SPEC}test_a_row_at_the_context_end_beside_rows_that_draft_writes_what_it_writes_alone"
 
 MODEL_OPTION_BUGS = [
     Bug("greedy-score-without-length-penalty", "tserve/model/decoding/seq2seq_runner.py",
@@ -151,4 +166,85 @@ MODEL_OPTION_BUGS = [
         "rescale = 1 / 255", (f"{READ_AS_TRANSFORMERS}[own-rescale-factor]",)),
     Bug("sixteen-bit-greyscale-clipped", PREPROCESSING, 'if image.mode in ("I;16", "I;16B", "I;16L", "I"):',
         'if image.mode in ():', (f"{IMAGES}test_a_16_bit_greyscale_png_is_its_8_bit_image_scaled_not_clipped",)),
+    Bug("tojson-indent-dropped", TOKENIZER, "x, ensure_ascii=ensure_ascii, indent=indent,",
+        "x, ensure_ascii=ensure_ascii, indent=None,", (f"{RENDERS}[tool-aware-hf-llama]",)),
+    Bug("tojson-keys-sorted", TOKENIZER, "sort_keys=sort_keys)", "sort_keys=True)", (f"{RENDERS}[tool-aware-hf-llama]",)),
+    Bug("template-trim-blocks-off", TOKENIZER, "trim_blocks=True, lstrip_blocks=True",
+        "trim_blocks=False, lstrip_blocks=True", (f"{RENDERS}[plain-hf-llama]",)),
+    Bug("template-lstrip-blocks-off", TOKENIZER, "trim_blocks=True, lstrip_blocks=True",
+        "trim_blocks=True, lstrip_blocks=False", (f"{RENDERS}[plain-hf-llama]",)),
+    Bug("eos-added-with-special-tokens-off", TOKENIZER, "if add_special_tokens and self._add_eos and",
+        "if self._add_eos and",
+        (f"{TOKENIZERS}test_add_special_tokens_off_adds_neither_bos_nor_eos_whatever_the_flags[hf-llama]",)),
+    Bug("named-templates-first-not-default", TOKENIZER,
+        'named.get("default") or next(iter(named.values()), None) if name == "default"',
+        'next(iter(named.values()), None) if name == "default"',
+        (f"{TOKENIZERS}test_a_config_with_named_templates_renders_its_default_one",)),
+    Bug("template-globals-miss-the-tools", TOKENIZER,
+        "add_generation_prompt=add_generation_prompt, tools=tools,", "add_generation_prompt=add_generation_prompt, tools=tools or [],",
+        (f"{RENDERS}[tool-aware-hf-llama]",)),
+    Bug("template-type-error-unhandled", TOKENIZER, "except (TemplateError, TypeError) as e:", "except TemplateError as e:",
+        (f"{TOKENIZERS}test_a_template_that_fails_on_a_message_without_content_is_refused_as_bad_messages",)),
+    Bug("id-to-token-added-through-byte-table", TOKENIZER, "        if i in self._added:\n            return self._added[i]\n",
+        "", (f"{TOKENIZERS}test_added_tokens_outside_the_byte_alphabet_read_as_their_own_text",)),
+    Bug("config-template-wins-over-the-jinja-file", TOKENIZER, '        if (d / "chat_template.jinja").is_file():  #',
+        '        if "chat_template" not in config and (d / "chat_template.jinja").is_file():  #', (CHOSEN,)),
+    Bug("tools-ignore-the-tool-use-template", TOKENIZER,
+        "template = self._tool_template if tools and self._tool_template else self._chat_template",
+        "template = self._chat_template", (CHOSEN,)),
+    Bug("a-missing-role-renders-as-none", TOKENIZER,
+        "specials = {k: v for k, v in self._special_tokens.items() if v is not None}",
+        "specials = self._special_tokens", (CHOSEN,)),
+    Bug("tojson-refuses-ensure-ascii", TOKENIZER,
+        "lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(\n"
+        "            x, ensure_ascii=ensure_ascii,",
+        "lambda x, indent=None, separators=None, sort_keys=False: json.dumps(\n            x, ensure_ascii=False,",
+        (CHOSEN,)),
+    Bug("weights-path-drops-the-softcap", "tserve/model/attention.py",
+        "            attend = math_attention if self.softcap is None else functools.partial(math_attention, softcap=self.softcap)",
+        "            attend = math_attention",
+        (f"{LOOKS}test_grouped_query_maps_of_every_query_head_equal_transformers[gemma2]",)),
+    Bug("lens-without-the-familys-logit-scaling", "tserve/model/logit_lens.py",
+        "head = lambda h: model.logits(model.norm_f(h))", "head = lambda h: model.lm_head(model.norm_f(h))",
+        (f"{LOOKS}test_lens_probabilities_carry_the_output_layers_cap_and_scaling[gemma2]",)),
+    Bug("one-token-grouped-maps-take-the-kv-shortcut", "tserve/model/attention.py", "if Tq == 1 and not weighs:",
+        "if Tq == 1:", (f"{ONE_TOKEN_MAPS}[llama]",)),
+    Bug("softcapped-grouped-maps-not-recognised-as-weighing", "tserve/model/attention.py",
+        'weighs = attend is math_attention or getattr(attend, "func", None) is math_attention',
+        "weighs = attend is math_attention", (f"{ONE_TOKEN_MAPS}[gemma2]",)),
+    Bug("bf16-vit-attention-not-cast", "tserve/model/attention_maps.py", "pixels[None].to(loaded.device, loaded.dtype)",
+        "pixels[None].to(loaded.device)", (BF16_VIT_MAPS,)),
+    Bug("lm-maps-keep-bfloat16", "tserve/model/attention_maps.py", "per_layer[i][0, idx].float().cpu()",
+        "per_layer[i][0, idx].cpu()", (BF16_VIT_MAPS,)),
+    Bug("t5-lens-without-the-relative-bias", "tserve/model/logit_lens.py",
+        "            x, _, _ = block(x, mask=self_mask, is_causal=is_causal, rotary=rotary, context=memory,",
+        "            x, _, _ = block(x, is_causal=True, rotary=rotary, context=memory,",
+        (f"{LOOKS}test_a_t5_translators_last_lens_layer_is_its_own_prediction",)),
+    Bug("speculative-row-limit-off-by-one", "tserve/model/decoding/lm_runner.py",
+        "if spec is None or len(seqs) > spec.max_rows:", "if spec is None or len(seqs) >= spec.max_rows:",
+        (f"{SPEC}test_as_many_rows_as_speculative_max_rows_still_draft[ngram]",)),
+    Bug("speculative-width-ignores-the-context-end", "tserve/model/decoding/lm_runner.py",
+        "width = min([max(map(len, out))] + [self.max_len - 1 - s.num_computed for s in seqs])",
+        "width = max(map(len, out))", (f"{CONTEXT_END}[ngram]", f"{CONTEXT_END}[draft-model]")),
+    Bug("served-speculation-drops-max-rows", "tserve/service/generation/served.py",
+        ", max_rows=s.speculative_max_rows)", ")", (SERVE_FLAGS,)),
+    Bug("served-speculation-drops-num-tokens", "tserve/service/generation/served.py",
+        "Speculation(num_tokens=s.num_speculative_tokens, ", "Speculation(", (SERVE_FLAGS,)),
+    Bug("prompt-lookup-min-not-clamped-to-max", "tserve/service/generation/served.py",
+        "min_ngram=min(s.prompt_lookup_min, s.prompt_lookup_max)", "min_ngram=s.prompt_lookup_min", (SERVE_FLAGS,)),
+    Bug("speculative-rooms-ignore-max-tokens", "tserve/model/decoding/lm_runner.py",
+        "rooms = [min(spec.num_tokens, s.params.max_tokens - s.num_generated - 1, self.max_len - 1 - s.num_computed)",
+        "rooms = [min(spec.num_tokens, self.max_len - 1 - s.num_computed)", (f"{DRAFT_ROOMS}[ngram-4]",)),
+    Bug("draft-model-drafts-one-token-past-its-room", "tserve/model/decoding/draft_model.py",
+        "for i, s, k, length in rows if k > step]", "for i, s, k, length in rows if k >= step]",
+        (f"{DRAFT_ROOMS}[draft-model-1]",)),
+    Bug("draft-model-context-taken-from-the-target", "tserve/model/decoding/draft_model.py",
+        "self.max_len = min(max_len, loaded.config.max_seq_len)", "self.max_len = max_len",
+        (f"{SPEC}test_a_draft_model_with_a_shorter_context_drafts_only_inside_it",)),
+    Bug("tokens-per-step-histogram-counts-kept-drafts-only", "tserve/service/engine/generation.py",
+        "            self.m.spec_tokens_per_step.observe(len(t))", "            self.m.spec_tokens_per_step.observe(len(t) - 1)",
+        (f"{SPEC}test_a_draft_models_step_metrics_count_each_token_of_the_step_once",)),
+    Bug("bucket-padding-rows-keep-stale-inputs", "tserve/model/cuda_graphs.py",
+        "            if n < b:\n                buf[n:].fill_(pad)\n", "",
+        (f"{SPEC}test_steps_padded_to_a_bucket_as_the_batch_shrinks_give_the_plain_output",)),
 ]

@@ -43,9 +43,11 @@ def logit_lens(loaded: LoadedModel, input_ids: Sequence[int], layers: Sequence[i
         memory, _ = model.encode(src, src_len)
         x, rotary = model._embed(tokens, positions, "dec")
         context_mask = padding_mask(src_len, src.size(1))
+        self_mask, is_causal = model.decoder_self_mask(positions, x.dtype)  # T5's relative bias, as decode has it
         states.append(x)
         for block in model.decoder:
-            x, _, _ = block(x, is_causal=True, rotary=rotary, context=memory, context_mask=context_mask)
+            x, _, _ = block(x, mask=self_mask, is_causal=is_causal, rotary=rotary, context=memory,
+                            context_mask=context_mask)
             states.append(x)
         head = lambda h: model._logits(model.dec_norm(h))  # noqa: E731
     else:

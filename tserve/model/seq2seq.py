@@ -112,6 +112,14 @@ class Seq2Seq(nn.Module):
                 maps[i] = probs
         return self.enc_norm(x), maps
 
+    def decoder_self_mask(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
+        """(mask, is_causal) of a teacher-forced decoder's self-attention over `positions` (B, T): T5's relative
+        bias carries the causal rule in its mask; other layouts attend causally with no mask."""
+        if self.cfg.positions != "relative":
+            return None, True
+        length = positions.size(1)
+        return self._self_mask("dec", positions[:1], length, causal_mask(positions[:1], length), dtype), False
+
     def decode(
         self,
         tgt: Tensor,
@@ -125,10 +133,7 @@ class Seq2Seq(nn.Module):
         positions = torch.arange(tgt.size(1), device=tgt.device).expand_as(tgt)
         x, rotary = self._embed(tgt, positions, "dec")
         context_mask = padding_mask(src_lengths, memory.size(1))
-        self_mask, is_causal = None, True
-        if self.cfg.positions == "relative":  # the causal rule goes into the bias mask
-            self_mask, is_causal = self._self_mask("dec", positions[:1], tgt.size(1),
-                                                   causal_mask(positions[:1], tgt.size(1)), x.dtype), False
+        self_mask, is_causal = self.decoder_self_mask(positions, x.dtype)
         self_maps: dict[int, Tensor] = {}
         cross_maps: dict[int, Tensor] = {}
         for i, block in enumerate(self.decoder):

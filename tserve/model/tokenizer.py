@@ -60,12 +60,15 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}
 
 
-def _chat_template_of(config: dict[str, Any]) -> str | None:
-    """transformers stores a template string, or a list of named templates of which "default" is used."""
+def _chat_template_of(config: dict[str, Any], name: str = "default") -> str | None:
+    """transformers stores a template string, or a list of named templates: "default" is used, and "tool_use" for
+    a request with tools where there is one (`name`; None where the list has no template of that name)."""
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default") or next(iter(named.values()), None)
+        template = named.get("default") or next(iter(named.values()), None) if name == "default" else named.get(name)
+    elif name != "default":
+        return None
     return template if isinstance(template, str) and template else None
 
 
@@ -83,6 +86,7 @@ class Tokenizer(ABC):
     _special: set[int]
     _special_tokens: dict[str, str | None]  # "bos_token" -> "<s>", exposed to chat templates
     _chat_template: str | None = None
+    _tool_template: str | None = None  # a list of named templates' "tool_use", for requests with tools
 
     def backend_json(self) -> str | None:
         """The tokenizer as a Hugging Face tokenizer.json (what grammar libraries read), if it has one."""
@@ -211,11 +215,14 @@ class Tokenizer(ABC):
         )
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)  # noqa: DTZ005 (local time, as HF)
-        env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
-            x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        template = self._tool_template if tools and self._tool_template else self._chat_template
+        # a role this tokenizer has no token for is left undefined (it renders as nothing), as transformers has it
+        specials = {k: v for k, v in self._special_tokens.items() if v is not None}
         try:
-            return env.from_string(self._chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **self._special_tokens
+            return env.from_string(template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **specials
             )
         except (TemplateError, TypeError) as e:  # TypeError: e.g. a template that adds to content that is null
             raise ValueError(f"chat template rendering failed: {e}") from e
@@ -243,7 +250,7 @@ class HFTokenizer(Tokenizer):
         self._bos_id, self._eos_id, self._pad_id, self._unk_id = ids
         self._explicit_flags = "add_bos_token" in cfg or "add_eos_token" in cfg
         self._add_bos, self._add_eos = bool(cfg.get("add_bos_token")), bool(cfg.get("add_eos_token"))
-        self._chat_template = _chat_template_of(cfg)
+        self._chat_template, self._tool_template = _chat_template_of(cfg), _chat_template_of(cfg, "tool_use")
         added = tokenizer.get_added_tokens_decoder()
         self._added = {i: t.content for i, t in added.items()}
         # Special: what tokenizer.json or tokenizer_config.json's added_tokens_decoder marks so (transformers adds
@@ -266,7 +273,7 @@ class HFTokenizer(Tokenizer):
         config = _read_json(d / "tokenizer_config.json", {})
         if "added_tokens_decoder" not in config:  # an older save: its special_tokens_map.json names the roles
             config |= _read_json(d / "special_tokens_map.json", {})  # (and wins, as transformers reads it)
-        if "chat_template" not in config and (d / "chat_template.jinja").is_file():
+        if (d / "chat_template.jinja").is_file():  # it wins over the config's, as transformers reads them
             config["chat_template"] = (d / "chat_template.jinja").read_text(encoding="utf-8")
         if (d / "tokenizer.json").is_file():
             return cls(tokenizers.Tokenizer.from_file(str(d / "tokenizer.json")), config)
@@ -424,6 +431,7 @@ class MarianTokenizer(Tokenizer):
         ordered = sorted(self._special_strs, key=len, reverse=True)
         self._split_re = re.compile("(" + "|".join(map(re.escape, ordered)) + ")") if ordered else None
         self._chat_template = _chat_template_of(self._config)
+        self._tool_template = _chat_template_of(self._config, "tool_use")
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> MarianTokenizer:
