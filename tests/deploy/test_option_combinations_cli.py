@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.model.test_gguf_hub import gguf_repo  # noqa: F401 - fixture: a GGUF repo's files
-from tests.model.test_hub import MAIN, V1, FakeHub, hf_env, lay_out_cache, tiny_qwen2  # noqa: F401 - fixtures
+from tests.model.test_hub import MAIN, V1, hf_env, lay_out_cache, tiny_qwen2  # noqa: F401 - fixtures
 from tserve.model import hub
 from tserve.service.cli import build_parser, main, settings_from_args
 from tserve.service.settings import Settings
@@ -104,21 +104,6 @@ def test_a_revision_picks_the_gguf_file_and_the_quantization_of_that_revision(hf
         assert hub.resolve(f"org/tiny-qwen2-GGUF{revision}:tiny-qwen2-Q8_0.gguf") == expected, revision
         assert hub.resolve(f"org/tiny-qwen2-GGUF{revision}:Q8_0") == expected, revision
         assert hub.resolve(f"org/tiny-qwen2-GGUF{revision}:q4_0") == snapshots[ref] / "tiny-qwen2-q4_0.gguf"
-
-
-def test_a_quantization_in_lower_case_downloads_the_repos_upper_case_file(hf_env, gguf_repo):  # noqa: F811
-    """`:q8_0` names `tiny-qwen2-Q8_0.gguf` (and `:Q4_0` names `...-q4_0.gguf`) when it is downloaded, not only
-    when the cache already holds it: the hub matches file names case-sensitively."""
-    files = {p.name: p.read_bytes() for p in gguf_repo.iterdir()}
-    fake = FakeHub({"org/tiny-qwen2-GGUF": files})
-    try:
-        hf_env(HF_ENDPOINT=fake.url)
-        path = hub.resolve("org/tiny-qwen2-GGUF:q8_0")
-        assert path.name == "tiny-qwen2-Q8_0.gguf" and path.read_bytes() == files["tiny-qwen2-Q8_0.gguf"]
-        downloads = [p for p in fake.paths() if "/resolve/" in p]
-        assert downloads and all(p.endswith("tiny-qwen2-Q8_0.gguf") for p in downloads), downloads
-    finally:
-        fake.close()
 
 
 # ------------------------------------------------------------------------------------------------------------
