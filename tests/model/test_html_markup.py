@@ -17,6 +17,7 @@ PAGES = [
     HELP_PAGE,
     '<p>Click <b>Save</b> to keep your <a href="x.html?a=1&amp;b=2">changes</a>.</p>',
     "<ul><li>One &amp; <i>two <u>three</u></i><br>four</li></ul>",
+    "<p>line one<br>\nline two<br/>\n  line three <img src=a.png>\tfour</p>",  # the page's own whitespace after
     '<div>Run <code>ls -l</code> now&nbsp;please, <span title="a &quot;b&quot;">then <b><i>stop</i></b></span>.</div>',
     "Text without a block <b>tag</b>, and an <b>unclosed one",
     '<table><tr><td>Cell <sup>1</sup></td><th>Head</th></tr></table><p translate="no">Nein <b>danke</b></p>',

@@ -6,8 +6,9 @@ lengths, window pool and drafts on sliding layers (`tests/model/test_option_comb
 preprocessor configs, modes, limits and half precision (`tests/model/test_option_combinations_images.py`); chat
 templates and tokenizers against transformers (`tests/model/test_option_combinations_tokenizers.py`); attention maps,
 the logit lens and embeddings across families (`tests/model/test_option_combinations_inspection_models.py`);
-speculative decoding's limits, flags, padded steps and metrics (`tests/engine/test_option_combinations_speculative.py`).
-Part of
+speculative decoding's limits, flags, padded steps and metrics (`tests/engine/test_option_combinations_speculative.py`);
+documents' sentences, markup kept whole, line breaks, the source limit, a shared memory's bound and a glossary's
+repeated targets (`tests/engine/test_option_combinations_documents.py`). Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ SPEC = "tests/engine/test_option_combinations_speculative.py::"
 DRAFT_ROOMS = f"{SPEC}test_drafts_stay_within_num_speculative_tokens_and_the_tokens_max_tokens_leaves"
 SERVE_FLAGS = f"{SPEC}test_serve_flags_reach_the_engine_and_prompt_lookup_answers_what_plain_decoding_gives"
 CONTEXT_END = f"{SPEC}test_a_row_at_the_context_end_beside_rows_that_draft_writes_what_it_writes_alone"
+DOCS = "tests/engine/test_option_combinations_documents.py::"
+MARKUP = "tserve/model/html_markup.py"
+KEPT_WHOLE = f"{DOCS}test_an_element_kept_untranslated_is_kept_whole_however_the_page_writes_it"
+LINE_BREAKS = f"{DOCS}test_a_block_written_over_several_lines_keeps_its_line_breaks_and_indentation"
 
 MODEL_OPTION_BUGS = [
     Bug("greedy-score-without-length-penalty", "tserve/model/decoding/seq2seq_runner.py",
@@ -247,4 +252,38 @@ MODEL_OPTION_BUGS = [
     Bug("bucket-padding-rows-keep-stale-inputs", "tserve/model/cuda_graphs.py",
         "            if n < b:\n                buf[n:].fill_(pad)\n", "",
         (f"{SPEC}test_steps_padded_to_a_bucket_as_the_batch_shrinks_give_the_plain_output",)),
+    Bug("seg-quoted-abbreviation-ends-sentence", "tserve/model/segmentation.py",
+        'w = word.group(1).lstrip("\\"\'“‘«([").lower()', "w = word.group(1).lower()",
+        (f"{DOCS}test_an_abbreviation_after_an_opening_quote_or_bracket_does_not_end_the_sentence",)),
+    Bug("seg-number-with-separator-ends-sentence", "tserve/model/segmentation.py", 'w.replace(",", "").isdigit()',
+        "w.isdigit()",
+        (f"{DOCS}test_a_number_before_a_full_stop_is_a_number_with_or_without_thousands_separators[1,000]",)),
+    Bug("html-block-drops-trailing-whitespace", MARKUP,
+        'trail = last[len(last.rstrip()):] if not last.rstrip().endswith(">") else ""', 'trail = ""', (LINE_BREAKS,)),
+    Bug("html-block-drops-leading-whitespace", MARKUP,
+        'lead = first[: len(first) - len(first.lstrip())] if not first.startswith("<") else ""', 'lead = ""',
+        (LINE_BREAKS,)),
+    Bug("html-kept-element-ends-at-first-nested-close", MARKUP,
+        '            if kind == "start" and value == kept_tag:\n                depth += 1\n            elif', "            if",
+        (KEPT_WHOLE,)),
+    Bug("html-script-translated", MARKUP, 'KEEP_TAGS = frozenset("code pre script style',
+        'KEEP_TAGS = frozenset("code pre style', (KEPT_WHOLE,)),
+    Bug("html-translate-no-single-quotes", MARKUP, 'translate\\s*=\\s*["\']?no', 'translate\\s*=\\s*"?no',
+        (KEPT_WHOLE,)),
+    Bug("fits-off-by-one", "tserve/service/engine/translation_input.py",
+        "return len(ids[segment]) <= self.max_source_len", "return len(ids[segment]) < self.max_source_len",
+        (f"{DOCS}test_a_sentence_of_exactly_the_source_limit_is_not_cut",)),
+    Bug("shared-memory-keeps-first-bound", "tserve/service/translation/memory.py",
+        "if memory is None or memory.max_entries != max_entries:", "if memory is None:",
+        (f"{DOCS}test_a_memory_shared_in_a_process_takes_the_bound_it_is_asked_for_last",)),
+    Bug("glossary-same-target-required-twice", "tserve/service/engine/translation_input.py",
+        "self._constrain(job, list(dict.fromkeys(terms)))", "self._constrain(job, terms)",
+        (f"{DOCS}test_glossary_entries_that_share_a_target_place_it_once",)),
+    Bug("whitespace-after-a-break-lost", MARKUP,
+        "if atom.at == len(self.text) or atom.breaks and atom.at + 1 == len(self.text):",
+        "if atom.at == len(self.text):",
+        ("tests/model/test_html_markup.py::test_a_page_aligned_to_itself_comes_back_unchanged",)),
+    Bug("whitespace-after-an-atom-written-as-a-space", MARKUP,
+        'out.append(atom.after if atom.space_after else " ")', 'out.append(" ")',
+        ("tests/model/test_html_markup.py::test_a_page_aligned_to_itself_comes_back_unchanged",)),
 ]

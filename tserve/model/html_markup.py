@@ -53,6 +53,7 @@ class Atom:
     at: int
     space_before: bool = False  # whitespace between it and the text before it in the page
     space_after: bool = False
+    after: str = " "  # that whitespace as the page writes it (a newline after a <br>, say)
     breaks: bool = False  # a line break: the model read a space in its place
     opens: bool = False  # an open tag never closed: it starts the text that follows it
 
@@ -164,8 +165,9 @@ class _BlockBuilder:
     def add_text(self, text: str) -> None:
         if text[:1].isspace():
             for atom in self.atoms:
-                if atom.at == len(self.text):
-                    atom.space_after = True
+                # a break's own space (the model's) is already in the text: the page's whitespace follows it
+                if atom.at == len(self.text) or atom.breaks and atom.at + 1 == len(self.text):
+                    atom.space_after, atom.after = True, text[: len(text) - len(text.lstrip())]
         self._add_text(text)
 
     def open(self, raw: str, tag: str) -> None:
@@ -439,7 +441,8 @@ def render_block(block: Block, target: str, target_words: list[tuple[int, int]],
                     following = target[at: at + 1]
                     if at < end and not atom.opens and (atom.space_after and not following.isspace()
                                                         or spaced and following.isalnum()):
-                        out.append(" ")  # the space that took the atom's place before the next word
+                        out.append(atom.after if atom.space_after else " ")  # the space that took the atom's
+                        # place before the next word (as the page wrote it)
                 else:
                     out.append(p.item.open_tag + render(p.children, at, at) + p.item.close_tag)
                 pos = at
