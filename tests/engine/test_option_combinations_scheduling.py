@@ -80,7 +80,8 @@ def test_logprobs_of_an_overlapped_step_stay_with_their_rows_when_an_earlier_row
 def test_a_preempted_request_reports_the_prompt_tokens_its_first_admission_read_from_the_cache(lm):
     """Usage's `cached_tokens` are prompt tokens read from the prefix cache. A preempted request is admitted again
     and finds its own blocks (prompt and answer) still named: that recomputation is not the client's cache hit,
-    so every request reports at most its prompt, and requests with no shared prefix report nothing."""
+    so every request reports at most its prompt, and requests with no shared prefix report nothing (in usage and
+in the prefix cache's metrics)."""
     prompts = same_length_prompts(lm, 6, seed=42)
     assert len({tuple(p[:BS]) for p in prompts}) == len(prompts)  # not even a first block in common
     jobs = [(p, SamplingParams(max_tokens=30, temperature=0.0 if i % 2 else 1.0, seed=i, ignore_eos=True))
@@ -89,6 +90,9 @@ def test_a_preempted_request_reports_the_prompt_tokens_its_first_admission_read_
     reqs = run_all(engine, jobs)
     assert engine.m.preemptions._value.get() > 0
     assert [r.cached_tokens for r in reqs] == [0] * len(reqs)
+    # the metrics count each client request once, as usage does: no hit, no cached token
+    assert engine.m.prefix_hits._value.get() == 0 and engine.m.prefix_misses._value.get() == len(reqs)
+    assert engine.m.prefix_cached_tokens._value.get() == 0
 
 
 def test_the_newest_running_request_gives_way_and_comes_back_before_later_arrivals(lm):

@@ -18,8 +18,8 @@ constraints, several eos ids, a grammar beside min_tokens and beams that never s
 evaluation's quantized figures, limits and cards (`tests/training/test_option_combinations_training.py`); model specs,
 revisions, the serve command's settings, documented defaults and deploy files' variables
 (`tests/deploy/test_option_combinations_cli.py`); structured output's schemas as text, empty schemas, escaped choices,
-regexes that may go on, masked logprobs and preempted grammars (`tests/model/test_option_combinations_structured.py`),
-beside the module tests named. The model-level ones of the same
+regexes that may go on, masked logprobs and preempted grammars (`tests/model/test_option_combinations_structured.py`);
+what the engines count (`tests/engine/test_option_combinations_metrics.py`), beside the module tests named. The model-level ones of the same
 survey's last areas are in `tests/tools/model_option_bugs.py`. Part of `tests/tools/combination_bugs.py`'s list, and so
 of `tests/tools/planted_bugs.py`'s."""
 
@@ -63,6 +63,10 @@ REVISION = f"{CLI}test_a_revision_picks_the_gguf_file_and_the_quantization_of_th
 SERVE = f"{CLI}test_keep_alive_and_drain_time_reach_the_http_server_from_flags_and_from_the_environment"
 SETTINGS = "tserve/service/settings.py"
 STRUCTURED = "tests/model/test_option_combinations_structured.py::"
+COUNTS = "tests/engine/test_option_combinations_metrics.py::"
+TRANSLATION_ENGINE = "tserve/service/engine/translation.py"
+GENERATED = f"{COUNTS}test_a_translators_generated_tokens_are_its_steps_greedy_with_beams_and_when_preempted"
+KV_ROWS = f"{COUNTS}test_kv_slots_in_use_count_each_beam_row_and_an_idle_translator_holds_no_blocks"
 ANY_JSON_VALUE = f"{STRUCTURED}test_json_object_starts_with_a_brace_and_a_json_schema_without_a_schema_takes_any_json_value"
 TRAINING = "tests/training/test_option_combinations_training.py::"
 EVALUATE = "tserve/training/evaluate.py"
@@ -494,4 +498,37 @@ OPTION_BUGS = [
     Bug("empty-schema-refused-as-no-constraint", "tserve/service/request_schemas.py",
         'given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]',
         'given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k)]', (ANY_JSON_VALUE,)),
+    Bug("translation-replayed-positions-count-as-generated", TRANSLATION_ENGINE,
+        "            if token[id(req)] == REPLAYED:  # a position of its cache recomputed after a preemption\n"
+        "                return\n            self._step_tokens += 1\n",
+        "            self._step_tokens += 1\n"
+        "            if token[id(req)] == REPLAYED:  # a position of its cache recomputed after a preemption\n"
+        "                return\n", (GENERATED,)),
+    Bug("beam-translation-steps-not-counted-as-generated", TRANSLATION_ENGINE,
+        "            self._step_tokens += 1\n            finish = self.runner.append(req, token[id(req)])",
+        "            self._step_tokens += token[id(req)] is not None\n            finish = self.runner.append(req, token[id(req)])",
+        (GENERATED,)),
+    Bug("queue-depth-counts-each-choice", "tserve/service/engine/worker.py",
+        "        return len({r.group for r in self.waiting})", "        return len(self.waiting)",
+        (f"{COUNTS}test_queue_depth_counts_a_request_of_several_choices_once_and_the_gauges_return_to_zero",)),
+    Bug("inter-token-gap-measured-from-the-first-token", "tserve/service/engine/worker.py",
+        "        else:\n            self._step_itl.append(now - req.last_emit)\n        req.last_emit = now\n",
+        "            req.last_emit = now\n        else:\n            self._step_itl.append(now - req.last_emit)\n",
+        (f"{COUNTS}test_inter_token_gaps_are_measured_from_the_previous_token_when_streams_are_read_coalesced",)),
+    Bug("batcher-reports-kv-slots", "tserve/service/engine/batcher.py", "    reports_cache = False",
+        "    reports_cache = True", (f"{COUNTS}test_batched_models_count_their_inputs_and_report_no_kv_cache",)),
+    Bug("memory-misses-count-every-sentence", "tserve/service/translation/served.py", "inc(len(keys) - len(found))",
+        "inc(len(keys))",
+        (f"{COUNTS}test_a_request_of_remembered_and_new_sentences_counts_each_once_as_a_hit_or_a_miss",)),
+    Bug("translator-blocks-in-use-counts-kept-sources", TRANSLATION_ENGINE,
+        "        self.m.kv_blocks_in_use.set(self.runner.blocks_in_use)",
+        "        self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)", (KV_ROWS,)),
+    Bug("model-metrics-memoized-across-reloads", "tserve/service/metrics.py", "        return ModelMetrics(self, name)",
+        '        return self.__dict__.setdefault(f"_model_{name}", ModelMetrics(self, name))',
+        (f"{COUNTS}test_a_model_unloaded_and_loaded_again_under_its_name_counts_afresh",)),
+    Bug("kv-slots-in-use-counts-requests-not-rows", "tserve/service/engine/worker.py",
+        "            m.kv_in_use.set(self.rows_in_use)", "            m.kv_in_use.set(len(self.running))", (KV_ROWS,)),
+    Bug("prefix-metrics-count-a-preempted-request-again", "tserve/service/engine/generation.py",
+        "        if self.prefix_caching and not req.prefix_counted:", "        if self.prefix_caching:",
+        (f"{SCHED}test_a_preempted_request_reports_the_prompt_tokens_its_first_admission_read_from_the_cache",)),
 ]

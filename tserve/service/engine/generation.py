@@ -55,6 +55,7 @@ class GenerationRequest(EngineRequest, TextSequence):
         self.detok = detokenizer
         self.input_tokens = len(prompt_ids)
         self.stops = StopStrings(params.stop, unchecked=params.min_tokens)
+        self.prefix_counted = False  # its admission is in the prefix cache's metrics
 
     def render(self, event: Event) -> Event:
         """Text for an event whose request has no stop strings: detokenized here, on the event loop, while the
@@ -150,7 +151,8 @@ class GenerationEngine(Worker):
     def _reserve(self, req: GenerationRequest) -> bool:
         if not self.runner.admit(req):
             return False
-        if self.prefix_caching:
+        if self.prefix_caching and not req.prefix_counted:  # the client's request, once: a preempted one coming
+            req.prefix_counted = True                          # back finds its own blocks, no client's cache hit
             (self.m.prefix_hits if req.table.num_cached_tokens else self.m.prefix_misses).inc()
             self.m.prefix_cached_tokens.inc(req.table.num_cached_tokens)
         return True
