@@ -19,7 +19,9 @@ evaluation's quantized figures, limits and cards (`tests/training/test_option_co
 revisions, the serve command's settings, documented defaults and deploy files' variables
 (`tests/deploy/test_option_combinations_cli.py`); structured output's schemas as text, empty schemas, escaped choices,
 regexes that may go on, masked logprobs and preempted grammars (`tests/model/test_option_combinations_structured.py`);
-what the engines count (`tests/engine/test_option_combinations_metrics.py`), beside the module tests named. The model-level ones of the same
+what the engines count (`tests/engine/test_option_combinations_metrics.py`); the translation routes' streams, the
+memory beside `cache` and `max_tokens`, and the settings a served translator takes
+(`tests/engine/test_option_combinations_translation_engine.py`), beside the module tests named. The model-level ones of the same
 survey's last areas are in `tests/tools/model_option_bugs.py`. Part of `tests/tools/combination_bugs.py`'s list, and so
 of `tests/tools/planted_bugs.py`'s."""
 
@@ -67,6 +69,11 @@ COUNTS = "tests/engine/test_option_combinations_metrics.py::"
 TRANSLATION_ENGINE = "tserve/service/engine/translation.py"
 GENERATED = f"{COUNTS}test_a_translators_generated_tokens_are_its_steps_greedy_with_beams_and_when_preempted"
 KV_ROWS = f"{COUNTS}test_kv_slots_in_use_count_each_beam_row_and_an_idle_translator_holds_no_blocks"
+MT_ENGINE = "tests/engine/test_option_combinations_translation_engine.py::"
+TRANSLATIONS = "tserve/service/routes/translations.py"
+MT_SERVED = "tserve/service/translation/served.py"
+CACHE_FALSE = f"{MT_ENGINE}test_cache_false_neither_reads_nor_fills_the_memory_streamed_or_not"
+TRANSLATOR_SETTINGS = f"{MT_ENGINE}test_no_prefix_cache_and_max_model_len_reach_a_translator"
 ANY_JSON_VALUE = f"{STRUCTURED}test_json_object_starts_with_a_brace_and_a_json_schema_without_a_schema_takes_any_json_value"
 TRAINING = "tests/training/test_option_combinations_training.py::"
 EVALUATE = "tserve/training/evaluate.py"
@@ -531,4 +538,33 @@ OPTION_BUGS = [
     Bug("prefix-metrics-count-a-preempted-request-again", "tserve/service/engine/generation.py",
         "        if self.prefix_caching and not req.prefix_counted:", "        if self.prefix_caching:",
         (f"{SCHED}test_a_preempted_request_reports_the_prompt_tokens_its_first_admission_read_from_the_cache",)),
+    Bug("greedy-document-streamed-token-by-token", TRANSLATIONS,
+        "if len(doc.jobs) == 1 and doc.jobs[0].num_beams == 1 and body.n == 1:",
+        "if doc.jobs[0].num_beams == 1 and body.n == 1:",
+        (f"{MT_ENGINE}test_a_greedy_document_of_several_sentences_streams_sentence_by_sentence",)),
+    Bug("translation-ignores-cache-false", TRANSLATIONS,
+        "outputs = await served.translate(request, docs, body.n, body.return_alignment, body.cache)",
+        "outputs = await served.translate(request, docs, body.n, body.return_alignment)", (CACHE_FALSE,)),
+    Bug("memory-key-without-max-tokens", MT_SERVED, '"num_beams": job.num_beams, "max_new_tokens": job.max_new_tokens, ',
+        '"num_beams": job.num_beams, ',
+        (f"{MT_ENGINE}test_a_kept_translation_does_not_answer_a_request_with_fewer_max_tokens",)),
+    Bug("memory-keeps-truncated-translations", MT_SERVED, 'for k, r in results if r.finish_reason == "stop"}',
+        "for k, r in results}", (f"{MT_ENGINE}test_a_translation_cut_by_max_tokens_is_not_kept",)),
+    Bug("no-prefix-cache-still-reuses-sources", MT_SERVED, "reuse_sources=s.prefix_cache,", "reuse_sources=True,",
+        (TRANSLATOR_SETTINGS,)),
+    Bug("translator-ignores-max-model-len", MT_SERVED, "cuda_graphs=s.cuda_graphs, max_len=s.max_model_len,",
+        "cuda_graphs=s.cuda_graphs, max_len=None,", (TRANSLATOR_SETTINGS,)),
+    Bug("document-finish-reason-of-its-last-sentence", MT_SERVED,
+        '"length" if any(seg.finish_reason == "length" for seg in segments) else "stop",\n                             ranked[:n])',
+        "segments[-1].finish_reason,\n                             ranked[:n])",
+        (f"{MT_ENGINE}test_a_streamed_document_finishes_by_length_when_an_earlier_sentence_was_cut",)),
+    Bug("greedy-stream-usage-skips-textless-tokens", TRANSLATIONS,
+        "                tokens += len(event.token_ids)\n                if not event.text and event.finish_reason is None:\n"
+        "                    continue  # a token without text of its own yet (special, or part of a character)\n",
+        "                if not event.text and event.finish_reason is None:\n"
+        "                    continue  # a token without text of its own yet (special, or part of a character)\n"
+        "                tokens += len(event.token_ids)\n",
+        (f"{MT_ENGINE}test_a_multilingual_greedy_stream_counts_every_token_in_usage",)),
+    Bug("greedy-stream-drops-trailing-layout", TRANSLATIONS, '+ event.text + (layout[1] if event.finish_reason else "")',
+        "+ event.text", (f"{MT_ENGINE}test_a_streamed_greedy_sentence_keeps_the_layout_around_it",)),
 ]
