@@ -8,7 +8,8 @@ templates and tokenizers against transformers (`tests/model/test_option_combinat
 the logit lens and embeddings across families (`tests/model/test_option_combinations_inspection_models.py`);
 speculative decoding's limits, flags, padded steps and metrics (`tests/engine/test_option_combinations_speculative.py`);
 documents' sentences, markup kept whole, line breaks, the source limit, a shared memory's bound and a glossary's
-repeated targets (`tests/engine/test_option_combinations_documents.py`). Part of
+repeated targets (`tests/engine/test_option_combinations_documents.py`); int8 and int4 layers off their groups and
+tiles, on strided rows, and the kernels' build name (`tests/model/test_option_combinations_quantize.py`). Part of
 `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ DOCS = "tests/engine/test_option_combinations_documents.py::"
 MARKUP = "tserve/model/html_markup.py"
 KEPT_WHOLE = f"{DOCS}test_an_element_kept_untranslated_is_kept_whole_however_the_page_writes_it"
 LINE_BREAKS = f"{DOCS}test_a_block_written_over_several_lines_keeps_its_line_breaks_and_indentation"
+QUANT = "tests/model/test_option_combinations_quantize.py::"
 
 MODEL_OPTION_BUGS = [
     Bug("greedy-score-without-length-penalty", "tserve/model/decoding/seq2seq_runner.py",
@@ -286,4 +288,15 @@ MODEL_OPTION_BUGS = [
     Bug("whitespace-after-an-atom-written-as-a-space", MARKUP,
         'out.append(atom.after if atom.space_after else " ")', 'out.append(" ")',
         ("tests/model/test_html_markup.py::test_a_page_aligned_to_itself_comes_back_unchanged",)),
+    Bug("int4-input-padding-from-the-remainder", "tserve/model/quantize.py",
+        "self._k_pad = -self.in_features % group_size", "self._k_pad = self.in_features % group_size",
+        (f"{QUANT}test_an_int4_layer_off_the_groups_and_tiles_computes_its_codes_maths[40-20-32]",)),
+    Bug("int8-exact-kernel-given-strided-rows", "tserve/model/quantize.py",
+        "kernels.int8_linear_exact(rows.contiguous(), self.panels", "kernels.int8_linear_exact(rows, self.panels",
+        (f"{QUANT}test_an_int8_layer_takes_strided_rows[full-exact]",)),
+    Bug("int4-codes-chosen-before-the-bfloat16-rounding", "tserve/model/quantize.py",
+        "codes = _int4_codes(groups, scale, zero - 8 * scale)", "codes = _int4_codes(groups, scale, offset)",
+        (f"{QUANT}test_int4_codes_are_the_nearest_of_the_levels_their_stored_scale_and_zero_encode",)),
+    Bug("cpu-kernel-build-name-ignores-the-headers", "tserve/model/kernels/cpu.py", "for source in _SOURCES + _HEADERS:",
+        "for source in _SOURCES:", (f"{QUANT}test_the_kernels_build_is_named_by_its_headers_too",)),
 ]
