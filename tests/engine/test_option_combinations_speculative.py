@@ -166,7 +166,7 @@ def test_a_draft_models_step_metrics_count_each_token_of_the_step_once(lm_dir, l
     """`--draft-model` with the served model's weights and 16 draft tokens, max_tokens 6: the first token comes
     from the prompt's step, the other five from one speculative step (four kept drafts and the model's own). The
     tokens-per-step histogram counts those five; proposed and accepted counts are the four the request could
-    write, not sixteen."""
+    write, not sixteen. Cut by a stop string, a step counts the tokens the request took, not the drafts after."""
     served = InProcessApp({"lm": lm_dir}, draft_model=str(factories.tiny_lm_dir(tmp_path / "draft")),
                           num_speculative_tokens=16)
     try:
@@ -187,5 +187,12 @@ def test_a_draft_models_step_metrics_count_each_token_of_the_step_once(lm_dir, l
         assert metric("tserve_speculative_tokens_per_step_count") == 1
         assert metric("tserve_speculative_draft_tokens_total") == metric("tserve_speculative_accepted_tokens_total") \
             == tokens - 2
+        # A stop string at the third token: the step's kept drafts after it are not output, nor counted as taken
+        stop = lm.tokenizer.decode(expected[2:3])
+        assert stop.strip() and lm.tokenizer.decode(expected).find(stop) == len(lm.tokenizer.decode(expected[:2]))
+        cut = served.post("/v1/completions", body | {"stop": [stop]}).json()
+        assert cut["choices"][0]["finish_reason"] == "stop" and cut["usage"]["completion_tokens"] == 3
+        assert metric("tserve_speculative_tokens_per_step_sum") == tokens - 1 + 2  # tokens 2 and 3, both drafts
+        assert metric("tserve_speculative_accepted_tokens_total") == tokens - 2 + 2
     finally:
         served.stop()

@@ -235,26 +235,31 @@ class GenerationEngine(Worker):
     def _emit_ahead(self, reqs: list[GenerationRequest], drafts: list[list[int]], logits: torch.Tensor) -> None:
         """A speculative step: each request's kept draft and the model's next token, one event each."""
         tokens, logprobs, where = self.runner.choose_ahead(reqs, drafts, logits)
-        drafted, kept = sum(map(len, drafts)), sum(len(t) - 1 for t in tokens)
-        self._drafted, self._accepted = self._drafted + drafted, self._accepted + kept
-        self.m.spec_drafted.inc(drafted)
-        self.m.spec_accepted.inc(kept)
-        self.m.spec_acceptance.set(self._accepted / max(self._drafted, 1))
-        for t in tokens:
-            self.m.spec_tokens_per_step.observe(len(t))
         now = time.perf_counter()
         row = {id(r): i for i, r in enumerate(reqs)}
+        emitted: dict[int, int] = {}  # row -> the tokens of this step its request took
 
         def emit(req: GenerationRequest) -> None:
             i = row[id(req)]
+            emitted[i] = 0
             for token, at in zip(tokens[i], where[i], strict=True):
                 if req.finished:  # eos, max_tokens or a stop string among its kept tokens
                     return
                 lp = None if logprobs is None or req.params.logprobs is None else \
                     token_logprob(self.tokenizer, req.params.logprobs, token, at, logprobs)
                 self._emit(req, token, lp, now)
+                emitted[i] += 1
 
         self._each(reqs, emit)
+        # Kept drafts the requests took: those after an eos or a stop string among them are not output
+        drafted = sum(map(len, drafts))
+        kept = sum(min(n, len(tokens[i]) - 1) for i, n in emitted.items())
+        self._drafted, self._accepted = self._drafted + drafted, self._accepted + kept
+        self.m.spec_drafted.inc(drafted)
+        self.m.spec_accepted.inc(kept)
+        self.m.spec_acceptance.set(self._accepted / max(self._drafted, 1))
+        for n in emitted.values():
+            self.m.spec_tokens_per_step.observe(n)
 
     def _logprob(self, req: GenerationRequest, i: int, tokens: list[int],
                  logprobs: StepLogprobs | None) -> TokenLogprob | None:
