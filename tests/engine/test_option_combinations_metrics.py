@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.engine.test_translation_preemption import small_pool_engine
+from tests.engine.test_translation_preemption import mixed_jobs, small_pool_engine, translate_all
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts, lexicon_sentences
 from tests.helpers.in_process import InProcessApp
@@ -70,16 +70,7 @@ def test_a_translators_generated_tokens_are_its_steps_greedy_with_beams_and_when
     texts = lexicon_sentences(24, seed=5, min_words=4, max_words=14)
 
     def run(engine: TranslationEngine) -> tuple[float, list]:
-        jobs = [engine.translator.job(t, num_beams=(1, 4, 2)[i % 3], max_tokens=12 + (i * 5) % 28)
-                for i, t in enumerate(texts)]
-
-        async def all_at_once() -> list:
-            return await asyncio.gather(*(collect_translation(engine, engine.submit(j)) for j in jobs))
-
-        try:
-            results = asyncio.run(all_at_once())
-        finally:
-            engine.stop()
+        results = translate_all(engine, mixed_jobs(engine, texts))
         return engine.m.generated_tokens._value.get(), results
 
     roomy = TranslationEngine("mt", mt, max_rows=16, max_queue=100, timeout_s=120, metrics=Metrics())

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from tests.engine.test_paged_engine import run_all
-from tests.engine.test_translation_preemption import small_pool_engine
+from tests.engine.test_translation_preemption import mixed_jobs, small_pool_engine, translate_all
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts, lexicon_sentences
 from tests.helpers.hooked_server import slow_steps
@@ -23,7 +23,6 @@ from tserve.model import checkpoint
 from tserve.model.decoding import SamplingParams
 from tserve.service.engine import GenerationEngine, QueueFull, kv_memory
 from tserve.service.metrics import Metrics
-from tserve.service.translation.served import collect_translation
 
 BS = 4  # positions per KV block: a few tokens fill one
 
@@ -194,8 +193,7 @@ def test_a_translation_admitted_into_a_small_pool_is_not_preempted_at_the_step_t
     preempted later on, and each ends with the ids it gives alone."""
     mt = factories.tiny_mt_loaded(tmp_path, "packed")
     engine = small_pool_engine(mt, blocks=60)
-    jobs = [engine.translator.job(t, num_beams=(1, 4, 2)[i % 3], max_tokens=12 + (i * 5) % 28)
-            for i, t in enumerate(lexicon_sentences(24, seed=5, min_words=4, max_words=14))]
+    jobs = mixed_jobs(engine, lexicon_sentences(24, seed=5, min_words=4, max_words=14))
     at_once = []
     requeue = engine._requeue_preempted
 
@@ -204,14 +202,7 @@ def test_a_translation_admitted_into_a_small_pool_is_not_preempted_at_the_step_t
         requeue(req, tokens)
 
     engine._requeue_preempted = recorded
-
-    async def all_at_once() -> list:
-        return await asyncio.gather(*(collect_translation(engine, engine.submit(j)) for j in jobs))
-
-    try:
-        results = asyncio.run(all_at_once())
-    finally:
-        engine.stop()
+    results = translate_all(engine, jobs)
     assert at_once and not any(at_once)
     assert [r.token_ids for r in results] == [job_tokens(mt, j) for j in jobs]
 

@@ -37,27 +37,35 @@ def small_pool_engine(loaded, blocks: int, max_rows: int = 16) -> TranslationEng
     return engine
 
 
+def mixed_jobs(engine: TranslationEngine, texts: list[str]) -> list:
+    """Greedy, 4-beam and 2-beam jobs in turn, of max_tokens from 12 to 37: rows of many lengths and widths."""
+    return [engine.translator.job(t, num_beams=(1, 4, 2)[i % 3], max_tokens=12 + (i * 5) % 28)
+            for i, t in enumerate(texts)]
+
+
+def translate_all(engine: TranslationEngine, jobs: list) -> list:
+    """Every job submitted at once; their results once all have finished; the engine stopped."""
+    async def all_at_once() -> list:
+        return await asyncio.gather(*(collect_translation(engine, engine.submit(j)) for j in jobs))
+
+    try:
+        return asyncio.run(all_at_once())
+    finally:
+        engine.stop()
+
+
 def test_preempted_requests_finish_as_alone(mt):
     """24 greedy and beam requests (three with a glossary term) at once on a pool that holds a few of them at
     their longest: requests are preempted (the pool is what limits them, not the rows), and every one ends with
     the ids it gives alone; greedy ones streamed each token once (the streamed ids are compared)."""
     engine = small_pool_engine(mt, blocks=60)
-    texts = lexicon_sentences(24, seed=5, min_words=4, max_words=14)
-    jobs = [engine.translator.job(t, num_beams=(1, 4, 2)[i % 3], max_tokens=12 + (i * 5) % 28)
-            for i, t in enumerate(texts)]
+    jobs = mixed_jobs(engine, lexicon_sentences(24, seed=5, min_words=4, max_words=14))
     for job in jobs[1:10:3]:  # 4-beam jobs with a glossary term: the constrained search replays too
         first = job_tokens(mt, job)[0]
         job.constraints, job.constraint_terms = [[first]], [mt.tokenizer.decode([first]).strip()]
     expected = [job_tokens(mt, j) for j in jobs]
     assert_varied(expected)
-
-    async def all_at_once() -> list:
-        return await asyncio.gather(*(collect_translation(engine, engine.submit(j)) for j in jobs))
-
-    try:
-        results = asyncio.run(all_at_once())
-    finally:
-        engine.stop()
+    results = translate_all(engine, jobs)
     assert_translations_as_alone(mt, jobs, results, expected)
     assert engine.m.preemptions._value.get() >= 3
     assert engine.rows_in_use == 0 and engine.runner.blocks_in_use == 0 and engine.runner.cross_slots_held == 0
