@@ -46,6 +46,18 @@ def _tokens(vocab: int, length: int = 60, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(seed))
 
 
+def _loaded_before_and_after(d, **fields):  # noqa: ANN001, ANN003, ANN202 - (LoadedModel, LoadedModel)
+    """The checkpoint loaded as it is, then with `fields` edited into its config.json; their logits are asserted
+    equal (the edit writes what the importer's default must read the same)."""
+    before = load(d)
+    _edit(d, **fields)
+    after = load(d)
+    tokens = _tokens(before.config.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(after.model(tokens), before.model(tokens))
+    return before, after
+
+
 def _assert_logits_equal_transformers(d, **load_options) -> None:  # noqa: ANN001
     ours, hf = load(d, **load_options), _hf(d)
     tokens = _tokens(ours.config.vocab_size)
@@ -112,30 +124,18 @@ def test_mistral_slides_every_layer_when_its_config_sets_a_window_without_layer_
 def test_gemma2_configs_without_layer_types_slide_every_other_layer(tmp_path):
     """Gemma 2's hub configs predate `layer_types`: its layers alternate, sliding first (Gemma 3's older configs
     slide five of every `sliding_window_pattern` = 6 instead). Without the key the fixture is the same model."""
-    d = factories.hf_family_dir("gemma2", tmp_path / "gemma2")
-    reference = load(d)
-    assert reference.config.sliding_layers == [0]
-    _edit(d, layer_types=None)
-    older = load(d)
-    assert older.config.sliding_layers == [0]
-    tokens = _tokens(reference.config.vocab_size)
-    with torch.no_grad():
-        assert torch.equal(older.model(tokens), reference.model(tokens))
+    reference, older = _loaded_before_and_after(factories.hf_family_dir("gemma2", tmp_path / "gemma2"),
+                                                layer_types=None)
+    assert reference.config.sliding_layers == older.config.sliding_layers == [0]
 
 
 def test_smollm3_without_no_rope_layers_leaves_every_intervalth_layer_without_positions(tmp_path):
     """A SmolLM3 config without `no_rope_layers` (hand-written; save_pretrained always writes the list): as
     SmolLM3Config defaults it, every `no_rope_layer_interval`-th layer (the 2nd, 4th, ... with an interval of 2)
     takes no positions, not the first. The fixture's second layer is the one without positions."""
-    d = factories.hf_family_dir("smollm3", tmp_path / "smollm3")
-    reference = load(d)
-    assert reference.config.nope_layers == [1]
-    _edit(d, no_rope_layers=None, no_rope_layer_interval=2)
-    default = load(d)
-    assert default.config.nope_layers == [1]
-    tokens = _tokens(reference.config.vocab_size)
-    with torch.no_grad():
-        assert torch.equal(default.model(tokens), reference.model(tokens))
+    reference, default = _loaded_before_and_after(factories.hf_family_dir("smollm3", tmp_path / "smollm3"),
+                                                  no_rope_layers=None, no_rope_layer_interval=2)
+    assert reference.config.nope_layers == default.config.nope_layers == [1]
 
 
 # --- a T5 decoder deeper than its encoder --------------------------------------------------------------------------
