@@ -17,7 +17,7 @@ import pytest
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFBackend
 
-from tserve.model.tokenizer import load_tokenizer
+from tserve.model.tokenizer import load_tokenizer, token_bytes
 
 transformers = pytest.importorskip("transformers")
 
@@ -168,6 +168,21 @@ def test_special_tokens_inside_text_decode_as_transformers_with_and_without_skip
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
         assert ours.decode(ids, skip_special_tokens=False) == theirs.decode(ids, skip_special_tokens=False)
 
+
+
+@pytest.mark.parametrize("layout", ["hf-llama", "hf-mistral", "hf-qwen2", "hf-gemma3"])
+def test_each_tokens_bytes_are_the_pieces_of_the_text_it_splits(layout):
+    """Byte-level BPE and SentencePiece's byte fallback both split a rare character into byte tokens, shown as
+    "<0xE6>" (`id_to_token`): `token_bytes` of each shown token is what transformers decodes that token to, byte
+    for byte, so that the tokens' bytes put together are the text's (OpenAI's logprobs `bytes`)."""
+    d = FIXTURES / layout
+    ours, theirs = load_tokenizer(d), _hf(d)
+    text = "Grüße 日本語 ✓ 😀"
+    ids = ours.encode(text, add_special_tokens=False)
+    shown = ours.tokens(ids)
+    assert any("<0x" in t for t in shown), shown
+    joined = b"".join(token_bytes(t) for t in shown)
+    assert joined.decode("utf-8").strip() == theirs.decode(ids).strip() == text
 
 def test_added_tokens_outside_the_byte_alphabet_read_as_their_own_text(tmp_path):
     """Added tokens are stored as text, not in the byte-level alphabet: one with characters past ASCII (`é`, which

@@ -32,6 +32,15 @@ GPT2_SPECIAL = "<|endoftext|>"
 codecs.register_error(
     "tokenizer_hexbyte", lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end)
 )
+_HEX_BYTE = re.compile(r"<0x([0-9A-F]{2})>")
+
+
+def token_bytes(token: str) -> bytes:
+    """The bytes a readable token string (`Tokenizer.id_to_token`) stands for: a byte named "<0xE6>" (a piece of
+    a character split over tokens, as byte-level BPE and SentencePiece's byte fallback both name it) is that one
+    byte, the rest its UTF-8. OpenAI's logprobs carry these bytes so that a client can join a character's pieces."""
+    parts = _HEX_BYTE.split(token)  # text, byte, text, byte, ..., text
+    return b"".join(bytes([int(part, 16)]) if i % 2 else part.encode("utf-8") for i, part in enumerate(parts))
 
 
 def _read_json(path: Path, default: Any = None) -> Any:

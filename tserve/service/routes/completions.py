@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from tserve.model.attention_maps import lm_attention_ids
 from tserve.model.decoding import SamplingParams, parse_logit_bias
 from tserve.model.decoding.structured import CompiledGrammar, Constraint, GrammarError
-from tserve.model.tokenizer import Tokenizer
+from tserve.model.tokenizer import Tokenizer, token_bytes
 from tserve.service.connection import while_connected
 from tserve.service.engine import Event, GenerationRequest, TokenLogprob
 from tserve.service.errors import bad_request, engine_failure
@@ -254,7 +254,7 @@ def _legacy_logprobs(items: list[TokenLogprob | None], tokens: list[str], offset
 
 def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
     def entry(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+        return {"token": token, "logprob": logprob, "bytes": list(token_bytes(token))}
 
     return {"content": [entry(lp.token, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top.items()]}
                         for lp in items]}
