@@ -107,12 +107,18 @@ def test_without_a_target_the_only_direct_one_of_the_source_is_taken():
 
 
 def test_a_first_hop_is_asked_one_beam_and_no_alternatives_the_last_hop_the_request():
-    ask = TranslationAsk(["Hallo"], num_beams=4, max_tokens=9, n=3, glossary={"a": "b"}, source_lang="de",
-                         target_lang="fr", cache=False)
-    first = hop_ask(ask, (MODELS["de-en"], ("de", "en")), ["Hallo."], last=False)
-    assert first == TranslationAsk(["Hallo."], None, 9, 1, None, False, "de", "en", cache=False)
-    last = hop_ask(ask, (MODELS["en-fr"], ("en", "fr")), ["Hello."], last=True)
-    assert last == replace(ask, texts=["Hello."], source_lang="en", target_lang="fr")
+    """The first hop: the checkpoint's beams, one alternative, the glossary as asked (its source terms are in the
+    request's source language; it places their target terms in the pivot language's text); the last: the
+    request's beams and alternatives, and the placed terms kept as they are."""
+    ask = TranslationAsk(["Hallo"], num_beams=4, max_tokens=9, n=3, glossary={"a": "b", "c": "d"},
+                         source_lang="de", target_lang="fr", cache=False)
+    route = ((MODELS["de-en"], ("de", "en")), (MODELS["en-fr"], ("en", "fr")))
+    first = hop_ask(ask, route, 0, ["Hallo."])
+    assert first == TranslationAsk(["Hallo."], None, 9, 1, {"a": "b", "c": "d"}, False, "de", "en", cache=False)
+    last = hop_ask(ask, route, 1, ["Hello."])
+    assert last == replace(ask, texts=["Hello."], source_lang="en", target_lang="fr", glossary={"b": "b", "d": "d"})
+    (direct,) = route[:1]
+    assert hop_ask(ask, (direct,), 0, ["x"]) == replace(ask, texts=["x"], source_lang="de", target_lang="en")
 
 
 def test_a_documents_sentences_from_two_hops_join_into_its_layout_with_alternatives():

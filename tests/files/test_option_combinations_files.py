@@ -209,15 +209,19 @@ def test_a_pivoted_file_is_the_second_models_translation_of_the_first_ones(pivot
 
 
 def test_a_pivoted_files_glossary_is_placed_by_its_last_hop(pivot):
-    """A glossary's terms are in the final language: the last hop of a pivoted file places them, as a pivoted
-    text's does."""
-    glossary = json.dumps({"fox": "Hund"})
+    """A glossary's source terms are in the file's language and its target terms in the final one: through a
+    pivot, the term found in the German goes through English as written and the last hop keeps it, in a file
+    as in a text. A source term in the pivot language (English) is not the file's: it places nothing."""
     _, plain = pivot.job("a.txt", GERMAN.encode(), source_lang="de", target_lang="fr")
-    _, glossed = pivot.job("a.txt", GERMAN.encode(), source_lang="de", target_lang="fr", glossary=glossary)
+    _, glossed = pivot.job("a.txt", GERMAN.encode(), source_lang="de", target_lang="fr",
+                           glossary=json.dumps({"Fuchs": "Hund"}))
     text = pivot.post("/v1/translations", {"input": GERMAN, "source_lang": "de", "target_lang": "fr",
-                                           "glossary": {"fox": "Hund"}}).json()["data"][0]["translation"]
+                                           "glossary": {"Fuchs": "Hund"}}).json()["data"][0]["translation"]
     assert "Hund" not in plain.decode() and "Hund" in glossed.decode()
     assert glossed.decode() == text
+    _, english_term = pivot.job("a.txt", GERMAN.encode(), source_lang="de", target_lang="fr",
+                                glossary=json.dumps({"fox": "Hund"}))
+    assert english_term == plain
 
 
 def test_libretranslate_detects_an_auto_source_file_and_routes_it_through_the_pivot(pivot):

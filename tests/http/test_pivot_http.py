@@ -109,10 +109,10 @@ def test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence(checkpoint
         early = v1({"input": "drei Töchter", "source_lang": "de", "target_lang": "fr", "n": 5, "num_beams": 2}, 400)
         assert early["error"]["code"] == "invalid_n"  # the last model's rules, before the first hop runs
         # A file too: refused before its job starts, not a job that fails after the first hop.
-        glossary = json.dumps({"x" * 101: "y"})  # read by the last hop only
+        # (num_beams: only the last hop is asked the request's beams, the first its checkpoint's.)
         refused = httpx.post(server.url + "/v1/translations/files", files={"file": ("a.txt", "drei Töchter\n")},
-                             data={"source_lang": "de", "target_lang": "fr", "glossary": glossary}, timeout=60)
-        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_glossary", refused.text
+                             data={"source_lang": "de", "target_lang": "fr", "num_beams": "99"}, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_num_beams", refused.text
         stream = v1({"input": "drei Töchter", "source_lang": "de", "target_lang": "fr", "stream": True}, 400)
         assert stream["error"]["code"] == "pivot_unsupported"
     finally:

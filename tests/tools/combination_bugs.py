@@ -27,7 +27,7 @@ WIDTHS = f"{LM}test_requests_batched_together_each_get_the_number_of_alternative
 TOOL_LOGPROBS = f"{LM}test_a_streamed_chat_with_tools_streams_every_tokens_logprobs"
 MT = "tests/engine/test_option_combinations_translation.py::"
 PIVOT_ALTERNATIVES = f"{MT}test_libretranslate_alternatives_are_the_last_hops_beyond_the_checkpoints_beams[de-hops0]"
-FIRST_HOP = "return TranslationAsk(texts, None, ask.max_tokens, 1, None, ask.html, source, target, cache=ask.cache)"
+FIRST_HOP = "return TranslationAsk(texts, None, ask.max_tokens, 1, glossary, ask.html, source, target, cache=ask.cache)"
 HTML_BLOCKS = "docs = [self.document(b.text, num_beams, max_tokens, glossary, languages) for b in markup.blocks]"
 BLOCK_ALIGNMENT = f"{MT}test_a_blocks_second_sentence_aligns_to_its_own_words"
 OPS = "tests/engine/test_option_combinations_operations.py::"

@@ -235,8 +235,9 @@ OPTION_BUGS = [
         "rendered = await hop[0].translate_blocks(hop_doc, current.escape, True, job.progress)",
         (f"{FILES}test_a_warm_memory_gives_a_file_the_same_runs_and_cache_false_translates_it_again",)),
     Bug("pivoted-file-last-hop-drops-glossary", ROUTE_FILES,
-        "    asks = [first_ask, *(replace(hop_ask(ask, hop, [], k == len(hops) - 1), markups=[fdoc.markup])",
-        "    asks = [first_ask, *(replace(hop_ask(ask, hop, [], False), markups=[fdoc.markup])",
+        "    asks = [first_ask, *(replace(hop_ask(ask, hops, k, []), markups=[fdoc.markup]) for k in range(1, len(hops)))]",
+        "    asks = [first_ask, *(replace(hop_ask(ask, hops, k, []), markups=[fdoc.markup], glossary=None)"
+        " for k in range(1, len(hops)))]",
         (f"{FILES}test_a_pivoted_files_glossary_is_placed_by_its_last_hop",)),
     Bug("pivoted-file-job-names-the-pivot-as-target", ROUTE_FILES,
         "languages = (first_ask.source_lang, hops[-1][1][1] if len(hops) > 1 else first_ask.target_lang)",

@@ -8,8 +8,8 @@ from tests.tools.planted_bug import Bug
 
 SERVICE_BUGS = [
     Bug("a-pivots-second-model-checks-every-sentence", "tserve/service/translation/routing.py",
-        "        (doc,) = second.documents(hop_ask(ask, hops[1], [seg.text], True), languages[1])",
-        "        (doc,) = second.checked_documents(hop_ask(ask, hops[1], [seg.text], True))",
+        "        (doc,) = second.documents(hop_ask(ask, hops, 1, [seg.text]), languages[1])",
+        "        (doc,) = second.checked_documents(hop_ask(ask, hops, 1, [seg.text]))",
         ("tests/engine/test_translation_routing.py::test_two_hops_take_each_sentence_on_as_the_first_finishes_it",)),
     Bug("attention-picture-takes-deits-distillation-token-for-a-patch", "tserve/service/routes/attention.py",
         "            patches = served.loaded.config.n_prefix_tokens  # where the patches start",
@@ -162,7 +162,7 @@ SERVICE_BUGS = [
         "(multilingual + one_pair)",
         ("tests/http/test_multilingual_http.py::test_libretranslate_routes_pairs_to_the_pair_model_first_and_the_rest_to_nllb",)),
     Bug("pivot-second-hop-reads-the-source", "tserve/service/translation/routing.py",
-        "hop_ask(ask, hops[1], [seg.text], True)", "hop_ask(ask, hops[1], [ask.texts[0]], True)",
+        "hop_ask(ask, hops, 1, [seg.text])", "hop_ask(ask, hops, 1, [ask.texts[0]])",
         ("tests/http/test_pivot_http.py::test_a_pair_no_model_has_goes_through_english",
          "tests/http/test_pivot_http.py::test_v1_translations_route_by_pair_and_pivot_sentence_by_sentence")),
     Bug("embeddings-ignore-the-source-language", "tserve/service/translation/served.py",

@@ -17,7 +17,7 @@ from starlette.datastructures import UploadFile
 
 from tserve.service.engine import admission
 from tserve.service.errors import APIError, bad_request, not_found
-from tserve.service.routes.deps import ready_registry, served_model, settings
+from tserve.service.routes.deps import SSE_HEADERS, ready_registry, served_model, settings
 from tserve.service.routes.translations import served_translators
 from tserve.service.translation.file_jobs import FileJob, FileJobs
 from tserve.service.translation.files import FileDocument, FileRefused, Limits, read_file
@@ -26,7 +26,6 @@ from tserve.service.translation.routing import hop_ask, pick_route
 from tserve.service.translation.served import ServedTranslator
 
 router = APIRouter(tags=["files"])
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 FILE_PATHS = ("/v1/translations/files", "/translate_file")  # bodies up to --max-file-bytes
 _UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f/\\\\]")
 
@@ -74,13 +73,12 @@ async def start_job(request: Request, filename: str, data: bytes, ask: Translati
         hops = await pick_route(reg, sample, ask.source_lang, ask.target_lang)
     else:
         hops = ((served_model(request, model, ServedTranslator.task), (ask.source_lang, ask.target_lang)),)
-    first_ask = replace(hop_ask(ask, hops[0], [], len(hops) == 1), markups=[fdoc.markup])
+    first_ask = replace(hop_ask(ask, hops, 0, []), markups=[fdoc.markup])
     if len(hops) == 1:
         first_ask = replace(first_ask, source_lang=ask.source_lang or hops[0][1][0],
                             target_lang=ask.target_lang or hops[0][1][1])
     # The request against every hop's model once, before the job starts: not a failed job after the first hop.
-    asks = [first_ask, *(replace(hop_ask(ask, hop, [], k == len(hops) - 1), markups=[fdoc.markup])
-                         for k, hop in enumerate(hops) if k)]
+    asks = [first_ask, *(replace(hop_ask(ask, hops, k, []), markups=[fdoc.markup]) for k in range(1, len(hops)))]
     hop_languages = [hop[0].check(hop_ask_) for hop, hop_ask_ in zip(hops, asks, strict=True)]
     (doc,) = hops[0][0].documents(first_ask, hop_languages[0])
 

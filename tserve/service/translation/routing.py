@@ -121,13 +121,18 @@ def route_for(reg: ModelRegistry, source: str, target: str) -> tuple[Hop, ...]:
     return routes[pair]
 
 
-def hop_ask(ask: TranslationAsk, hop: Hop, texts: list[str], last: bool) -> TranslationAsk:
-    """What a hop is asked: its own pair; alternatives (and the glossary, whose terms are in the final language)
-    on the last hop only, the checkpoint's beams before it."""
-    served, (source, target) = hop
-    if last:
-        return replace(ask, texts=texts, source_lang=source, target_lang=target)
-    return TranslationAsk(texts, None, ask.max_tokens, 1, None, ask.html, source, target, cache=ask.cache)
+def hop_ask(ask: TranslationAsk, hops: tuple[Hop, ...], k: int, texts: list[str]) -> TranslationAsk:
+    """What hop k of a route is asked: its own pair; alternatives on the last hop only, the checkpoint's beams
+    before it. A glossary's source terms are in the request's source language and its target terms in the final
+    one: through a pivot, the first hop places the target term of each source term it finds (verbatim, in the
+    pivot language's text) and the last hop keeps what the first placed, so that a term goes through as written."""
+    served, (source, target) = hops[k]
+    glossary = ask.glossary
+    if glossary and len(hops) > 1 and k:
+        glossary = {term: term for term in glossary.values()}
+    if k == len(hops) - 1:
+        return replace(ask, texts=texts, source_lang=source, target_lang=target, glossary=glossary)
+    return TranslationAsk(texts, None, ask.max_tokens, 1, glossary, ask.html, source, target, cache=ask.cache)
 
 
 @dataclass
@@ -142,19 +147,19 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
     sentence, each submitted to the second hop as soon as the first has finished it (an HTML page goes
     through each hop whole, its markup placed by each model)."""
     # The request against every hop's model once, before any work: not a 400 after the first hop.
-    languages = [hop[0].check(hop_ask(ask, hop, ask.texts, k == len(hops) - 1)) for k, hop in enumerate(hops)]
+    languages = [hop[0].check(hop_ask(ask, hops, k, ask.texts)) for k, hop in enumerate(hops)]
     if len(hops) == 1 or ask.html:
         texts, prompt, completion = ask.texts, 0, 0
         for k, hop in enumerate(hops):
             last = k == len(hops) - 1
-            docs = hop[0].documents(hop_ask(ask, hop, texts, last), languages[k])
+            docs = hop[0].documents(hop_ask(ask, hops, k, texts), languages[k])
             prompt = prompt or sum(len(j.source_ids) for d in docs for j in d.jobs)
             outs = await hop[0].translate(request, docs, ask.n if last else 1, cache=ask.cache)
             completion += sum(len(o.token_ids) for o in outs)
             texts = [o.text for o in outs]
         return RouteResult(outs, prompt, completion)
     (first, _), (second, _) = hops  # a route is one hop or two
-    docs = first.documents(hop_ask(ask, hops[0], ask.texts, False), languages[0])
+    docs = first.documents(hop_ask(ask, hops, 0, ask.texts), languages[0])
     turns = [turn for d in docs for turn in range(len(d.jobs))]  # each sentence's place in its document
     first_tokens: list[int] = []
     second_hop = object()  # every second-hop sentence is part of one client request there too
@@ -165,7 +170,7 @@ async def translate_route(request: Request, hops: tuple[Hop, ...], ask: Translat
         first_tokens.append(len(seg.token_ids))
         if not seg.text.strip():  # nothing came out of the first hop: nothing goes on
             return TranslationOutput("", [], seg.hypotheses[0].score, seg.finish_reason, [("", 0.0)])
-        (doc,) = second.documents(hop_ask(ask, hops[1], [seg.text], True), languages[1])
+        (doc,) = second.documents(hop_ask(ask, hops, 1, [seg.text]), languages[1])
         results: list[SegmentResult | None] = [None] * len(doc.jobs)
         async with aclosing(second.results_as_ready([doc], ask.cache, second_hop, turns[k])) as ready:
             async for i, result in ready:
