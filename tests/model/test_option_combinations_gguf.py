@@ -186,6 +186,20 @@ def test_gemma_sliding_layers_rotate_as_llama_cpp_rotates_them():
     assert gemma2["sliding_attention"] == {"rope_theta": 5e4, "rope_type": "linear", "factor": 8.0}
 
 
+
+def test_gemma_layers_slide_in_llama_cpps_pattern_when_the_file_stores_none():
+    """A Gemma file without `attention.sliding_window_pattern` slides as llama.cpp's `set_swa_pattern(n)` does:
+    the last layer of every 6 (Gemma 3) or 2 (Gemma 2) is global, the first ones slide; a stored count or list
+    wins."""
+    def kinds(arch, n, **meta):  # noqa: ANN001, ANN202
+        return ["full" if t == "full_attention" else "slide" for t in _config(_meta(arch, n, **meta))["layer_types"]]
+
+    assert kinds("gemma3", 8) == ["slide"] * 5 + ["full"] + ["slide"] * 2
+    assert kinds("gemma2", 4) == ["slide", "full", "slide", "full"]
+    assert kinds("gemma3", 4, **{"attention.sliding_window_pattern": 3}) == ["slide", "slide", "full", "slide"]
+    stored = [True, False, False, True]
+    assert kinds("gemma3", 4, **{"attention.sliding_window_pattern": stored}) == ["slide", "full", "full", "slide"]
+
 # ------------------------------------------------------------------------------------------------------------
 # A repo's GGUF file
 # ------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from tests.tools.model_option_bugs import MODEL_OPTION_BUGS
 from tests.tools.option_bugs import OPTION_BUGS
+from tests.tools.pair_bugs import PAIR_BUGS
 from tests.tools.planted_bug import Bug
 
 MODELS = "tests/model/test_option_combinations_models.py::"
@@ -410,4 +411,4 @@ COMBINATION_BUGS = [
         (f"{OPS}test_stopping_the_registry_drains_every_worker_against_one_request_timeout",)),
 ]
 
-COMBINATION_BUGS += OPTION_BUGS + MODEL_OPTION_BUGS
+COMBINATION_BUGS += OPTION_BUGS + MODEL_OPTION_BUGS + PAIR_BUGS
