@@ -75,3 +75,14 @@ def test_a_cached_prefix_shared_by_rows_of_different_options_stays_intact_for_a_
     (again,) = generate(lm, [readers[0]], greedy, runner=runner)
     assert again.cached_tokens > 0
     assert again.generated == lm_tokens(lm, readers[0], greedy)
+
+
+def test_seed_0_draws_the_same_tokens_each_time_beside_other_seeds(lm):
+    """Seed 0 is a seed like any other (not "no seed"): at a high temperature, where an unseeded request would
+    draw other tokens each time, it draws the same ones alone and batched with requests seeded 1 and 2."""
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(3, seed=44)]
+    params = [SamplingParams(max_tokens=24, temperature=2.0, seed=s, ignore_eos=True) for s in (0, 1, 2)]
+    alone = [lm_tokens(lm, p, sp) for p, sp in zip(prompts, params, strict=True)]
+    assert lm_tokens(lm, prompts[0], params[0]) == alone[0]
+    together = generate(lm, prompts, params, runner=DecoderRunner(lm, num_slots=4, cuda_graphs=False))
+    assert [s.generated for s in together] == alone

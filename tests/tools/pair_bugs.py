@@ -27,6 +27,7 @@ TOP_TOKENS = "tserve/model/decoding/top_tokens.py"
 BATCHED = "tests/engine/test_option_combinations_batched.py::"
 FRESH_FIRST = f"{BATCHED}test_a_fresh_prompt_prefilled_before_cached_prefix_readers_leaves_every_row_as_alone"
 PREFIX_INTACT = f"{BATCHED}test_a_cached_prefix_shared_by_rows_of_different_options_stays_intact_for_a_later_request"
+SEED_0 = f"{BATCHED}test_seed_0_draws_the_same_tokens_each_time_beside_other_seeds"
 ENGINE = "tests/engine/test_engine.py::"
 SAMPLED_AMONG_OTHERS = f"{ENGINE}test_sampled_requests_with_penalties_and_bias_alone_equal_among_others"
 GENERATION_TESTS = "tests/model/test_generation.py::"
@@ -91,7 +92,7 @@ PAIR_BUGS = [
         (f"{GENERATION_TESTS}test_penalties_follow_openai_formula",)),
     Bug("seed-0-is-unseeded", "tserve/model/decoding/params.py",
         "        if self.seed is not None:\n            g.manual_seed(self.seed)",
-        "        if self.seed:\n            g.manual_seed(self.seed)", (SAMPLED_AMONG_OTHERS,)),
+        "        if self.seed:\n            g.manual_seed(self.seed)", (f"{SEED_0}[layers]", SAMPLED_AMONG_OTHERS)),
     Bug("decode-reads-as-far-as-the-first-row", KV,
         "        return self.positions[:, -1] + 1  # (B,)",
         "        return (self.positions[:, -1] + 1).clamp(min=int(self.positions[0, -1]) + 1)  # (B,)",
