@@ -132,8 +132,14 @@ def gguf_tokenizer(meta: dict[str, Any], file: object) -> HFTokenizer:
         "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
     }
+    # Named templates (a `tool_use` one) are written by llama.cpp's converter as `tokenizer.chat_template.NAME`,
+    # listed in `tokenizer.chat_templates`: read back as transformers' list of named templates.
+    named = [{"name": n, "template": meta[f"tokenizer.chat_template.{n}"]}
+             for n in meta.get("tokenizer.chat_templates") or [] if meta.get(f"tokenizer.chat_template.{n}")]
     if template := meta.get("tokenizer.chat_template"):
-        config["chat_template"] = template
+        config["chat_template"] = [{"name": "default", "template": template}, *named] if named else template
+    elif named:
+        config["chat_template"] = named
     return HFTokenizer(tok, config)
 
 
