@@ -25,8 +25,10 @@ def _hypotheses(tag: str) -> list[StoredHypothesis]:
 
 
 def _key(source: str, **changes) -> str:
+    """The key of a sentence whose source ids are its characters' code points (a tokenizer that normalises
+    nothing)."""
     parts = {"model": "mt", "weights_hash": "abc123", "source_lang": "en", "target_lang": "de",
-             "options": {"num_beams": 4, "max_tokens": 64, "n": 1}, "source": source}
+             "options": {"num_beams": 4, "max_tokens": 64, "n": 1}, "source_ids": [ord(c) for c in source]}
     return memory_key(**{**parts, **changes})
 
 
@@ -59,9 +61,12 @@ def test_round_trip_and_every_part_of_the_key_tells_translations_apart():
     assert len(set(others)) == len(others) and key not in others
     assert all(memory.get(other) is None for other in others)
 
-    # Whitespace runs, surrounding space and Unicode composition do not make a different sentence.
-    assert _key("  Hello \t world.\n") == key
-    assert _key("Caf\u00e9 au lait") == _key("Cafe\u0301  au lait")  # precomposed é == e + combining acute
+    # The sentence is what the model reads: other ids (another space, a decomposed é) are another sentence,
+    # the same ids (however they were spelled) the same one.
+    assert _key("  Hello \t world.\n") != key and _key("Hello\u00a0world.") != key
+    assert _key("Caf\u00e9 au lait") != _key("Cafe\u0301 au lait")
+    assert memory_key("mt", "abc123", "en", "de", {"num_beams": 4, "max_tokens": 64, "n": 1},
+                      [ord(c) for c in "Hello world."]) == key
     assert _key("Hello world.", options={"n": 1, "max_tokens": 64, "num_beams": 4}) == key  # option order
     with pytest.raises(TypeError):
         _key("Hello world.", options={"constraint": object()})

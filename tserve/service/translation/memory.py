@@ -26,14 +26,13 @@ import pathlib
 import sqlite3
 import threading
 import time
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("tserve.translation_memory")
 
 # Part of every key: bump it when the stored value's format or the key's parts change, so old rows miss.
-KEY_FORMAT_VERSION = 1
+KEY_FORMAT_VERSION = 2  # 2: the sentence as its source ids (1: its text, normalised)
 WRITE_ATTEMPTS = 3
 _CHUNK_BYTES = 1 << 20
 
@@ -57,18 +56,15 @@ class StoredHypothesis:
     score: float
 
 
-def normalise_source(text: str) -> str:
-    """Unicode NFC, whitespace runs collapsed to one space, stripped."""
-    return " ".join(unicodedata.normalize("NFC", text).split())
-
-
 def memory_key(model: str, weights_hash: str, source_lang: str | None, target_lang: str | None,
-               options: dict, source: str) -> str:
-    """A stable sha256 hex digest of canonical JSON (sorted keys) of all the parts, the source normalised.
-    `options` are the decoding options and must be JSON-serialisable (TypeError otherwise)."""
+               options: dict, source_ids: list[int]) -> str:
+    """A stable sha256 hex digest of canonical JSON (sorted keys) of all the parts. The sentence is the ids the
+    model reads, not its text: two spellings its tokenizer reads alike (a normalising one: NFKC, whitespace) share
+    an answer, and two it reads apart (a byte-level one: a no-break space, NFD accents) never do. `options` are the
+    decoding options and must be JSON-serialisable (TypeError otherwise)."""
     parts = {"version": KEY_FORMAT_VERSION, "model": model, "weights": weights_hash,
              "source_lang": source_lang, "target_lang": target_lang, "options": options,
-             "source": normalise_source(source)}
+             "source_ids": [int(i) for i in source_ids]}
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

@@ -378,13 +378,12 @@ class ServedTranslator(ServedModel):
 
     def memory_key(self, doc: DocumentJob, i: int) -> str:
         """What a sentence's translation depends on: the model and its weights, the languages, the decoding
-        options and the (normalised) sentence."""
+        options and the sentence as the model reads it (its source ids)."""
         job = doc.jobs[i]
         options = {"num_beams": job.num_beams, "max_new_tokens": job.max_new_tokens, "constraints": job.constraints,
                    "forced_first_token": job.forced_first_token}
         languages = doc.languages or self.loaded.languages or (None, None)
-        return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,
-                          doc.document.segments[i])
+        return memory_key(self.name, self.weights_hash, languages[0], languages[1], options, job.source_ids)
 
     async def stream(self, docs: list[DocumentJob], cache: bool = True) -> TranslationRun:
         """A streamed translation's segments under way (`start`), or the HTTP error when the engine refuses them
