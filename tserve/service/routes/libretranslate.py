@@ -123,8 +123,9 @@ def _alternatives(fields: dict[str, Any]) -> int:
     return value
 
 
-async def _detect(texts: list[str], candidates: list[str]) -> list[dict[str, Any]]:
-    return [{"language": code, "confidence": confidence} for code, confidence in await detect_languages(texts, candidates)]
+async def _detect(texts: list[str], candidates: list[str], html: bool = False) -> list[dict[str, Any]]:
+    return [{"language": code, "confidence": confidence}
+            for code, confidence in await detect_languages(texts, candidates, html)]
 
 
 @router.post("/translate", responses={400: {"description": "invalid request or unsupported pair"},
@@ -152,7 +153,7 @@ async def translate(request: Request) -> dict[str, Any]:
                 raise bad_request(f"no served translator translates into {target} (served: {pair_list(pairs)})",
                                   "unsupported_pair")
             # Over what the translators read, and the target: a text already in it is answered as it is.
-            detected = await _detect(texts, sorted({s for s, _ in pairs} | {target}))
+            detected = await _detect(texts, sorted({s for s, _ in pairs} | {target}), fmt == "html")
             sources = [d["language"] for d in detected]
         else:
             sources = [source] * len(texts)

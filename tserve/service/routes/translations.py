@@ -59,7 +59,7 @@ async def create_translation(body: TranslationRequest, request: Request) -> Any:
                          body.source_lang, body.target_lang, cache=body.cache)
     routed = None
     if body.model is None and served_translators(request) > 1:
-        routed = await pick_route(ready_registry(request), inputs, body.source_lang, body.target_lang)
+        routed = await pick_route(ready_registry(request), inputs, body.source_lang, body.target_lang, ask.html)
         if len(routed) > 1:
             return await _pivoted(request, body, ask, routed)
         source, target = routed[0][1]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from fastapi import Request
 
+from tserve.model.html_markup import parse_html
 from tserve.model.language_codes import model_code, short_code
 from tserve.service.connection import while_connected
 from tserve.service.errors import bad_request, engine_failure
@@ -84,21 +85,30 @@ def pair_list(pairs: dict[Pair, object]) -> str:
 detector = LanguageDetector()  # one for every route that detects (its model loads on first use)
 
 
-async def detect_languages(texts: list[str], candidates: list[str]) -> list[tuple[str, float]]:
-    """Each text's most likely language among `candidates` and its confidence (0-100). Off the event loop: the
-    first call loads the detector's model (about half a second)."""
-    ranked = await asyncio.to_thread(lambda: [detector.rank(t, candidates) for t in texts])
-    return [r[0] for r in ranked]
+def shown_text(page: str) -> str:
+    """An HTML page's text as a browser shows it (its blocks' text), what its language is detected on: its tags and
+    attributes' names are English whatever the page's language."""
+    return " ".join(block.text for block in parse_html(page).blocks)
 
 
-async def pick_route(reg: ModelRegistry, texts: list[str], source: str | None, target: str | None
-                     ) -> tuple[Hop, ...]:
+async def detect_languages(texts: list[str], candidates: list[str], html: bool = False) -> list[tuple[str, float]]:
+    """Each text's (each HTML page's, with `html`) most likely language among `candidates` and its confidence
+    (0-100). Off the event loop: the first call loads the detector's model (about half a second)."""
+    def rank() -> list[tuple[str, float]]:
+        return [detector.rank(shown_text(t) if html else t, candidates)[0] for t in texts]
+
+    return await asyncio.to_thread(rank)
+
+
+async def pick_route(reg: ModelRegistry, texts: list[str], source: str | None, target: str | None,
+                     html: bool = False) -> tuple[Hop, ...]:
     """The route of a request that names no model: its pair, the source detected from the texts when not given,
     the target the only one the source translates into directly when not given (the bundled English → German
     and German → English answer either language that way)."""
     routes = routes_by_pair(reg)
     if source is None:
-        (source, _), = await detect_languages([" ".join(texts)[:2000]], sorted({s for s, _ in routes}))
+        sample = " ".join(shown_text(t) for t in texts) if html else " ".join(texts)
+        (source, _), = await detect_languages([sample[:2000]], sorted({s for s, _ in routes}))
     if target is None:
         codes = sorted({c for pair in routes for c in pair})
         code = model_code(source, codes) or source
