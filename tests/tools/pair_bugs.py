@@ -11,6 +11,7 @@ and the module tests named. Part of `tests/tools/combination_bugs.py`'s list, an
 
 from __future__ import annotations
 
+from tests.tools.pair_bugs_more import PAIR_BUGS_MORE
 from tests.tools.planted_bug import Bug
 
 LOGITS = "tserve/model/decoding/logits.py"
@@ -327,3 +328,4 @@ PAIR_BUGS = [
         ("tests/files/test_option_combinations_files.py::test_a_pivoted_files_glossary_is_placed_by_its_last_hop",
          f"{ROUTING}test_a_first_hop_is_asked_one_beam_and_no_alternatives_the_last_hop_the_request")),
 ]
+PAIR_BUGS += PAIR_BUGS_MORE

@@ -1,0 +1,226 @@
+"""Planted bugs where two features meet, the third survey's second half: structured output beside several end ids,
+biases, min_tokens and other grammars in one batch (`tests/engine/test_option_combinations_structured_pairs.py`);
+asynchronous scheduling beside translators' forced tokens and the served models' settings
+(`tests/engine/test_option_combinations_async_pairs.py`); GGUF files served with their chat templates, end ids and
+grammars (`tests/model/test_option_combinations_served_families.py`); attention maps, the logit lens, embeddings and
+the Open Inference Protocol beside several inputs, choices, echo, stop strings and beams
+(`tests/http/test_option_combinations_inspection_pairs.py`); and the module tests named. Part of
+`tests/tools/pair_bugs.py`'s list."""
+
+from __future__ import annotations
+
+from tests.tools.planted_bug import Bug
+
+LOGITS = "tserve/model/decoding/logits.py"
+RUNNER = "tserve/model/decoding/lm_runner.py"
+COMPLETIONS = "tserve/service/routes/completions.py"
+TRANSLATIONS = "tserve/service/routes/translations.py"
+GGUF_TOKENIZER = "tserve/model/gguf/tokenizer.py"
+RULED_OUT = ("tests/model/test_generation.py::"
+             "test_rows_whose_constraints_only_rule_ids_out_take_the_argmax_of_the_rest")
+ASYNC_EVERY_OPTION = ("tests/engine/test_async_scheduling.py::"
+                      "test_every_option_streams_what_the_synchronous_engine_streams[layers]")
+STRUCTURED = "tests/engine/test_option_combinations_structured_pairs.py::"
+MASK = f"{STRUCTURED}test_every_eos_id_is_allowed_exactly_where_the_grammar_may_end"
+BIAS = (f"{STRUCTURED}test_a_bias_towards_any_eos_id_ends_a_constrained_answer_where_it_may_end_and_min_tokens_holds"
+        "_each_back")
+BATCH = f"{STRUCTURED}test_requests_with_different_grammars_and_options_in_one_batch_each_get_what_they_get_alone"
+ASYNC = "tests/engine/test_option_combinations_async_pairs.py::"
+FORCED = f"{ASYNC}test_forced_first_and_last_tokens_come_where_the_synchronous_engine_puts_them"
+ASYNC_SETTING = f"{ASYNC}test_the_servers_async_scheduling_setting_reaches_the_language_model_and_the_translator"
+FAMILIES = "tests/model/test_option_combinations_served_families.py::"
+CHAT_IDS = f"{FAMILIES}test_a_files_chat_prompt_is_its_originals_around_each_special_token"
+SERVED_MISTRAL = f"{FAMILIES}test_a_sentencepiece_file_chats_as_its_original_is_served"
+END_IDS = f"{FAMILIES}test_a_files_end_ids_are_exactly_its_originals"
+LOOK = "tests/http/test_option_combinations_inspection_pairs.py::"
+OWN_MAPS = f"{LOOK}test_each_choices_maps_are_its_own_prompt_and_tokens_when_prompts_differ_and_n_is_two"
+COMPLETION_BOUND = f"{LOOK}test_the_completion_weight_bound_counts_every_choice_and_the_longest_prompt"
+CHOICE_MAPS = f"{LOOK}test_each_choices_maps_are_its_own_prompt_and_tokens_when_prompts_differ_and_n_is_two"
+MAPS_OWN_PROMPT = "served.loaded, ids, *attention, len(c.request.prompt_ids))"
+SERVED_MT = "tserve/service/translation/served.py"
+LIBRETRANSLATE = "tserve/service/routes/libretranslate.py"
+MEMORY = "tests/engine/test_option_combinations_memory_pairs.py::"
+SPELLED = f"{MEMORY}test_a_sentence_spelled_otherwise_is_not_answered_with_the_stored_spellings_translation"
+PIVOTED_CACHE_FALSE = f"{MEMORY}test_a_pivoted_html_page_with_cache_false_neither_reads_nor_fills_either_hops_memory"
+HTML_LANGUAGE = f"{MEMORY}test_an_html_pages_language_is_detected_on_the_text_it_shows"
+
+PAIR_BUGS_MORE = [
+    # Structured output beside another feature.
+    Bug("greedy-exclusions-only-when-every-row-reshapes", LOGITS,
+        "        if any(self._reshapes(r) for r in rows):\n            return None",
+        "        if all(self._reshapes(r) for r in rows):\n            return None", (RULED_OUT,)),
+    Bug("greedy-fast-path-ignores-the-grammar-mask", LOGITS,
+        "            _forced_first(row) is not None or _token_mask(row) is not None",
+        "            _forced_first(row) is not None", (f"{BATCH}[off]",)),
+    Bug("overlapped-steps-ignore-grammar-rows-unread-tokens", RUNNER,
+        "        return seq.params.penalized or seq.grammar is not None", "        return seq.params.penalized",
+        (ASYNC_EVERY_OPTION, f"{BATCH}[on]")),
+    Bug("overlap-reads-tokens-only-when-every-row-needs-them", "tserve/service/engine/generation.py",
+        "any(\n                self.runner.needs_tokens(r) for r in self.running)",
+        "all(\n                self.runner.needs_tokens(r) for r in self.running)", (ASYNC_EVERY_OPTION, f"{BATCH}[on]")),
+    Bug("grammar-compiler-knows-only-the-tokenizers-eos", RUNNER,
+        "sorted(self.eos_ids), max_grammar_compile_ms)", "[] if eos is None else [eos], max_grammar_compile_ms)",
+        (MASK, BIAS, f"{FAMILIES}test_every_end_id_ends_a_constrained_answer_as_it_ends_a_free_one[<|endoftext|>]")),
+    Bug("grammar-eos-rescue-on-any-masked-token", LOGITS,
+        "dead = torch.isinf(rows_scores).all(-1, keepdim=True)", "dead = torch.isinf(rows_scores).any(-1, keepdim=True)",
+        ("tests/model/test_option_combinations_sampling.py::test_a_grammar_that_allows_only_eos_wins_over_min_tokens",)),
+    Bug("json-grammar-allows-free-whitespace", "tserve/model/decoding/structured.py",
+        '                    self.spec, defaults={"whitespace_flexible": False})', "                    self.spec)",
+        ("tests/model/test_structured_output.py::test_every_sampled_answer_that_stops_validates[gpt2]",)),
+    Bug("lltokenizer-given-the-first-eos-id-only", "tserve/model/decoding/structured.py",
+        "eos_token=self.eos_ids or None)", "eos_token=self.eos_ids[0] if self.eos_ids else None)", (MASK, BIAS)),
+    # Asynchronous scheduling beside another feature.
+    Bug("translation-forced-tokens-judged-by-tokens-read", "tserve/model/decoding/seq2seq_runner.py",
+        "    def num_generated(self) -> int:\n        return len(self.generated) + self.unresolved if self.greedy",
+        "    def num_generated(self) -> int:\n        return len(self.generated) if self.greedy",
+        (f"{FORCED}[nllb]", f"{FORCED}[marian]")),
+    Bug("prefix-blocks-named-before-their-last-token-is-fed", RUNNER,
+        "            known = min(seq.num_computed, len(seq.prompt_ids) + len(seq.generated))",
+        "            known = len(seq.prompt_ids) + len(seq.generated)",
+        ("tests/model/test_window_blocks.py::"
+         "test_asynchronous_steps_on_sliding_layers_stream_the_same_and_name_both_pools_blocks",)),
+    Bug("feed-tokens-taken-at-the-batch-place", "tserve/model/decoding/chosen_tokens.py",
+        "step.tokens.index_select(0, to_device(rows, device))", "step.tokens.index_select(0, to_device(at, device))",
+        (ASYNC_EVERY_OPTION,)),
+    Bug("served-translator-ignores-async-scheduling", "tserve/service/translation/served.py",
+        "kv_block_size=s.kv_block_size, async_scheduling=s.async_scheduling)", "kv_block_size=s.kv_block_size)",
+        (ASYNC_SETTING,)),
+    Bug("served-lm-ignores-async-scheduling", "tserve/service/generation/served.py",
+        "                                       async_scheduling=s.async_scheduling,\n", "", (ASYNC_SETTING,)),
+    Bug("stop-strings-checked-within-min-tokens", "tserve/service/engine/generation.py",
+        "StopStrings(params.stop, unchecked=params.min_tokens)", "StopStrings(params.stop)",
+        ("tests/engine/test_option_combinations_lm.py::"
+         "test_stop_strings_are_looked_for_only_once_min_tokens_tokens_are_out",)),
+    Bug("forced-eos-judged-by-the-tokens-read", LOGITS,
+        "        return self.force_eos_at_max and row.num_generated == row.params.max_tokens - 1",
+        "        return self.force_eos_at_max and len(row.generated) == row.params.max_tokens - 1",
+        ("tests/engine/test_translation_engine.py::test_marian_parity_through_the_engine",)),
+    Bug("forced-first-token-judged-by-the-tokens-read", LOGITS,
+        "    return token if token is not None and row.num_generated == 0 else None",
+        "    return token if token is not None and not row.generated else None",
+        ("tests/http/test_multilingual_http.py::test_both_directions_in_one_batch_equal_generate",)),
+    # GGUF files served with another feature.
+    Bug("gguf-spm-bytes-fused-before-byte-fallback", GGUF_TOKENIZER,
+        'decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),',
+        'decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse(), decoders.ByteFallback(),',
+        ("tests/model/test_gguf.py::test_tokenizer_is_the_original[mistral]", SERVED_MISTRAL)),
+    Bug("gguf-control-tokens-eat-the-newline-after", GGUF_TOKENIZER,
+        "tok.add_tokens([AddedToken(t, special=True, normalized=False)",
+        "tok.add_tokens([AddedToken(t, special=True, normalized=False, rstrip=True)",
+        (f"{CHAT_IDS}[llama-0]", f"{CHAT_IDS}[qwen2-1]")),
+    Bug("gguf-spm-space-prefix-after-every-special-token", GGUF_TOKENIZER,
+        'prepend = "first" if meta.get', 'prepend = "always" if meta.get', (f"{CHAT_IDS}[mistral-0]", SERVED_MISTRAL)),
+    Bug("gguf-every-control-token-ends-generation", GGUF_TOKENIZER,
+        "if kind == CONTROL and t in END_OF_TURN]", "if kind == CONTROL]",
+        (f"{END_IDS}[qwen2]", f"{FAMILIES}test_a_control_token_that_opens_a_turn_is_generated_not_an_end")),
+    Bug("lens-skips-the-families-logit-scaling", "tserve/model/logit_lens.py",
+        "head = lambda h: model.logits(model.norm_f(h))", "head = lambda h: model.lm_head(model.norm_f(h))",
+        ("tests/model/test_option_combinations_inspection_models.py::"
+         "test_lens_probabilities_carry_the_output_layers_cap_and_scaling[gemma2]",)),
+    Bug("explicit-bos-flag-added-to-chat-prompts", "tserve/model/tokenizer.py",
+        "if add_special_tokens and self._add_bos and self._bos_id is not None:",
+        "if self._add_bos and self._bos_id is not None:", ("tests/model/test_tokenizer.py::test_bpe_roundtrip_and_flags",)),
+    Bug("min-tokens-bans-the-first-eos-of-some-rows", LOGITS,
+        "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)",
+        "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids[:1]), strict=True)",
+        ("tests/model/test_option_combinations_sampling.py::"
+         "test_ignore_eos_and_min_tokens_ban_every_eos_id_of_the_checkpoint[sampled]",)),
+    Bug("gguf-named-templates-ignored", GGUF_TOKENIZER,
+        '        config["chat_template"] = [{"name": "default", "template": template}, *named] if named else template',
+        '        config["chat_template"] = template',
+        (f"{FAMILIES}test_a_files_tool_use_template_renders_a_request_with_tools_as_its_original",)),
+    # Inspection beside several inputs, choices and beams.
+    Bug("completions-attention-rows-from-the-longest-prompt", COMPLETIONS,
+        MAPS_OWN_PROMPT, "served.loaded, ids, *attention, max_prompt)", (OWN_MAPS,)),
+    Bug("completions-attention-bound-counts-prompts-not-choices", COMPLETIONS,
+        "attention = attention_selection(served, body.return_attention, body.stream, len(jobs),",
+        "attention = attention_selection(served, body.return_attention, body.stream, len(prompts),",
+        (COMPLETION_BOUND,)),
+    Bug("completions-attention-reads-the-prompt-by-the-wrong-stride", COMPLETIONS,
+        "ids = c.request.prompt_ids + c.token_ids", "ids = encoded[c.index // len(encoded)] + c.token_ids",
+        (f"{LOOK}test_a_choice_cut_by_a_stop_string_has_the_maps_of_the_tokens_it_returned",)),
+    Bug("completions-attention-bound-reads-the-first-prompt", COMPLETIONS,
+        "max_prompt = max(len(ids) for ids in encoded)", "max_prompt = len(encoded[0])", (COMPLETION_BOUND,)),
+    Bug("completions-echo-attention-rows-include-the-prompt", COMPLETIONS,
+        MAPS_OWN_PROMPT, "served.loaded, ids, *attention, 0 if body.echo else len(c.request.prompt_ids))",
+        (CHOICE_MAPS,)),
+    Bug("translation-attention-bound-reads-the-first-input", TRANSLATIONS,
+        "longest = max(len(j.source_ids) for j in jobs)", "longest = len(jobs[0].source_ids)",
+        (f"{LOOK}test_the_translation_weight_bound_counts_the_longest_input",)),
+    Bug("translation-attention-of-the-first-input", TRANSLATIONS,
+        "translation_attention_ids, served.loaded, doc.jobs[0].source_ids,",
+        "translation_attention_ids, served.loaded, docs[0].jobs[0].source_ids,",
+        (f"{LOOK}test_each_inputs_translation_maps_are_those_it_has_alone",)),
+    Bug("beam-translation-ids-of-the-last-hypothesis", "tserve/service/translation/served.py",
+        "return TranslationOutput(best_text, [t for seg in segments for t in seg.token_ids], score,",
+        "return TranslationOutput(best_text, [t for seg in segments for t in seg.hypotheses[-1].token_ids], score,",
+        ("tests/http/test_http_decoding.py::test_attention_scores_what_translations_return",
+         f"{LOOK}test_a_beam_translations_maps_read_the_translation_it_returns[glossary]")),
+    Bug("embedding-usage-counts-padding", "tserve/service/routes/embeddings.py",
+        "tokens = sum(len(ids) for ids in items)", "tokens = len(items) * max(len(ids) for ids in items)",
+        (f"{LOOK}test_several_texts_embed_as_each_alone_in_both_encodings_and_count_their_own_tokens[lm]",)),
+    Bug("lens-bound-counts-every-layer", "tserve/service/served.py",
+        "entries, limit = len(layers) * len(ids) * body.top_k, self.settings.max_lens_entries",
+        "entries, limit = count * len(ids) * body.top_k, self.settings.max_lens_entries",
+        (f"{LOOK}test_the_lens_bound_counts_the_layers_asked_for",)),
+    Bug("oip-translations-drop-n", "tserve/service/translation/served.py",
+        "outs = await self.translate(request, docs, n)", "outs = await self.translate(request, docs)",
+        (f"{LOOK}test_oip_alternatives_of_several_texts_are_each_texts_own_padded_to_n",)),
+    # The translation memory and LibreTranslate's routes beside another feature.
+    Bug("memory-key-without-the-source", SERVED_MT,
+        "        return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,",
+        "        return memory_key(self.name, self.weights_hash, None, languages[1], options,",
+        ("tests/http/test_multilingual_http.py::"
+         "test_the_translation_memory_answers_each_pair_and_option_as_a_fresh_translation_would",)),
+    Bug("weights-hash-without-the-dtype", SERVED_MT,
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"',
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}"',
+        (f"{MEMORY}test_a_memory_file_shared_with_a_bfloat16_server_keeps_each_dtypes_own_answers",)),
+    Bug("weights-hash-of-safetensors-only", SERVED_MT,
+        'files = sorted(p for p in self.loaded.path.iterdir() if p.suffix in (".safetensors", ".json"))',
+        'files = sorted(p for p in self.loaded.path.iterdir() if p.suffix == ".safetensors")',
+        (f"{MEMORY}test_a_translator_reloaded_with_another_generation_config_is_not_answered_from_the_old_ones_memory",)),
+    Bug("cache-false-still-fills-the-memory", SERVED_MT,
+        "        keys = [self.memory_key(d, i) for d, i in jobs] if memory is not None else []",
+        "        keys = [self.memory_key(d, i) for d, i in jobs] if self.memory is not None else []",
+        ("tests/engine/test_option_combinations_translation_engine.py::"
+         "test_cache_false_neither_reads_nor_fills_the_memory_streamed_or_not", PIVOTED_CACHE_FALSE)),
+    Bug("pivoted-html-ignores-cache-false", "tserve/service/translation/routing.py",
+        "            outs = await hop[0].translate(request, docs, ask.n if last else 1, cache=ask.cache)",
+        "            outs = await hop[0].translate(request, docs, ask.n if last else 1)", (PIVOTED_CACHE_FALSE,)),
+    Bug("libretranslate-beams-are-alternatives-plus-one", LIBRETRANSLATE,
+        "max(last.loaded.generation.num_beams, n)", "n",
+        ("tests/http/test_libretranslate.py::test_form_and_json_bodies_list_q_alternatives_and_auto",)),
+    Bug("detect-over-sources-only", LIBRETRANSLATE,
+        "        served = sorted({code for pair in translators_by_pair(ready_registry(request)) for code in pair})",
+        "        served = sorted({source for source, _ in translators_by_pair(ready_registry(request))})",
+        (f"{MEMORY}test_detect_offers_a_language_that_is_only_translated_into",)),
+    Bug("languages-lists-direct-targets-only", LIBRETRANSLATE,
+        '    codes = sorted({c for pair in pairs for c in pair})\n    return [{"code": c, "name": language_name(c), '
+        '"targets": sorted(t for s, t in pairs if s == c)} for c in codes]',
+        '    direct = translators_by_pair(ready_registry(request))\n    codes = sorted({c for pair in pairs for c in pair})'
+        '\n    return [{"code": c, "name": language_name(c), "targets": sorted(t for s, t in direct if s == c)} for c in '
+        'codes]',
+        ("tests/http/test_pivot_http.py::test_a_pair_no_model_has_goes_through_english",)),
+    Bug("file-auto-source-not-handed-on", "tserve/service/routes/files.py",
+        "        first_ask = replace(first_ask, source_lang=ask.source_lang or hops[0][1][0],",
+        "        first_ask = replace(first_ask, source_lang=ask.source_lang,",
+        (f"{MEMORY}test_libretranslate_translates_a_file_of_a_detected_source_with_a_multilingual_model",)),
+    Bug("v1-detected-source-not-handed-on", TRANSLATIONS,
+        "        ask = replace(ask, source_lang=body.source_lang or source, target_lang=body.target_lang or target)",
+        "        ask = replace(ask, source_lang=body.source_lang, target_lang=body.target_lang or target)",
+        (f"{MEMORY}test_v1_translations_without_a_model_or_source_detect_the_source_for_a_multilingual_model",)),
+    Bug("streamed-memory-hit-without-tokens", SERVED_MT,
+        '            yield Event(result.text, result.token_ids, finish_reason="stop", result=result.hypotheses)',
+        '            yield Event(result.text, [], finish_reason="stop", result=result.hypotheses)',
+        ("tests/http/test_files.py::"
+         "test_a_streamed_translation_is_answered_from_the_memory_as_a_fresh_one_would_be[one-sentence-tokens]",)),
+    # Fixed where two features met: the memory beside a tokenizer that normalises nothing; auto beside HTML.
+    Bug("memory-key-of-the-normalised-text", SERVED_MT,
+        "options, job.source_ids)", 'options, [ord(c) for c in " ".join(doc.document.segments[i].split())])',
+        (f"{SPELLED}[no-break-space]", f"{SPELLED}[two-spaces]")),
+    Bug("html-page-language-detected-on-its-markup", LIBRETRANSLATE,
+        '{target}), fmt == "html")', "{target}))", (HTML_LANGUAGE,)),
+    Bug("v1-html-page-language-detected-on-its-markup", TRANSLATIONS,
+        "body.source_lang, body.target_lang, ask.html)", "body.source_lang, body.target_lang)", (HTML_LANGUAGE,)),
+]
