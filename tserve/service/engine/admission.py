@@ -30,12 +30,19 @@ class Waiting(Protocol):
 W = TypeVar("W", bound=Waiting)
 
 
-def queue_refusal(req: W, waiting: Iterable[W], max_queue: int, free_rows: int, rows: Callable[[W], int]) -> str | None:
+def queue_refusal(req: W, waiting: Iterable[W], max_queue: int, free_rows: int, rows: Callable[[W], int],
+                  whole: int | None = None) -> str | None:
     """Why the queue refuses `req` (None: it takes it). `free_rows`: the rows no running request holds;
-    `rows(r)`: the rows a request takes once admitted (0 for a call job, which holds none)."""
+    `rows(r)`: the rows a request takes once admitted (0 for a call job, which holds none). `whole`: where a
+    request's parts may run in turns (a batcher's items, over consecutive batches), every row: a request with more
+    parts than that never fits at once, and with no waiting room it starts when all of them are free and nothing of
+    another request waits."""
     if max_queue == 0:  # no waiting room: only what the free rows take at the next step
-        needed = rows(req)
-        if needed and needed > free_rows - sum(rows(r) for r in waiting):
+        waiting = list(waiting)
+        needed, held = rows(req), sum(rows(r) for r in waiting)
+        alone = whole is not None and free_rows == whole and req.group is not None and all(
+            r.group is req.group for r in waiting)
+        if needed and needed > free_rows - held and not (alone and held + needed > whole):
             return "has no free rows and no waiting room"
         return None
     groups = {r.group for r in waiting}

@@ -32,10 +32,12 @@ class DynamicBatcher(Worker, Generic[T, R]):
     """`await batcher.submit(item)` -> result of `batch_fn([... item ...])[i]`.
 
     `batch_fn` runs in the batcher's worker thread and returns one result (or an exception instance, which
-    fails only that item) per input item. An exception raised by `batch_fn` fails the whole batch.
+    fails only that item) per input item. Where `batch_fn` raises, its items run again one by one: an item fails
+    only with the error it raises alone, never with another client's.
     """
 
     reports_cache = False
+    parts_take_turns = True
     thread_name = "batcher"
 
     def __init__(self, name: str, batch_fn: Callable[[list[T]], list[R | BaseException]], *, max_batch_size: int,
@@ -105,9 +107,14 @@ class DynamicBatcher(Worker, Generic[T, R]):
         self.m.batch_size.observe(len(reqs))
         try:
             results: list[Any] = self.batch_fn([r.item for r in reqs])
-        except Exception as exc:  # the batch fails, the batcher keeps going
-            log.exception("batch failed", extra={"model": self.name, "size": len(reqs)})
-            results = [request_error(exc)] * len(reqs)
+        except Exception as exc:  # the batcher keeps going; an item that fails alone fails alone
+            if len(reqs) == 1:
+                log.exception("batch failed", extra={"model": self.name, "size": 1})
+                results = [request_error(exc)]
+            else:
+                log.warning("batch failed; running its items one by one", extra={"model": self.name,
+                                                                                  "size": len(reqs)})
+                results = [self._alone(r.item) for r in reqs]
         outcome = {id(r): x for r, x in zip(reqs, results, strict=True)}
 
         def finish(req: BatchItem) -> None:
@@ -117,6 +124,14 @@ class DynamicBatcher(Worker, Generic[T, R]):
 
         self._each(reqs, finish)
         self._loaded = bool(self.waiting)
+
+    def _alone(self, item: T) -> Any:
+        """`batch_fn` of one item: its result, or the error it fails with."""
+        try:
+            return self.batch_fn([item])[0]
+        except Exception as exc:
+            log.exception("batch failed", extra={"model": self.name, "size": 1})
+            return request_error(exc)
 
     def _decode(self) -> None:
         pass  # every item of a batch finishes in the step that ran it

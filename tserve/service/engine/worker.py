@@ -45,6 +45,7 @@ MAX_CLIENTS_REMEMBERED = 4096  # clients whose last admission is kept for the ro
 
 class Worker:
     reports_cache = True  # rows are KV-cache rows (the kv gauges); the batcher's are not
+    parts_take_turns = False  # a request's parts may run one batch after another (the batcher's items)
     thread_name = "engine"
 
     def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Metrics, capacity: int) -> None:
@@ -120,7 +121,7 @@ class Worker:
                 raise QueueFull(f"model {self.name!r} is shutting down")
             self._purge_cancelled()
             if refusal := queue_refusal(req, self.waiting, self.max_queue, self.capacity - self.rows_in_use,
-                                        self._rows_held):
+                                        self._rows_held, self.capacity if self.parts_take_turns else None):
                 raise QueueFull(f"model {self.name!r} {refusal}; retry later")
             self.waiting.append(req)
             self.m.queue_depth.set(self._groups_waiting())
