@@ -247,7 +247,7 @@ PAIR_BUGS = [
         "if getattr(args, name, None) is not None}", "if getattr(args, name, None)}",
         ("tests/deploy/test_option_combinations_cli.py::test_make_serve_runs_tserve_serve_with_its_serve_args",)),
     Bug("max-queue-0-refuses-an-exact-fit", "tserve/service/engine/admission.py",
-        "if needed and needed > free_rows - sum(", "if needed and needed >= free_rows - sum(",
+        "if needed and needed > free_rows - held and", "if needed and needed >= free_rows - held and",
         ("tests/engine/test_admission_policy.py::test_max_queue_0_takes_what_the_rows_left_by_the_waiting_take",)),
     Bug("running-requests-never-time-out", "tserve/service/engine/worker.py",
         "for req in [r for r in self.running if r.cancelled or now > r.deadline]:",

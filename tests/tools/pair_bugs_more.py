@@ -43,6 +43,10 @@ MEMORY = "tests/engine/test_option_combinations_memory_pairs.py::"
 SPELLED = f"{MEMORY}test_a_sentence_spelled_otherwise_is_not_answered_with_the_stored_spellings_translation"
 PIVOTED_CACHE_FALSE = f"{MEMORY}test_a_pivoted_html_page_with_cache_false_neither_reads_nor_fills_either_hops_memory"
 HTML_LANGUAGE = f"{MEMORY}test_an_html_pages_language_is_detected_on_the_text_it_shows"
+IMAGES = "tserve/service/vision/images.py"
+BATCHER = "tests/engine/test_option_combinations_batcher_pairs.py::"
+URGENT = f"{BATCHER}test_an_urgent_image_request_goes_into_the_next_batch_before_earlier_ones"
+TEXT_EMBEDDINGS = f"{BATCHER}test_text_embeddings_of_other_lengths_and_formats_sharing_a_batch_equal_each_alone"
 
 PAIR_BUGS_MORE = [
     # Structured output beside another feature.
@@ -223,4 +227,55 @@ PAIR_BUGS_MORE = [
         '{target}), fmt == "html")', "{target}))", (HTML_LANGUAGE,)),
     Bug("v1-html-page-language-detected-on-its-markup", TRANSLATIONS,
         "body.source_lang, body.target_lang, ask.html)", "body.source_lang, body.target_lang)", (HTML_LANGUAGE,)),
+    # The batchers: requests with other options, sizes and priorities in one batch.
+    Bug("batched-items-queued-one-by-one", "tserve/service/served.py",
+        "        reqs = batcher.enqueue(items)\n", "        reqs = [batcher.enqueue([item])[0] for item in items]\n",
+        (f"{BATCHER}test_a_request_of_several_images_counts_once_toward_max_queue",)),
+    Bug("classifications-ignore-the-priority", "tserve/service/routes/classifications.py",
+        "served_model(request, body.model, ServedClassifier.task, body.priority)",
+        "served_model(request, body.model, ServedClassifier.task)", (f"{URGENT}[/v1/classifications]",)),
+    Bug("embeddings-ignore-the-priority", "tserve/service/routes/embeddings.py",
+        "    prioritise(body.priority)\n", "", (f"{URGENT}[/v1/embeddings]",)),
+    Bug("bf16-probabilities-rounded-to-bfloat16", IMAGES,
+        "probs = torch.softmax(self.model(batch).float(), dim=-1)", "probs = torch.softmax(self.model(batch), dim=-1).float()",
+        (f"{BATCHER}test_a_bfloat16_classifiers_scores_are_the_float32_softmax_of_its_logits",)),
+    Bug("oip-probability-rows-aliased", "tserve/service/vision/served.py",
+        "probs = [[0.0] * len(index) for _ in results]", "probs = [[0.0] * len(index)] * len(results)",
+        ("tests/http/test_oip.py::test_classify_bytes_and_pixels",)),
+    Bug("embedding-mean-takes-one-padding-position", "tserve/model/embeddings.py",
+        "keep = (torch.arange(tokens.size(1), device=dev)[None, :] < lengths[:, None])",
+        "keep = (torch.arange(tokens.size(1), device=dev)[None, :] <= lengths[:, None])",
+        ("tests/model/test_option_combinations_inspection_models.py::"
+         "test_a_batch_of_different_lengths_embeds_each_text_as_alone[phi3-none]", TEXT_EMBEDDINGS)),
+    Bug("translator-embeddings-sorted-by-length", SERVED_MT,
+        "self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, ids).cpu()))",
+        "self.build_embedder(lambda ids: list(embed_token_lists(self.loaded, sorted(ids, key=len)).cpu()))",
+        ("tests/http/test_embeddings.py::test_translator_embeddings_are_transformers_mean_encoder_output",
+         f"{BATCHER}test_translator_embeddings_in_other_languages_sharing_a_batch_equal_each_alone")),
+    Bug("over-long-source-in-a-language-unchecked", SERVED_MT,
+        "        if len(ids) > self.loaded.config.max_source_len:\n            raise InvalidInput(f\"the input has",
+        "        if False:\n            raise InvalidInput(f\"the input has",
+        (f"{BATCHER}test_an_over_long_input_in_a_language_fails_alone_beside_another_clients_inputs",)),
+    Bug("embedder-batches-up-to-max-prompts", "tserve/service/served.py",
+        'self.embedder = DynamicBatcher(f"{self.name}/embeddings", batch_fn, max_batch_size=s.batch_max_size,',
+        'self.embedder = DynamicBatcher(f"{self.name}/embeddings", batch_fn, max_batch_size=s.max_prompts,',
+        (TEXT_EMBEDDINGS,)),
+    Bug("every-image-ranked-by-the-first-images-labels", IMAGES,
+        "for o, sc in zip(order.tolist(), scores.tolist(), strict=True)]",
+        "for o, sc in zip([order[0].tolist()] * len(pixels), scores.tolist(), strict=True)]",
+        (f"{BATCHER}test_classifications_of_other_images_and_top_k_sharing_a_batch_equal_each_alone",)),
+    Bug("batcher-batch-one-past-max-size", "tserve/service/engine/batcher.py",
+        "if self._taken >= self.max_batch_size:", "if self._taken > self.max_batch_size:",
+        ("tests/engine/test_engine.py::test_batcher_batches_and_isolates_failures",)),
+    Bug("abandoned-batch-items-stay-queued", "tserve/service/engine/worker.py",
+        "            if not req.finished:\n                req.cancel()\n                self._wake.set()\n", "            pass\n",
+        (f"{BATCHER}test_a_client_that_leaves_while_its_images_wait_changes_nothing_for_the_others",)),
+    # Fixed where two features met: a failing item beside others in a batch; --max-queue 0 beside a large request.
+    Bug("a-failing-batch-fails-every-item", "tserve/service/engine/batcher.py",
+        "                results = [self._alone(r.item) for r in reqs]", "                results = [request_error(exc)] * len(reqs)",
+        (f"{BATCHER}test_an_item_that_raises_in_a_batch_fails_alone_and_the_others_get_their_results",)),
+    Bug("a-request-larger-than-a-batch-never-fits-without-a-queue", "tserve/service/engine/admission.py",
+        "        if needed and needed > free_rows - held and not (alone and held + needed > whole):",
+        "        if needed and needed > free_rows - held:",
+        (f"{BATCHER}test_with_max_queue_0_a_request_of_more_items_than_a_batch_runs_on_an_idle_batcher",)),
 ]
