@@ -216,6 +216,26 @@ def test_a_request_of_remembered_and_new_sentences_counts_each_once_as_a_hit_or_
     assert metric("tserve_translation_memory_misses_total") == misses + 1
 
 
+
+def test_a_sentence_a_request_holds_twice_counts_twice_as_a_miss_and_then_as_a_hit(app):
+    """The memory's counts are per sentence asked for: a request that holds one sentence twice counts two misses
+    cold, and two hits once the memory holds it, as the metrics and the memory's own counters both say."""
+    memory = app.registry.models["mt"].memory
+
+    def now() -> tuple[float, float, int, int]:
+        return (sample(app.app.state.metrics, "tserve_translation_memory_hits_total", "mt") or 0.0,
+                sample(app.app.state.metrics, "tserve_translation_memory_misses_total", "mt") or 0.0,
+                memory.hits, memory.misses)
+
+    body = {"model": "mt", "num_beams": 1, "max_tokens": 30,
+            "input": ["the small dog sleeps", "the small dog sleeps", "the cat is here"]}
+    before = now()
+    app.post("/v1/translations", body)
+    cold = now()
+    assert [c - b for c, b in zip(cold, before, strict=True)] == [0, 3, 0, 3]
+    app.post("/v1/translations", body)
+    assert [w - c for w, c in zip(now(), cold, strict=True)] == [3, 0, 3, 0]
+
 def _png() -> str:
     import base64
 

@@ -93,7 +93,7 @@ PAIR_BUGS = [
         (f"{GENERATION_TESTS}test_penalties_follow_openai_formula",)),
     Bug("seed-0-is-unseeded", "tserve/model/decoding/params.py",
         "        if self.seed is not None:\n            g.manual_seed(self.seed)",
-        "        if self.seed:\n            g.manual_seed(self.seed)", (f"{SEED_0}[layers]", SAMPLED_AMONG_OTHERS)),
+        "        if self.seed:\n            g.manual_seed(self.seed)", (f"{SEED_0}[layers]", f"{SEED_0}[fused-q4_0]")),
     Bug("decode-reads-as-far-as-the-first-row", KV,
         "        return self.positions[:, -1] + 1  # (B,)",
         "        return (self.positions[:, -1] + 1).clamp(min=int(self.positions[0, -1]) + 1)  # (B,)",

@@ -171,11 +171,6 @@ PAIR_BUGS_MORE = [
         "outs = await self.translate(request, docs, n)", "outs = await self.translate(request, docs)",
         (f"{LOOK}test_oip_alternatives_of_several_texts_are_each_texts_own_padded_to_n",)),
     # The translation memory and LibreTranslate's routes beside another feature.
-    Bug("memory-key-without-the-source", SERVED_MT,
-        "        return memory_key(self.name, self.weights_hash, languages[0], languages[1], options,",
-        "        return memory_key(self.name, self.weights_hash, None, languages[1], options,",
-        ("tests/http/test_multilingual_http.py::"
-         "test_the_translation_memory_answers_each_pair_and_option_as_a_fresh_translation_would",)),
     Bug("weights-hash-without-the-dtype", SERVED_MT,
         'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"',
         'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}"',
@@ -278,4 +273,9 @@ PAIR_BUGS_MORE = [
         "        if needed and needed > free_rows - held and not (alone and held + needed > whole):",
         "        if needed and needed > free_rows - held:",
         (f"{BATCHER}test_with_max_queue_0_a_request_of_more_items_than_a_batch_runs_on_an_idle_batcher",)),
+    Bug("memory-hits-count-distinct-sentences", SERVED_MT,
+        "self.metrics.memory_hits.labels(self.name).inc(len(keys) - len(todo))",
+        "self.metrics.memory_hits.labels(self.name).inc(len(found))",
+        ("tests/engine/test_option_combinations_metrics.py::"
+         "test_a_sentence_a_request_holds_twice_counts_twice_as_a_miss_and_then_as_a_hit",)),
 ]

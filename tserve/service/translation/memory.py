@@ -168,9 +168,10 @@ class TranslationMemory:
                 corrupt.append(key)
             else:
                 found[key] = hypotheses
+        hits = sum(key in found for key in keys)  # each sentence asked for: one that occurs twice counts twice
         with self._lock:
-            self.hits += len(found)
-            self.misses += len(wanted) - len(found)
+            self.hits += hits
+            self.misses += len(keys) - hits
         if corrupt:
             log.warning("translation memory: %d unreadable entries deleted", len(corrupt))
         if found or corrupt:

@@ -331,10 +331,10 @@ class ServedTranslator(ServedModel):
         memory = self.memory if cache else None
         keys = [self.memory_key(d, i) for d, i in jobs] if memory is not None else []
         found = await asyncio.to_thread(memory.get_many, keys) if memory is not None else {}
-        if memory is not None:
-            self.metrics.memory_hits.labels(self.name).inc(len(found))
-            self.metrics.memory_misses.labels(self.name).inc(len(keys) - len(found))
         todo = [k for k in range(len(jobs)) if not keys or keys[k] not in found]
+        if memory is not None:  # per sentence: a request or file that holds one twice counts it twice
+            self.metrics.memory_hits.labels(self.name).inc(len(keys) - len(todo))
+            self.metrics.memory_misses.labels(self.name).inc(len(todo))
         reqs = self.engine.submit_all([jobs[k][0].jobs[jobs[k][1]] for k in todo], one_request=True, group=group,
                                       first_turn=first_turn) if todo else []
         remembered = {}
