@@ -179,6 +179,8 @@ class Int8Linear(nn.Module):
             # numbers in any batch.
             with _quantized_engine(engine):
                 self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        # The packed weight is an opaque object, neither parameter nor buffer: its bytes, for what a model holds.
+        self.packed_bytes = 0 if self.exact else qweight.numel() * qweight.element_size()
         self.engine = None if self.exact else engine  # `engine`: PyTorch's int8 engine for this layer (None: default)
         # Σ_k W[n, k] of the int8 weight as the GEMM sees it: the term that restores each row's minimum.
         self.register_buffer("weight_row_sums", qweight.dequantize().sum(dim=1).unsqueeze(0), persistent=False)
@@ -409,6 +411,12 @@ def is_int8_linear(module: nn.Module) -> bool:
 
 def is_quantized_linear(module: nn.Module) -> bool:
     return isinstance(module, (Int8Linear, Int4Linear, BlockLinear))
+
+
+def held_bytes(model: nn.Module) -> int:
+    """Bytes a loaded model holds: its parameters and buffers, and the int8 weights PyTorch's engine packed."""
+    tensors = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return tensors + sum(m.packed_bytes for m in model.modules() if isinstance(m, Int8Linear))
 
 
 def linear_weight_bytes(model: nn.Module) -> int:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from tserve.model import checkpoint, hub
 from tserve.model.attention import resolve_backend
+from tserve.model.quantize import held_bytes
 from tserve.service import heap, tasks
 from tserve.service.errors import APIError, bad_request, not_found, overloaded
 from tserve.service.metrics import Metrics
@@ -166,8 +167,7 @@ class ModelRegistry:
         with self._changes:
             holding = [m.loaded for m in (*self.models.values(), *self._retiring)]
         holding += [*beside, *([draft] if (draft := self._held_draft()) is not None else [])]
-        held = sum(sum(t.numel() * t.element_size() for t in (*m.model.parameters(), *m.model.buffers()))
-                   for m in holding)
+        held = sum(held_bytes(m.model) for m in holding)
         if held + needed > limit:
             raise ValueError(f"loading {name!r} needs {needed / 1e6:,.1f} MB for its weights; with the "
                              f"{held / 1e6:,.1f} MB served that passes --max-model-memory "

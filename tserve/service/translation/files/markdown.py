@@ -26,7 +26,7 @@ from tserve.service.translation.files.inline import (
     no_escape,
     to_block,
 )
-from tserve.service.translation.files.text_files import decode_text, encoded
+from tserve.service.translation.files.text_files import charset, decode_text, encoded
 from tserve.service.translation.files.xml_parts import FileDocument
 
 _SYNTAX = re.compile(r"([\\`*_\[\]<])")
@@ -117,7 +117,7 @@ def _write(nodes: list[Node]) -> str:
 
 
 def read_markdown(data: bytes) -> FileDocument:
-    text = decode_text(data, ".md")
+    text = decode_text(data, ".md", utf16=True)
     md = MarkdownIt("commonmark").enable(["table", "strikethrough"]).disable("text_join")
     lines = text.splitlines(keepends=True)
     starts = [0]
@@ -159,4 +159,4 @@ def read_markdown(data: bytes) -> FileDocument:
         blocks = iter(_write(from_rendered(r, p)) for r, (_, _, p) in zip(rendered, regions, strict=True))
         return encoded("".join(p if isinstance(p, str) else next(blocks) for p in markup.parts), data)
 
-    return FileDocument(markup, no_escape, write, "text/markdown; charset=utf-8")
+    return FileDocument(markup, no_escape, write, charset("text/markdown", data))
