@@ -47,6 +47,14 @@ IMAGES = "tserve/service/vision/images.py"
 BATCHER = "tests/engine/test_option_combinations_batcher_pairs.py::"
 URGENT = f"{BATCHER}test_an_urgent_image_request_goes_into_the_next_batch_before_earlier_ones"
 TEXT_EMBEDDINGS = f"{BATCHER}test_text_embeddings_of_other_lengths_and_formats_sharing_a_batch_equal_each_alone"
+TEXT_FILES = "tserve/service/translation/files/text_files.py"
+FILE_PAIRS = "tests/files/test_option_combinations_file_pairs.py::"
+METRIC_PAIRS = "tests/engine/test_option_combinations_metrics_pairs.py::"
+SETTINGS = "tests/deploy/test_option_combinations_settings_pairs.py::"
+MAX_N = f"{SETTINGS}test_max_n_and_max_prompts_are_separate_limits_on_completions_and_chat"
+HELD = f"{SETTINGS}test_max_model_memory_counts_a_quantized_models_packed_weights"
+REMEMBERED_USAGE = (f"{METRIC_PAIRS}test_a_remembered_translation_generates_nothing_and_streamed_reports_the_usage_of_a"
+                    "_translated_one")
 
 PAIR_BUGS_MORE = [
     # Structured output beside another feature.
@@ -278,4 +286,118 @@ PAIR_BUGS_MORE = [
         "self.metrics.memory_hits.labels(self.name).inc(len(found))",
         ("tests/engine/test_option_combinations_metrics.py::"
          "test_a_sentence_a_request_holds_twice_counts_twice_as_a_miss_and_then_as_a_hit",)),
+    # Translating files: two features in one job.
+    Bug("vtt-rewrap-cuts-inside-a-voice-tag", TEXT_FILES, '        if c == " " and not depth:\n', '        if c == " ":\n',
+        (f"{FILE_PAIRS}test_a_two_line_cue_with_a_named_voice_is_cut_outside_the_tag",)),
+    Bug("pivoted-job-total-forgets-the-first-hop", "tserve/service/routes/files.py",
+        "job.total_segments = job.done_segments + len(hop_doc.jobs)", "job.total_segments = len(hop_doc.jobs)",
+        (f"{FILE_PAIRS}test_a_pivoted_jobs_progress_never_passes_its_total",)),
+    Bug("file-limits-take-max-file-bytes", "tserve/service/routes/files.py",
+        "Limits(max_unzipped_bytes=s.max_unzipped_bytes)", "Limits(max_unzipped_bytes=s.max_file_bytes)",
+        ("tests/http/test_files.py::test_each_format_comes_back_translated_with_its_runs_on_the_aligned_words[docx]",)),
+    Bug("memory-answer-at-first-place-only", SERVED_MT,
+        "        for k, key in enumerate(keys):\n            if key in found:\n",
+        "        for key in found:\n            if (k := keys.index(key)) >= 0:\n",
+        ("tests/files/test_option_combinations_files.py::"
+         "test_a_warm_memory_gives_a_file_the_same_runs_and_cache_false_translates_it_again",)),
+    Bug("file-job-drops-progress", "tserve/service/routes/files.py",
+        "translate_blocks(hop_doc, current.escape, ask.cache, job.progress)",
+        "translate_blocks(hop_doc, current.escape, ask.cache)",
+        ("tests/http/test_files.py::test_progress_events_follow_a_job_to_its_end",)),
+    Bug("html-drops-its-bom", TEXT_FILES, "lambda rendered: encoded(markup.join(rendered), data),",
+        'lambda rendered: markup.join(rendered).encode("utf-8"),',
+        (f"{FILE_PAIRS}test_a_byte_order_mark_comes_back_once_in_each_text_format",)),
+    Bug("followers-of-an-unsuccessful-job-never-told", "tserve/service/translation/file_jobs.py",
+        "            await job.notify()\n", '            if job.status == "succeeded":\n                await job.notify()\n',
+        (f"{FILE_PAIRS}test_a_followed_job_cancelled_mid_way_ends_its_changes_and_frees_its_rows",)),
+    Bug("utf16-text-files-refused", TEXT_FILES, "    wide = utf16_of(data) if utf16 else None\n",
+        "    wide = None\n", (f"{FILE_PAIRS}test_a_utf16_text_file_with_its_byte_order_mark_comes_back_in_utf16[utf-16-le]",)),
+    Bug("utf16-text-files-written-back-in-utf8", TEXT_FILES, "    if (wide := utf16_of(data)) is not None:\n",
+        "    if (wide := utf16_of(data)) is not None and False:\n",
+        (f"{FILE_PAIRS}test_a_utf16_text_file_with_its_byte_order_mark_comes_back_in_utf16[utf-16-be]",)),
+    # Usage and metrics beside another feature.
+    Bug("memory-hit-streamed-without-its-tokens", SERVED_MT,
+        'yield Event(result.text, result.token_ids, finish_reason="stop", result=result.hypotheses)',
+        'yield Event(result.text, [], finish_reason="stop", result=result.hypotheses)', (REMEMBERED_USAGE,)),
+    Bug("remembered-sentences-translated-again", SERVED_MT,
+        "todo = [k for k in range(len(jobs)) if not keys or keys[k] not in found]", "todo = list(range(len(jobs)))",
+        (REMEMBERED_USAGE,)),
+    Bug("usage-cached-tokens-of-the-first-choice-for-all", COMPLETIONS,
+        '{"cached_tokens": sum(c.request.cached_tokens for c in choices)}}',
+        '{"cached_tokens": choices[0].request.cached_tokens * len(choices)}}',
+        (f"{METRIC_PAIRS}test_the_cached_tokens_of_several_choices_in_usage_are_those_the_prefix_cache_metrics_count",)),
+    Bug("beam-steps-counted-per-row", "tserve/service/engine/translation.py",
+        "            self._step_tokens += 1\n            finish = self.runner.append(req, token[id(req)])",
+        "            self._step_tokens += len(req.rows)\n            finish = self.runner.append(req, token[id(req)])",
+        (f"{METRIC_PAIRS}test_a_beam_request_batched_with_a_greedy_one_counts_one_token_a_step_not_one_a_row",)),
+    Bug("preempted-request-observes-ttft-again", "tserve/service/engine/worker.py",
+        "            self.waiting.appendleft(req)\n        self.m.preemptions.inc()",
+        "            self.waiting.appendleft(req)\n        req.last_emit = 0.0\n        self.m.preemptions.inc()",
+        (f"{METRIC_PAIRS}test_a_preempted_request_has_one_first_token_and_a_gap_before_each_later_one",)),
+    Bug("chat-usage-prompt-tokens-once-for-n-choices", COMPLETIONS,
+        '"usage": _usage(len(ids) * body.n, choices)}', '"usage": _usage(len(ids), choices)}',
+        ("tests/engine/test_option_combinations_streaming.py::"
+         "test_a_streamed_chat_of_several_choices_counts_each_choices_prompt",)),
+    Bug("async-step-tokens-recorded-before-they-are-read", "tserve/service/engine/worker.py",
+        "        self._read_tokens(still if self.running else None)\n        self._record_step_metrics()",
+        "        self._record_step_metrics()\n        self._read_tokens(still if self.running else None)",
+        ("tests/engine/test_async_scheduling.py::"
+         "test_a_request_ended_by_max_tokens_is_not_stepped_again_and_one_ended_by_eos_is_once[layers]",)),
+    Bug("streamed-document-usage-of-its-last-sentence", TRANSLATIONS,
+        '"usage": _usage([doc], sum(len(s.token_ids) for s in done))}', '"usage": _usage([doc], len(done[-1].token_ids))}',
+        ("tests/engine/test_option_combinations_translation_engine.py::"
+         "test_a_greedy_document_of_several_sentences_streams_sentence_by_sentence",)),
+    Bug("coalesced-event-keeps-only-the-later-token-ids", "tserve/service/engine/generation.py",
+        "return Event(first.text + then.text, first.token_ids + then.token_ids, finish_reason=then.finish_reason)",
+        "return Event(first.text + then.text, then.token_ids, finish_reason=then.finish_reason)",
+        ("tests/engine/test_stream_coalescing.py::test_waiting_tokens_come_as_one_event_with_the_same_text_and_ids",)),
+    # Settings that meet.
+    Bug("model-name-given-twice-last-wins", "tserve/service/settings.py",
+        "            if name in specs:\n                raise ValueError(f\"model name {name!r} given twice\")\n", "",
+        (f"{SETTINGS}test_a_model_name_given_twice_is_refused_from_flags_and_from_the_environment",)),
+    Bug("model-flag-default-hides-tserve-models", "tserve/service/cli.py",
+        'parser.add_argument("--model", dest="models", action="append", metavar="NAME=PATH",',
+        'parser.add_argument("--model", dest="models", action="append", default=[], metavar="NAME=PATH",',
+        (f"{SETTINGS}test_tserve_models_serves_when_no_model_flag_is_given_and_a_flag_replaces_it",)),
+    Bug("chat-n-checked-against-max-prompts", COMPLETIONS,
+        '    check_count("choices (n)", body.n, cfg.max_n)\n    try:\n        tools',
+        '    check_count("choices (n)", body.n, cfg.max_prompts)\n    try:\n        tools', (MAX_N,)),
+    Bug("prompts-times-n-against-max-prompts", COMPLETIONS,
+        '    check_count("prompts", len(prompts), cfg.max_prompts)',
+        '    check_count("prompts", len(prompts) * body.n, cfg.max_prompts)', (MAX_N,)),
+    Bug("draft-model-not-quantized", "tserve/service/registry.py",
+        "        draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,\n",
+        "        draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend,\n",
+        ("tests/model/test_option_combinations_kernels.py::"
+         "test_an_int4_group_size_reaches_the_served_model_and_its_draft",)),
+    Bug("max-model-memory-counts-parameters-only", "tserve/model/quantize.py",
+        "    tensors = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))\n",
+        "    tensors = sum(t.numel() * t.element_size() for t in model.parameters())\n", (f"{HELD}[int4]",)),
+    Bug("max-model-memory-without-int8s-packed-weights", "tserve/model/quantize.py",
+        "    return tensors + sum(m.packed_bytes for m in model.modules() if isinstance(m, Int8Linear))",
+        "    return tensors", (f"{HELD}[int8]",)),
+    Bug("translator-prefix-cache-forced-on", SERVED_MT, "reuse_sources=s.prefix_cache,", "reuse_sources=True,",
+        ("tests/engine/test_option_combinations_translation_engine.py::"
+         "test_no_prefix_cache_and_max_model_len_reach_a_translator",)),
+    Bug("embedder-batch-size-is-max-running-requests", "tserve/service/served.py",
+        'DynamicBatcher(f"{self.name}/embeddings", batch_fn, max_batch_size=s.batch_max_size,',
+        'DynamicBatcher(f"{self.name}/embeddings", batch_fn, max_batch_size=s.max_running_requests,',
+        (f"{URGENT}[/v1/embeddings]",)),
+    Bug("translator-kv-block-size-default", SERVED_MT,
+        "                                        kv_block_size=s.kv_block_size, async_scheduling=s.async_scheduling)",
+        "                                        async_scheduling=s.async_scheduling)",
+        (f"{SETTINGS}test_kv_block_size_reaches_the_language_model_and_the_translator",)),
+    Bug("prompt-lookup-min-unclamped", "tserve/service/generation/served.py",
+        "min_ngram=min(s.prompt_lookup_min, s.prompt_lookup_max)", "min_ngram=s.prompt_lookup_min",
+        (f"{SETTINGS}test_prompt_lookup_with_its_shortest_suffix_above_its_longest_still_drafts",)),
+    Bug("draft-shared-copy-not-reused", "tserve/service/registry.py",
+        "        if (held := self._held_draft()) is not None:\n            return held\n", "",
+        ("tests/engine/test_option_combinations_operations.py::"
+         "test_the_draft_model_is_freed_with_the_last_model_that_drafts_with_it",)),
+    Bug("admin-route-accepts-api-keys", "tserve/service/routes/repository.py",
+        "KeyChecker(s.admin_keys).match(", "KeyChecker(s.admin_keys + s.api_keys).match(",
+        ("tests/http/test_repository.py::test_index_admin_keys_and_loading_by_name",)),
+    Bug("speculative-max-rows-is-max-running-requests", "tserve/service/generation/served.py",
+        "max_rows=s.speculative_max_rows)", "max_rows=s.max_running_requests)",
+        (f"{SETTINGS}test_no_drafts_while_more_rows_run_than_speculative_max_rows",)),
 ]
