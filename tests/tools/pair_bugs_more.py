@@ -53,6 +53,9 @@ METRIC_PAIRS = "tests/engine/test_option_combinations_metrics_pairs.py::"
 SETTINGS = "tests/deploy/test_option_combinations_settings_pairs.py::"
 MAX_N = f"{SETTINGS}test_max_n_and_max_prompts_are_separate_limits_on_completions_and_chat"
 HELD = f"{SETTINGS}test_max_model_memory_counts_a_quantized_models_packed_weights"
+TURNS = "tests/http/test_option_combinations_conversation_pairs.py::"
+BLOCK_POOL = "tserve/model/block_pool.py"
+SCHEMAS = "tserve/service/request_schemas.py"
 REMEMBERED_USAGE = (f"{METRIC_PAIRS}test_a_remembered_translation_generates_nothing_and_streamed_reports_the_usage_of_a"
                     "_translated_one")
 
@@ -99,10 +102,6 @@ PAIR_BUGS_MORE = [
         (ASYNC_SETTING,)),
     Bug("served-lm-ignores-async-scheduling", "tserve/service/generation/served.py",
         "                                       async_scheduling=s.async_scheduling,\n", "", (ASYNC_SETTING,)),
-    Bug("stop-strings-checked-within-min-tokens", "tserve/service/engine/generation.py",
-        "StopStrings(params.stop, unchecked=params.min_tokens)", "StopStrings(params.stop)",
-        ("tests/engine/test_option_combinations_lm.py::"
-         "test_stop_strings_are_looked_for_only_once_min_tokens_tokens_are_out",)),
     Bug("forced-eos-judged-by-the-tokens-read", LOGITS,
         "        return self.force_eos_at_max and row.num_generated == row.params.max_tokens - 1",
         "        return self.force_eos_at_max and len(row.generated) == row.params.max_tokens - 1",
@@ -125,18 +124,9 @@ PAIR_BUGS_MORE = [
     Bug("gguf-every-control-token-ends-generation", GGUF_TOKENIZER,
         "if kind == CONTROL and t in END_OF_TURN]", "if kind == CONTROL]",
         (f"{END_IDS}[qwen2]", f"{FAMILIES}test_a_control_token_that_opens_a_turn_is_generated_not_an_end")),
-    Bug("lens-skips-the-families-logit-scaling", "tserve/model/logit_lens.py",
-        "head = lambda h: model.logits(model.norm_f(h))", "head = lambda h: model.lm_head(model.norm_f(h))",
-        ("tests/model/test_option_combinations_inspection_models.py::"
-         "test_lens_probabilities_carry_the_output_layers_cap_and_scaling[gemma2]",)),
     Bug("explicit-bos-flag-added-to-chat-prompts", "tserve/model/tokenizer.py",
         "if add_special_tokens and self._add_bos and self._bos_id is not None:",
         "if self._add_bos and self._bos_id is not None:", ("tests/model/test_tokenizer.py::test_bpe_roundtrip_and_flags",)),
-    Bug("min-tokens-bans-the-first-eos-of-some-rows", LOGITS,
-        "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids), strict=True)",
-        "rows_, ids = zip(*((i, e) for i in idx for e in self.eos_ids[:1]), strict=True)",
-        ("tests/model/test_option_combinations_sampling.py::"
-         "test_ignore_eos_and_min_tokens_ban_every_eos_id_of_the_checkpoint[sampled]",)),
     Bug("gguf-named-templates-ignored", GGUF_TOKENIZER,
         '        config["chat_template"] = [{"name": "default", "template": template}, *named] if named else template',
         '        config["chat_template"] = template',
@@ -221,7 +211,8 @@ PAIR_BUGS_MORE = [
         '            yield Event(result.text, result.token_ids, finish_reason="stop", result=result.hypotheses)',
         '            yield Event(result.text, [], finish_reason="stop", result=result.hypotheses)',
         ("tests/http/test_files.py::"
-         "test_a_streamed_translation_is_answered_from_the_memory_as_a_fresh_one_would_be[one-sentence-tokens]",)),
+         "test_a_streamed_translation_is_answered_from_the_memory_as_a_fresh_one_would_be[one-sentence-tokens]",
+         REMEMBERED_USAGE)),
     # Fixed where two features met: the memory beside a tokenizer that normalises nothing; auto beside HTML.
     Bug("memory-key-of-the-normalised-text", SERVED_MT,
         "options, job.source_ids)", 'options, [ord(c) for c in " ".join(doc.document.segments[i].split())])',
@@ -316,9 +307,6 @@ PAIR_BUGS_MORE = [
         "    if (wide := utf16_of(data)) is not None and False:\n",
         (f"{FILE_PAIRS}test_a_utf16_text_file_with_its_byte_order_mark_comes_back_in_utf16[utf-16-be]",)),
     # Usage and metrics beside another feature.
-    Bug("memory-hit-streamed-without-its-tokens", SERVED_MT,
-        'yield Event(result.text, result.token_ids, finish_reason="stop", result=result.hypotheses)',
-        'yield Event(result.text, [], finish_reason="stop", result=result.hypotheses)', (REMEMBERED_USAGE,)),
     Bug("remembered-sentences-translated-again", SERVED_MT,
         "todo = [k for k in range(len(jobs)) if not keys or keys[k] not in found]", "todo = list(range(len(jobs)))",
         (REMEMBERED_USAGE,)),
@@ -376,9 +364,6 @@ PAIR_BUGS_MORE = [
     Bug("max-model-memory-without-int8s-packed-weights", "tserve/model/quantize.py",
         "    return tensors + sum(m.packed_bytes for m in model.modules() if isinstance(m, Int8Linear))",
         "    return tensors", (f"{HELD}[int8]",)),
-    Bug("translator-prefix-cache-forced-on", SERVED_MT, "reuse_sources=s.prefix_cache,", "reuse_sources=True,",
-        ("tests/engine/test_option_combinations_translation_engine.py::"
-         "test_no_prefix_cache_and_max_model_len_reach_a_translator",)),
     Bug("embedder-batch-size-is-max-running-requests", "tserve/service/served.py",
         'DynamicBatcher(f"{self.name}/embeddings", batch_fn, max_batch_size=s.batch_max_size,',
         'DynamicBatcher(f"{self.name}/embeddings", batch_fn, max_batch_size=s.max_running_requests,',
@@ -387,9 +372,6 @@ PAIR_BUGS_MORE = [
         "                                        kv_block_size=s.kv_block_size, async_scheduling=s.async_scheduling)",
         "                                        async_scheduling=s.async_scheduling)",
         (f"{SETTINGS}test_kv_block_size_reaches_the_language_model_and_the_translator",)),
-    Bug("prompt-lookup-min-unclamped", "tserve/service/generation/served.py",
-        "min_ngram=min(s.prompt_lookup_min, s.prompt_lookup_max)", "min_ngram=s.prompt_lookup_min",
-        (f"{SETTINGS}test_prompt_lookup_with_its_shortest_suffix_above_its_longest_still_drafts",)),
     Bug("draft-shared-copy-not-reused", "tserve/service/registry.py",
         "        if (held := self._held_draft()) is not None:\n            return held\n", "",
         ("tests/engine/test_option_combinations_operations.py::"
@@ -400,4 +382,42 @@ PAIR_BUGS_MORE = [
     Bug("speculative-max-rows-is-max-running-requests", "tserve/service/generation/served.py",
         "max_rows=s.speculative_max_rows)", "max_rows=s.max_running_requests)",
         (f"{SETTINGS}test_no_drafts_while_more_rows_run_than_speculative_max_rows",)),
+    # Conversations: two features across turns.
+    Bug("cached-tokens-of-the-first-choice-only", COMPLETIONS,
+        '"prompt_tokens_details": {"cached_tokens": sum(c.request.cached_tokens for c in choices)}}',
+        '"prompt_tokens_details": {"cached_tokens": choices[0].request.cached_tokens}}',
+        (f"{TURNS}test_each_choice_of_a_later_turn_counts_the_cached_blocks_it_read",)),
+    Bug("prefix-names-include-the-last-token", BLOCK_POOL, "for i in range((len(token_ids) - 1) // bs):",
+        "for i in range(len(token_ids) // bs):",
+        ("tests/engine/test_paged_engine.py::test_outputs_with_the_prefix_cache_equal_outputs_without[layers]",)),
+    Bug("earlier-call-id-dropped", SCHEMAS, 'out["tool_calls"] = [{"id": c.id, "type": "function", "function": {',
+        'out["tool_calls"] = [{"type": "function", "function": {',
+        (f"{TURNS}test_earlier_calls_reach_the_template_with_their_ids_as_transformers_renders_them",)),
+    Bug("image-parts-silently-dropped", SCHEMAS, '    type: Literal["text"]\n    text: str\n',
+        '    type: str\n    text: str = ""\n',
+        (f"{TURNS}test_a_content_part_a_text_model_cannot_read_is_refused_not_dropped[image]",)),
+    Bug("max-tokens-wins-over-max-completion-tokens", COMPLETIONS,
+        "requested = body.max_completion_tokens or body.max_tokens", "requested = body.max_tokens or body.max_completion_tokens",
+        ("tests/http/test_http_contract.py::test_chat_max_completion_tokens",)),
+    Bug("auto-tools-drop-the-response-format", COMPLETIONS,
+        "    if tools is not None and tools.constrained:\n        if constraint is not None:",
+        '    if tools is not None and tools.mode != "none":\n        if constraint is not None and tools.constrained:',
+        (f"{TURNS}test_a_response_format_on_a_later_turn_holds_when_tools_are_offered_too",)),
+    Bug("admitted-table-counts-cached-blocks-as-tokens", BLOCK_POOL,
+        "table = BlockTable(list(hits), list(names), len(hits) * self.block_size)",
+        "table = BlockTable(list(hits), list(names), len(hits))",
+        ("tests/model/test_paged_kv.py::test_a_cached_prefix_is_shared_and_gives_the_logits_of_a_fresh_computation",
+         f"{TURNS}test_a_later_turn_reads_the_blocks_of_the_earlier_prompt_and_answer_and_an_edited_one_reads_none")),
+    Bug("taken-block-keeps-its-name", BLOCK_POOL, "        name = self._name[block]\n        if name is not None:",
+        "        name = self._name[block]\n        if name is not None and self._refs[block] > 0:",
+        ("tests/engine/test_paged_engine.py::test_requests_preempted_by_a_small_pool_finish_as_they_would_alone[fused]",)),
+    Bug("assistant-call-without-content-refused", SCHEMAS,
+        'if self.content is None and not (self.role == "assistant" and self.tool_calls):', "if self.content is None:",
+        ("tests/engine/test_option_combinations_chat.py::"
+         "test_a_conversation_with_a_call_and_its_answer_reaches_the_template_as_transformers_passes_it",)),
+    Bug("async-answer-blocks-never-named", RUNNER,
+        "known = min(seq.num_computed, len(seq.prompt_ids) + len(seq.generated))",
+        "known = min(seq.num_computed, len(seq.prompt_ids))",
+        ("tests/engine/test_async_scheduling.py::"
+         "test_blocks_filled_by_tokens_fed_from_the_device_are_found_by_a_follow_up_prompt[layers]",)),
 ]
