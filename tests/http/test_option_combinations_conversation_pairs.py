@@ -15,6 +15,9 @@ import pytest
 
 from tests.engine.test_option_combinations_lm import post, run
 from tests.helpers import factories
+from tests.helpers.one_request import lm_tokens
+from tserve.model import checkpoint
+from tserve.model.decoding import SamplingParams
 from tserve.model.tokenizer import load_tokenizer
 
 BLOCK = 16  # --kv-block-size's default
@@ -211,3 +214,30 @@ def test_a_content_part_a_text_model_cannot_read_is_refused_not_dropped(models, 
     status, body = run(models, go)
     assert status == 400 and "choices" not in body
     assert body["error"]["code"] == "invalid_request" and "type" in body["error"]["message"]
+
+
+def test_a_reply_whose_start_is_given_goes_on_from_it(models):
+    """`continue_final_message` (vLLM's) with `add_generation_prompt` false: the final assistant message is left
+    open and the reply goes on from its text, as the model writes after that text's ids (its prompt is
+    the template's text cut after that message, not a new assistant turn); without the flag, the answer is a new
+    turn. Both flags at once are refused, as vLLM refuses them."""
+    turn = [*TURN_1, {"role": "assistant", "content": "the lazy"}]
+    tok = load_tokenizer(models["lm"])
+    text = tok.apply_chat_template(turn, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("the lazy")
+
+    async def go(client):
+        open_reply = await post(client, "/v1/chat/completions",
+                                chat(turn, add_generation_prompt=False, continue_final_message=True))
+        new_turn = await post(client, "/v1/chat/completions", chat(turn))
+        both = await client.post("/v1/chat/completions", json=chat(turn, continue_final_message=True))
+        return open_reply, new_turn, both
+
+    open_reply, new_turn, both = run(models, go)
+    assert open_reply["usage"]["prompt_tokens"] == len(tok.encode(text, add_special_tokens=False))
+    prompt = tok.encode(text, add_special_tokens=False)
+    going_on = lm_tokens(checkpoint.load(models["lm"], device="cpu"), prompt,
+                         SamplingParams(max_tokens=20, temperature=0.0), with_eos=False)
+    assert open_reply["choices"][0]["message"]["content"] == tok.decode(going_on)
+    assert new_turn["usage"]["prompt_tokens"] == len(ids_of(models, turn)) != open_reply["usage"]["prompt_tokens"]
+    assert both.status_code == 400 and both.json()["error"]["code"] == "invalid_messages"

@@ -184,6 +184,25 @@ def test_each_tokens_bytes_are_the_pieces_of_the_text_it_splits(layout):
     joined = b"".join(token_bytes(t) for t in shown)
     assert joined.decode("utf-8").strip() == theirs.decode(ids).strip() == text
 
+
+@pytest.mark.parametrize("layout", ["hf-llama", "hf-mistral", "hf-qwen2", "hf-gemma3"])
+def test_a_chat_left_open_or_without_a_generation_prompt_renders_as_transformers_renders_it(layout):
+    """`add_generation_prompt` false ends the text with the last message; `continue_final_message` leaves the
+    final (assistant) message open, its given start the text's end, so that the reply goes on with it: each as
+    transformers' apply_chat_template renders it, trailing spaces included."""
+    d = FIXTURES / layout
+    ours, theirs = load_tokenizer(d), _hf(d)
+    for last in ("The station is", "Der Bahnhof ist  ", "Sure: "):
+        chat = [{"role": "user", "content": "Where is the station?"}, {"role": "assistant", "content": last}]
+        assert ours.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True) == \
+            theirs.apply_chat_template(chat, tokenize=False, continue_final_message=True), (layout, last)
+    question = [{"role": "user", "content": "Where is the station?"}]
+    assert ours.apply_chat_template(question, add_generation_prompt=False) == theirs.apply_chat_template(
+        question, tokenize=False, add_generation_prompt=False)
+    with pytest.raises(ValueError, match="continue_final_message"):
+        ours.apply_chat_template([*question, {"role": "assistant", "content": " "}], add_generation_prompt=False,
+                                 continue_final_message=True)
+
 def test_added_tokens_outside_the_byte_alphabet_read_as_their_own_text(tmp_path):
     """Added tokens are stored as text, not in the byte-level alphabet: one with characters past ASCII (`é`, which
     that alphabet uses for a byte of its own; DeepSeek's `<｜end▁of▁sentence｜>`) reads as itself in token strings

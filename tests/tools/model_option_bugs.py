@@ -188,7 +188,7 @@ MODEL_OPTION_BUGS = [
         'next(iter(named.values()), None) if name == "default"',
         (f"{TOKENIZERS}test_a_config_with_named_templates_renders_its_default_one",)),
     Bug("template-globals-miss-the-tools", TOKENIZER,
-        "add_generation_prompt=add_generation_prompt, tools=tools,", "add_generation_prompt=add_generation_prompt, tools=tools or [],",
+        "                tools=tools, **specials)", "                tools=tools or [], **specials)",
         (f"{RENDERS}[tool-aware-hf-llama]",)),
     Bug("template-type-error-unhandled", TOKENIZER, "except (TemplateError, TypeError) as e:", "except TemplateError as e:",
         (f"{TOKENIZERS}test_a_template_that_fails_on_a_message_without_content_is_refused_as_bad_messages",)),

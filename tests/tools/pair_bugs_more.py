@@ -420,4 +420,12 @@ PAIR_BUGS_MORE = [
         "known = min(seq.num_computed, len(seq.prompt_ids))",
         ("tests/engine/test_async_scheduling.py::"
          "test_blocks_filled_by_tokens_fed_from_the_device_are_found_by_a_follow_up_prompt[layers]",)),
+    # Fixed: vLLM's chat options read, not ignored.
+    Bug("continue-final-message-ignored", COMPLETIONS, "            continue_final_message=body.continue_final_message)",
+        "            continue_final_message=False)",
+        (f"{TURNS}test_a_reply_whose_start_is_given_goes_on_from_it",)),
+    Bug("continued-message-loses-its-trailing-space", "tserve/model/chat_template.py",
+        "    if rendered[at:at + len(final.lstrip())] == final.lstrip():\n", "    if False:\n",
+        ("tests/model/test_option_combinations_tokenizers.py::"
+         "test_a_chat_left_open_or_without_a_generation_prompt_renders_as_transformers_renders_it[hf-llama]",)),
 ]

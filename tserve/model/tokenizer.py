@@ -22,6 +22,8 @@ import sentencepiece
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from tserve.model.chat_template import continued
+
 __all__ = ["Tokenizer", "HFTokenizer", "MarianTokenizer", "M2M100Tokenizer", "load_tokenizer"]
 
 SPIECE_UNDERLINE = "▁"
@@ -198,13 +200,14 @@ class Tokenizer(ABC):
         """Write the files ``load_tokenizer`` needs into ``directory`` (created if missing)."""
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> str:
+                            tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False) -> str:
         """Render chat messages into a prompt string with the tokenizer's Jinja template.
 
         ``add_generation_prompt`` defaults to True (unlike transformers) because the server renders
         chats in order to generate the assistant's reply. Special tokens are available to the template
         as ``bos_token`` etc., like in transformers, so hub templates render the same; so are ``tools``
         (OpenAI's function definitions), for the templates that describe them to the model.
+        ``continue_final_message``: the chat ends inside its final message, for the model to go on with it.
         """
         if self._chat_template is None:
             raise ValueError(
@@ -230,11 +233,12 @@ class Tokenizer(ABC):
         # a role this tokenizer has no token for is left undefined (it renders as nothing), as transformers has it
         specials = {k: v for k, v in self._special_tokens.items() if v is not None}
         try:
-            return env.from_string(template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **specials
-            )
+            rendered = env.from_string(template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt and not continue_final_message,
+                tools=tools, **specials)
         except (TemplateError, TypeError) as e:  # TypeError: e.g. a template that adds to content that is null
             raise ValueError(f"chat template rendering failed: {e}") from e
+        return continued(rendered, messages) if continue_final_message else rendered
 
 
 class HFTokenizer(Tokenizer):

@@ -94,6 +94,10 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's: the assistant's header after the messages (false: the template's text ends with the last message),
+    # or the last message left open for the reply to go on with it (a reply whose start is given).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class TranslationRequest(_Prioritised):

@@ -368,10 +368,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             body.tool_choice, NamedToolChoice) else body.tool_choice.model_dump(), body.parallel_tool_calls)
     except ValueError as exc:
         raise bad_request(str(exc), "invalid_tool_choice") from exc
+    if body.continue_final_message and body.add_generation_prompt:
+        raise bad_request("continue_final_message continues the last message: it needs add_generation_prompt false",
+                          "invalid_messages")
     try:
         prompt = served.tokenizer.apply_chat_template(
-            [m.for_template() for m in body.messages],
-            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None)
+            [m.for_template() for m in body.messages], add_generation_prompt=body.add_generation_prompt,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+            continue_final_message=body.continue_final_message)
     except ValueError as exc:
         raise bad_request(str(exc), "invalid_messages") from exc
     log_inputs(request, [prompt])
