@@ -71,16 +71,20 @@ class SamplingFields(_Prioritised):
 
 class CompletionRequest(SamplingFields):
     model: str | None = None
-    prompt: str | list[str]
+    # A text, texts, or as OpenAI takes them too, a prompt's token ids or several prompts' ids.
+    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     return_attention: AttentionSelection | None = None
+    # OpenAI's, not served: refused by name rather than ignored (a client would get other answers than it asked).
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _non_empty(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and not v:
+    def _non_empty(cls, v: str | list) -> str | list:
+        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
             raise ValueError("prompt list is empty")
         return v
 

@@ -162,6 +162,14 @@ def _encode(tokenizer: Tokenizer, text: str, limit: int, add_special_tokens: boo
     return ids
 
 
+def _token_ids(ids: list[int], vocab_size: int) -> list[int]:
+    """A prompt given as token ids, each one of the model's."""
+    if bad := [i for i in ids if not 0 <= i < vocab_size]:
+        raise bad_request(f"prompt token id {bad[0]} is not in the model's vocabulary (0 to {vocab_size - 1})",
+                          "invalid_prompt")
+    return list(ids)
+
+
 async def _merged(served: ServedLanguageModel, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Event]]:
     """Events of all choices as they come. Leaving early (client gone) cancels every request."""
     async with aclosing(served.events([c.request for c in choices])) as events:
@@ -268,12 +276,21 @@ def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     cfg = settings(request)
     served = served_model(request, body.model, ServedLanguageModel.task, body.priority)
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    check_count("prompts", len(prompts), cfg.max_prompts)
+    if body.suffix:
+        raise bad_request("suffix is not supported: the model writes after the prompt only", "unsupported_parameter")
+    if body.best_of is not None and body.best_of != body.n:
+        raise bad_request("best_of is not supported: ask for n choices (with logprobs to rank them)",
+                          "unsupported_parameter")
+    given = [body.prompt] if isinstance(body.prompt, str) or isinstance(body.prompt[0], int) else body.prompt
+    check_count("prompts", len(given), cfg.max_prompts)
     check_count("choices (n)", body.n, cfg.max_n)
     check_max_tokens(body.max_tokens or 16, cfg.max_tokens_limit)
+    encoded = [_encode(served.tokenizer, p, cfg.max_input_chars) if isinstance(p, str)
+               else _token_ids(p, served.vocab_size) for p in given]
+    # A prompt given as ids is echoed (and logged) as its text.
+    prompts = [p if isinstance(p, str) else served.tokenizer.decode(ids, skip_special_tokens=False)
+               for p, ids in zip(given, encoded, strict=True)]
     log_inputs(request, prompts)
-    encoded = [_encode(served.tokenizer, p, cfg.max_input_chars) for p in prompts]
     bias = _logit_bias(body, served.vocab_size)
     grammar = await _grammar(body, served)
     jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for ids in encoded
