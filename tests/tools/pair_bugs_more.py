@@ -56,6 +56,10 @@ HELD = f"{SETTINGS}test_max_model_memory_counts_a_quantized_models_packed_weight
 TURNS = "tests/http/test_option_combinations_conversation_pairs.py::"
 BLOCK_POOL = "tserve/model/block_pool.py"
 SCHEMAS = "tserve/service/request_schemas.py"
+LEGACY = "tests/http/test_option_combinations_completions_pairs.py::"
+AS_ALONE = f"{LEGACY}test_a_list_of_prompts_with_n_seeded_echoed_choices_answers_each_prompt_as_if_alone"
+ECHOED_LOGPROBS = f"{LEGACY}test_echoed_prompt_logprobs_of_several_prompts_are_each_prompts_forward_pass"
+TOKEN_PROMPTS = f"{LEGACY}test_prompts_given_as_token_ids_answer_as_the_same_prompts_given_as_text"
 REMEMBERED_USAGE = (f"{METRIC_PAIRS}test_a_remembered_translation_generates_nothing_and_streamed_reports_the_usage_of_a"
                     "_translated_one")
 
@@ -351,8 +355,8 @@ PAIR_BUGS_MORE = [
         '    check_count("choices (n)", body.n, cfg.max_n)\n    try:\n        tools',
         '    check_count("choices (n)", body.n, cfg.max_prompts)\n    try:\n        tools', (MAX_N,)),
     Bug("prompts-times-n-against-max-prompts", COMPLETIONS,
-        '    check_count("prompts", len(prompts), cfg.max_prompts)',
-        '    check_count("prompts", len(prompts) * body.n, cfg.max_prompts)', (MAX_N,)),
+        '    check_count("prompts", len(given), cfg.max_prompts)',
+        '    check_count("prompts", len(given) * body.n, cfg.max_prompts)', (MAX_N,)),
     Bug("draft-model-not-quantized", "tserve/service/registry.py",
         "        draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend, quantize=s.quantize,\n",
         "        draft = checkpoint.load(path, device=device, dtype=s.dtype, backend=backend,\n",
@@ -428,4 +432,47 @@ PAIR_BUGS_MORE = [
         "    if rendered[at:at + len(final.lstrip())] == final.lstrip():\n", "    if False:\n",
         ("tests/model/test_option_combinations_tokenizers.py::"
          "test_a_chat_left_open_or_without_a_generation_prompt_renders_as_transformers_renders_it[hf-llama]",)),
+    # Legacy completions: several prompts, choices, seeds, echo and logprobs at once.
+    Bug("completions-seed-offset-counts-across-prompts", COMPLETIONS,
+        "    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for ids in encoded\n"
+        "            for j in range(body.n)]",
+        "    jobs = [(ids, _sampling(body, body.max_tokens or 16, p * body.n + j, body.logprobs, bias, grammar))\n"
+        "            for p, ids in enumerate(encoded) for j in range(body.n)]", (f"{AS_ALONE}[seed-21]",)),
+    Bug("completions-jobs-choice-major", COMPLETIONS,
+        "    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for ids in encoded\n"
+        "            for j in range(body.n)]",
+        "    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for j in range(body.n)\n"
+        "            for ids in encoded]", (f"{AS_ALONE}[seed-21]",)),
+    Bug("choice-prompt-read-choice-major", COMPLETIONS, "        p = i // body.n\n", "        p = i % len(prompts)\n",
+        (f"{AS_ALONE}[seed-21]",)),
+    Bug("echo-offsets-from-the-first-prompt", COMPLETIONS, "len(served.tokenizer.decode(encoded[p][:k]))",
+        "len(served.tokenizer.decode(encoded[0][:k]))", (ECHOED_LOGPROBS,)),
+    Bug("echo-offsets-where-tokens-end", COMPLETIONS, "for k in range(len(echo_logprobs[p]))]",
+        "for k in range(1, len(echo_logprobs[p]) + 1)]", (ECHOED_LOGPROBS,)),
+    Bug("echo-prefix-of-the-first-prompt", COMPLETIONS, 'Choice(i, req, prompts[p] if body.echo else ""',
+        'Choice(i, req, prompts[0] if body.echo else ""', (f"{AS_ALONE}[seed-21]",)),
+    Bug("streamed-echo-once-per-prompt", COMPLETIONS, "            for c in choices:\n                if c.prefix:",
+        "            for c in choices[:: body.n]:\n                if c.prefix:",
+        (f"{LEGACY}test_a_streamed_list_of_prompts_with_n_and_echo_streams_each_choice_under_its_own_index",)),
+    Bug("usage-prompt-tokens-of-the-first-prompt", COMPLETIONS, "prompt_tokens = sum(len(ids) for ids in encoded)",
+        "prompt_tokens = len(encoded[0]) * len(prompts)", (f"{AS_ALONE}[seed-21]",)),
+    Bug("context-check-skips-later-prompts", COMPLETIONS, "for ids, params in jobs[:: body.n]:",
+        "for ids, params in jobs[: len(prompts)]:",
+        (f"{LEGACY}test_a_later_prompt_past_the_context_is_refused_whatever_the_n_and_echo[echo-logprobs]",)),
+    Bug("score-prompt-reads-the-next-positions-logits", "tserve/service/engine/generation.py",
+        "logits = self.model(tokens)[0, :-1].float()", "logits = self.model(tokens)[0, 1:].float()",
+        (ECHOED_LOGPROBS,)),
+    Bug("seed-0-with-n-unseeded", COMPLETIONS, "seed=None if body.seed is None else (body.seed + seed_offset) % 2**63,",
+        "seed=(body.seed + seed_offset) % 2**63 if body.seed else None,", (f"{AS_ALONE}[seed-0]",)),
+    Bug("echo-prompt-alternatives-capped-at-one", COMPLETIONS,
+        "served.score_prompt, ids,\n                                           body.logprobs)",
+        "served.score_prompt, ids,\n                                           min(body.logprobs, 1))", (ECHOED_LOGPROBS,)),
+    # Fixed: OpenAI's other prompt forms served; what is not served refused.
+    Bug("token-id-prompts-read-as-one-prompt-each-id", COMPLETIONS,
+        "    given = [body.prompt] if isinstance(body.prompt, str) or isinstance(body.prompt[0], int) else body.prompt\n",
+        "    given = [body.prompt] if isinstance(body.prompt, str) else body.prompt\n", (TOKEN_PROMPTS,)),
+    Bug("token-id-prompts-outside-the-vocabulary", COMPLETIONS, "    if bad := [i for i in ids if not 0 <= i < vocab_size]:",
+        "    if bad := [i for i in ids if i < 0]:", (TOKEN_PROMPTS,)),
+    Bug("suffix-ignored", COMPLETIONS, "    if body.suffix:\n", "    if False:\n",
+        (f"{LEGACY}test_suffix_and_a_best_of_beyond_n_are_refused_not_ignored",)),
 ]
