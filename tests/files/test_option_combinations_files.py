@@ -208,7 +208,7 @@ def test_a_pivoted_file_is_the_second_models_translation_of_the_first_ones(pivot
     assert state["done_segments"] == state["total_segments"] > 0
 
 
-def test_a_pivoted_files_glossary_is_placed_by_its_last_hop(pivot):
+def test_a_pivoted_files_glossary_term_goes_through_both_hops(pivot):
     """A glossary's source terms are in the file's language and its target terms in the final one: through a
     pivot, the term found in the German goes through English as written and the last hop keeps it, in a file
     as in a text. A source term in the pivot language (English) is not the file's: it places nothing."""

@@ -317,11 +317,11 @@ PAIR_BUGS = [
     Bug("pivot-first-hop-drops-the-glossary", "tserve/service/translation/routing.py",
         "return TranslationAsk(texts, None, ask.max_tokens, 1, glossary,",
         "return TranslationAsk(texts, None, ask.max_tokens, 1, None,",
-        ("tests/files/test_option_combinations_files.py::test_a_pivoted_files_glossary_is_placed_by_its_last_hop",
+        ("tests/files/test_option_combinations_files.py::test_a_pivoted_files_glossary_term_goes_through_both_hops",
          f"{ROUTING}test_a_first_hop_is_asked_one_beam_and_no_alternatives_the_last_hop_the_request")),
     Bug("pivot-last-hop-looks-for-the-requests-source-terms", "tserve/service/translation/routing.py",
         "        glossary = {term: term for term in glossary.values()}\n", "        pass\n",
-        ("tests/files/test_option_combinations_files.py::test_a_pivoted_files_glossary_is_placed_by_its_last_hop",
+        ("tests/files/test_option_combinations_files.py::test_a_pivoted_files_glossary_term_goes_through_both_hops",
          f"{ROUTING}test_a_first_hop_is_asked_one_beam_and_no_alternatives_the_last_hop_the_request")),
 ]
 PAIR_BUGS += PAIR_BUGS_MORE
