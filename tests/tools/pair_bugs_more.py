@@ -431,7 +431,7 @@ PAIR_BUGS_MORE = [
     Bug("continued-message-loses-its-trailing-space", "tserve/model/chat_template.py",
         "    if rendered[at:at + len(final.lstrip())] == final.lstrip():\n", "    if False:\n",
         ("tests/model/test_option_combinations_tokenizers.py::"
-         "test_a_chat_left_open_or_without_a_generation_prompt_renders_as_transformers_renders_it[hf-llama]",)),
+         "test_a_chat_left_open_or_without_a_generation_prompt_renders_as_transformers_renders_it[hf-qwen2]",)),
     # Legacy completions: several prompts, choices, seeds, echo and logprobs at once.
     Bug("completions-seed-offset-counts-across-prompts", COMPLETIONS,
         "    jobs = [(ids, _sampling(body, body.max_tokens or 16, j, body.logprobs, bias, grammar)) for ids in encoded\n"
