@@ -67,7 +67,8 @@ def lm_eos(tmp_path_factory):
 def no_one_by_one_fallback(caplog):
     caplog.set_level(logging.WARNING, logger="tserve.engine")
     yield
-    fallbacks = [r.getMessage() for r in caplog.get_records("call") if "one by one" in r.getMessage()]
+    fallbacks = [r.getMessage() for r in caplog.get_records("call")
+                 if r.name == "tserve.engine" and "one by one" in r.getMessage()]
     assert not fallbacks, fallbacks
 
 
@@ -426,4 +427,7 @@ def test_failures_are_logged_with_the_model(lm, monkeypatch, caplog):
     logged = {r.getMessage(): r for r in caplog.records}
     assert logged["engine loop died; restarting it"].model == "lm"
     assert logged["request failed"].model == "lm"
-    assert logged["batch failed"].model == "vit" and logged["batch failed"].size == 2
+    # The batch's failure, then each item's alone (a batch_fn that fails on every item).
+    whole = logged["batch failed; running its items one by one"]
+    assert whole.model == "vit" and whole.size == 2
+    assert logged["batch failed"].model == "vit" and logged["batch failed"].size == 1
