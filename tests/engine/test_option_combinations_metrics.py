@@ -24,6 +24,8 @@ from tests.helpers.polling import until
 from tserve.model.decoding import SamplingParams
 from tserve.service.engine import GenerationEngine, TranslationEngine
 from tserve.service.metrics import Metrics
+from tserve.service.registry import ModelRegistry
+from tserve.service.settings import Settings
 from tserve.service.translation.served import collect_translation
 
 TINY_LM = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-lm"
@@ -284,3 +286,30 @@ def test_a_model_unloaded_and_loaded_again_under_its_name_counts_afresh(app):
         assert sample(metrics, "tserve_running_requests", "again") == 0
     finally:
         reg.unload_model("again")
+
+
+def test_a_replaced_model_draining_leaves_the_names_gauges_to_the_new_one():
+    """A model replaced under its name drains what it holds: while it does, the name's gauges (running requests,
+    the queue, the cache in use) are the new model's, not overwritten by the old one's steps, and what the old one
+    finishes still counts (its tokens are generated under that name)."""
+    metrics = Metrics()
+    reg = ModelRegistry(Settings(device="cpu", warmup=False, gc_freeze=False), metrics)
+    try:
+        reg.load_model("lm", TINY_LM)
+        old = reg.models["lm"].worker
+        served = reg.prepare("lm", TINY_LM)
+        assert reg.install("lm", served)
+        new = reg.models["lm"].worker
+        assert new is not old
+        new.m.running.set(0)
+        new.m.queue_depth.set(0)
+        old.m.running.set(3)  # what the old one's steps write while it drains
+        old.m.queue_depth.set(2)
+        assert sample(metrics, "tserve_running_requests", "lm") == 0
+        assert sample(metrics, "tserve_queue_depth", "lm") == 0
+        tokens = sample(metrics, "tserve_generated_tokens_total", "lm") or 0.0
+        old.m.generated_tokens.inc(5)
+        assert sample(metrics, "tserve_generated_tokens_total", "lm") == tokens + 5
+        reg.retire()
+    finally:
+        reg.stop()

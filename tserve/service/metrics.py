@@ -109,6 +109,32 @@ class ModelMetrics:
         setattr(self, attr, child)
         return child
 
+    def replaced(self) -> ModelMetrics:
+        """The series of a model that another now serves under its name, while it drains: what it finishes still
+        counts (counters, histograms), but the gauges (what runs, waits and is held now) are the new model's alone."""
+        return _ReplacedModelMetrics(self._metrics, self._name)
+
+
+class _Unreported:
+    """A gauge child that reports nothing."""
+
+    def set(self, value: float) -> None:
+        pass
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def dec(self, amount: float = 1) -> None:
+        pass
+
+
+class _ReplacedModelMetrics(ModelMetrics):
+    def __getattr__(self, attr: str):  # noqa: ANN204
+        metric = getattr(self._metrics, attr)
+        child = _Unreported() if isinstance(metric, Gauge) else metric.labels(self._name)
+        setattr(self, attr, child)
+        return child
+
 
 def observe_all(histogram, values: list[float]) -> None:  # noqa: ANN001 - a prometheus Histogram child
     """`histogram.observe(v)` for every value, with one update per bucket hit: an engine step observes one

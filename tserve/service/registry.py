@@ -262,6 +262,8 @@ class ModelRegistry:
             self.states[name] = ModelState("READY")
             if old is not None:
                 self._retiring.append(old)
+                for worker in old.workers:
+                    worker.replaced()
             self._changed()
         if self.settings.gc_freeze and old is None:  # a replacement is frozen by `retire`, after the old one goes
             heap.freeze()

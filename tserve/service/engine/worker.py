@@ -99,6 +99,11 @@ class Worker:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    def replaced(self) -> None:
+        """Another model serves this one's name now: while this one drains, its finished requests still count, but
+        the name's gauges (running, waiting, the cache in use) are the new model's alone."""
+        self.m = self.m.replaced()
+
     def refuse_new(self) -> None:
         """Start shutting down: new requests are refused from now on; queued and running ones go on."""
         self._draining = True
