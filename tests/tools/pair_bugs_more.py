@@ -60,6 +60,8 @@ LEGACY = "tests/http/test_option_combinations_completions_pairs.py::"
 AS_ALONE = f"{LEGACY}test_a_list_of_prompts_with_n_seeded_echoed_choices_answers_each_prompt_as_if_alone"
 ECHOED_LOGPROBS = f"{LEGACY}test_echoed_prompt_logprobs_of_several_prompts_are_each_prompts_forward_pass"
 TOKEN_PROMPTS = f"{LEGACY}test_prompts_given_as_token_ids_answer_as_the_same_prompts_given_as_text"
+REPLACED = ("tests/engine/test_option_combinations_metrics.py::"
+            "test_a_replaced_model_draining_leaves_the_names_gauges_to_the_new_one")
 REMEMBERED_USAGE = (f"{METRIC_PAIRS}test_a_remembered_translation_generates_nothing_and_streamed_reports_the_usage_of_a"
                     "_translated_one")
 
@@ -475,4 +477,11 @@ PAIR_BUGS_MORE = [
         "    if bad := [i for i in ids if i < 0]:", (TOKEN_PROMPTS,)),
     Bug("suffix-ignored", COMPLETIONS, "    if body.suffix:\n", "    if False:\n",
         (f"{LEGACY}test_suffix_and_a_best_of_beyond_n_are_refused_not_ignored",)),
+    # Fixed: a replaced model's drain beside the name's gauges.
+    Bug("replaced-workers-keep-writing-gauges", "tserve/service/registry.py",
+        "                for worker in old.workers:\n                    worker.replaced()\n", "",
+        (REPLACED,)),
+    Bug("replaced-metrics-drop-the-counters", "tserve/service/metrics.py",
+        "        child = _Unreported() if isinstance(metric, Gauge) else metric.labels(self._name)",
+        "        child = _Unreported()", (f"{REPLACED}",)),
 ]
