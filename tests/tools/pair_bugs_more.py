@@ -482,6 +482,6 @@ PAIR_BUGS_MORE = [
         "                for worker in old.workers:\n                    worker.replaced()\n", "",
         (REPLACED,)),
     Bug("replaced-metrics-drop-the-counters", "tserve/service/metrics.py",
-        "        child = _Unreported() if isinstance(metric, Gauge) else metric.labels(self._name)",
-        "        child = _Unreported()", (f"{REPLACED}",)),
+        "        child = _UNREPORTED if isinstance(metric, Gauge) else metric.labels(self._name)",
+        "        child = _UNREPORTED", (REPLACED,)),
 ]

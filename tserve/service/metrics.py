@@ -115,23 +115,14 @@ class ModelMetrics:
         return _ReplacedModelMetrics(self._metrics, self._name)
 
 
-class _Unreported:
-    """A gauge child that reports nothing."""
-
-    def set(self, value: float) -> None:
-        pass
-
-    def inc(self, amount: float = 1) -> None:
-        pass
-
-    def dec(self, amount: float = 1) -> None:
-        pass
+# A gauge in no registry: what a replaced model's gauges are set to is never exported.
+_UNREPORTED = Gauge("tserve_unreported", "not exported", registry=None)
 
 
 class _ReplacedModelMetrics(ModelMetrics):
     def __getattr__(self, attr: str):  # noqa: ANN204
         metric = getattr(self._metrics, attr)
-        child = _Unreported() if isinstance(metric, Gauge) else metric.labels(self._name)
+        child = _UNREPORTED if isinstance(metric, Gauge) else metric.labels(self._name)
         setattr(self, attr, child)
         return child
 

@@ -38,7 +38,7 @@ def read_epub(data: bytes, limits: Limits) -> FileDocument:
         if name not in box.entries:
             continue
         if item.get("media-type") == "application/xhtml+xml":
-            markup = parse_html(decode_text(box.entries[name], ".xhtml"))
+            markup = parse_html(decode_text(box.entries[name], ".xhtml", utf16=False))
             if markup.blocks:
                 pages.append((name, markup))
         elif item.get("media-type") == "application/x-dtbncx+xml":

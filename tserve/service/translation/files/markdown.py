@@ -117,7 +117,7 @@ def _write(nodes: list[Node]) -> str:
 
 
 def read_markdown(data: bytes) -> FileDocument:
-    text = decode_text(data, ".md", utf16=True)
+    text = decode_text(data, ".md")
     md = MarkdownIt("commonmark").enable(["table", "strikethrough"]).disable("text_join")
     lines = text.splitlines(keepends=True)
     starts = [0]

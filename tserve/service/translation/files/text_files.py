@@ -2,11 +2,11 @@
 
 Text files are UTF-8 (a BOM is kept) or UTF-16 with its byte order mark (written back so); a file with NUL bytes
 or a zip's signature is not text. A .txt is one document: sentences, their layout kept byte for byte
-(tserve/model/segmentation.py). An .html page goes through the HTML path (tserve/model/html_markup.py). A subtitle file keeps every line that is not a cue's text as it is
-(numbers, timings and their settings, WebVTT's header, NOTE, STYLE and REGION blocks); a cue's lines are read
-as one text (a sentence often runs over two lines), its inline tags (<i>, <b>, <v Speaker>) placed like HTML
-tags, and its translation is wrapped again into as many lines as the cue had, at the spaces nearest to equal
-lengths."""
+(tserve/model/segmentation.py). An .html page goes through the HTML path (tserve/model/html_markup.py). A subtitle
+file keeps every line that is not a cue's text as it is (numbers, timings and their settings, WebVTT's header,
+NOTE, STYLE and REGION blocks); a cue's lines are read as one text (a sentence often runs over two lines), its
+inline tags (<i>, <b>, <v Speaker>) placed like HTML tags, and its translation is wrapped again into as many lines
+as the cue had, at the spaces nearest to equal lengths."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def utf16_of(data: bytes) -> str | None:
     return next((name for bom, name in _UTF16.items() if data.startswith(bom)), None)
 
 
-def decode_text(data: bytes, what: str, utf16: bool = False) -> str:
-    """A text file's text: UTF-8 (a BOM dropped), or with `utf16`, UTF-16 after its byte order mark."""
+def decode_text(data: bytes, what: str, utf16: bool = True) -> str:
+    """A text file's text: UTF-8 (a BOM dropped), or UTF-16 after its byte order mark (unless `utf16` is false: a
+    part of a container, which is written back as UTF-8)."""
     wide = utf16_of(data) if utf16 else None
     if wide is not None:
         try:
@@ -65,7 +66,7 @@ def charset(media: str, data: bytes) -> str:
 
 
 def read_txt(data: bytes) -> FileDocument:
-    text = decode_text(data, ".txt", utf16=True)
+    text = decode_text(data, ".txt")
     if not text.strip():
         raise FileRefused("the file holds no text to translate", "empty_input")
     return FileDocument(Markup([Block("", text, [], "", {})]), no_escape,
@@ -73,7 +74,7 @@ def read_txt(data: bytes) -> FileDocument:
 
 
 def read_html(data: bytes) -> FileDocument:
-    text = decode_text(data, ".html", utf16=True)
+    text = decode_text(data, ".html")
     markup = parse_html(text)
     if not markup.blocks:
         raise FileRefused("the page holds no text to translate", "empty_input")
@@ -106,7 +107,7 @@ def rewrap(text: str, lines: int, newline: str) -> str:
 
 def read_subtitles(data: bytes, vtt: bool) -> FileDocument:
     what = ".vtt" if vtt else ".srt"
-    text = decode_text(data, what, utf16=True)
+    text = decode_text(data, what)
     if vtt and not text.startswith("WEBVTT"):
         raise FileRefused("the file is not a WebVTT file (it does not start with WEBVTT)", "file_mismatch")
     newline = "\r\n" if "\r\n" in text else "\n"
