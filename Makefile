@@ -17,12 +17,11 @@ $(BIN)/.installed: pyproject.toml
 	# The CPU kernels (tserve/model/kernels/*.cpp: decode attention, int8 row mapping), built now rather than by the first
 	# server or test that asks for them; without a C++ compiler PyTorch's paths serve and this says why.
 	$(BIN)/python -m tserve.model.kernels
-	# Bytecode for the project, for what the tests import of the installed packages, and pytest's assert-rewritten
-	# modules (the tests', and its plugins': schemathesis alone is 244 modules), compiled once here, even where
-	# PYTHONDONTWRITEBYTECODE is set: otherwise each test worker and server process would compile them again.
+	# Bytecode for the project, compiled once here, even where PYTHONDONTWRITEBYTECODE is set: otherwise each server
+	# process a test starts would compile it again. What the tests import of the installed packages, and pytest's
+	# assert-rewritten modules, are compiled by the test workers as they collect (both at once, in the time one takes),
+	# and kept (`make test` sets PYTHONDONTWRITEBYTECODE= too).
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q tserve tests bench
-	# (A test module that cannot be collected is `make test`'s to report, not the set-up's.)
-	-PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --collect-only -p no:cacheprovider > /dev/null 2>&1
 	touch $@
 
 setup: $(BIN)/.installed

@@ -100,11 +100,18 @@ step_train() {  # the bundled translators and LM, trained on from their weights 
     --device "${TRAIN_DEVICE:-cuda}" --batch "${LM_BATCH:-64}" --lr "${LM_LR:-1e-3}" --dropout "${LM_DROPOUT:-0.1}" --steps 1000000 \
     --max-minutes "$minutes" >"$runs/lm.log" 2>&1 & pids+=($!)
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  local trained=()
   for name in en-de de-en lm; do
     tail -n 3 "$runs/$name.log"
-    [ -f "$runs/$name/model.safetensors" ] || { rc=1; continue; }
-    python3 -m tserve.training half "$runs/$name" && cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors" || rc=1
+    if [ -f "$runs/$name/model.safetensors" ]; then trained+=("$name"); else rc=1; fi
   done
+  if [ ${#trained[@]} -gt 0 ]; then  # one process for all: each start imports torch again
+    if python3 -m tserve.training half "${trained[@]/#/$runs/}"; then
+      for name in "${trained[@]}"; do cp "$runs/$name/model.safetensors" "$OUT/$name.safetensors" || rc=1; done
+    else
+      rc=1
+    fi
+  fi
   tar -czf "$OUT/train-records.tar.gz" -C "$runs" --exclude='*.safetensors' --exclude=data . || rc=1
   return $rc
 }

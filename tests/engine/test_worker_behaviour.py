@@ -1,7 +1,7 @@
 """One behaviour suite for the three workers that hold requests: the language-model engine, the translation
 engine and the classification batcher. Each runs with room for one request at a time and one waiting, and
 with work slow enough (slowed engine steps, a slow batch function) that a request is still running when the
-test acts on it. The same tests, through a small adapter per worker: a full queue refuses, a cancelled
+test acts on it, until the test lets the work go at full speed to collect the results. The same tests, through a small adapter per worker: a full queue refuses, a cancelled
 waiting request is never computed, stopping lets held requests finish while new ones are refused, a request
 past its deadline fails with a timeout, and call jobs (attention maps, prompt scoring) wait in the same queue."""
 
@@ -31,8 +31,8 @@ from tserve.service.engine import (
 from tserve.service.engine.translation_input import Translator
 from tserve.service.metrics import Metrics
 
-STEP_S = 0.02  # engine steps slowed to this: a 60-token request runs for more than a second
-BATCH_S = 0.6  # the batch function's time for a "long" item
+STEP_S = 0.02  # engine steps slowed to this until released: a 60-token request runs for more than a second
+BATCH_S = 0.6  # the batch function's time for a "long" item until released
 
 
 class Worker:
@@ -42,6 +42,7 @@ class Worker:
     def __init__(self, start: Callable[..., Any]) -> None:
         self._start = start
         self.inner: Any = None
+        self.released = threading.Event()  # set: the slow work goes at full speed (the test has done its acting)
 
     def start(self, **limits: Any) -> Worker:
         self.inner = self._start(self, **limits)
@@ -65,8 +66,11 @@ class Worker:
         """The jobs the worker did any work for."""
         raise NotImplementedError
 
-    async def results(self, *jobs: Any) -> list[str]:
-        """Every job's result; a worker that stopped working fails here instead of hanging the suite."""
+    async def results(self, *jobs: Any, release: bool = True) -> list[str]:
+        """Every job's result, the slow work released first unless told not to; a worker that stopped working
+        fails here instead of hanging the suite."""
+        if release:
+            self.released.set()
         return list(await asyncio.wait_for(asyncio.gather(*(self.result(j) for j in jobs)), timeout=20))
 
 
@@ -124,7 +128,7 @@ def mt(tmp_path_factory):
 def lm_worker(lm) -> Worker:  # noqa: ANN001
     def start(w: Worker, max_queue: int = 1, timeout_s: float = 60.0) -> GenerationEngine:
         return slow_steps(GenerationEngine("lm", lm, max_slots=1, max_queue=max_queue, max_model_len=None,
-                                           timeout_s=timeout_s, metrics=Metrics()), STEP_S)
+                                           timeout_s=timeout_s, metrics=Metrics()), STEP_S, w.released)
 
     prompt = lm.tokenizer.encode("Hello world")
     return EngineWorker(start, lambda name, long: (prompt, SamplingParams(max_tokens=60 if long else 2,
@@ -136,7 +140,7 @@ def mt_worker(mt) -> Worker:  # noqa: ANN001 - random weights: it writes to its 
 
     def start(w: Worker, max_queue: int = 1, timeout_s: float = 60.0) -> TranslationEngine:
         return slow_steps(TranslationEngine("mt", mt, max_rows=1, max_queue=max_queue, timeout_s=timeout_s,
-                                            metrics=Metrics()), STEP_S)
+                                            metrics=Metrics()), STEP_S, w.released)
 
     return EngineWorker(start, lambda name, long: translator.job("hello world", 1, 60 if long else 2))
 
@@ -144,7 +148,8 @@ def mt_worker(mt) -> Worker:  # noqa: ANN001 - random weights: it writes to its 
 def batcher_worker() -> Worker:
     def start(w: BatcherWorker, max_queue: int = 1, timeout_s: float = 60.0) -> DynamicBatcher:
         def batch_fn(items: list[tuple[str, bool]]) -> list[str]:
-            time.sleep(BATCH_S if any(long for _, long in items) else 0.0)
+            if any(long for _, long in items):
+                w.released.wait(BATCH_S)
             w.done.extend(name for name, _ in items)
             return [name for name, _ in items]
 
@@ -209,6 +214,7 @@ def test_the_queue_is_counted_safely_while_requests_arrive(worker):
         done.set()
         reader.join()
         sys.setswitchinterval(interval)
+        w.released.set()
         w.inner.stop(drain_timeout_s=0)
     assert failures == []
 
@@ -289,7 +295,7 @@ def test_a_request_past_its_deadline_while_queued_times_out(worker):
         waiting = w.submit("waiting", long=False)
         waiting.deadline = time.perf_counter() + 0.1
         with pytest.raises(RequestTimeout, match="while queued"):
-            await w.results(waiting)
+            await w.results(waiting, release=False)  # the running one still holds the only row
         assert await w.results(running) == ["running"]
 
     try:
@@ -306,7 +312,7 @@ def test_a_running_request_past_its_deadline_times_out(which, lm, mt):
 
     async def run() -> None:
         with pytest.raises(RequestTimeout):
-            await w.results(w.submit("slow", long=True))
+            await w.results(w.submit("slow", long=True), release=False)
         await until(lambda: w.held() == 0)
 
     try:
@@ -335,6 +341,7 @@ def test_a_call_job_waits_in_the_same_queue_and_runs_in_the_worker_thread(worker
         with pytest.raises(QueueFull):
             w.submit("refused", long=False)
         dropped.cancel()
+        w.released.set()
         assert await asyncio.wait_for(w.inner.result(kept), 20) == "KEPT"
         with pytest.raises(ValueError, match="bad input"):
             await asyncio.wait_for(w.inner.result(w.inner.call(job, "bad")), 20)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,17 +36,20 @@ from tserve.service.registry import ModelRegistry  # noqa: E402
 from tserve.service.vision.images import Classifier  # noqa: E402
 
 
-def slow_steps(target: Worker | type[Worker], seconds: float) -> Worker | type[Worker]:
+def slow_steps(target: Worker | type[Worker], seconds: float,
+               released: threading.Event | None = None) -> Worker | type[Worker]:
     """Make every step of `target` (an engine, or the class: every engine) sleep `seconds` first, so that a
-    request of many tokens is still running when a test acts on it."""
+    request of many tokens is still running when a test acts on it; once `released` is set, no more (the test
+    has acted and waits for the results)."""
     original = target.step
+    pause = (lambda: released.wait(seconds)) if released is not None else (lambda: time.sleep(seconds))
     if isinstance(target, type):
         def step(self: Worker) -> None:
-            time.sleep(seconds)
+            pause()
             original(self)
     else:
         def step() -> None:
-            time.sleep(seconds)
+            pause()
             original()
     target.step = step
     return target

@@ -437,7 +437,7 @@ BUGS = [
         ("tests/model/test_gguf_families.py::test_q_k_v_fused_by_the_converter_are_split_again[llama]",
          "tests/model/test_gguf_families.py::test_q_k_v_fused_by_the_converter_are_split_again[qwen2]")),
     Bug("gpu-train-step-brings-back-float32", "bench/gpu_session.sh",
-        'python3 -m tserve.training half "$runs/$name" && cp', "cp",
+        'if python3 -m tserve.training half "${trained[@]/#/$runs/}"; then', "if true; then",
         ("tests/training/test_gpu_session_train.py::test_the_gpu_train_step_continues_the_bundled_text_models_from_a_data_pack",)),
     Bug("device-busy-sums-overlapping-kernels", "tserve/testing/device_busy.py",
         "        if reach is None or start >= reach:\n            total += end - start",

@@ -70,10 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "full and split figures are stored apart")
     e.set_defaults(func=run_eval)
 
-    h = subparsers.add_parser("half", help="store a checkpoint's float32 weights in float16",
-                              description="Rewrite model.safetensors with its float32 tensors in float16 (half the "
-                                          "size; served in --dtype as before) and re-render the model card.")
-    h.add_argument("checkpoint", help="checkpoint directory")
+    h = subparsers.add_parser("half", help="store checkpoints' float32 weights in float16",
+                              description="Rewrite each checkpoint's model.safetensors with its float32 tensors in "
+                                          "float16 (half the size; served in --dtype as before) and re-render its "
+                                          "model card.")
+    h.add_argument("checkpoint", nargs="+", help="checkpoint directory")
     h.set_defaults(func=run_half)
 
     from tserve.training.alignment import register as register_align  # noqa: PLC0415
@@ -170,14 +171,15 @@ def run_half(args: argparse.Namespace) -> int:
 
     from tserve.training.card import write_card  # noqa: PLC0415
 
-    path = Path(args.checkpoint) / "model.safetensors"
-    with safe_open(str(path), "pt") as f:
-        metadata = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
-    halved = {k: v.half() if v.dtype == torch.float32 else v for k, v in tensors.items()}
-    save_file(halved, str(path), metadata=metadata)
-    write_card(args.checkpoint)
-    print(f"{path}: {sum(v.dtype == torch.float32 for v in tensors.values())} tensors now float16")
+    for checkpoint in args.checkpoint:
+        path = Path(checkpoint) / "model.safetensors"
+        with safe_open(str(path), "pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        halved = {k: v.half() if v.dtype == torch.float32 else v for k, v in tensors.items()}
+        save_file(halved, str(path), metadata=metadata)
+        write_card(checkpoint)
+        print(f"{path}: {sum(v.dtype == torch.float32 for v in tensors.values())} tensors now float16")
     return 0
 
 
