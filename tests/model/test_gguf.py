@@ -166,7 +166,8 @@ def test_named_pre_tokenizers_split_as_the_released_tokenizers(pre, originals, t
 
 
 def test_sentencepiece_without_a_space_prefix(originals, tmp_path):
-    """`tokenizer.ggml.add_space_prefix` false: no space in front of the text, as the tokenizer.json says."""
+    """`tokenizer.ggml.add_space_prefix` false: no space in front of the text, as the tokenizer.json says, and
+    none taken off a text that begins with one when decoding (the original then has no Strip decoder)."""
     import json
     import shutil
 
@@ -175,10 +176,14 @@ def test_sentencepiece_without_a_space_prefix(originals, tmp_path):
     d = shutil.copytree(originals["mistral"], tmp_path / "original")
     tj = json.loads((d / "tokenizer.json").read_text())
     tj["pre_tokenizer"]["prepend_scheme"] = "never"
+    tj["decoder"]["decoders"] = [step for step in tj["decoder"]["decoders"] if step["type"] != "Strip"]
     (d / "tokenizer.json").write_text(json.dumps(tj))
     want = load_tokenizer(d)
     got = checkpoint.load(write_gguf(d, tmp_path / "t.gguf", "mistral")).tokenizer
-    assert [got.encode(t) for t in TEXTS] == [want.encode(t) for t in TEXTS]
+    texts = [*TEXTS, " Hello world", "  two spaces first"]
+    assert [got.encode(t) for t in texts] == [want.encode(t) for t in texts]
+    assert [got.decode(want.encode(t)) for t in texts] == [want.decode(want.encode(t)) for t in texts]
+    assert want.decode(want.encode(" Hello world")) == " Hello world"  # the decoder's case is reached
     assert want.encode("Hello") != load_tokenizer(originals["mistral"]).encode("Hello")  # the flag matters
 
 

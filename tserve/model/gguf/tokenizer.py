@@ -112,11 +112,13 @@ def gguf_tokenizer(meta: dict[str, Any], file: object) -> HFTokenizer:
         tok = tokenizers.Tokenizer(models.BPE(vocab, sentencepiece_merges(tokens, scores), unk_token=unk,
                                               fuse_unk=True, byte_fallback=True))
         # A space in front of the text unless the file says not (`add_space_prefix`: false for some SentencePiece
-        # models, whose tokenizer.json then says prepend_scheme "never").
-        prepend = "first" if meta.get("tokenizer.ggml.add_space_prefix", True) else "never"
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend, split=False)
+        # models, whose tokenizer.json then says prepend_scheme "never"); decoding takes off only a space that
+        # encoding put there (transformers' converter and llama.cpp's detokenizer do the same).
+        space_prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if space_prefix else
+                                                     "never", split=False)
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+                                         *([decoders.Strip(" ", 1, 0)] if space_prefix else [])])
     else:
         raise CheckpointError(f"{file}: tokenizer.ggml.model {kind!r} is not supported (gpt2, llama)")
     tok.add_tokens([AddedToken(t, special=True, normalized=False)
