@@ -189,6 +189,7 @@ def test_the_memory_survives_a_restart(aligned_mt, tmp_path):
         first.stop()
     second = ServerProcess(args, tmp_path / "two.log").wait_ready()
     try:
+        assert _metric(second, "tserve_translation_memory_entries") == 2  # held from the start, before any request
         tokens = second.metric("tserve_generated_tokens_total", "mt", 0.0)
         after = httpx.post(second.url + "/v1/translations", json=body).json()["data"][0]["translation"]
         assert after == before

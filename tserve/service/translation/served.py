@@ -270,6 +270,7 @@ class ServedTranslator(ServedModel):
         if self.memory is not None:  # the translations depend on the weights and how they are held
             files = sorted(p for p in self.loaded.path.iterdir() if p.suffix in (".safetensors", ".json"))
             self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"
+            self.metrics.memory_entries.set(len(self.memory))  # what a file of an earlier run holds, from the start
         return self.engine
 
     def warm_up(self) -> None:
