@@ -94,6 +94,35 @@ def test_a_memory_file_shared_with_a_bfloat16_server_keeps_each_dtypes_own_answe
         same.stop()
 
 
+@pytest.mark.parametrize(("quantize", "first", "second"), [
+    ("int8", {"int8_activations": "full"}, {"int8_activations": "7bit"}),
+    ("int4", {"int4_group_size": 32}, {"int4_group_size": 64}),
+], ids=["int8-activations", "int4-group-size"])
+def test_servers_of_one_format_computed_otherwise_keep_their_own_answers_in_a_shared_memory(
+        mt, tmp_path, quantize, first, second):  # noqa: F811
+    """The same weights quantized the same way but computed otherwise (int8's activation scheme, int4's group
+    size) give other numbers: a server that shares the memory file misses what the other stored, and one set up
+    the same way hits it."""
+    path = mt.registry.models["mt"].loaded.path
+    memory_file = str(tmp_path / "memory.sqlite")
+    body = {"input": "the king is nice today", "num_beams": 2, "n": 2}
+    apps = []
+    try:
+        for options in (first, second, first):
+            apps.append(InProcessApp({"mt": path}, quantize=quantize, translation_memory=memory_file, **options))
+        memory = apps[0].registry.models["mt"].memory
+        one(apps[0], **body)  # stored
+        hits, misses, _ = counts(memory)
+        assert one(apps[1], **body) == one(apps[1], **body, cache=False)
+        assert (memory.hits, memory.misses) == (hits, misses + 1)  # computed otherwise: not answered from it
+        hits, misses, _ = counts(memory)
+        one(apps[2], **body)
+        assert (memory.hits, memory.misses) == (hits + 1, misses)
+    finally:
+        for app in apps:
+            app.stop()
+
+
 def test_a_translator_reloaded_with_another_generation_config_is_not_answered_from_the_old_ones_memory(
         mt, tmp_path):  # noqa: F811
     """The weights are the same bytes but generation.json's length_penalty changes every score: a translator

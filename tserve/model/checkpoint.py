@@ -76,6 +76,8 @@ class LoadedModel:
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     source_format: str = "tserve"  # or "hf-<model_type>": "hf-gpt2", "hf-llama", ...
     quantization: str = "none"  # or "int8" / "int4": the linear layers hold int8 / int4 weights
+    # How those weights compute, where a format has a choice: int8's activation scheme, int4's group size.
+    quantization_options: dict[str, Any] = field(default_factory=dict)
     parameter_count: int = 0  # counted at load: packed and int8 layers hold their weights outside `parameters()`
     languages: tuple[str, str] | None = None  # a translator's (source, target) language codes, when known
 
@@ -302,6 +304,7 @@ def load(
         if given is not None:
             given.report(path, quantize, dict(gguf_file.weights.weight_types()))
         loaded.quantization = quantize
+    loaded.quantization_options = dict(quantized)
     fuses = fused_layers and hasattr(loaded.model, "fuse_decode")
     # A float32 model whose decode steps fuse keeps its weights as they are (the fused step reads them row by row,
     # `dense_rows`; prefill's larger products lay them out per call, on oneDNN); the others are pre-packed, then

@@ -269,7 +269,8 @@ class ServedTranslator(ServedModel):
         self.memory = shared_memory(s.translation_memory, s.translation_memory_max_entries)
         if self.memory is not None:  # the translations depend on the weights and how they are held
             files = sorted(p for p in self.loaded.path.iterdir() if p.suffix in (".safetensors", ".json"))
-            self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"
+            options = "".join(f"/{k}={v}" for k, v in sorted(self.loaded.quantization_options.items()))
+            self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}{options}"
             self.metrics.memory_entries.set(len(self.memory))  # what a file of an earlier run holds, from the start
         return self.engine
 
