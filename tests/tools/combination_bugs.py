@@ -13,6 +13,7 @@ structured output beside each other and beside streaming, stop strings and specu
 
 from __future__ import annotations
 
+from tests.tools.config_bugs import CONFIG_BUGS
 from tests.tools.model_option_bugs import MODEL_OPTION_BUGS
 from tests.tools.option_bugs import OPTION_BUGS
 from tests.tools.pair_bugs import PAIR_BUGS
@@ -279,8 +280,8 @@ COMBINATION_BUGS = [
         '        return memory_key(self.name, "", languages[0], languages[1], options,',
         (f"{OPS}test_a_translator_replaced_under_its_name_is_not_answered_from_the_old_ones_memory",)),
     Bug("weights-hash-without-quantization", "tserve/service/translation/served.py",
-        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"',
-        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.dtype}"',
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}{options}"',
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.dtype}{options}"',
         (f"{OPS}test_a_memory_shared_by_servers_of_another_quantization_misses",)),
     Bug("file-jobs-drop-the-glossary", "tserve/service/routes/files.py",
         '_form_int(form, "max_tokens"), 1, terms, False,', '_form_int(form, "max_tokens"), 1, None, False,',
@@ -411,4 +412,4 @@ COMBINATION_BUGS = [
         (f"{OPS}test_stopping_the_registry_drains_every_worker_against_one_request_timeout",)),
 ]
 
-COMBINATION_BUGS += OPTION_BUGS + MODEL_OPTION_BUGS + PAIR_BUGS
+COMBINATION_BUGS += OPTION_BUGS + MODEL_OPTION_BUGS + PAIR_BUGS + CONFIG_BUGS

@@ -1,0 +1,222 @@
+"""Planted bugs of the fourth survey: a feature in a configuration other than the one its tests use (another dtype,
+weight format, attention backend, tokenizer family, thread count) or at another point of a lifecycle (after a
+request failed, a model was replaced, the server restarted). The tests written for those let through:
+`tests/engine/test_option_combinations_dtypes.py`, `tests/model/test_option_combinations_formats.py`,
+`tests/model/test_option_combinations_backends.py`, `tests/model/test_option_combinations_tokenizer_families.py`,
+`tests/http/test_option_combinations_lifecycle.py`, `tests/engine/test_option_combinations_after_failures.py` and
+`tests/model/test_option_combinations_threads.py`; the others were caught by the tests named. Part of
+`tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
+
+from __future__ import annotations
+
+from tests.tools.planted_bug import Bug
+
+ATTENTION = "tserve/model/attention.py"
+DECODER = "tserve/model/decoder.py"
+QUANTIZE = "tserve/model/quantize.py"
+TOKENIZER = "tserve/model/tokenizer.py"
+GGUF_TOKENIZER = "tserve/model/gguf/tokenizer.py"
+COMPLETIONS = "tserve/service/routes/completions.py"
+REGISTRY = "tserve/service/registry.py"
+REPOSITORY = "tserve/service/routes/repository.py"
+
+DTYPES = "tests/engine/test_option_combinations_dtypes.py::"
+HALF_CACHES = f"{DTYPES}test_a_half_precision_server_holds_its_caches_in_that_dtype_and_fits_twice_the_blocks"
+FORMATS = "tests/model/test_option_combinations_formats.py::"
+NARROW = f"{FORMATS}test_a_block_layer_narrower_than_whole_blocks_pads_its_inputs_after_them"
+FUSED_NARROW = f"{FORMATS}test_fused_steps_of_several_rows_on_widths_off_the_blocks_equal_the_layers_steps"
+LENS_TIED = f"{FORMATS}test_the_last_lens_layer_of_a_quantized_tied_model_is_its_own_prediction"
+BACKENDS = "tests/model/test_option_combinations_backends.py::"
+TOKENIZERS = "tests/model/test_option_combinations_tokenizer_families.py::"
+LIFECYCLE = "tests/http/test_option_combinations_lifecycle.py::"
+ROUTE_REPLACED = f"{LIFECYCLE}test_a_translator_replaced_by_the_route_takes_its_pairs_routes_as_a_fresh_server_would"
+FROZEN = f"{LIFECYCLE}test_with_gc_freeze_a_replaced_model_and_a_failed_load_leave_the_heap_frozen"
+PAIRS = "tests/http/test_option_combinations_completions_pairs.py::"
+GGUF = "tests/model/test_gguf.py::"
+
+CONFIG_BUGS = [
+    # A model served in half precision.
+    Bug("constraints-in-the-models-dtype", "tserve/model/decoding/logits.py",
+        "scores = scores.float()  # a no-op", "scores = scores  # a no-op",
+        (f"{DTYPES}test_bfloat16_logprobs_with_a_bias_and_penalties_are_float32_over_the_models_logits",)),
+    Bug("argmax-bans-lose-the-scores-dtype", "tserve/model/kernels/cpu.py",
+        'to_device(float("-inf"), dev, scores.dtype))', 'to_device(float("-inf"), dev))',
+        ("tests/model/test_argmax_rows.py::test_excluded_ids_are_written_minus_inf_and_never_chosen[float64]",)),
+    Bug("lm-kv-cache-in-float32", DECODER,
+        "static_rows=static, dtype=dtype or p.dtype,", "static_rows=static, dtype=dtype or torch.float32,",
+        (f"{HALF_CACHES}[bfloat16]", f"{HALF_CACHES}[float16]")),
+    Bug("kv-block-bytes-at-float32s-size", "tserve/service/engine/kv_memory.py",
+        "cfg.d_head * loaded.model.tok_emb.weight.element_size() * block_size", "cfg.d_head * 4 * block_size",
+        (f"{HALF_CACHES}[bfloat16]", f"{HALF_CACHES}[float16]")),
+    Bug("lens-softmax-in-the-models-dtype", "tserve/model/logit_lens.py",
+        "probs = torch.softmax(head(states[layer][0]).float(), dim=-1)",
+        "probs = torch.softmax(head(states[layer][0]), dim=-1).float()",
+        (f"{DTYPES}test_the_logit_lens_of_a_bfloat16_model_reports_float32_probabilities_of_its_logits",)),
+    Bug("embeddings-normalised-in-the-models-dtype", "tserve/model/embeddings.py",
+        "return F.normalize(mean.float(), dim=-1)", "return F.normalize(mean, dim=-1).float()",
+        (f"{DTYPES}test_bfloat16_text_embeddings_are_normalised_in_float32",)),
+    Bug("float16-served-as-bfloat16", "tserve/model/checkpoint.py",
+        '"bfloat16": torch.bfloat16, "float16": torch.float16}', '"bfloat16": torch.bfloat16, "float16": torch.bfloat16}',
+        (f"{DTYPES}test_float16_loads_in_float16_and_bfloat16_in_bfloat16", f"{HALF_CACHES}[float16]")),
+    Bug("translator-kv-cache-in-float32", "tserve/model/seq2seq.py",
+        "kw = dict(dtype=dtype or p.dtype, device=p.device)", "kw = dict(dtype=dtype or torch.float32, device=p.device)",
+        (f"{HALF_CACHES}[bfloat16]", f"{HALF_CACHES}[float16]")),
+    Bug("bytes-per-token-at-float32s-size", "tserve/model/kv_cache.py",
+        "return 2 * (layers + local) * heads * d_head * self.k.element_size()",
+        "return 2 * (layers + local) * heads * d_head * 4",
+        (f"{HALF_CACHES}[bfloat16]", f"{HALF_CACHES}[float16]")),
+    # Weight formats beside the features whose tests run float32.
+    Bug("fused-block-rows-padded-at-the-unpadded-stride", "tserve/model/kernels/decode_layers.cpp",
+        "std::copy(x + m * K, x + (m + 1) * K, padded.data() + m * padded_K);",
+        "std::copy(x + m * K, x + (m + 1) * K, padded.data() + m * K);",
+        (f"{FUSED_NARROW}[q8_0]", f"{FUSED_NARROW}[q4_0]")),
+    Bug("block-layer-inputs-padded-in-front", "tserve/model/block_quant.py",
+        "            rows = F.pad(rows, (0, self._k_pad))", "            rows = F.pad(rows, (self._k_pad, 0))",
+        (f"{NARROW}[40-q8_0-pytorch]", f"{NARROW}[80-q4_0-pytorch]", f"{FUSED_NARROW}[q8_0]")),
+    Bug("lens-reads-the-float-embedding-of-a-tied-output-layer", "tserve/model/logit_lens.py",
+        "head = lambda h: model.logits(model.norm_f(h))  # noqa: E731",
+        "head = lambda h: model.scale_logits(torch.nn.functional.linear(model.norm_f(h), model.tok_emb.weight if "
+        "model.cfg.tie_embeddings else model.lm_head.weight))  # noqa: E731",
+        (f"{LENS_TIED}[int8]", f"{LENS_TIED}[int4]", f"{LENS_TIED}[q8_0]", f"{LENS_TIED}[q4_0]")),
+    Bug("int4-packed-weights-not-a-buffer", QUANTIZE,
+        'self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2),\n'
+        "                             persistent=False)",
+        "self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)",
+        (f"{FORMATS}test_a_quantized_model_holds_each_weight_once_in_its_formats_bytes[int4]",)),
+    Bug("int8-exact-kernels-panels-counted-twice", QUANTIZE,
+        "self.packed_bytes = 0 if self.exact else qweight.numel() * qweight.element_size()",
+        "self.packed_bytes = qweight.numel() * qweight.element_size()",
+        (f"{FORMATS}test_an_int8_layer_holds_its_weights_once_on_either_kernel[exact-kernel]",)),
+    Bug("int8-7bit-weights-get-7bit-activations", QUANTIZE,
+        'return self.activations in ("7bit", "split")', 'return self.activations != "full"',
+        ("tests/model/test_quantize.py::test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row[7bit-weights]",)),
+    Bug("int8-row-sums-of-the-float-weight", QUANTIZE,
+        'self.register_buffer("weight_row_sums", qweight.dequantize().sum(dim=1).unsqueeze(0), persistent=False)',
+        'self.register_buffer("weight_row_sums", weight.sum(dim=1).unsqueeze(0), persistent=False)',
+        ("tests/model/test_quantize.py::test_an_int8_row_is_the_same_alone_and_beside_a_long_tailed_row[split]",)),
+    Bug("memory-key-without-the-quantizations-options", "tserve/service/translation/served.py",
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}{options}"',
+        'self.weights_hash = f"{weights_hash(files)}/{self.loaded.quantization}/{self.loaded.dtype}"',
+        ("tests/engine/test_option_combinations_memory_pairs.py::test_servers_of_one_format_computed_otherwise_keep_"
+         "their_own_answers_in_a_shared_memory[int8-activations]",
+         "tests/engine/test_option_combinations_memory_pairs.py::test_servers_of_one_format_computed_otherwise_keep_"
+         "their_own_answers_in_a_shared_memory[int4-group-size]")),
+    # Attention backends beside the model features their tests run on one backend.
+    Bug("triton-decode-kernel-reads-sliding-layers", ATTENTION,
+        '        elif self.window is not None and name != "cpu-decode":\n'
+        "            self._cached_decode = None  # only the CPU kernel reads a window\n", "",
+        (f"{BACKENDS}test_sliding_layers_decode_within_their_window_on_the_triton_backends[flash]",
+         f"{BACKENDS}test_sliding_layers_decode_within_their_window_on_the_triton_backends[flash-decode]")),
+    Bug("flash-takes-the-position-bias-as-a-boolean-mask", ATTENTION,
+        '        if not need_weights and self.backend == "flash" and mask is not None and mask.is_floating_point():\n'
+        "            attend = sdpa_attention  # a position bias: the Triton kernels take boolean masks only\n", "",
+        (f"{BACKENDS}test_t5_position_bias_on_flash_equals_math_with_padded_sources",)),
+    Bug("translator-step-mask-from-the-first-rows-position", "tserve/model/seq2seq.py",
+        'mask = self._self_mask("dec", positions, kv_len, causal_mask(positions, kv_len), x.dtype)',
+        'mask = self._self_mask("dec", positions, kv_len, causal_mask(positions[:1], kv_len), x.dtype)',
+        (f"{BACKENDS}test_translator_rows_at_different_positions_in_one_step_each_attend_over_their_own[math]",
+         f"{BACKENDS}test_translator_rows_at_different_positions_in_one_step_each_attend_over_their_own[sdpa]")),
+    Bug("sliding-keys-counted-from-the-queries", DECODER,
+        "keys = mask.size(-1) if mask is not None else kv_len or positions.size(1)",
+        "keys = mask.size(-1) if mask is not None else positions.size(1)",
+        ("tests/model/test_option_combinations_model_pairs.py::test_a_rows_prefix_read_back_is_the_same_whether_its_"
+         "last_block_is_adjacent_or_not[gemma3-math]",)),
+    Bug("shared-source-queries-see-the-padding", ATTENTION,
+        "out, _ = self._attend(q.transpose(1, 2), k, v, mask, False, 0.0)",
+        "out, _ = self._attend(q.transpose(1, 2), k, v, None, False, 0.0)",
+        ("tests/model/test_models.py::test_rows_sharing_a_source_attend_to_it_as_one_query_block[sdpa]",)),
+    Bug("one-query-grouped-attention-drops-the-mask", ATTENTION,
+        "out, _ = attend(q.view(B, k.size(1), group, D), k, v, mask, False, dropout_p)",
+        "out, _ = attend(q.view(B, k.size(1), group, D), k, v, None, False, dropout_p)",
+        ("tests/model/test_option_combinations_cache.py::test_steps_over_a_shared_prefix_and_a_fresh_prompt_equal_the_"
+         "whole_forward_for_each_backend_and_block_size[random-gqa-rope-sdpa-1]",)),
+    Bug("cpu-decode-not-told-the-window", ATTENTION,
+        "out = cache.decode(self._cached_decode, q, self.window)", "out = cache.decode(self._cached_decode, q)",
+        ("tests/model/test_llama_family.py::test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward"
+         "[gemma3]",)),
+    Bug("biased-decoder-steps-on-the-decode-kernel", ATTENTION,
+        "cache.kv_len is not None and not biased", "cache.kv_len is not None",
+        ("tests/model/test_t5.py::test_position_bias_on_every_cpu_backend[flash-decode]",)),
+    Bug("window-mask-skipped-one-key-past-the-window", DECODER,
+        "        if keys <= window:", "        if keys <= window + 1:",
+        ("tests/model/test_llama_family.py::test_sliding_window_decoding_in_the_paged_cache_equals_the_whole_forward"
+         "[gemma3]",)),
+    # Tokenizer families beside the text features.
+    Bug("echo-offsets-count-the-bos", COMPLETIONS,
+        "offsets = [len(served.tokenizer.decode(encoded[p][:k])) for k",
+        "offsets = [len(served.tokenizer.decode(encoded[p][:k], skip_special_tokens=False)) for k",
+        (f"{PAIRS}test_echoed_prompt_logprobs_of_several_prompts_are_each_prompts_forward_pass",)),
+    Bug("sentencepiece-added-tokens-read-as-pieces", TOKENIZER,
+        "        if i in self._added:\n            return self._added[i]\n        piece = self._tok.id_to_token(i)\n"
+        '        if piece is None:\n            return ""\n        if not self._byte_level:\n'
+        '            return piece.replace(SPIECE_UNDERLINE, " ")\n',
+        '        piece = self._tok.id_to_token(i)\n        if piece is None:\n            return ""\n'
+        '        if not self._byte_level:\n            return piece.replace(SPIECE_UNDERLINE, " ")\n'
+        "        if i in self._added:\n            return self._added[i]\n",
+        (f"{TOKENIZERS}test_added_tokens_of_a_sentencepiece_vocabulary_keep_their_space_markers",)),
+    Bug("library-stream-not-primed-with-the-prompt", TOKENIZER,
+        "DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)",
+        "DecodeStream(skip_special_tokens=skip_special_tokens)",
+        ("tests/model/test_tokenizer.py::test_the_libraries_stream_sends_what_the_window_decodes_send[hf-mistral]",)),
+    Bug("gguf-sentencepiece-without-byte-fallback", GGUF_TOKENIZER,
+        "fuse_unk=True, byte_fallback=True))", "fuse_unk=True))",
+        (f"{GGUF}test_tokenizer_is_the_original[mistral]",)),
+    Bug("detokenizer-window-without-the-prompts-context", "tserve/model/detokenizer.py",
+        "self._prefix = max(self._read - 5, 0)", "self._prefix = self._read",
+        ("tests/model/test_tokenizer.py::test_incremental_with_prompt_keeps_leading_space",)),
+    Bug("echo-of-an-id-prompt-drops-its-specials", COMPLETIONS,
+        "served.tokenizer.decode(ids, skip_special_tokens=False)\n", "served.tokenizer.decode(ids)\n",
+        (f"{PAIRS}test_prompts_given_as_token_ids_answer_as_the_same_prompts_given_as_text",)),
+    Bug("served-stream-without-the-prompts-context", "tserve/service/engine/generation.py",
+        "IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids), self.device)",
+        "IncrementalDetokenizer(self.tokenizer), self.device)",
+        ("tests/engine/test_option_combinations_streaming.py::test_a_streamed_completion_is_the_unstreamed_one_under_"
+         "every_combination[mistral]",)),
+    Bug("gguf-qwen2-not-nfc-normalised", GGUF_TOKENIZER,
+        '"qwen2": lambda: (normalizers.NFC(), _split_then_bytes(_QWEN2_REGEX), False),',
+        '"qwen2": lambda: (None, _split_then_bytes(_QWEN2_REGEX), False),',
+        (f"{GGUF}test_named_pre_tokenizers_split_as_the_released_tokenizers[qwen2]",)),
+    Bug("sentencepiece-token-shows-only-its-first-marker", TOKENIZER,
+        'return piece.replace(SPIECE_UNDERLINE, " ")\n        table', 'return piece.replace(SPIECE_UNDERLINE, " ", 1)\n        table',
+        (f"{TOKENIZERS}test_a_piece_for_a_run_of_spaces_shows_every_space_it_stands_for",)),
+    Bug("gguf-sentencepiece-strips-a-space-it-never-added", GGUF_TOKENIZER,
+        '*([decoders.Strip(" ", 1, 0)] if space_prefix else [])', 'decoders.Strip(" ", 1, 0)',
+        (f"{GGUF}test_sentencepiece_without_a_space_prefix",)),
+    # Models and the server across their lifecycle.
+    Bug("replacement-keeps-the-derived-routes", REGISTRY,
+        "                    worker.replaced()\n            self._changed()\n",
+        "                    worker.replaced()\n            else:  # a new name: the set of served models changed\n"
+        "                self._changed()\n",
+        (ROUTE_REPLACED,)),
+    Bug("route-replacement-never-retired", REPOSITORY,
+        "        if reg.install(name, await _beside_serving(reg.prepare, name, source)):\n"
+        "            await asyncio.to_thread(reg.retire)",
+        "        reg.install(name, await _beside_serving(reg.prepare, name, source))",
+        (ROUTE_REPLACED,)),
+    Bug("route-replacement-retired-as-unloaded", REPOSITORY,
+        "            await asyncio.to_thread(reg.retire)", "            await asyncio.to_thread(reg.retire, name)",
+        (ROUTE_REPLACED,)),
+    Bug("failed-load-leaves-the-heap-thawed", REGISTRY,
+        "        _give_memory_back(self.settings.gc_freeze)\n        raise bad_request",
+        "        _give_memory_back(False)\n        raise bad_request",
+        (FROZEN,)),
+    Bug("replacement-leaves-the-heap-thawed", REGISTRY,
+        "        del mine  # the last reference: what is freed now is given back below\n"
+        "        _give_memory_back(self.settings.gc_freeze)",
+        "        del mine  # the last reference: what is freed now is given back below\n"
+        "        _give_memory_back(self.settings.gc_freeze and unloaded is not None)",
+        (FROZEN,)),
+    Bug("replaced-model-moves-behind-the-others", REGISTRY,
+        "            old = self.models.get(name)\n            self.models[name] = served",
+        "            old = self.models.pop(name, None)\n            self.models[name] = served",
+        (ROUTE_REPLACED,)),
+    Bug("shutdown-keeps-finished-files", "tserve/service/translation/file_jobs.py",
+        "        for job in list(self.jobs.values()):\n            await self.cancel(job)",
+        "        for job in list(self.jobs.values()):\n            if job.status not in TERMINAL:\n"
+        "                await self.cancel(job)",
+        (f"{LIFECYCLE}test_a_stopped_server_leaves_no_finished_file_behind",)),
+    Bug("memory-entries-gauge-unset-until-a-store", "tserve/service/translation/served.py",
+        "            self.metrics.memory_entries.set(len(self.memory))  # what a file of an earlier run holds, from "
+        "the start\n", "",
+        ("tests/http/test_files.py::test_the_memory_survives_a_restart",)),
+]
