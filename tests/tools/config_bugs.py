@@ -29,6 +29,9 @@ LENS_TIED = f"{FORMATS}test_the_last_lens_layer_of_a_quantized_tied_model_is_its
 BACKENDS = "tests/model/test_option_combinations_backends.py::"
 TOKENIZERS = "tests/model/test_option_combinations_tokenizer_families.py::"
 LIFECYCLE = "tests/http/test_option_combinations_lifecycle.py::"
+AFTER = "tests/engine/test_option_combinations_after_failures.py::"
+PREFILL_FAILED = f"{AFTER}test_a_prompt_whose_prefill_failed_runs_again_as_on_a_fresh_engine"
+CHOICE_FAILED = f"{AFTER}test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone"
 ROUTE_REPLACED = f"{LIFECYCLE}test_a_translator_replaced_by_the_route_takes_its_pairs_routes_as_a_fresh_server_would"
 FROZEN = f"{LIFECYCLE}test_with_gc_freeze_a_replaced_model_and_a_failed_load_leave_the_heap_frozen"
 PAIRS = "tests/http/test_option_combinations_completions_pairs.py::"
@@ -219,4 +222,48 @@ CONFIG_BUGS = [
         "            self.metrics.memory_entries.set(len(self.memory))  # what a file of an earlier run holds, from "
         "the start\n", "",
         ("tests/http/test_files.py::test_the_memory_survives_a_restart",)),
+    # What a request that failed, timed out or was preempted leaves behind.
+    Bug("release-keeps-the-pending-prompt-names", "tserve/model/decoding/lm_runner.py",
+        "        self._computed_or_dropped(seq)\n        if self.drafter is not None:",
+        "        if self.drafter is not None:", (PREFILL_FAILED,)),
+    Bug("grammar-matcher-shared-between-requests", "tserve/model/decoding/structured.py",
+        "GrammarState(self._template.deep_copy(), self.vocab_size)", "GrammarState(self._template, self.vocab_size)",
+        ("tests/model/test_structured_output.py::test_every_sampled_answer_that_stops_validates[gpt2]",)),
+    Bug("released-row-keeps-its-slot", "tserve/model/decoding/lm_runner.py",
+        "            self.slots.free([seq.slot])\n            seq.slot = -1\n", "            self.slots.free([seq.slot])\n",
+        (f"{AFTER}test_a_preempted_request_that_times_out_in_the_queue_gives_its_row_back_once",)),
+    Bug("source-registered-before-its-encoding", "tserve/model/decoding/seq2seq_runner.py",
+        "        dev = self.device\n        self.model.start(src.to(dev), torch.tensor(lengths, device=dev), self.cache,\n"
+        "                         torch.tensor([s.cross_slot for s in seqs], device=dev))\n        for s in seqs:\n"
+        "            s.encoded = True\n            source = source_key(s.job)\n"
+        "            if self.reuse_sources and source not in self._slot_of_source:  # (two in one batch: the first)\n"
+        "                self._slot_of_source[source], self._source_of_slot[s.cross_slot] = s.cross_slot, source\n",
+        "        dev = self.device\n        for s in seqs:\n            s.encoded = True\n"
+        "            source = source_key(s.job)\n"
+        "            if self.reuse_sources and source not in self._slot_of_source:  # (two in one batch: the first)\n"
+        "                self._slot_of_source[source], self._source_of_slot[s.cross_slot] = s.cross_slot, source\n"
+        "        self.model.start(src.to(dev), torch.tensor(lengths, device=dev), self.cache,\n"
+        "                         torch.tensor([s.cross_slot for s in seqs], device=dev))\n",
+        (f"{AFTER}test_a_source_whose_encoding_failed_is_encoded_again_for_the_next_request[1]",
+         f"{AFTER}test_a_source_whose_encoding_failed_is_encoded_again_for_the_next_request[3]")),
+    Bug("draft-blocks-kept-before-the-first-judgement", "tserve/model/decoding/draft_model.py",
+        "        if seq.draft_table is not None:\n            self.blocks.release(seq.draft_table)",
+        "        if seq.draft_table is not None and seq.draft_computed:\n            self.blocks.release(seq.draft_table)",
+        (f"{AFTER}test_a_request_failing_in_its_first_speculative_step_gives_its_draft_blocks_back",)),
+    Bug("prompt-blocks-named-before-the-prefill-runs", "tserve/model/decoding/lm_runner.py",
+        "        dev = self.device\n        logits = self.model.prefill(to_device(tokens, dev), to_device(lengths, dev), "
+        "self.cache,\n                                    to_device([s.slot for s in seqs], dev),\n"
+        "                                    to_device(start, dev) if any(start) else None,\n"
+        "                                    kv_len=max(b + n for b, n in zip(start, lengths, strict=True)))\n"
+        "        self._computed(seqs, [len(t) for t in ids])\n",
+        "        dev = self.device\n        self._computed(seqs, [len(t) for t in ids])\n"
+        "        logits = self.model.prefill(to_device(tokens, dev), to_device(lengths, dev), self.cache,\n"
+        "                                    to_device([s.slot for s in seqs], dev),\n"
+        "                                    to_device(start, dev) if any(start) else None,\n"
+        "                                    kv_len=max(b + n for b, n in zip(start, lengths, strict=True)))\n",
+        (PREFILL_FAILED,)),
+    Bug("a-failed-choice-runs-the-batchs-forward-again", "tserve/service/engine/generation.py",
+        "            if len(reqs) == 1:\n                raise  # (`_isolated` fails it)",
+        "            if True:\n                raise  # (`_isolated` fails it)",
+        (f"{CHOICE_FAILED}[prefill]", f"{CHOICE_FAILED}[decode]")),
 ]

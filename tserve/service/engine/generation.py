@@ -19,6 +19,7 @@ with the same generator, so they finish with the tokens they would have had."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -34,13 +35,15 @@ from tserve.model.decoding import (
     generate,
     token_logprobs,
 )
-from tserve.model.decoding.lm_runner import ChosenTokens, StepLogprobs, speculation_of
+from tserve.model.decoding.lm_runner import StepLogprobs, speculation_of
 from tserve.model.detokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import lm_kv_blocks
 from tserve.service.engine.output import text_event, token_logprob
 from tserve.service.engine.request import EngineRequest, Event, TokenLogprob
 from tserve.service.engine.worker import Worker, overlaps
 from tserve.service.metrics import Metrics
+
+log = logging.getLogger("tserve.engine")
 
 DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
 
@@ -191,7 +194,7 @@ class GenerationEngine(Worker):
         self.m.kv_blocks_in_use.set(self.runner.blocks.num_in_use)
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
-        self._isolated(reqs, self._prefill_forward, self._launched)
+        self._isolated(reqs, self._prefill_forward, self._choose)
 
     def _decode(self) -> None:
         if not self.overlap or self.runner.speculation is not None or any(
@@ -208,7 +211,7 @@ class GenerationEngine(Worker):
         if not reqs:
             return
         if not any(drafts[id(r)] for r in reqs):
-            self._isolated(reqs, self._decode_forward, self._launched)
+            self._isolated(reqs, self._decode_forward, self._choose)
             return
 
         def forward(rows: list[GenerationRequest]) -> torch.Tensor:
@@ -218,13 +221,35 @@ class GenerationEngine(Worker):
         self._isolated(reqs, forward, lambda rows, logits: self._emit_ahead(rows, [drafts[id(r)] for r in rows],
                                                                               logits))
 
-    def _prefill_forward(self, reqs: list[GenerationRequest]) -> ChosenTokens:
+    def _prefill_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         self.m.batch_size.observe(len(reqs))
-        return self.runner.choose_later(reqs, self.runner.prefill(reqs))
+        return self.runner.prefill(reqs)
 
-    def _decode_forward(self, reqs: list[GenerationRequest]) -> ChosenTokens:
+    def _decode_forward(self, reqs: list[GenerationRequest]) -> torch.Tensor:
         self.m.batch_size.observe(len(reqs))
-        return self.runner.choose_later(reqs, self.runner.decode(reqs))
+        return self.runner.decode(reqs)
+
+    def _choose(self, reqs: list[GenerationRequest], logits: torch.Tensor) -> None:
+        """The step's tokens, on their way to their requests. Its forward pass has written its positions and
+        counted them (run again, it would feed each token one position further on), so a choice that fails for
+        the batch (a row's logits not a distribution) is made again row by row from the same logits, into which a
+        choice writes nothing but bans, and only a row whose own choice fails fails."""
+        try:
+            chosen = self.runner.choose_later(reqs, logits)
+        except Exception:
+            if len(reqs) == 1:
+                raise  # (`_isolated` fails it)
+            log.warning("a batch's choice failed; choosing for its requests one by one",
+                        extra={"model": self.name, "size": len(reqs)})
+            for i, req in enumerate(reqs):
+                try:
+                    chosen = self.runner.choose_later([req], logits[i : i + 1])
+                except Exception as exc:  # noqa: BLE001 - the request's own failure, reported to it
+                    self._fail(req, exc)
+                    continue
+                self._launched([req], chosen)
+            return
+        self._launched(reqs, chosen)
 
     def _take(self, reqs: list[GenerationRequest], tokens: list[int], logprobs: StepLogprobs | None) -> None:
         now = time.perf_counter()
