@@ -251,11 +251,12 @@ def test_a_translator_replaced_under_its_name_is_not_answered_from_the_old_ones_
         served.registry.unload_model("swap")
 
 
-def test_a_memory_shared_by_servers_of_another_quantization_misses(served, aligned, tmp_path):
-    """Two servers share one memory file, one with --quantize int8: the weights are held otherwise, so what the
-    float one stored is not the int8 one's answer."""
+@pytest.mark.parametrize("quantize", ["int8", "q8_0"])
+def test_a_memory_shared_by_servers_of_another_quantization_misses(served, aligned, tmp_path, quantize):
+    """Two servers share one memory file, one with --quantize int8 (or q8_0, a format with no options of its own):
+    the weights are held otherwise, so what the float one stored is not the quantized one's answer."""
     served.translate("mt", max_tokens=39)  # stored by the float32 model
-    other = App(tmp_path, {"mt": aligned}, quantize="int8",
+    other = App(tmp_path, {"mt": aligned}, quantize=quantize,
                 translation_memory=served.app.state.settings.translation_memory)
     try:
         other.translate("mt", max_tokens=39)
