@@ -31,6 +31,9 @@ TOKENIZERS = "tests/model/test_option_combinations_tokenizer_families.py::"
 LIFECYCLE = "tests/http/test_option_combinations_lifecycle.py::"
 AFTER = "tests/engine/test_option_combinations_after_failures.py::"
 PREFILL_FAILED = f"{AFTER}test_a_prompt_whose_prefill_failed_runs_again_as_on_a_fresh_engine"
+FAMILIES = "tests/model/test_option_combinations_family_features.py::"
+SPEC_STEP = f"{FAMILIES}test_a_speculative_steps_scores_equal_the_whole_forward_on_every_family"
+THREADS = "tests/model/test_option_combinations_threads.py::"
 CHOICE_FAILED = f"{AFTER}test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone"
 ROUTE_REPLACED = f"{LIFECYCLE}test_a_translator_replaced_by_the_route_takes_its_pairs_routes_as_a_fresh_server_would"
 FROZEN = f"{LIFECYCLE}test_with_gc_freeze_a_replaced_model_and_a_failed_load_leave_the_heap_frozen"
@@ -266,4 +269,57 @@ CONFIG_BUGS = [
         "            if len(reqs) == 1:\n                raise  # (`_isolated` fails it)",
         "            if True:\n                raise  # (`_isolated` fails it)",
         (f"{CHOICE_FAILED}[prefill]", f"{CHOICE_FAILED}[decode]")),
+    # The CPU kernels on another number of threads (the suite's workers run one).
+    Bug("decode-head-span-not-a-divisor-of-the-heads", "tserve/model/kernels/paged_decode.cpp",
+        "    while (H % smaller != 0) --smaller;\n", "",
+        (f"{THREADS}test_decode_attention_gives_the_same_bits_on_one_two_and_three_threads",)),
+    Bug("dense-rows-block-counted-from-the-threads-share", "tserve/model/kernels/dense_rows.cpp",
+        "const int64_t n0 = block * kBlock;", "const int64_t n0 = (block - begin) * kBlock;",
+        (f"{THREADS}test_dense_rows_give_the_same_bits_on_one_two_and_three_threads",
+         f"{THREADS}test_a_fused_step_on_three_threads_equals_the_step_on_one[float32]")),
+    Bug("block-linear-panel-counted-from-the-threads-share", "tserve/model/kernels/block_quant.cpp",
+        "Pass p{view, 0, 0, 0, j * kCols,", "Pass p{view, 0, 0, 0, (j - begin) * kCols,",
+        (f"{THREADS}test_block_layers_give_the_statements_bits_on_one_two_and_three_threads",
+         f"{THREADS}test_a_fused_step_on_three_threads_equals_the_step_on_one[q8_0]")),
+    Bug("int8-exact-gemm-panel-counted-from-the-threads-share", "tserve/model/kernels/int8_gemm.cpp",
+        "const int64_t n0 = j * kCols, cols = std::min(kCols, N - n0);",
+        "const int64_t n0 = (j - begin) * kCols, cols = std::min(kCols, N - n0);",
+        (f"{THREADS}test_the_exact_int8_layer_gives_the_same_bits_on_one_two_and_three_threads",)),
+    Bug("int8-rows-output-counted-from-the-threads-share", "tserve/model/kernels/int8_rows.cpp",
+        "      float* orow = o + r * M;", "      float* orow = o + (r - begin) * M;",
+        (f"{THREADS}test_int8_row_mappings_give_the_same_bits_on_one_two_and_three_threads",)),
+    Bug("argmax-rows-input-counted-from-the-threads-share", "tserve/model/kernels/argmax_rows.cpp",
+        "o[m] = argmax_row(data + m * n, n);", "o[m] = argmax_row(data + (m - begin) * n, n);",
+        (f"{THREADS}test_argmax_rows_give_pytorchs_choice_on_one_two_and_three_threads",)),
+    Bug("step-team-helpers-all-take-the-second-chunk", "tserve/model/kernels/step_team.h",
+        "const auto [first, last] = chunk_of(posted_.n, posted_.grain, size_, thread);",
+        "const auto [first, last] = chunk_of(posted_.n, posted_.grain, size_, 1);",
+        (f"{THREADS}test_a_fused_step_on_three_threads_equals_the_step_on_one",)),
+    Bug("portable-decode-heads-counted-from-the-threads-first", "tserve/model/kernels/paged_decode.cpp",
+        "      for (int64_t j = h0; j < h1; ++j) {\n        head_attention(",
+        "      for (int64_t j = 0; j < h1 - h0; ++j) {\n        head_attention(",
+        (f"{THREADS}test_a_half_precision_cache_gives_the_same_bits_on_one_two_and_three_threads",)),
+    # Language-model families beside the features their tests run on one family.
+    Bug("speculative-verify-logits-unscaled", DECODER,
+        "slots=slots, kv_len=kv_len)\n        return self.logits(hidden)",
+        "slots=slots, kv_len=kv_len)\n        return self.lm_head(hidden)",
+        (f"{SPEC_STEP}[granite-inside-the-window]", f"{SPEC_STEP}[gemma2-past-the-window]",
+         f"{FAMILIES}test_sampled_rows_with_prompt_lookup_drafts_write_what_they_write_without[granite]")),
+    Bug("prompt-scores-of-unscaled-logits", "tserve/service/engine/generation.py",
+        "logits = self.model(tokens)[0, :-1].float()",
+        "logits = self.model.lm_head(self.model.hidden_states(tokens)[:, :-1])[0].float()",
+        (f"{FAMILIES}test_prompt_scoring_of_echo_equals_transformers_logprobs[granite]",
+         f"{FAMILIES}test_prompt_scoring_of_echo_equals_transformers_logprobs[gemma2]")),
+    Bug("sliding-mask-rebuilt-without-the-callers-mask", DECODER,
+        "sliding = self._sliding(positions, mask, is_causal, kv_len) if",
+        "sliding = self._sliding(positions, None, is_causal, kv_len) if",
+        (f"{SPEC_STEP}[gemma3-inside-the-window]", f"{SPEC_STEP}[phi3-inside-the-window]")),
+    Bug("window-prefix-hits-beyond-the-window-pool", "tserve/model/decoding/lm_runner.py",
+        "            hits = self.windows.usable_prefix(names, ids, hits)", "            hits = hits",
+        ("tests/model/test_window_blocks.py::test_a_cached_prefix_counts_as_far_as_its_last_window_is_held",)),
+    Bug("draft-catch-up-starts-of-the-first-row", "tserve/model/decoding/draft_model.py",
+        "torch.tensor(start, device=dev) if any(start) else None)",
+        "torch.tensor(start, device=dev) if start[0] else None)",
+        (f"{FAMILIES}test_a_draft_models_rows_caught_up_from_different_starts_read_their_whole_context[qwen3]",
+         f"{FAMILIES}test_a_draft_models_rows_caught_up_from_different_starts_read_their_whole_context[gemma3]")),
 ]
