@@ -259,9 +259,9 @@ def test_a_bfloat16_classifiers_scores_are_the_float32_softmax_of_its_logits(tmp
             want = torch.softmax(served.loaded.model(torch.stack(pixels).to(torch.bfloat16)).float(), dim=-1)
     finally:
         halved.stop()
-    for row, pairs in zip(want, ranked, strict=True):
-        got = dict(pairs)
-        assert [got[label] for label in served.loaded.labels] == pytest.approx(row.tolist(), abs=1e-7)
+    for row, predictions in zip(want, ranked, strict=True):
+        got = {p.index: p.score for p in predictions}
+        assert [got[i] for i in range(len(served.loaded.labels))] == pytest.approx(row.tolist(), abs=1e-7)
 
 def test_an_item_that_raises_in_a_batch_fails_alone_and_the_others_get_their_results():
     """`batch_fn` raising (an item the routes' checks let through, which breaks the model's forward) fails only

@@ -33,6 +33,11 @@ AFTER = "tests/engine/test_option_combinations_after_failures.py::"
 PREFILL_FAILED = f"{AFTER}test_a_prompt_whose_prefill_failed_runs_again_as_on_a_fresh_engine"
 FAMILIES = "tests/model/test_option_combinations_family_features.py::"
 SPEC_STEP = f"{FAMILIES}test_a_speculative_steps_scores_equal_the_whole_forward_on_every_family"
+IMAGES = "tests/engine/test_option_combinations_image_configurations.py::"
+PREPROCESSOR = f"{IMAGES}test_a_preprocessor_config_is_read_for_the_models_channel_count_as_transformers_reads_it"
+GREY_SERVED = f"{IMAGES}test_a_greyscale_transformers_vit_classifies_and_embeds_as_transformers_does"
+GREY_BARE = f"{IMAGES}test_a_greyscale_checkpoint_without_a_preprocessor_config_loads_with_one_mean_and_std"
+IMAGE_FAMILIES = "tests/http/test_image_families_http.py::"
 THREADS = "tests/model/test_option_combinations_threads.py::"
 CHOICE_FAILED = f"{AFTER}test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone"
 ROUTE_REPLACED = f"{LIFECYCLE}test_a_translator_replaced_by_the_route_takes_its_pairs_routes_as_a_fresh_server_would"
@@ -322,4 +327,45 @@ CONFIG_BUGS = [
         "torch.tensor(start, device=dev) if start[0] else None)",
         (f"{FAMILIES}test_a_draft_models_rows_caught_up_from_different_starts_read_their_whole_context[qwen3]",
          f"{FAMILIES}test_a_draft_models_rows_caught_up_from_different_starts_read_their_whole_context[gemma3]")),
+    # Image classifiers in other configurations.
+    Bug("grey-model-uploads-lose-their-transparency", "tserve/model/preprocessing.py",
+        '        if image.mode in ("RGBA", "LA", "P"):',
+        '        if image.mode in ("RGBA", "LA", "P") and self.n_channels == 3:',
+        ("tests/engine/test_option_combinations_inspection.py::test_a_transparent_palette_image_is_seen_as_its_rgba_"
+         "twin",)),
+    Bug("greyscale-default-mean-of-three", "tserve/model/preprocessing.py",
+        'mean = cfg.get("image_mean", [0.5] * n_channels) if normalize else [0.0] * n_channels',
+        'mean = cfg.get("image_mean", [0.5, 0.5, 0.5]) if normalize else [0.0] * n_channels',
+        (f"{PREPROCESSOR}[greyscale-none]", GREY_BARE)),
+    Bug("unnormalised-greyscale-std-of-three", "tserve/model/preprocessing.py",
+        'std = cfg.get("image_std", [0.5] * n_channels) if normalize else [1.0] * n_channels',
+        'std = cfg.get("image_std", [0.5] * n_channels) if normalize else [1.0, 1.0, 1.0]',
+        (f"{PREPROCESSOR}[greyscale-unnormalized]",)),
+    Bug("vit-importer-channels-fixed-at-three", "tserve/model/importers/vit.py",
+        'n_channels=raw.get("num_channels", 3)', "n_channels=3", (GREY_SERVED, GREY_BARE)),
+    Bug("do-rescale-false-ignored", "tserve/model/preprocessing.py",
+        'rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0',
+        'rescale = float(cfg.get("rescale_factor", 1 / 255))',
+        (f"{PREPROCESSOR}[greyscale-pixel-scale]", f"{PREPROCESSOR}[rgb-pixel-scale]")),
+    Bug("vit-layer-norm-eps-under-gpt2s-name", "tserve/model/importers/vit.py",
+        'norm_eps=raw.get("layer_norm_eps", 1e-12)', 'norm_eps=raw.get("layer_norm_epsilon", 1e-12)',
+        (GREY_SERVED, GREY_BARE)),
+    Bug("oip-pixels-read-channels-last", "tserve/service/vision/served.py",
+        'batch = torch.tensor(tensor["data"], dtype=torch.float32).reshape(tensor["shape"])',
+        'n, c, h, w = tensor["shape"]\n                batch = torch.tensor(tensor["data"], dtype=torch.float32)'
+        ".reshape(n, h, w, c).permute(0, 3, 1, 2)",
+        (f"{IMAGES}test_oip_pixels_of_an_rgb_model_are_read_channels_first_as_its_images_are",)),
+    Bug("crop-size-read-as-a-dict-only", "tserve/model/preprocessing.py",
+        'crop = (crop.get("height"), crop.get("width")) if isinstance(crop, dict) else (crop, crop)',
+        'crop = (crop["height"], crop["width"])', (f"{PREPROCESSOR}[rgb-integer-crop]",)),
+    Bug("deit-embedding-usage-of-one-prefix-token", "tserve/service/routes/embeddings.py",
+        "tokens = len(items) * (cfg.n_patches + cfg.n_prefix_tokens)", "tokens = len(items) * (cfg.n_patches + 1)",
+        (f"{IMAGE_FAMILIES}test_classifications_and_embeddings_are_transformers[deit]",)),
+    Bug("deit-overlay-patches-after-one-token", "tserve/service/routes/attention.py",
+        "patches = served.loaded.config.n_prefix_tokens  # where the patches start", "patches = 1  # where the patches start",
+        (f"{IMAGE_FAMILIES}test_the_attention_picture_reads_the_class_tokens_attention_to_the_patches[deit]",)),
+    Bug("oip-probabilities-placed-by-class-name", "tserve/service/vision/served.py",
+        "                row[prediction.index] = prediction.score",
+        "                row[self.loaded.labels.index(prediction.label)] = prediction.score",
+        (f"{IMAGES}test_classes_that_share_a_name_keep_their_own_probabilities_on_both_protocols",)),
 ]

@@ -241,7 +241,7 @@ PAIR_BUGS_MORE = [
         "probs = torch.softmax(self.model(batch).float(), dim=-1)", "probs = torch.softmax(self.model(batch), dim=-1).float()",
         (f"{BATCHER}test_a_bfloat16_classifiers_scores_are_the_float32_softmax_of_its_logits",)),
     Bug("oip-probability-rows-aliased", "tserve/service/vision/served.py",
-        "probs = [[0.0] * len(index) for _ in results]", "probs = [[0.0] * len(index)] * len(results)",
+        "probs = [[0.0] * classes for _ in results]", "probs = [[0.0] * classes] * len(results)",
         ("tests/http/test_oip.py::test_classify_bytes_and_pixels",)),
     Bug("embedding-mean-takes-one-padding-position", "tserve/model/embeddings.py",
         "keep = (torch.arange(tokens.size(1), device=dev)[None, :] < lengths[:, None])",

@@ -55,6 +55,6 @@ async def create_classification(request: Request) -> Any:
             raise bad_request(f"image {i}: {exc}", "invalid_image") from exc
     results = await served.classify(request, pixels)
     top_k = min(body.top_k, len(served.loaded.labels))
-    data = [{"index": i, "predictions": [{"label": label, "score": score} for label, score in ranked[:top_k]]}
+    data = [{"index": i, "predictions": [{"label": p.label, "score": p.score} for p in ranked[:top_k]]}
             for i, ranked in enumerate(results)]
     return {"object": "classification", "model": served.name, "data": data}

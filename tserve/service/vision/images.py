@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import NamedTuple
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -37,6 +38,15 @@ def open_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
     return image
 
 
+class Prediction(NamedTuple):
+    """One class of an image's classification: its index among the model's classes (two classes may share a
+    name, as ImageNet's "crane" and "maillot" do), its name and its probability."""
+
+    index: int
+    label: str
+    score: float
+
+
 class Classifier:
     def __init__(self, loaded: LoadedModel, max_image_bytes: int, max_image_pixels: int) -> None:
         self.loaded, self.model = loaded, loaded.model
@@ -52,13 +62,13 @@ class Classifier:
             raise InvalidInput(f"the image could not be converted ({exc})") from exc
 
     @torch.inference_mode()
-    def run_batch(self, pixels: list[torch.Tensor]) -> list[list[tuple[str, float]]]:
-        """Each image's (label, probability) pairs, most likely first."""
+    def run_batch(self, pixels: list[torch.Tensor]) -> list[list[Prediction]]:
+        """Each image's classes with their probabilities, most likely first."""
         batch = torch.stack(pixels)
         if self.loaded.device.type == "cuda":  # pinned, so the copy overlaps with the launch
             batch = batch.pin_memory()
         batch = batch.to(self.loaded.device, self.loaded.dtype, non_blocking=True)
         probs = torch.softmax(self.model(batch).float(), dim=-1)
         scores, order = probs.sort(dim=-1, descending=True)
-        return [[(self.labels[i], s) for i, s in zip(o, sc, strict=True)]
+        return [[Prediction(i, self.labels[i], s) for i, s in zip(o, sc, strict=True)]
                 for o, sc in zip(order.tolist(), scores.tolist(), strict=True)]

@@ -17,9 +17,7 @@ from tserve.service.engine import DynamicBatcher
 from tserve.service.errors import InvalidInput, OIPError
 from tserve.service.schemas import AttentionRequest
 from tserve.service.served import AttentionResult, ServedModel, batched, bytes_elements
-from tserve.service.vision.images import Classifier, open_image
-
-Ranked = list[tuple[str, float]]
+from tserve.service.vision.images import Classifier, Prediction, open_image
 
 
 def decode_base64(value: str) -> bytes:
@@ -50,7 +48,7 @@ class ServedClassifier(ServedModel):
         cfg = self.loaded.config
         self.classifier.run_batch([torch.zeros(cfg.n_channels, cfg.image_size, cfg.image_size)])
 
-    async def classify(self, request: Request, pixels: list[torch.Tensor]) -> list[Ranked]:
+    async def classify(self, request: Request, pixels: list[torch.Tensor]) -> list[list[Prediction]]:
         """Each image's (label, probability) pairs, most likely first; a client that leaves cancels them."""
         results = await batched(request, self.batcher, pixels, "classification")
         self.metrics.images.labels(self.name).inc(len(results))
@@ -101,12 +99,12 @@ class ServedClassifier(ServedModel):
                 raise OIPError(400, "'pixels' must be finite")
             pixels = list(batch)
         results = await self.classify(request, pixels)
-        index = {label: i for i, label in enumerate(self.loaded.labels)}
-        probs = [[0.0] * len(index) for _ in results]
+        classes = len(self.loaded.labels)
+        probs = [[0.0] * classes for _ in results]
         for row, ranked in zip(probs, results, strict=True):
-            for label, score in ranked:
-                row[index[label]] = score
+            for prediction in ranked:  # by index: two classes may share a name
+                row[prediction.index] = prediction.score
         n = len(results)
-        return [{"name": "label", "datatype": "BYTES", "shape": [n], "data": [r[0][0] for r in results]},
-                {"name": "probabilities", "datatype": "FP32", "shape": [n, len(index)],
+        return [{"name": "label", "datatype": "BYTES", "shape": [n], "data": [r[0].label for r in results]},
+                {"name": "probabilities", "datatype": "FP32", "shape": [n, classes],
                  "data": [p for row in probs for p in row]}]
