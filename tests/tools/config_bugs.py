@@ -38,6 +38,8 @@ PREPROCESSOR = f"{IMAGES}test_a_preprocessor_config_is_read_for_the_models_chann
 GREY_SERVED = f"{IMAGES}test_a_greyscale_transformers_vit_classifies_and_embeds_as_transformers_does"
 GREY_BARE = f"{IMAGES}test_a_greyscale_checkpoint_without_a_preprocessor_config_loads_with_one_mean_and_std"
 IMAGE_FAMILIES = "tests/http/test_image_families_http.py::"
+TRANSLATORS = "tests/engine/test_option_combinations_translator_families.py::"
+TRANSLATION_INPUT = "tserve/service/engine/translation_input.py"
 THREADS = "tests/model/test_option_combinations_threads.py::"
 CHOICE_FAILED = f"{AFTER}test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone"
 ROUTE_REPLACED = f"{LIFECYCLE}test_a_translator_replaced_by_the_route_takes_its_pairs_routes_as_a_fresh_server_would"
@@ -368,4 +370,48 @@ CONFIG_BUGS = [
         "                row[prediction.index] = prediction.score",
         "                row[self.loaded.labels.index(prediction.label)] = prediction.score",
         (f"{IMAGES}test_classes_that_share_a_name_keep_their_own_probabilities_on_both_protocols",)),
+    # Translator families beside the features their tests run on a one-pair translator.
+    Bug("nllb-glossary-terms-encoded-with-the-source-code", TRANSLATION_INPUT,
+        "self.tokenizer.encode_target(term, add_special_tokens=False) if t != eos]",
+        "self.tokenizer.encode_target(term) if t != eos]",
+        (f"{TRANSLATORS}test_a_glossary_on_nllb_places_the_term_after_the_target_code_as_beams_would",)),
+    Bug("constrained-beams-skip-the-logits-pipeline", "tserve/model/decoding/top_tokens.py",
+        "return type(searches[0]).advance_many(searches, pipeline.constrain(torch.log_softmax(scores, -1), rows))",
+        "return type(searches[0]).advance_many(searches, torch.log_softmax(scores, -1))",
+        (f"{TRANSLATORS}test_a_glossary_on_nllb_places_the_term_after_the_target_code_as_beams_would",)),
+    Bug("every-rows-forced-first-token-allowed-to-each", "tserve/model/decoding/logits.py",
+        "only[torch.arange(len(forced), device=dev), tokens] = 0.0", "only[:, tokens] = 0.0",
+        (f"{TRANSLATORS}test_greedy_and_beam_rows_of_one_batch_each_start_with_their_own_target_code",)),
+    Bug("requested-max-tokens-leave-out-the-target-code", TRANSLATION_INPUT,
+        "                                  max_tokens or self._default_max_tokens(), self.forced_first(languages))",
+        "                                  (max_tokens and max_tokens + bool(self.tokenizer.target_prefix(languages)))"
+        " or self._default_max_tokens(), self.forced_first(languages))",
+        (f"{TRANSLATORS}test_max_tokens_on_nllb_counts_the_target_code_as_generate_does",)),
+    Bug("job-max-tokens-leave-out-the-target-code", "tserve/model/decoding/seq2seq_runner.py",
+        "                          max_new_tokens or min(g.max_new_tokens, cfg.max_target_len),\n",
+        "                          (max_new_tokens or min(g.max_new_tokens, cfg.max_target_len)) + "
+        "(forced_first_token is not None),\n",
+        ("tests/model/test_m2m100.py::test_m2m100_layout_tokenizer_and_logits",
+         f"{TRANSLATORS}test_max_tokens_on_nllb_counts_the_target_code_as_generate_does")),
+    Bug("encoder-reuse-keyed-without-the-t5-tag", "tserve/model/decoding/seq2seq_runner.py",
+        "    return tuple(job.source_ids)\n", "    return (job.forced_first_token, *job.source_ids[1:])\n",
+        ("tests/http/test_t5_http.py::test_the_translation_memory_answers_each_target_as_a_fresh_translation_would",
+         f"{TRANSLATORS}test_an_identical_text_into_another_target_on_t5_is_encoded_with_its_own_tag")),
+    Bug("alignment-teacher-forced-without-the-target-code", "tserve/service/translation/served.py",
+        "        target_ids = [t for t in pick.token_ids if t != eos]\n",
+        "        target_ids = [t for t in pick.token_ids if t != eos and t not in tokenizer.special_ids]\n",
+        ("tests/http/test_multilingual_http.py::test_html_tags_follow_their_words",
+         f"{TRANSLATORS}test_nllb_word_alignments_read_the_target_code_as_the_decoder_did")),
+    Bug("given-target-encoded-with-the-source-specials", TRANSLATION_INPUT,
+        "        return [*prefix, *self.tokenizer.encode(text, add_special_tokens=False)]",
+        "        return [*prefix, *self.tokenizer.encode(text)]",
+        (f"{TRANSLATORS}test_nllb_attention_of_a_given_target_is_transformers_on_the_code_and_its_words",)),
+    Bug("document-segment-ids-without-their-language", TRANSLATION_INPUT,
+        "            ids[segment] = self.encode_source(segment, languages)\n",
+        "            ids[segment] = self.tokenizer.encode(segment)\n",
+        ("tests/http/test_multilingual_http.py::test_alternatives_documents_glossary_and_oip",
+         f"{TRANSLATORS}test_an_identical_text_into_another_target_on_t5_is_encoded_with_its_own_tag")),
+    Bug("t5-tag-takes-the-first-words-characters", "tserve/model/alignment.py",
+        "        to_text = [0] * (len(decoded) + 1)\n", "        to_text = list(range(len(decoded) + 1))\n",
+        (f"{TRANSLATORS}test_the_t5_tag_in_front_of_a_source_covers_none_of_its_words",)),
 ]

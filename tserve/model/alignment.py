@@ -166,11 +166,12 @@ def token_spans(tokenizer, ids: Sequence[int], text: str) -> list[tuple[int, int
     if decoded != text:
         import difflib  # noqa: PLC0415 - rare: only tokenizers that normalise
 
-        to_text = list(range(len(decoded) + 1))
+        to_text = [0] * (len(decoded) + 1)
         for a, b, size in difflib.SequenceMatcher(None, decoded, text, autojunk=False).get_matching_blocks():
             for k in range(size + 1):
                 to_text[a + k] = b + k
-        for i in range(1, len(to_text)):  # unmatched characters keep to the last matched one
+        # Unmatched characters keep to the last matched one (a T5 / MADLAD `<2de>` tag in front: to the start).
+        for i in range(1, len(to_text)):
             to_text[i] = max(to_text[i], to_text[i - 1])
         ends = [to_text[min(e, len(decoded))] for e in ends]
     spans, start = [], 0
