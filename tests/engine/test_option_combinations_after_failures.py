@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from tests.engine.test_option_combinations_speculative import lm, lm_dir, twin  # noqa: F401 - module fixtures
 from tests.helpers import factories
 from tests.helpers.fixture_training import cycle_prompts, lexicon_sentences
 from tests.helpers.hooked_server import slow_steps
@@ -24,22 +25,6 @@ from tserve.service.metrics import Metrics
 pytestmark = pytest.mark.kernels
 
 BLOCK = 4  # small blocks: short prompts fill several, so the prefix cache has something to name
-
-
-@pytest.fixture(scope="module")
-def lm_dir(tmp_path_factory):
-    return factories.tiny_lm_dir(tmp_path_factory.mktemp("lm-after-failures"))
-
-
-@pytest.fixture(scope="module")
-def lm(lm_dir):
-    return checkpoint.load(lm_dir, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def twin(lm_dir):
-    """The target's weights loaded apart, as a draft model: it drafts what the target would choose."""
-    return checkpoint.load(lm_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +71,7 @@ def failing_once(monkeypatch, owner, name: str, when) -> dict:  # noqa: ANN001
     return state
 
 
-def test_a_prompt_whose_prefill_failed_runs_again_as_on_a_fresh_engine(lm, monkeypatch):
+def test_a_prompt_whose_prefill_failed_runs_again_as_on_a_fresh_engine(lm, monkeypatch):  # noqa: F811
     """A prefill that fails leaves blocks the failed request never wrote: they must not be named in the prefix
     cache (a later prompt would read them as its own prefix), and the names it was about to compute must not
     stay pending (a later identical prompt would wait for them forever). The same prompt, then one that
@@ -117,7 +102,7 @@ def test_a_prompt_whose_prefill_failed_runs_again_as_on_a_fresh_engine(lm, monke
     assert engine.runner._pending == {}  # noqa: SLF001 - what a later identical prompt would wait for
 
 
-def test_a_preempted_request_that_times_out_in_the_queue_gives_its_row_back_once(lm):
+def test_a_preempted_request_that_times_out_in_the_queue_gives_its_row_back_once(lm):  # noqa: F811
     """Two requests in a pool too small for both: the newer is preempted (its row and blocks go back) and then
     runs past its deadline while it waits to be admitted again. Timing out must not give back the row it held
     before the preemption a second time: the older request, running on, finishes as it does alone, every row
@@ -150,7 +135,7 @@ def test_a_preempted_request_that_times_out_in_the_queue_gives_its_row_back_once
     assert engine.runner.blocks.num_in_use == 0
 
 
-def test_a_request_failing_in_its_first_speculative_step_gives_its_draft_blocks_back(lm, twin, monkeypatch):
+def test_a_request_failing_in_its_first_speculative_step_gives_its_draft_blocks_back(lm, twin, monkeypatch):  # noqa: F811
     """With a draft model, a step first has the draft model catch up and draft (its cache takes blocks), then the
     target scores the drafts. When that scoring fails in a request's first speculative step, the draft cache
     has not yet been told what the target kept: its blocks must go back all the same. Every block of both
@@ -210,7 +195,7 @@ def test_a_source_whose_encoding_failed_is_encoded_again_for_the_next_request(mt
 
 
 @pytest.mark.parametrize("step", ["prefill", "decode"])
-def test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone(lm, step):
+def test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone(lm, step):  # noqa: F811
     """A step's forward pass writes and counts its positions before its tokens are chosen; when the choice fails
     for one row (its logits no distribution), the batch's other rows take the tokens they take alone. Running the
     forward again for each would feed every token one position on (or, after a prefill, nothing at all)."""

@@ -8,7 +8,6 @@ seconds."""
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 from pathlib import Path
@@ -20,6 +19,7 @@ import transformers
 from PIL import Image
 
 from tests.helpers.in_process import InProcessApp
+from tests.model.test_option_combinations_images import b64, noise, png
 from tserve.model import checkpoint
 from tserve.model.preprocessing import ImagePreprocessing
 
@@ -51,20 +51,6 @@ def grey_vit_dir(d: Path, preprocessor: dict | None) -> Path:
     if preprocessor is not None:
         (d / "preprocessor_config.json").write_text(json.dumps(preprocessor))
     return d
-
-
-def png(pixels: np.ndarray, mode: str | None = None) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(pixels, mode).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def noise(seed: int, shape: tuple[int, ...]) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 255, shape, dtype=np.uint8)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def scores(item: dict) -> list[float]:
