@@ -173,7 +173,7 @@ SERVICE_BUGS = [
         "context = max_model_len or loaded.config.max_seq_len",
         ("tests/engine/test_engine.py::test_a_long_context_model_gets_a_cache_of_the_default_context",)),
     Bug("lm-oip-parameters-ignored", "tserve/service/generation/served.py",
-        "    return SamplingParams(**values)", "    return SamplingParams()",
+        "    params = SamplingParams(**values)\n", "    params = SamplingParams()\n",
         ("tests/http/test_llama_family_http.py::test_open_inference_protocol_completes_as_v1_does",)),
     Bug("validator-lets-max-tokens-past-the-model", "tserve/service/translation/inputs.py",
         "        if ask.max_tokens > max_target_len:", "        if False:",

@@ -4,6 +4,7 @@ flag. This is the only module that reads the environment."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -187,6 +188,16 @@ class Settings(BaseSettings):
         if self.draft_model and self.speculative != "off":
             raise ValueError("--draft-model and --speculative ngram are two kinds of drafts: choose one")
         return self
+
+    @field_validator("models_dir", "model_repository", "file_dir", "translation_memory", "draft_model")
+    @classmethod
+    def _home_expanded(cls, value: Path | str | None) -> Path | str | None:
+        """`~` in a path is the user's home, as a shell expands it on a command line: the environment files of
+        compose, Kubernetes and Ray leave it as it is (`--model` paths are expanded in `model_specs`). A draft
+        model named by a repo id has no `~` to expand."""
+        if isinstance(value, Path):
+            return value.expanduser()
+        return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
 
     @field_validator("int4_group_size")
     @classmethod

@@ -19,14 +19,16 @@ from tserve.model.tokenizer import Tokenizer
 from tserve.service.connection import while_connected
 from tserve.service.engine import Event, GenerationEngine, GenerationRequest, TokenLogprob
 from tserve.service.engine.worker import QueueFull
-from tserve.service.errors import OIPError, engine_failure
+from tserve.service.errors import InvalidInput, OIPError, engine_failure
+from tserve.service.limits import check_max_tokens
 from tserve.service.schemas import AttentionRequest
 from tserve.service.served import AttentionResult, ServedModel, bytes_elements
 from tserve.service.settings import Settings
 
 # OIP parameters of a completion: (type, lowest, highest); OpenAI's defaults (max_tokens 16, temperature 1).
+# top_k: 0 or -1 is no top-k filter, as /v1 (and vLLM) take it.
 _OIP_PARAMETERS = {"max_tokens": (int, 1, None), "temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0),
-                   "top_k": (int, 0, None), "seed": (int, 0, 2**63 - 1), "ignore_eos": (bool, None, None)}
+                   "top_k": (int, -1, None), "seed": (int, 0, 2**63 - 1), "ignore_eos": (bool, None, None)}
 
 
 def speculation(s: Settings) -> Speculation | None:
@@ -203,5 +205,11 @@ def _oip_sampling(parameters: dict[str, Any], max_tokens_limit: int) -> Sampling
             what = "true or false" if kind is bool else \
                 f"{'an integer' if kind is int else 'a number'} from {low}" + (f" to {high}" if high is not None else " up")
             raise OIPError(400, f"parameter {name} must be {what}, got {value!r}")
-        values[name] = value
-    return SamplingParams(**values)
+        values[name] = max(value, 0) if name == "top_k" else value
+    params = SamplingParams(**values)
+    if "max_tokens" not in values:  # the default counts against the limit, as on /v1/completions
+        try:
+            check_max_tokens(params.max_tokens, max_tokens_limit)
+        except InvalidInput as exc:
+            raise OIPError(400, str(exc)) from exc
+    return params

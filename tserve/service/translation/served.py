@@ -34,6 +34,8 @@ from tserve.service.translation.memory import StoredHypothesis, memory_key, shar
 
 log = logging.getLogger("tserve.translation")
 
+_OIP_PARAMETERS = {"n", "num_beams", "glossary", "source_lang", "target_lang"}
+
 
 @dataclass
 class SegmentResult:
@@ -527,6 +529,8 @@ class ServedTranslator(ServedModel):
         input has fewer distinct ones)."""
         texts = bytes_elements(tensor, self.settings.max_prompts)
         params = tensor.get("parameters") or {}
+        if unknown := sorted(set(params) - _OIP_PARAMETERS):  # as the language models refuse them: never ignored
+            raise OIPError(400, f"unknown parameter {unknown[0]!r}; expected some of {sorted(_OIP_PARAMETERS)}")
         glossary = params.get("glossary")
         if glossary is not None:
             try:
