@@ -48,6 +48,10 @@ SETTINGS = "tserve/service/settings.py"
 PROTOCOLS = "tests/http/test_option_combinations_protocols.py::"
 IMAGES_BOUNDED = f"{PROTOCOLS}test_max_prompts_bounds_images_on_v1_classifications_embeddings_and_v2"
 LM_OIP = "tserve/service/generation/served.py"
+MANY = "tests/http/test_option_combinations_many_models.py::"
+EDGES = "tests/engine/test_option_combinations_edges.py::"
+WINDOW_EXACT = f"{EDGES}test_a_window_pool_exactly_full_takes_the_prompt_and_one_block_short_is_refused"
+PAGED = "tests/model/test_paged_kv.py::"
 THREADS = "tests/model/test_option_combinations_threads.py::"
 CHOICE_FAILED = f"{AFTER}test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone"
 ROUTE_REPLACED = f"{LIFECYCLE}test_a_translator_replaced_by_the_route_takes_its_pairs_routes_as_a_fresh_server_would"
@@ -512,4 +516,79 @@ CONFIG_BUGS = [
         (f"{PROTOCOLS}test_v2_parameters_each_model_kind_does_not_take_are_refused_not_ignored",)),
     Bug("v2-top-k-minus-one-refused", LM_OIP, '"top_k": (int, -1, None)', '"top_k": (int, 0, None)',
         (f"{PROTOCOLS}test_top_k_minus_one_is_no_filter_on_v2_as_on_v1",)),
+    # A server of many models beside one of one.
+    Bug("default-model-the-first-of-several", REGISTRY,
+        "            if len(candidates) == 1:\n                return candidates[0]",
+        "            if candidates:\n                return candidates[0]",
+        (f"{MANY}test_completions_without_a_model_are_refused_when_two_language_models_are_served",)),
+    Bug("file-route-counts-every-model", "tserve/service/routes/files.py",
+        "    if model is None and (served_translators(request) > 1 or detect):",
+        "    if model is None and (len(reg.models) > 1 or detect):",
+        (f"{MANY}test_a_file_without_a_model_is_translated_by_the_only_translator_beside_language_models",)),
+    Bug("attention-target-default-counts-language-models", "tserve/service/routes/attention.py",
+        "        candidates = [m for m in models if m.scores_targets]",
+        "        candidates = [m for m in models if m.has_logit_lens]",
+        (f"{MANY}test_attention_of_a_target_without_a_model_is_the_translators_beside_language_models",)),
+    Bug("translation-route-counts-every-model", "tserve/service/routes/translations.py",
+        "    return sum(isinstance(m, ServedTranslator) for m in ready_registry(request).models.values())",
+        "    return len(ready_registry(request).models)",
+        ("tests/http/test_http.py::test_translation_batch_and_stream",
+         f"{MANY}test_a_translation_without_a_model_is_the_only_translators_beside_language_models")),
+    Bug("one-pair-translator-last-named-wins", "tserve/service/translation/routing.py",
+        "            pairs.setdefault(served.loaded.languages, served)", "            pairs[served.loaded.languages] = served",
+        ("tests/engine/test_translation_routing.py::test_a_pair_some_model_has_never_goes_through_a_pivot[True]",)),
+    Bug("compiled-grammars-shared-between-models", "tserve/model/decoding/structured.py",
+        "        self._compiled: OrderedDict[str, Any] = OrderedDict()",
+        '        self._compiled: OrderedDict[str, Any] = globals().setdefault("_COMPILED", OrderedDict())',
+        ("tests/http/test_structured_output_http.py::test_the_openai_clients_parse_helper_gets_a_validated_object"
+         "[mistral]",)),
+    Bug("max-model-memory-counts-the-largest-only", REGISTRY,
+        "        held = sum(held_bytes(m.model) for m in holding)",
+        "        held = max((held_bytes(m.model) for m in holding), default=0)",
+        ("tests/engine/test_option_combinations_operations.py::test_max_model_memory_counts_the_draft_model",)),
+    Bug("target-less-request-counts-pivot-targets", "tserve/service/translation/routing.py",
+        "if s == code and len(hops) == 1})", "if s == code})",
+        ("tests/engine/test_translation_routing.py::test_without_a_target_the_only_direct_one_of_the_source_is_taken",)),
+    # Inputs at the exact edges of a configuration's limits.
+    Bug("max-prompts-refuses-exactly-the-limit", "tserve/service/limits.py",
+        "    if count > limit:", "    if count >= limit:", (IMAGES_BOUNDED,)),
+    Bug("cache-check-refuses-an-exactly-full-pool", "tserve/model/decoding/lm_runner.py",
+        "        if need > have:", "        if need >= have:",
+        (f"{PAGED}test_a_request_larger_than_the_pool_is_refused_before_it_runs", WINDOW_EXACT)),
+    Bug("block-count-one-too-many-at-whole-blocks", "tserve/model/block_pool.py",
+        "        return -(-num_tokens // self.block_size)", "        return num_tokens // self.block_size + 1",
+        (f"{PAGED}test_a_block_held_by_a_table_is_never_handed_out", WINDOW_EXACT)),
+    Bug("a-source-of-exactly-the-limit-refused-as-a-job", TRANSLATION_INPUT,
+        "        if len(ids) > self.max_source_len:", "        if len(ids) >= self.max_source_len:",
+        (f"{EDGES}test_a_source_of_exactly_the_length_limit_is_one_job_and_one_token_more_is_refused",)),
+    Bug("an-image-of-exactly-the-max-pixels-refused", "tserve/service/vision/images.py",
+        "            if w * h > max_pixels:", "            if w * h >= max_pixels:",
+        ("tests/model/test_option_combinations_images.py::test_the_image_limits_hold_at_their_values_on_every_image_"
+         "route[classifications]",)),
+    Bug("window-pool-refuses-an-exact-fit", "tserve/model/window_blocks.py",
+        "hit * self.block_size) <= self.pool.num_free", "hit * self.block_size) < self.pool.num_free",
+        (WINDOW_EXACT,)),
+    Bug("window-mask-one-key-too-many", ATTENTION,
+        "allowed &= keys > query_positions[:, :, None].clamp(max=key_len - 1) - window",
+        "allowed &= keys >= query_positions[:, :, None].clamp(max=key_len - 1) - window",
+        ("tests/model/test_llama_family.py::test_logits_equal_transformers[gemma3]",)),
+    Bug("decode-grows-one-position-short", "tserve/model/decoding/lm_runner.py",
+        "self.blocks.grow(seq.table, seq.num_computed + 1 + ahead)", "self.blocks.grow(seq.table, seq.num_computed + ahead)",
+        (f"{PAGED}test_a_block_held_by_a_table_is_never_handed_out",)),
+    Bug("default-max-tokens-stops-one-short-of-the-context", COMPLETIONS,
+        "served.max_len - len(ids)))", "served.max_len - len(ids) - 1))",
+        ("tests/engine/test_option_combinations_streaming.py::test_a_chat_without_max_tokens_writes_up_to_the_end_of_the_"
+         "context",)),
+    Bug("a-whole-block-prompt-names-its-last-block", "tserve/model/block_pool.py",
+        "        for i in range((len(token_ids) - 1) // bs):", "        for i in range(len(token_ids) // bs):",
+        (f"{EDGES}test_a_prompt_of_whole_blocks_sent_again_reads_its_prefix_and_writes_the_uncached_tokens"
+         "[whole-blocks]",)),
+    Bug("translation-max-tokens-of-exactly-the-target-limit-refused", "tserve/service/translation/inputs.py",
+        "        if ask.max_tokens > max_target_len:", "        if ask.max_tokens >= max_target_len:",
+        ("tests/engine/test_translation_engine.py::test_max_model_len_sizes_a_translators_cache_and_limits",)),
+    Bug("reserved-rows-hold-back-an-exact-fit", "tserve/service/engine/admission.py",
+        "free_rows - needed < reserved_rows", "free_rows - needed <= reserved_rows",
+        ("tests/engine/test_admission_policy.py::test_reserved_rows_hold_back_only_a_client_that_already_holds_rows",)),
+    Bug("max-queue-takes-one-more", "tserve/service/engine/admission.py",
+        "len(groups) >= max_queue:", "len(groups) > max_queue:", ("tests/engine/test_engine.py::test_batcher_queue_limit",)),
 ]
