@@ -1,11 +1,11 @@
 """Planted bugs of the fourth survey: a feature in a configuration other than the one its tests use (another dtype,
-weight format, attention backend, tokenizer family, thread count) or at another point of a lifecycle (after a
-request failed, a model was replaced, the server restarted). The tests written for those let through:
-`tests/engine/test_option_combinations_dtypes.py`, `tests/model/test_option_combinations_formats.py`,
-`tests/model/test_option_combinations_backends.py`, `tests/model/test_option_combinations_tokenizer_families.py`,
-`tests/http/test_option_combinations_lifecycle.py`, `tests/engine/test_option_combinations_after_failures.py` and
-`tests/model/test_option_combinations_threads.py`; the others were caught by the tests named. Part of
-`tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
+weight format, attention backend, tokenizer family, thread count, model family, image configuration, setting source,
+protocol, number of models served, or an input exactly at a limit) or at another point of a lifecycle (after a request
+failed, a model was replaced, the server stopped). The tests written for those let through are the modules
+tests/*/test_option_combinations_{dtypes,formats,backends,tokenizer_families,after_failures,lifecycle,threads,
+family_features,translator_families,image_configurations,setting_sources,protocols,many_models,edges}.py; the others
+were caught by the tests named. docs/testing/configurations.md lists them. Part of `tests/tools/combination_bugs.py`'s
+list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
 
