@@ -540,8 +540,7 @@ CONFIG_BUGS = [
     Bug("compiled-grammars-shared-between-models", "tserve/model/decoding/structured.py",
         "        self._compiled: OrderedDict[str, Any] = OrderedDict()",
         '        self._compiled: OrderedDict[str, Any] = globals().setdefault("_COMPILED", OrderedDict())',
-        ("tests/http/test_structured_output_http.py::test_the_openai_clients_parse_helper_gets_a_validated_object"
-         "[mistral]",)),
+        ("tests/http/test_structured_output_http.py::test_the_openai_clients_parse_helper_gets_a_validated_object",)),
     Bug("max-model-memory-counts-the-largest-only", REGISTRY,
         "        held = sum(held_bytes(m.model) for m in holding)",
         "        held = max((held_bytes(m.model) for m in holding), default=0)",
