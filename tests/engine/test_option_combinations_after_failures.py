@@ -227,3 +227,43 @@ def test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone(l
     assert isinstance(got[2], RuntimeError)
     assert [g for i, g in enumerate(got) if i != 2] == [a for i, a in enumerate(alone) if i != 2]
     assert engine.runner.slots.num_used == 0
+
+
+def test_a_beam_group_whose_step_failed_counts_no_token_and_leaves_the_others_as_alone(mt):
+    """A beam group whose step fails fails its requests alone: a greedy request beside it translates as it does
+    on a fresh engine, and the engine counts the tokens of that request only (the failed group's step is not
+    recorded as generated)."""
+    sources = [mt.tokenizer.encode(s) for s in lexicon_sentences(2, seed=41, min_words=4, max_words=6)]
+    greedy_job = translation_job(mt, sources[0], num_beams=1, max_new_tokens=10)
+    fresh = TranslationEngine("mt", mt, max_rows=4, max_queue=8, timeout_s=60.0, metrics=Metrics())
+    fresh.start()
+    async def run_alone() -> list[int]:
+        return await outcome(fresh, fresh.submit(greedy_job))
+
+    try:
+        alone = asyncio.run(run_alone())
+    finally:
+        fresh.stop()
+    engine = TranslationEngine("mt", mt, max_rows=4, max_queue=8, timeout_s=60.0, metrics=Metrics())
+    beam_steps = {"failed": 0}
+
+    def failing_advance_beams(group, logits, span):  # noqa: ANN001, ANN202
+        beam_steps["failed"] += 1
+        raise RuntimeError("injected fault")
+
+    engine.runner._advance_beams = failing_advance_beams  # noqa: SLF001
+    engine.start()
+
+    async def run() -> list:
+        reqs = [engine.submit(translation_job(mt, sources[0], 1, 10)),
+                engine.submit(translation_job(mt, sources[1], 3, 10))]
+        return [await outcome(engine, r) for r in reqs]
+
+    try:
+        greedy, beams = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert beam_steps["failed"] == 1 and isinstance(beams, RuntimeError)
+    assert greedy == alone
+    assert metric(engine, "tserve_generated_tokens_total") == metric(fresh, "tserve_generated_tokens_total") > 0
+    assert engine.rows_in_use == 0

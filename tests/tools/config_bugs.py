@@ -284,6 +284,9 @@ CONFIG_BUGS = [
         "                                    to_device(start, dev) if any(start) else None,\n"
         "                                    kv_len=max(b + n for b, n in zip(start, lengths, strict=True)))\n",
         (PREFILL_FAILED,)),
+    Bug("failed-beam-group-recorded-again", "tserve/service/engine/translation.py",
+        "            failed.update(map(id, group))\n", "",
+        (f"{AFTER}test_a_beam_group_whose_step_failed_counts_no_token_and_leaves_the_others_as_alone",)),
     Bug("a-failed-choice-runs-the-batchs-forward-again", "tserve/service/engine/generation.py",
         "            if len(reqs) == 1:\n                raise  # (`_isolated` fails it)",
         "            if True:\n                raise  # (`_isolated` fails it)",
