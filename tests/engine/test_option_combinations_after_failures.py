@@ -267,3 +267,39 @@ def test_a_beam_group_whose_step_failed_counts_no_token_and_leaves_the_others_as
     assert greedy == alone
     assert metric(engine, "tserve_generated_tokens_total") == metric(fresh, "tserve_generated_tokens_total") > 0
     assert engine.rows_in_use == 0
+
+
+def test_a_queued_request_whose_release_fails_loses_no_other_request(lm, monkeypatch):  # noqa: F811
+    """Giving back the rows of a request that timed out in the queue raises (a fault of the engine's own): that
+    request's client still hears of its timeout, the step loop restarts (failing what was running, as it does
+    for any fault of its own), and a request queued behind it is neither lost nor left waiting: it runs as alone."""
+    prompt = lm.tokenizer.encode(cycle_prompts(1, seed=53)[0])
+    long_params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    alone = lm_tokens(lm, prompt, params)
+    engine = slow_steps(lm_engine(lm, max_slots=1), 0.01)
+    release = engine._release  # noqa: SLF001
+
+    def failing_release(req):  # noqa: ANN001, ANN202
+        if req is doomed[0]:
+            raise RuntimeError("injected fault")
+        return release(req)
+
+    monkeypatch.setattr(engine, "_release", failing_release)
+    doomed: list = [None]
+
+    async def run() -> list:
+        running = engine.submit(prompt, long_params)
+        await until(lambda: engine.running and not engine.waiting)
+        doomed[0] = engine.submit(prompt, params)
+        doomed[0].deadline = 0.0  # past: it times out in the queue at the next admission
+        behind = engine.submit(prompt, params)
+        return [await outcome(engine, r) for r in (running, doomed[0], behind)]
+
+    try:
+        running, timed_out, behind = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert isinstance(timed_out, RequestTimeout)
+    assert isinstance(running, Exception) and engine.restarts == 1
+    assert behind == alone

@@ -1,11 +1,9 @@
-"""Planted bugs of the fourth survey: a feature in a configuration other than the one its tests use (another dtype,
-weight format, attention backend, tokenizer family, thread count, model family, image configuration, setting source,
-protocol, number of models served, or an input exactly at a limit) or at another point of a lifecycle (after a request
-failed, a model was replaced, the server stopped). The tests written for those let through are the modules
-tests/*/test_option_combinations_{dtypes,formats,backends,tokenizer_families,after_failures,lifecycle,threads,
-family_features,translator_families,image_configurations,setting_sources,protocols,many_models,edges}.py; the others
-were caught by the tests named. docs/testing/configurations.md lists them. Part of `tests/tools/combination_bugs.py`'s
-list, and so of `tests/tools/planted_bugs.py`'s."""
+"""Planted bugs of the fourth survey (docs/testing/configurations.md): a feature in a configuration other than its
+tests' (dtype, weight format, attention backend, tokenizer, threads, model family, image configuration, setting
+source, protocol, models served, an input exactly at a limit) or at another point of a lifecycle. Their tests are the
+modules tests/*/test_option_combinations_{dtypes,formats,backends,tokenizer_families,after_failures,lifecycle,threads,
+family_features,translator_families,image_configurations,setting_sources,protocols,many_models,edges}.py and those
+named. Part of `tests/tools/combination_bugs.py`'s list, and so of `tests/tools/planted_bugs.py`'s."""
 
 from __future__ import annotations
 
@@ -19,7 +17,6 @@ GGUF_TOKENIZER = "tserve/model/gguf/tokenizer.py"
 COMPLETIONS = "tserve/service/routes/completions.py"
 REGISTRY = "tserve/service/registry.py"
 REPOSITORY = "tserve/service/routes/repository.py"
-
 DTYPES = "tests/engine/test_option_combinations_dtypes.py::"
 HALF_CACHES = f"{DTYPES}test_a_half_precision_server_holds_its_caches_in_that_dtype_and_fits_twice_the_blocks"
 FORMATS = "tests/model/test_option_combinations_formats.py::"
@@ -53,6 +50,7 @@ EDGES = "tests/engine/test_option_combinations_edges.py::"
 WINDOW_EXACT = f"{EDGES}test_a_window_pool_exactly_full_takes_the_prompt_and_one_block_short_is_refused"
 PAGED = "tests/model/test_paged_kv.py::"
 THREADS = "tests/model/test_option_combinations_threads.py::"
+RELEASE_FAILS = f"{AFTER}test_a_queued_request_whose_release_fails_loses_no_other_request"
 CHOICE_FAILED = f"{AFTER}test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone"
 ROUTE_REPLACED = f"{LIFECYCLE}test_a_translator_replaced_by_the_route_takes_its_pairs_routes_as_a_fresh_server_would"
 FROZEN = f"{LIFECYCLE}test_with_gc_freeze_a_replaced_model_and_a_failed_load_leave_the_heap_frozen"
@@ -287,6 +285,12 @@ CONFIG_BUGS = [
     Bug("failed-beam-group-recorded-again", "tserve/service/engine/translation.py",
         "            failed.update(map(id, group))\n", "",
         (f"{AFTER}test_a_beam_group_whose_step_failed_counts_no_token_and_leaves_the_others_as_alone",)),
+    Bug("a-fault-in-retiring-a-queued-request-drops-those-behind", "tserve/service/engine/worker.py",
+        "                kept.extend(self.waiting)\n                self.waiting = kept\n",
+        "                self.waiting = kept\n", (RELEASE_FAILS,)),
+    Bug("a-fault-in-releasing-rows-loses-the-last-event", "tserve/service/engine/worker.py",
+        "        finally:  # its client hears how it ended even where giving its rows back failed\n",
+        "        except Exception:\n            raise\n        if True:\n", (RELEASE_FAILS,)),
     Bug("a-failed-choice-runs-the-batchs-forward-again", "tserve/service/engine/generation.py",
         "            if len(reqs) == 1:\n                raise  # (`_isolated` fails it)",
         "            if True:\n                raise  # (`_isolated` fails it)",

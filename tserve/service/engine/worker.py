@@ -351,28 +351,31 @@ class Worker:
             if len({(r.priority, r.client) for r in self.waiting}) > 1 or any(r.turn for r in self.waiting):
                 self.waiting = collections.deque(admission_order(self.waiting, self._last_admitted))
             kept: collections.deque[EngineRequest] = collections.deque()  # still waiting, in order
-            while self.waiting:
-                req = self.waiting.popleft()
-                if req.cancelled:
-                    req.finished = True
-                elif now > req.deadline:
-                    self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
-                elif not isinstance(req, CallRequest) and self._keeps_reserved_rows(req, admitted):
-                    kept.append(req)  # passed over: the rows left are for other clients, whose requests may follow
-                elif isinstance(req, CallRequest) or self._reserve(req):
-                    admitted.append(req)
-                    req.admitted_ns, req.admitted_step = time.time_ns(), self.steps
-                    self._admissions += 1
-                    self._last_admitted[req.client] = self._admissions
-                else:
-                    kept.append(req)
-                    kept.extend(self.waiting)  # no overtaking: nothing behind a request that does not fit
-                    self.waiting.clear()
-            self.waiting = kept
+            try:
+                while self.waiting:
+                    req = self.waiting.popleft()
+                    if req.cancelled:
+                        req.finished = True
+                    elif now > req.deadline:
+                        self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
+                    elif not isinstance(req, CallRequest) and self._keeps_reserved_rows(req, admitted):
+                        kept.append(req)  # passed over: its rows are for other clients, whose requests may follow
+                    elif isinstance(req, CallRequest) or self._reserve(req):
+                        admitted.append(req)
+                        req.admitted_ns, req.admitted_step = time.time_ns(), self.steps
+                        self._admissions += 1
+                        self._last_admitted[req.client] = self._admissions
+                    else:
+                        kept.append(req)
+                        kept.extend(self.waiting)  # no overtaking: nothing behind a request that does not fit
+                        self.waiting.clear()
+            finally:  # (a fault in one request's retiring loses none of those taken off the queue: see `_loop`)
+                kept.extend(self.waiting)
+                self.waiting = kept
+                self.running.extend(admitted)
             if len(self._last_admitted) > MAX_CLIENTS_REMEMBERED:  # forget the clients not waiting
                 waiting = {r.client for r in self.waiting}
                 self._last_admitted = {c: t for c, t in self._last_admitted.items() if c in waiting}
-            self.running.extend(admitted)
         return admitted
 
     def _keeps_reserved_rows(self, req: EngineRequest, admitted: list[EngineRequest]) -> bool:
@@ -408,10 +411,12 @@ class Worker:
         req.finished, req.finished_step, req.finished_ns = True, self.steps, time.time_ns()
         if req in self.running:
             self.running.remove(req)
-        if not isinstance(req, CallRequest):
-            self._release(req)
-        if event is not None:
-            req.emit(event)
+        try:
+            if not isinstance(req, CallRequest):
+                self._release(req)
+        finally:  # its client hears how it ended even where giving its rows back failed
+            if event is not None:
+                req.emit(event)
 
     def _update_gauges(self) -> None:
         m = self.m
