@@ -274,7 +274,7 @@ def test_a_queued_request_whose_release_fails_loses_no_other_request(lm, monkeyp
     request's client still hears of its timeout, the step loop restarts (failing what was running, as it does
     for any fault of its own), and a request queued behind it is neither lost nor left waiting: it runs as alone."""
     prompt = lm.tokenizer.encode(cycle_prompts(1, seed=53)[0])
-    long_params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    long_params = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)  # running still when the others come
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     alone = lm_tokens(lm, prompt, params)
     engine = slow_steps(lm_engine(lm, max_slots=1), 0.01)
