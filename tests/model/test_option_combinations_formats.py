@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.model.test_fused_decode import paged_cache
+from tests.model.test_option_combinations_models import _behaving
 from tserve.model import logit_lens as lens
 from tserve.model.block_quant import BlockLinear, reference_linear
 from tserve.model.checkpoint import load
@@ -55,16 +56,9 @@ def test_a_block_layer_narrower_than_whole_blocks_pads_its_inputs_after_them(in_
 def _narrow_decoder(fmt: str) -> Decoder:
     """A Llama-layout model 48 wide with an MLP of 80 (neither whole blocks of 32), weights large enough that every
     layer moves the residual stream, its linear layers in `fmt` blocks."""
-    torch.manual_seed(5)
     cfg = DecoderConfig(vocab_size=97, d_model=48, n_heads=3, n_kv_heads=1, n_layers=2, d_ff=80, max_seq_len=64,
                         norm="rmsnorm", activation="swiglu", positions="rope", bias=False)
-    model = Decoder(cfg, backend="cpu-decode").eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(torch.rand_like(p) * 0.5 + 0.75)
-            else:
-                p.normal_(0.0, 0.15 if p.dim() > 1 else 0.05)
+    model = _behaving(cfg, seed=5)
     fuse_gated_mlps(model)
     quantize_blocks(model, fmt)
     return model
