@@ -166,8 +166,7 @@ CONFIG_BUGS = [
          "[gemma3]",)),
     # Tokenizer families beside the text features.
     Bug("echo-offsets-count-the-bos", COMPLETIONS,
-        "offsets = [len(served.tokenizer.decode(encoded[p][:k])) for k",
-        "offsets = [len(served.tokenizer.decode(encoded[p][:k], skip_special_tokens=False)) for k",
+        "skip_special_tokens=skip))", "skip_special_tokens=False))",
         (f"{PAIRS}test_echoed_prompt_logprobs_of_several_prompts_are_each_prompts_forward_pass",)),
     Bug("sentencepiece-added-tokens-read-as-pieces", TOKENIZER,
         "        if i in self._added:\n            return self._added[i]\n        piece = self._tok.id_to_token(i)\n"

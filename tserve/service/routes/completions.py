@@ -312,7 +312,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     choices = []
     for i, req in enumerate(requests):
         p = i // body.n
-        offsets = [len(served.tokenizer.decode(encoded[p][:k])) for k in range(len(echo_logprobs[p]))]
+        # Where each echoed token starts in the echo: a text prompt is echoed as written (its BOS is in no
+        # character of it), a prompt of ids as their text, special tokens included.
+        skip = isinstance(given[p], str)
+        offsets = [len(served.tokenizer.decode(encoded[p][:k], skip_special_tokens=skip))
+                   for k in range(len(echo_logprobs[p]))]
         choices.append(Choice(i, req, prompts[p] if body.echo else "", echo_logprobs[p], offsets))
     completion_id, created, model = new_id("cmpl"), now(), served.name
     prompt_tokens = sum(len(ids) for ids in encoded)
