@@ -11,6 +11,11 @@ from tests.tools.planted_bug import Bug
 COMPLETIONS = "tserve/service/routes/completions.py"
 LM_SERVED = "tserve/service/generation/served.py"
 LAYER_LM = "tests/http/test_request_layer_completions.py::"
+INPUTS = "tserve/service/translation/inputs.py"
+LIBRETRANSLATE = "tserve/service/routes/libretranslate.py"
+TRANSLATIONS = "tserve/service/routes/translations.py"
+LANGUAGES = "tserve/service/translation/languages.py"
+LAYER_MT = "tests/http/test_request_layer_translation.py::"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
 
@@ -59,4 +64,51 @@ ROUTE_BUGS = [
     Bug("id-prompt-echo-offsets-skip-its-specials", COMPLETIONS,
         "skip_special_tokens=skip))", "skip_special_tokens=True))",
         (f"{LAYER_LM}test_echoed_prompt_offsets_point_into_the_echoed_text_for_text_and_id_prompts",)),
+    # /v1/translations and LibreTranslate's routes
+    Bug("glossary-of-exactly-the-entry-limit-refused", INPUTS,
+        "    if len(glossary) > max_entries:", "    if len(glossary) >= max_entries:",
+        (f"{LAYER_MT}test_a_glossary_of_exactly_the_entry_limit_with_terms_of_100_characters_is_taken",)),
+    Bug("glossary-term-of-100-characters-refused", INPUTS,
+        "len(term) > MAX_GLOSSARY_TERM_CHARS:", "len(term) >= MAX_GLOSSARY_TERM_CHARS:",
+        (f"{LAYER_MT}test_a_glossary_of_exactly_the_entry_limit_with_terms_of_100_characters_is_taken",)),
+    Bug("only-the-last-inputs-characters-checked", INPUTS,
+        '            raise InvalidInput(f"input {i} is empty", "empty_input")\n'
+        '        check_input_chars(text, settings.max_input_chars, f"input {i}")',
+        '            raise InvalidInput(f"input {i} is empty", "empty_input")\n'
+        '    check_input_chars(text, settings.max_input_chars, f"input {i}")',
+        (f"{LAYER_MT}test_every_text_of_a_batch_is_held_to_max_input_chars_not_only_the_last",)),
+    Bug("sixteen-beams-and-alternatives-refused", INPUTS,
+        "(high is not None and value > high)", "(high is not None and value >= high)",
+        (f"{LAYER_MT}test_sixteen_beams_and_sixteen_alternatives_are_the_largest_taken",
+         f"{LAYER_MT}test_libretranslate_takes_fifteen_alternatives_and_refuses_sixteen")),
+    Bug("libretranslate-fifteen-alternatives-refused", LIBRETRANSLATE,
+        "not 0 <= value <= MAX_ALTERNATIVES:", "not 0 <= value < MAX_ALTERNATIVES:",
+        (f"{LAYER_MT}test_libretranslate_takes_fifteen_alternatives_and_refuses_sixteen",)),
+    Bug("libretranslate-json-with-a-charset-read-as-a-form", LIBRETRANSLATE,
+        'if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":',
+        'if request.headers.get("content-type", "") == "application/json":',
+        (f"{LAYER_MT}test_a_json_body_with_a_charset_is_read_as_json",)),
+    Bug("libretranslate-query-string-fields-ignored", LIBRETRANSLATE,
+        "fields: dict[str, Any] = dict(request.query_params)", "fields: dict[str, Any] = {}",
+        (f"{LAYER_MT}test_fields_in_the_query_string_count_as_the_bodys",)),
+    Bug("libretranslate-empty-format-refused", LIBRETRANSLATE,
+        '        fmt = fields.get("format") or "text"', '        fmt = fields.get("format", "text")',
+        (f"{LAYER_MT}test_an_empty_or_null_format_is_text",)),
+    Bug("libretranslate-non-text-in-q-list-is-a-500", LIBRETRANSLATE,
+        "    if isinstance(q, list) and q and all(isinstance(t, str) for t in q):", "    if isinstance(q, list) and q:",
+        (f"{LAYER_MT}test_a_q_list_holding_a_non_text_is_a_400_in_libretranslates_shape",)),
+    Bug("pivot-drops-return-alignment-silently", TRANSLATIONS,
+        "    if body.stream or body.return_attention is not None or body.return_alignment:",
+        "    if body.stream or body.return_attention is not None:",
+        (f"{LAYER_MT}test_a_pivoted_pair_refuses_return_alignment_rather_than_answer_without_it",)),
+    Bug("html-page-with-return-attention-not-refused", TRANSLATIONS,
+        '    if body.format == "html" and (body.stream or body.return_attention is not None):',
+        '    if body.format == "html" and body.stream:',
+        (f"{LAYER_MT}test_an_html_page_refuses_return_attention",)),
+    Bug("language-name-drops-the-region", LANGUAGES,
+        '    return name if base == code.lower() else f"{name} ({code})"', "    return name",
+        (f"{LAYER_MT}test_a_regional_language_is_named_with_its_region",)),
+    Bug("traditional-chinese-named-by-its-code", LANGUAGES,
+        '    "zt": "Chinese (traditional)",', '    "zt-unnamed": "Chinese (traditional)",',
+        (f"{LAYER_MT}test_every_short_code_a_models_language_can_take_has_a_name",)),
 ]

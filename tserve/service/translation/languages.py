@@ -33,6 +33,10 @@ NAMES = {
     "tk": "Turkmen", "tl": "Tagalog", "tr": "Turkish", "tt": "Tatar", "ug": "Uyghur", "uk": "Ukrainian",
     "ur": "Urdu", "uz": "Uzbek", "vi": "Vietnamese", "vo": "Volapük", "wa": "Walloon", "xh": "Xhosa",
     "yo": "Yoruba", "zh": "Chinese", "zu": "Zulu",
+    "bo": "Tibetan", "fj": "Fijian", "gn": "Guarani", "ks": "Kashmiri", "li": "Limburgish", "mi": "Maori",
+    "ny": "Chichewa", "sd": "Sindhi", "sg": "Sango", "sm": "Samoan", "ss": "Swati", "su": "Sundanese",
+    "ti": "Tigrinya", "tn": "Tswana", "ts": "Tsonga", "wo": "Wolof", "yi": "Yiddish",
+    "zt": "Chinese (traditional)",  # LibreTranslate's code and name for Traditional Chinese
 }
 
 
