@@ -16,6 +16,12 @@ LIBRETRANSLATE = "tserve/service/routes/libretranslate.py"
 TRANSLATIONS = "tserve/service/routes/translations.py"
 LANGUAGES = "tserve/service/translation/languages.py"
 LAYER_MT = "tests/http/test_request_layer_translation.py::"
+REGISTRY = "tserve/service/registry.py"
+REPOSITORY = "tserve/service/routes/repository.py"
+SERVED = "tserve/service/served.py"
+LAYER_OPS = "tests/deploy/test_request_layer_operations.py::"
+DOTTED = f"{LAYER_OPS}test_a_dotted_name_loads_serves_and_unloads_and_a_second_unload_is_a_404"
+DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
 
@@ -111,4 +117,62 @@ ROUTE_BUGS = [
     Bug("traditional-chinese-named-by-its-code", LANGUAGES,
         '    "zt": "Chinese (traditional)",', '    "zt-unnamed": "Chinese (traditional)",',
         (f"{LAYER_MT}test_every_short_code_a_models_language_can_take_has_a_name",)),
+    # operations: the registry, the repository API, settings, task modules
+    Bug("unload-of-an-unloaded-name-500", REGISTRY,
+        '            if state == "UNLOADING" and served is None:', '            if state == "UNLOADING" and name not in self.states:',
+        (DOTTED,)),
+    Bug("dotted-model-names-refused", REPOSITORY,
+        'if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():',
+        'if not name.replace("-", "").replace("_", "").isalnum():', (DOTTED,)),
+    Bug("model-name-never-checked", REPOSITORY,
+        '    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():\n'
+        '        raise OIPError(400, "a model name is letters, digits, \'-\', \'_\' and \'.\'")\n', "",
+        (f"{LAYER_OPS}test_an_invalid_model_name_is_refused_before_it_is_claimed",)),
+    Bug("readyz-lists-models-in-load-order", "tserve/service/routes/health.py",
+        'return JSONResponse({"status": "ready", "models": sorted(reg.models)})',
+        'return JSONResponse({"status": "ready", "models": list(reg.models)})', (DOTTED,)),
+    Bug("drain-refuses-only-the-main-worker", REGISTRY,
+        "        for served in self.models.values():\n            for worker in served.workers:\n"
+        "                worker.refuse_new()",
+        "        for served in self.models.values():\n            served.worker.refuse_new()", (DRAINING,)),
+    Bug("text-input-at-the-exact-length-refused", SERVED,
+        '        if len(ids) > limit:\n            raise ValueError(f"the input has',
+        '        if len(ids) >= limit:\n            raise ValueError(f"the input has',
+        (f"{LAYER_OPS}test_embeddings_take_a_text_of_exactly_the_models_length_and_refuse_one_token_more",)),
+    Bug("lens-layer-past-the-last-accepted", SERVED,
+        "if not layers or any(not 0 <= i < count for i in layers)",
+        "if not layers or any(not 0 <= i <= count for i in layers)",
+        (f"{LAYER_OPS}test_the_logit_lens_takes_its_last_layer_and_refuses_the_one_past_it",)),
+    Bug("source-lang-ignored-by-a-language-model", SERVED,
+        '        if source_lang is not None:\n            raise InvalidInput(f"model {self.name!r} takes no source_lang")\n',
+        "", (f"{LAYER_OPS}test_source_lang_is_refused_by_a_language_models_embeddings",)),
+    Bug("no-model-of-a-task-is-a-400", REGISTRY,
+        '                raise not_found(f"no {task} model is served")',
+        '                raise bad_request(f"no {task} model is served", "model_required")',
+        (f"{LAYER_OPS}test_a_request_without_a_model_for_a_task_no_model_serves_is_a_404",)),
+    Bug("repository-api-open-while-draining", REPOSITORY,
+        "    return ready_registry(request)", "    return request.app.state.registry", (DRAINING,)),
+    Bug("task-module-cannot-replace-a-built-in-task", "tserve/service/tasks.py",
+        "    SERVED[cls.task] = cls", "    SERVED.setdefault(cls.task, cls)",
+        (f"{LAYER_OPS}test_a_task_module_that_registers_a_built_in_task_serves_it",)),
+    Bug("model-entry-without-a-name-accepted", "tserve/service/settings.py",
+        "            if not sep or not name or not path:", "            if not sep:",
+        (f"{LAYER_OPS}test_a_model_entry_without_a_name_or_a_path_is_refused_from_flags_and_from_the_environment",)),
+    Bug("a-loading-model-answers-429", REGISTRY,
+        'raise overloaded(f"model {name!r} is {self.states[name].state.lower()}", status=503)',
+        'raise overloaded(f"model {name!r} is {self.states[name].state.lower()}")',
+        ("tests/http/test_repository.py::test_unloading_drains_refuses_and_gives_the_memory_back",)),
+    Bug("repository-lists-directories-without-a-config", "tserve/service/settings.py",
+        'return files | {d.name: d for d in sorted(root.iterdir()) if (d / "config.json").is_file()}',
+        'return files | {d.name: d for d in sorted(root.iterdir()) if d.is_dir()}',
+        ("tests/deploy/test_option_combinations_cli.py::"
+         "test_a_checkpoint_directory_wins_over_a_gguf_file_of_its_name_in_the_models_directory",)),
+    Bug("a-named-model-of-another-task-served", REGISTRY,
+        "        if task is not None and served.task != task:\n            raise bad_request",
+        "        if task is None and served.task != task:\n            raise bad_request",
+        ("tests/http/test_tasks.py::test_a_fourth_task_module_is_served_with_no_edits_elsewhere",)),
+    Bug("a-worker-refusing-new-work-answers-429", "tserve/service/errors.py",
+        "        return overloaded(str(exc), status=503)\n    if isinstance(exc, QueueFull):",
+        "        return overloaded(str(exc))\n    if isinstance(exc, QueueFull):",
+        (f"{LAYER_OPS}test_a_request_that_meets_a_worker_already_refusing_is_a_503_not_a_429",)),
 ]

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from tserve.model.decoding.constrained_beam import ConstraintsUnmet
-from tserve.service.engine import InvalidInput, OutOfMemory, QueueFull, RequestTimeout
+from tserve.service.engine import InvalidInput, OutOfMemory, QueueFull, RequestTimeout, ShuttingDown
 
 # InvalidInput: what an engine or an input rule refuses (400); raised by the engines and the service alike.
 __all__ = ["LIBRETRANSLATE_DOWNLOAD_PREFIX", "LIBRETRANSLATE_PATHS", "OIP_PREFIX", "APIError", "InvalidInput", "OIPError",
@@ -61,6 +61,8 @@ def engine_failure(exc: BaseException, what: str, invalid_code: str = "request_t
     ran (`what`: "generation", "translation", "classification"). Never internals: the kind of failure only."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ShuttingDown):
+        return overloaded(str(exc), status=503)
     if isinstance(exc, QueueFull):
         return overloaded(str(exc))
     if isinstance(exc, OutOfMemory):

@@ -244,8 +244,9 @@ class ModelRegistry:
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             log.exception("model loading failed", extra={"model": name})
-            self.states[name] = ModelState("READY", f"a replacement failed to load: {reason}") if name in self.models \
-                else ModelState("UNAVAILABLE", reason)
+            with self._changes:  # as `claim` and `install` change the states
+                self.states[name] = ModelState("READY", f"a replacement failed to load: {reason}") \
+                    if name in self.models else ModelState("UNAVAILABLE", reason)
             exc.__traceback__ = None  # its frames hold what was loaded so far
         _give_memory_back(self.settings.gc_freeze)
         raise bad_request(f"model {name!r} failed to load: {reason}", "load_failed")

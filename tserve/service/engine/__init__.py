@@ -12,6 +12,7 @@ from tserve.service.engine.request import (
     OutOfMemory,
     QueueFull,
     RequestTimeout,
+    ShuttingDown,
     TokenLogprob,
     admission,
     request_error,
@@ -21,5 +22,5 @@ from tserve.service.engine.translation import SegmentRequest, TranslationEngine
 from tserve.service.engine.worker import Worker
 
 __all__ = ["Admission", "BatchItem", "CallRequest", "DynamicBatcher", "EngineRequest", "Event", "GenerationEngine",
-           "GenerationRequest", "InvalidInput", "OutOfMemory", "QueueFull", "RequestTimeout", "Worker", "TokenLogprob",
+           "GenerationRequest", "InvalidInput", "OutOfMemory", "QueueFull", "RequestTimeout", "ShuttingDown", "Worker", "TokenLogprob",
            "TranslationEngine", "SegmentRequest", "admission", "request_error", "request_observer"]

@@ -18,7 +18,12 @@ from tserve.model.decoding.constrained_beam import ConstraintsUnmet
 
 
 class QueueFull(Exception):
-    """The waiting queue is at capacity, or the worker is shutting down (HTTP 429)."""
+    """The waiting queue is at capacity (HTTP 429: retry later)."""
+
+
+class ShuttingDown(QueueFull):
+    """The worker takes no new request: the server drains, or the model is being unloaded or replaced (HTTP 503,
+    as the readiness gate answers a request that comes a moment later)."""
 
 
 class RequestTimeout(Exception):

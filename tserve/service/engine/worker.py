@@ -34,6 +34,7 @@ from tserve.service.engine.request import (
     Event,
     QueueFull,
     RequestTimeout,
+    ShuttingDown,
     request_error,
     step_outbox,
 )
@@ -123,7 +124,7 @@ class Worker:
         req.model = self.name
         with self._lock:
             if self._draining:
-                raise QueueFull(f"model {self.name!r} is shutting down")
+                raise ShuttingDown(f"model {self.name!r} is shutting down")
             self._purge_cancelled()
             if refusal := queue_refusal(req, self.waiting, self.max_queue, self.capacity - self.rows_in_use,
                                         self._rows_held, self.capacity if self.parts_take_turns else None):

@@ -82,6 +82,8 @@ async def load(name: str, request: Request) -> dict[str, str]:
     """Load (or replace) `name`: from the body's `parameters.path` when --allow-load-paths is on, else from
     --model-repository."""
     reg = _admin(request)
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise OIPError(400, "a model name is letters, digits, '-', '_' and '.'")
     parameters = (await _body(request)).get("parameters") or {}
     if not isinstance(parameters, dict):
         raise OIPError(400, "parameters must be a JSON object")
@@ -98,8 +100,6 @@ async def load(name: str, request: Request) -> dict[str, str]:
             raise OIPError(404, f"model {name!r} is not in the model repository (--model-repository); it has: "
                                 f"{sorted(found)}")
         source = found[name]
-    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise OIPError(400, "a model name is letters, digits, '-', '_' and '.'")
     reg.claim(name, "LOADING")  # on the event loop: a second change of this name is a 409 from now on
 
     async def change() -> None:
