@@ -21,6 +21,11 @@ REPOSITORY = "tserve/service/routes/repository.py"
 SERVED = "tserve/service/served.py"
 LAYER_OPS = "tests/deploy/test_request_layer_operations.py::"
 DOTTED = f"{LAYER_OPS}test_a_dotted_name_loads_serves_and_unloads_and_a_second_unload_is_a_404"
+SCHEMAS = "tserve/service/schemas.py"
+EMBEDDINGS = "tserve/service/routes/embeddings.py"
+DEPS = "tserve/service/routes/deps.py"
+LAYER_SCHEMAS = "tests/http/test_request_layer_schemas.py::"
+MULTIPART_FIELDS = f"{LAYER_SCHEMAS}test_a_multipart_images_form_fields_are_read_as_a_json_bodys"
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -175,4 +180,50 @@ ROUTE_BUGS = [
         "        return overloaded(str(exc), status=503)\n    if isinstance(exc, QueueFull):",
         "        return overloaded(str(exc))\n    if isinstance(exc, QueueFull):",
         (f"{LAYER_OPS}test_a_request_that_meets_a_worker_already_refusing_is_a_503_not_a_429",)),
+    # request schemas and the inspection routes
+    Bug("top-logprobs-five-refused", SCHEMAS,
+        "top_logprobs: int | None = Field(None, ge=0, le=5)", "top_logprobs: int | None = Field(None, ge=0, lt=5)",
+        (f"{LAYER_SCHEMAS}test_chat_top_logprobs_of_five_list_five_alternatives_and_six_is_refused",)),
+    Bug("temperature-two-refused", SCHEMAS,
+        "temperature: float = Field(1.0, ge=0.0, le=2.0)", "temperature: float = Field(1.0, ge=0.0, lt=2.0)",
+        (f"{LAYER_SCHEMAS}test_temperature_two_is_the_top_of_its_range_and_just_above_is_refused",)),
+    Bug("four-stop-strings-refused", SCHEMAS, "if len(stops) > 4:", "if len(stops) >= 4:",
+        (f"{LAYER_SCHEMAS}test_four_stop_strings_are_taken_and_a_fifth_is_refused",)),
+    Bug("top-k-minus-one-refused", SCHEMAS,
+        "top_k: int = Field(0, ge=-1, description=", "top_k: int = Field(0, ge=0, description=",
+        (f"{LAYER_SCHEMAS}test_top_k_minus_one_samples_as_no_top_k_filter",)),
+    Bug("lens-layers-answered-in-sorted-order", "tserve/model/logit_lens.py",
+        "    for layer in layers:\n", "    for layer in sorted(layers):\n",
+        (f"{LAYER_SCHEMAS}test_lens_layers_come_back_in_the_order_asked_each_the_layer_it_names",)),
+    Bug("embeddings-text-beside-an-images-list-accepted", EMBEDDINGS,
+        "if images and body.input is not None:", "if body.image is not None and body.input is not None:",
+        (f"{LAYER_SCHEMAS}test_text_beside_images_is_refused_for_either_image_field",)),
+    Bug("attention-json-lists-unset-fields", "tserve/service/routes/attention.py",
+        "response_model=AttentionResponse | BertVizResponse, response_model_exclude_unset=True,",
+        "response_model=AttentionResponse | BertVizResponse,",
+        (f"{LAYER_SCHEMAS}test_a_language_models_attention_answers_carry_only_its_own_fields",)),
+    Bug("return-attention-bound-reached-refused", DEPS, "    if floats > limit:\n", "    if floats >= limit:\n",
+        (f"{LAYER_SCHEMAS}test_return_attention_of_exactly_the_weight_limit_is_served",)),
+    Bug("lens-default-top-k-of-three", SCHEMAS,
+        "top_k: int = Field(5, ge=1, le=20)", "top_k: int = Field(3, ge=1, le=20)",
+        (f"{LAYER_SCHEMAS}test_lens_without_top_k_lists_five_tokens_per_position",)),
+    Bug("json-object-beside-another-constraint-ignored", "tserve/service/request_schemas.py",
+        '        given += ["json_object"] if self.json_object else []\n',
+        '        given += ["json_object"] if self.json_object and not given else []\n',
+        (f"{LAYER_SCHEMAS}test_json_object_beside_another_structured_output_is_refused",)),
+    Bug("embeddings-source-lang-dropped", EMBEDDINGS,
+        "served.embedding_ids(text, body.source_lang)", "served.embedding_ids(text)",
+        ("tests/http/test_multilingual_http.py::test_embeddings_read_the_source_language",)),
+    Bug("translation-return-attention-bound-counts-one-module", DEPS,
+        "floats = outputs * served.generated_attention_modules * len(layers)", "floats = outputs * len(layers)",
+        ("tests/http/test_option_combinations_inspection_pairs.py::"
+         "test_the_translation_weight_bound_counts_the_longest_input",)),
+    Bug("embeddings-dimensions-ignored", EMBEDDINGS,
+        "    if body.dimensions is not None and body.dimensions != len(vectors[0]):",
+        "    if body.dimensions is not None and body.dimensions > len(vectors[0]):",
+        (f"{LAYER_SCHEMAS}test_embeddings_take_their_own_dimensions_and_refuse_another_length",)),
+    Bug("classification-form-priority-dropped", "tserve/service/routes/classifications.py",
+        '("model", "top_k", "priority")', '("model", "top_k")', (MULTIPART_FIELDS,)),
+    Bug("embeddings-form-reads-only-model-and-format", EMBEDDINGS,
+        '("model", "encoding_format", "dimensions", "priority")', '("model", "encoding_format")', (MULTIPART_FIELDS,)),
 ]

@@ -186,6 +186,8 @@ class EmbeddingRequest(_Prioritised):
     image: str | None = Field(None, description="base64 image (ViT)")
     images: list[str] | None = None
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
+    dimensions: int | None = Field(None, ge=1, description="the vectors' length: the model's own (it cannot shorten "
+                                   "them); another is refused")
     source_lang: str | None = Field(None, description="a multilingual translator's input language "
                                     "(as /v1/translations takes it; default: its tokenizer's)")
     user: str | None = None

@@ -20,6 +20,7 @@ _MULTIPART_SCHEMA = {
         "file": {"type": "array", "items": {"type": "string", "format": "binary"}, "description": "one or more images"},
         "model": {"type": "string"},
         "top_k": {"type": "integer", "default": 5, "minimum": 1},
+        "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
     },
     "required": ["file"],
 }
@@ -30,7 +31,7 @@ _OPENAPI = {"requestBody": {"required": True, "content": {
 
 
 async def _parse(request: Request, max_images: int) -> tuple[ClassificationRequest, list[bytes]]:
-    body, uploads = await image_body(request, ClassificationRequest, ("model", "top_k"), max_images)
+    body, uploads = await image_body(request, ClassificationRequest, ("model", "top_k", "priority"), max_images)
     if uploads is not None:
         return body, uploads
     images = ([body.image] if body.image is not None else []) + list(body.images or [])

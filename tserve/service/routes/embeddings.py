@@ -29,13 +29,16 @@ _OPENAPI = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": EmbeddingRequest.model_json_schema()},
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
-        "model": {"type": "string"}, "encoding_format": {"type": "string", "enum": ["float", "base64"]}}}},
+        "model": {"type": "string"}, "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": {"type": "integer", "minimum": 1},
+        "priority": {"type": "integer", "minimum": -1000, "maximum": 1000}}}},
 }}}
 
 
 async def _parse(request: Request, max_inputs: int) -> tuple[EmbeddingRequest, list[bytes]]:
     """The request and its images' bytes (none for text)."""
-    body, uploads = await image_body(request, EmbeddingRequest, ("model", "encoding_format"), max_inputs)
+    body, uploads = await image_body(request, EmbeddingRequest, ("model", "encoding_format", "dimensions", "priority"),
+                                     max_inputs)
     if uploads is not None:
         return body, uploads
     images = ([body.image] if body.image is not None else []) + list(body.images or [])
@@ -102,6 +105,11 @@ async def create_embeddings(request: Request) -> Any:
                 raise bad_request(f"input {i}: {exc}", "invalid_input") from exc
         tokens = sum(len(ids) for ids in items)
     vectors = await served.embed(request, items)
+    if body.dimensions is not None and body.dimensions != len(vectors[0]):
+        # OpenAI's `dimensions` shortens the vectors of a model trained for it (Matryoshka); cut from any other
+        # model's they lose what they mean, so such a request is refused, as vLLM refuses it.
+        raise bad_request(f"dimensions: model {served.name!r} gives embeddings of {len(vectors[0])} values and "
+                          "cannot shorten them", "unsupported_dimensions")
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
     return {"object": "list", "data": data, "model": served.name,
