@@ -39,9 +39,15 @@ CONFIGS = {
     "resize-then-crop": {**IMAGENET, "size": {"height": SIZE + 7, "width": SIZE + 4}, "do_center_crop": True,
                          "crop_size": {"height": SIZE, "width": SIZE}},
     "own-rescale-factor": {**IMAGENET, "rescale_factor": 1 / 127.5},
+    # no `resample`: the default of the processor class it names (DeiT's is bicubic, ViT's bilinear)
+    "deit-default-resample": {**{k: v for k, v in IMAGENET.items() if k != "resample"},
+                              "size": {"height": SIZE + 7, "width": SIZE + 4}, "do_center_crop": True,
+                              "crop_size": {"height": SIZE, "width": SIZE}, "image_processor_type": "DeiTImageProcessor"},
+    "vit-default-resample": {k: v for k, v in IMAGENET.items() if k != "resample"},
 }
 # the processor each config is a checkpoint's
-PROCESSORS = {"resize-then-crop": transformers.DeiTImageProcessor}
+PROCESSORS = {"resize-then-crop": transformers.DeiTImageProcessor,
+              "deit-default-resample": transformers.DeiTImageProcessor}
 MAX_IMAGE_PIXELS = 20 * 20
 
 
@@ -121,6 +127,21 @@ def test_each_preprocessor_config_is_read_as_transformers_reads_it(name):
     ours = ImagePreprocessing.from_hf(cfg, SIZE, 3)(image)
     theirs = PROCESSORS.get(name, hf_processor)(**cfg)(image, return_tensors="pt").pixel_values[0]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("model_type", "resample"), [("vit", "bilinear"), ("deit", "bicubic")])
+def test_a_config_without_resample_takes_its_model_familys_processor_default(tmp_path, model_type, resample):
+    """A checkpoint's preprocessor config that names no `resample` and no processor class is read with the
+    default of its family's processor in transformers: ViTImageProcessor's bilinear, DeiTImageProcessor's
+    bicubic (what `AutoImageProcessor` builds for a DeiT checkpoint)."""
+    from tserve.model.importers import deit, vit
+
+    raw = {"model_type": model_type, "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
+           "num_hidden_layers": 1, "image_size": SIZE, "patch_size": 4, "id2label": {"0": "a", "1": "b"}}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {k: v for k, v in IMAGENET.items() if k != "resample"}))
+    importer = deit if model_type == "deit" else vit
+    assert importer.extras(raw, tmp_path, importer.config(raw, tmp_path))["preprocessing"].resample == resample
 
 
 def test_served_classifications_and_embeddings_follow_the_checkpoints_preprocessing(app, checkpoint, reference):

@@ -26,6 +26,13 @@ EMBEDDINGS = "tserve/service/routes/embeddings.py"
 DEPS = "tserve/service/routes/deps.py"
 LAYER_SCHEMAS = "tests/http/test_request_layer_schemas.py::"
 MULTIPART_FIELDS = f"{LAYER_SCHEMAS}test_a_multipart_images_form_fields_are_read_as_a_json_bodys"
+CLASSIFICATIONS = "tserve/service/routes/classifications.py"
+FILES = "tserve/service/routes/files.py"
+FILE_JOBS = "tserve/service/translation/file_jobs.py"
+PREPROCESSING = "tserve/model/preprocessing.py"
+LAYER_FILES = "tests/http/test_request_layer_images_files.py::"
+IMAGE_AND_IMAGES = f"{LAYER_FILES}test_an_image_beside_a_list_of_images_is_answered_first_and_each_result_is_its_own_pictures"
+IMAGE_CONFIGS = "tests/model/test_option_combinations_images.py::"
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -226,4 +233,52 @@ ROUTE_BUGS = [
         '("model", "top_k", "priority")', '("model", "top_k")', (MULTIPART_FIELDS,)),
     Bug("embeddings-form-reads-only-model-and-format", EMBEDDINGS,
         '("model", "encoding_format", "dimensions", "priority")', '("model", "encoding_format")', (MULTIPART_FIELDS,)),
+    # images and file jobs
+    Bug("classifications-single-image-after-the-list", CLASSIFICATIONS,
+        "images = ([body.image] if body.image is not None else []) + list(body.images or [])",
+        "images = list(body.images or []) + ([body.image] if body.image is not None else [])", (IMAGE_AND_IMAGES,)),
+    Bug("classification-index-counts-from-one", CLASSIFICATIONS,
+        "for i, ranked in enumerate(results)]", "for i, ranked in enumerate(results, 1)]", (IMAGE_AND_IMAGES,)),
+    Bug("oip-pixels-of-any-datatype", "tserve/service/vision/served.py",
+        'if tensor.get("datatype") != "FP32" or len(tensor["shape"]) != 4', 'if len(tensor["shape"]) != 4',
+        (f"{LAYER_FILES}test_oip_pixels_of_another_datatype_than_fp32_are_a_protocol_400",)),
+    Bug("file-at-exactly-max-file-bytes-refused", FILES, "    if len(data) > limit:\n", "    if len(data) >= limit:\n",
+        (f"{LAYER_FILES}test_a_file_of_exactly_max_file_bytes_is_taken_and_one_byte_more_is_413",)),
+    Bug("windows-upload-path-kept-in-the-name", FILES,
+        '(upload.filename or "").replace("\\\\", "/").rsplit("/", 1)[-1]', '(upload.filename or "").rsplit("/", 1)[-1]',
+        (f"{LAYER_FILES}test_an_upload_named_by_a_path_keeps_only_its_base_name",)),
+    Bug("deleting-a-finished-job-keeps-it", FILE_JOBS, "        else:\n            self._delete(job)\n", "",
+        (f"{LAYER_FILES}test_deleting_a_finished_job_deletes_it_and_its_file",)),
+    Bug("a-failed-jobs-error-loses-its-code", FILE_JOBS,
+        'return {"message": exc.message, "type": exc.type, "code": exc.code}',
+        'return {"message": exc.message, "type": "server_error", "code": None}',
+        (f"{LAYER_FILES}test_a_job_the_engine_refused_fails_with_the_errors_type_and_code",)),
+    Bug("sweep-counts-from-creation", FILE_JOBS,
+        "and now - j.finished > self.retention_s]", "and now - j.created > self.retention_s]",
+        (f"{LAYER_FILES}test_the_retention_counts_from_a_jobs_end_not_its_start",)),
+    Bug("file-cache-opt-out-only-as-false", FILES, '.lower() not in ("false", "0", "no"))', '.lower() != "false")',
+        (f"{LAYER_FILES}test_each_way_of_saying_no_to_the_cache_translates_a_file_again",)),
+    Bug("a-job-in-progress-still-reads-queued", FILE_JOBS,
+        '        self.done_segments += 1\n        self.status = "running"\n', "        self.done_segments += 1\n",
+        (f"{LAYER_FILES}test_a_job_read_while_it_runs_says_running",)),
+    Bug("pivoted-job-announced-with-one-hops-total", FILES, "len(doc.jobs) * len(hops), work)", "len(doc.jobs), work)",
+        (f"{LAYER_FILES}test_a_pivoted_job_announces_both_hops_sentences_from_its_start",)),
+    Bug("multipart-classifications-ignore-the-model", CLASSIFICATIONS,
+        '("model", "top_k", "priority"), max_images)', '("top_k", "priority"), max_images)',
+        ("tests/engine/test_option_combinations_inspection.py::test_a_multipart_classification_reads_top_k",)),
+    Bug("heatmap-grid-drops-the-last-partial-row", "tserve/service/vision/attention_png.py",
+        "rows = (len(panels) + cols - 1) // cols", "rows = len(panels) // cols",
+        (f"{LAYER_FILES}test_a_heatmap_grid_of_five_panels_draws_the_fifth_on_a_second_row",)),
+    Bug("base64-lines-refused", "tserve/service/vision/served.py",
+        'base64.b64decode("".join(value.split()), validate=True)', "base64.b64decode(value, validate=True)",
+        (f"{LAYER_FILES}test_base64_wrapped_in_lines_is_read_as_the_same_image",)),
+    Bug("preprocessor-default-resample-always-bilinear", PREPROCESSING,
+        '_HF_RESAMPLE.get(cfg.get("resample", _DEFAULT_RESAMPLE.get(processor, 2)), "bilinear"),',
+        '_HF_RESAMPLE.get(cfg.get("resample", 2), "bilinear"),',
+        (f"{IMAGE_CONFIGS}test_each_preprocessor_config_is_read_as_transformers_reads_it",
+         f"{IMAGE_CONFIGS}test_a_config_without_resample_takes_its_model_familys_processor_default")),
+    Bug("deit-read-with-vits-processor", "tserve/model/importers/vit.py",
+        'processor = "DeiTImageProcessor" if raw.get("model_type") == "deit" else "ViTImageProcessor"',
+        'processor = "ViTImageProcessor"',
+        (f"{IMAGE_CONFIGS}test_a_config_without_resample_takes_its_model_familys_processor_default",)),
 ]

@@ -20,6 +20,9 @@ _RESAMPLE = {
 }
 # Hugging Face stores PIL's integer resampling codes.
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+# What a config that names no `resample` gets: its image processor's default (transformers' classes).
+_DEFAULT_RESAMPLE = {"ViTImageProcessor": 2, "ViTFeatureExtractor": 2, "DeiTImageProcessor": 3,
+                     "DeiTFeatureExtractor": 3}
 
 
 @dataclass
@@ -166,9 +169,13 @@ class ImagePreprocessing:
         return cls(**json.loads(Path(path).read_text()))
 
     @classmethod
-    def from_hf(cls, cfg: dict, image_size: int, n_channels: int) -> ImagePreprocessing:
+    def from_hf(cls, cfg: dict, image_size: int, n_channels: int,
+                processor: str = "ViTImageProcessor") -> ImagePreprocessing:
         """From a Hugging Face `preprocessor_config.json` (ViTImageProcessor; DeiT's, which resizes and then crops
-        the centre: `do_center_crop`, `crop_size`), with its `rescale_factor`."""
+        the centre: `do_center_crop`, `crop_size`), with its `rescale_factor`. `processor`: the image processor
+        class of the model's family, whose defaults fill what the config leaves out, unless the config names its
+        own (`image_processor_type`)."""
+        processor = cfg.get("image_processor_type") or cfg.get("feature_extractor_type") or processor
         size = cfg.get("size", image_size)
         height, width = (size.get("height", size.get("shortest_edge", image_size)),
                          size.get("width", size.get("shortest_edge", image_size))) if isinstance(size, dict) \
@@ -186,7 +193,7 @@ class ImagePreprocessing:
         mean = cfg.get("image_mean", [0.5] * n_channels) if normalize else [0.0] * n_channels
         std = cfg.get("image_std", [0.5] * n_channels) if normalize else [1.0] * n_channels
         rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0
-        return cls(image_size, n_channels, tuple(mean), tuple(std), _HF_RESAMPLE.get(cfg.get("resample", 2), "bilinear"),
+        return cls(image_size, n_channels, tuple(mean), tuple(std), _HF_RESAMPLE.get(cfg.get("resample", _DEFAULT_RESAMPLE.get(processor, 2)), "bilinear"),
                    resize_to=resize_to, rescale=rescale)
 
 

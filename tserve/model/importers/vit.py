@@ -33,7 +33,9 @@ def extras(raw: dict[str, Any], path: Path, cfg: ViTConfig) -> dict[str, Any]:
     id2label = raw.get("id2label") or {}
     labels = [id2label.get(str(i), id2label.get(i, str(i))) for i in range(cfg.n_classes)]
     pre_cfg = read_json(path / "preprocessor_config.json", required=False) or {}
-    return {"labels": labels, "preprocessing": ImagePreprocessing.from_hf(pre_cfg, cfg.image_size, cfg.n_channels)}
+    processor = "DeiTImageProcessor" if raw.get("model_type") == "deit" else "ViTImageProcessor"
+    return {"labels": labels,
+            "preprocessing": ImagePreprocessing.from_hf(pre_cfg, cfg.image_size, cfg.n_channels, processor)}
 
 
 def weights(cfg: ViTConfig, hf: WeightSource, heads: dict[str, str] | None = None) -> Iterator[tuple[str, Tensor]]:

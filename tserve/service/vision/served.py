@@ -21,11 +21,12 @@ from tserve.service.vision.images import Classifier, Prediction, open_image
 
 
 def decode_base64(value: str) -> bytes:
-    """A base64 image, plain or as a data URL (data:image/png;base64,...); InvalidInput when not base64."""
+    """A base64 image, plain or as a data URL (data:image/png;base64,...); InvalidInput when not base64. Line
+    breaks and spaces are not part of it: MIME base64 (`base64` and `openssl base64` without -w0) wraps its lines."""
     if value.startswith("data:"):
         value = value.partition(",")[2]
     try:
-        return base64.b64decode(value, validate=True)
+        return base64.b64decode("".join(value.split()), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InvalidInput("not valid base64", "invalid_base64") from exc
 
