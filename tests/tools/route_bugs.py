@@ -33,6 +33,23 @@ PREPROCESSING = "tserve/model/preprocessing.py"
 LAYER_FILES = "tests/http/test_request_layer_images_files.py::"
 IMAGE_AND_IMAGES = f"{LAYER_FILES}test_an_image_beside_a_list_of_images_is_answered_first_and_each_result_is_its_own_pictures"
 IMAGE_CONFIGS = "tests/model/test_option_combinations_images.py::"
+EVALUATE = "tserve/training/evaluate.py"
+CARD = "tserve/training/card.py"
+ADOPT = "tserve/training/adopt.py"
+TRAINING_CLI = "tserve/training/cli.py"
+TRAINING_DATA = "tserve/training/data/translation.py"
+ALIGNMENT = "tserve/training/alignment.py"
+CLI = "tserve/service/cli.py"
+CHAT_TEMPLATE = "tserve/model/chat_template.py"
+LAYER_EVAL = "tests/training/test_request_layer_evaluation.py::"
+LAYER_TRAIN = "tests/training/test_request_layer_training.py::"
+LAYER_CMD = "tests/deploy/test_request_layer_commands.py::"
+INSTALLED_FIGURES = f"{LAYER_EVAL}test_an_installed_language_model_brings_only_its_own_figures"
+REFERENCE_SLICE = f"{LAYER_EVAL}test_the_reference_slice_is_the_first_items_translated_the_models_way"
+GERMAN_TO_ENGLISH = f"{LAYER_EVAL}test_a_german_to_english_translator_is_scored_against_the_english_references"
+HALF_EACH = f"{LAYER_CMD}test_half_converts_every_checkpoint_it_is_given_and_counts_each_ones_tensors"
+HALF_FLOAT32 = f"{LAYER_CMD}test_half_leaves_tensors_that_are_not_float32_as_they_are"
+ALIGN_ARGS = f"{LAYER_CMD}test_align_hands_its_languages_and_no_write_to_the_chooser"
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -281,4 +298,128 @@ ROUTE_BUGS = [
         'processor = "DeiTImageProcessor" if raw.get("model_type") == "deit" else "ViTImageProcessor"',
         'processor = "ViTImageProcessor"',
         (f"{IMAGE_CONFIGS}test_a_config_without_resample_takes_its_model_familys_processor_default",)),
+    # evaluation, model cards and adoption
+    Bug("ding-sentences-not-filtered", EVALUATE, 'p.source == "ding" and data_mod.looks_like_sentence(p.en)]',
+        'p.source == "ding"]', (f"{LAYER_EVAL}test_the_ding_figures_are_those_of_its_everyday_sentences_alone",)),
+    Bug("translation-references-always-german", EVALUATE, "    refs = [p.side(target) for p in pairs]\n",
+        "    refs = [p.de for p in pairs]\n", (GERMAN_TO_ENGLISH,)),
+    Bug("reduced-translation-eval-reads-english", EVALUATE,
+        "bleu_chrf(translate(loaded, [p.side(source) for p in pairs])", "bleu_chrf(translate(loaded, [p.en for p in pairs])",
+        (REFERENCE_SLICE,)),
+    Bug("reference-slice-of-the-evaluated-items", EVALUATE,
+        "ref = evaluate_loaded(loaded, path, limit=n, data_root=data_root, full=False)",
+        "ref = evaluate_loaded(loaded, path, limit=limit, data_root=data_root, full=False)", (REFERENCE_SLICE,)),
+    Bug("bigram-k-tuned-on-the-test-split", EVALUATE,
+        "tune = valid_ids if valid_ids is not None and len(valid_ids) > 1 else test_ids", "tune = test_ids",
+        (f"{LAYER_EVAL}test_the_bigram_add_k_is_chosen_on_validation_text_not_on_the_test_split",)),
+    Bug("probes-in-english-for-every-direction", EVALUATE, "    probes = translate(loaded, PROBES[source], num_beams)\n",
+        '    probes = translate(loaded, PROBES["en"], num_beams)\n', (GERMAN_TO_ENGLISH,)),
+    Bug("card-int8-note-needs-plain-int8", CARD, 'if any(k.startswith("int8") for k in metrics):',
+        'if "int8" in metrics:', (f"{LAYER_EVAL}test_the_card_explains_an_int8_format_stored_without_plain_int8",)),
+    Bug("card-continued-minutes-leave-out-this-run", CARD, 'total = (info.get("seconds") or 0) + sum(', "total = sum(",
+        (f"{LAYER_EVAL}test_the_card_of_a_continued_run_counts_this_runs_time_in_the_total",)),
+    Bug("card-title-languages-swapped", CARD, 'for k in ("source_lang", "target_lang"))',
+        'for k in ("target_lang", "source_lang"))',
+        (f"{LAYER_EVAL}test_the_card_of_a_german_to_english_translator_names_its_direction",)),
+    Bug("adopt-judges-translators-without-ding", ADOPT, 'full=task_of(loaded) == "translation")', "full=False)",
+        (f"{LAYER_EVAL}test_adoption_judges_a_translator_by_the_chrf_of_its_everyday_sentences",)),
+    Bug("adopt-candidate-keeps-bundled-figures", ADOPT,
+        "    shutil.copytree(bundled, d)\n    (d / METRICS_FILE).unlink(missing_ok=True)\n",
+        "    shutil.copytree(bundled, d)\n", (INSTALLED_FIGURES,)),
+    Bug("adopt-limited-install-keeps-stale-metrics", ADOPT,
+        "        else:\n            (bundled / file).unlink(missing_ok=True)\n", "", (INSTALLED_FIGURES,)),
+    Bug("eval-no-write-ignored", TRAINING_CLI, "write=not args.no_write, quantize=args.quantize",
+        "write=True, quantize=args.quantize",
+        (f"{LAYER_EVAL}test_eval_no_write_prints_the_figures_and_leaves_the_checkpoint_alone",)),
+    Bug("adopt-note-reverses-the-change", ADOPT, 'f"{k} {old[k]} → {new[k]}"', 'f"{k} {new[k]} → {old[k]}"',
+        (INSTALLED_FIGURES,)),
+    # training data and loops
+    Bug("translation-tokenizer-trained-on-the-source-side-only", "tserve/training/translation.py",
+        "tokenizer = train_translation_tokenizer((t for pair in train_pairs for t in (pair.en, pair.de)),",
+        "tokenizer = train_translation_tokenizer((pair.side(languages[0]) for pair in train_pairs),",
+        (f"{LAYER_TRAIN}test_a_translators_tokenizer_is_trained_on_both_languages",)),
+    Bug("translation-validates-on-the-test-split", "tserve/training/translation.py",
+        '(splits.get("valid") or train_pairs)[: p.val_pairs]',
+        '(splits.get("test") or splits.get("valid") or train_pairs)[: p.val_pairs]',
+        (f"{LAYER_TRAIN}test_a_translator_is_validated_on_the_validation_split_not_the_test_split",)),
+    Bug("encode-pairs-keeps-a-pair-with-one-long-side", "tserve/training/translation.py",
+        "(len(s) <= max_len and len(t) <= max_len)", "(len(s) <= max_len or len(t) <= max_len)",
+        (f"{LAYER_TRAIN}test_a_pair_with_either_side_over_the_limit_is_left_out",)),
+    Bug("merge-deduplicates-by-the-english-side-only", TRAINING_DATA,
+        "key = (normalise_key(cleaned[0]), normalise_key(cleaned[1]))", "key = (normalise_key(cleaned[0]), '')",
+        (f"{LAYER_TRAIN}test_merging_keeps_every_german_translation_of_one_english_text_once",)),
+    Bug("merge-ignores-its-max-chars", TRAINING_DATA, "cleaned = clean_pair(en, de, max_chars=max_chars)",
+        "cleaned = clean_pair(en, de)", (f"{LAYER_TRAIN}test_merging_applies_a_smaller_length_limit_than_the_default",)),
+    Bug("translation-split-by-the-german-side", TRAINING_DATA,
+        "splits = split_by_hash(merged, lambda p: p.en, valid_frac, test_frac)",
+        "splits = split_by_hash(merged, lambda p: p.de, valid_frac, test_frac)",
+        (f"{LAYER_TRAIN}test_every_translation_of_an_english_text_lands_in_its_split",)),
+    Bug("translation-cache-named-without-the-test-fraction", TRAINING_DATA,
+        'tag = f"translation-v{PROCESSING_VERSION}-{valid_frac:g}-{test_frac:g}"',
+        'tag = f"translation-v{PROCESSING_VERSION}-{valid_frac:g}"',
+        (f"{LAYER_TRAIN}test_a_cached_translation_split_is_not_reused_for_other_fractions",)),
+    Bug("lm-chunks-cut-at-the-default-size", "tserve/training/data/lm.py",
+        "chunk_text(text, chunk_chars) if len(text) > chunk_chars else [text]",
+        "chunk_text(text) if len(text) > chunk_chars else [text]",
+        (f"{LAYER_TRAIN}test_lm_chunks_are_cut_at_the_size_asked_for",)),
+    Bug("constant-schedule-skips-the-warmup", "tserve/training/loop.py",
+        "    if s <= cfg.warmup_steps:\n        return cfg.lr * s / max(1, cfg.warmup_steps)\n"
+        '    if cfg.schedule == "constant":\n        return cfg.lr\n',
+        '    if cfg.schedule == "constant":\n        return cfg.lr\n'
+        "    if s <= cfg.warmup_steps:\n        return cfg.lr * s / max(1, cfg.warmup_steps)\n",
+        (f"{LAYER_TRAIN}test_a_constant_schedule_still_warms_up",)),
+    Bug("lm-epochs-counted-in-windows-not-tokens", "tserve/training/lm.py",
+        "tokens_per_step = p.batch_size * p.context", "tokens_per_step = p.batch_size",
+        (f"{LAYER_TRAIN}test_an_lm_run_planned_in_epochs_counts_tokens",)),
+    Bug("vit-trains-on-its-validation-images", "tserve/training/vit.py",
+        "x_train, y_train, x_val, y_val = x[~val_mask], y[~val_mask], x[val_mask], y[val_mask]",
+        "x_train, y_train, x_val, y_val = x, y, x[val_mask], y[val_mask]",
+        (f"{LAYER_TRAIN}test_a_vit_is_not_trained_on_its_validation_images",)),
+    Bug("alignment-reports-on-the-validation-split", ALIGNMENT,
+        'test = copy_alignments(loaded, [(p.side(src), p.side(tgt)) for p in splits["test"]], limit, languages)',
+        'test = copy_alignments(loaded, [(p.side(src), p.side(tgt)) for p in splits["valid"]], limit, languages)',
+        (f"{LAYER_TRAIN}test_alignment_accuracy_is_reported_on_the_test_split",)),
+    # the commands beside serve, the hub, chat templates
+    Bug("models-list-drops-the-reason", CLI, "print(f\"{m['name']}\\t{m['state']}\\t{m['reason']}\".rstrip())",
+        "print(f\"{m['name']}\\t{m['state']}\")",
+        (f"{LAYER_CMD}test_models_list_shows_each_models_state_and_the_reason_it_is_not_serving",)),
+    Bug("models-unload-without-a-name-not-refused", CLI, 'if args.action != "list" and not args.name:',
+        'if args.action == "load" and not args.name:',
+        (f"{LAYER_CMD}test_models_load_or_unload_without_a_name_is_a_usage_error_and_calls_nothing",)),
+    Bug("models-error-prints-the-raw-body", CLI, '            message = resp.json().get("error", resp.text)',
+        "            message = resp.text", (f"{LAYER_CMD}test_models_with_a_wrong_key_prints_the_servers_message_and_exits_1",)),
+    Bug("python-m-tserve-service-exit-status-lost", "tserve/service/__main__.py", "sys.exit(main())", "main()",
+        (f"{LAYER_CMD}test_python_m_tserve_service_exits_with_the_commands_status",)),
+    Bug("hub-chat-template-file-not-fetched", "tserve/model/hub.py",
+        'ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt",',
+        'ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt",',
+        (f"{LAYER_CMD}test_a_repos_chat_template_file_is_fetched_and_the_tokenizer_renders_with_it",)),
+    Bug("continued-text-found-at-its-first-occurrence", CHAT_TEMPLATE, "at = rendered.rindex(final.strip())",
+        "at = rendered.index(final.strip())",
+        (f"{LAYER_CMD}test_a_continued_reply_whose_text_the_user_also_wrote_is_cut_in_the_reply",)),
+    Bug("continued-content-parts-take-the-first-text", CHAT_TEMPLATE, "for part in reversed(final) if",
+        "for part in final if", (f"{LAYER_CMD}test_a_continued_reply_in_content_parts_is_cut_after_its_last_text_part",)),
+    Bug("half-stops-after-the-first-checkpoint", TRAINING_CLI, "            write_card(checkpoint)\n        except",
+        "            write_card(checkpoint)\n            return 0\n        except", (HALF_EACH,)),
+    Bug("half-converts-bfloat16-too", TRAINING_CLI, "halved = {k: v.half() if v.dtype == torch.float32 else v",
+        "halved = {k: v.half() if v.is_floating_point() else v", (HALF_FLOAT32,)),
+    Bug("half-converts-every-non-half-tensor", TRAINING_CLI, "halved = {k: v.half() if v.dtype == torch.float32 else v",
+        "halved = {k: v.half() if v.dtype != torch.float16 else v", (HALF_FLOAT32,)),
+    Bug("half-counts-after-converting", TRAINING_CLI, "{sum(v.dtype == torch.float32 for v in tensors.values())} tensors",
+        "{sum(v.dtype == torch.float32 for v in halved.values())} tensors", (HALF_EACH, HALF_FLOAT32)),
+    Bug("half-reads-only-model-safetensors", TRAINING_CLI, "files = WeightSource.files(Path(checkpoint))",
+        'files = [Path(checkpoint) / "model.safetensors"]',
+        (f"{LAYER_CMD}test_half_of_a_sharded_checkpoint_halves_each_shard_and_a_bad_one_is_a_one_line_error",)),
+    Bug("half-error-is-a-traceback", TRAINING_CLI, "        except (ValueError, OSError, SafetensorError) as exc:",
+        "        except KeyboardInterrupt as exc:",
+        (f"{LAYER_CMD}test_half_of_a_sharded_checkpoint_halves_each_shard_and_a_bad_one_is_a_one_line_error",)),
+    Bug("align-languages-swapped", ALIGNMENT, "args.data_dir, args.source_lang,\n                        args.target_lang)",
+        "args.data_dir, args.target_lang,\n                        args.source_lang)", (ALIGN_ARGS,)),
+    Bug("align-no-write-ignored", ALIGNMENT, "choose(args.checkpoint, args.limit, not args.no_write,",
+        "choose(args.checkpoint, args.limit, True,", (ALIGN_ARGS,)),
+    Bug("align-error-is-a-traceback", ALIGNMENT, "    except (ValueError, FileNotFoundError) as exc:\n        print(",
+        "    except KeyboardInterrupt as exc:\n        print(",
+        (f"{LAYER_CMD}test_align_without_a_checkpoint_is_a_one_line_error",)),
+    Bug("models-load-path-sent-as-typed", CLI, "str(Path(args.path).expanduser().resolve())", "args.path",
+        (f"{LAYER_CMD}test_models_load_sends_a_path_as_this_shell_means_it",)),
 ]

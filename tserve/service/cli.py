@@ -15,6 +15,7 @@ import signal
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo
@@ -134,7 +135,8 @@ def models_command(args: argparse.Namespace) -> int:
         from urllib.parse import quote  # noqa: PLC0415
 
         url = f"{base}/models/{quote(args.name, safe='')}/{args.action}"
-        body = {"parameters": {"path": args.path}} if args.path else {}
+        # a path as this shell means it (`~`, relative to here), for a server on this machine
+        body = {"parameters": {"path": str(Path(args.path).expanduser().resolve())}} if args.path else {}
     try:
         resp = httpx.post(url, json=body, headers=headers, timeout=None)
     except httpx.HTTPError as exc:
@@ -165,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                             description="The model repository API of a running `tserve serve` (/v2/repository).")
     models.add_argument("action", choices=("list", "load", "unload"))
     models.add_argument("name", nargs="?", help="the model (load, unload)")
-    models.add_argument("--path", default=None, help="load: a checkpoint directory (the server needs "
+    models.add_argument("--path", default=None, help="load: a checkpoint directory on this machine (the server needs "
                                                      "--allow-load-paths); default: NAME in its --model-repository")
     models.add_argument("--url", default=os.environ.get("TSERVE_URL", "http://127.0.0.1:8000"),
                         help="the server (default $TSERVE_URL or http://127.0.0.1:8000)")

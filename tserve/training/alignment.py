@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -123,6 +124,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--source-lang", default="en", choices=("en", "de"),
                    help="a multilingual translator: the side of the English-German pairs it reads")
     a.add_argument("--target-lang", default="de", choices=("en", "de"), help="... and the side it writes")
-    a.set_defaults(func=lambda args: print(json.dumps(
-        choose(args.checkpoint, args.limit, not args.no_write, args.data_dir, args.source_lang, args.target_lang),
-        indent=2)) or 0)
+    a.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`tserve align`: the choice as JSON, or one line saying why there is none (exit 1), as `train` and `eval`."""
+    try:
+        report = choose(args.checkpoint, args.limit, not args.no_write, args.data_dir, args.source_lang,
+                        args.target_lang)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2))
+    return 0

@@ -166,21 +166,28 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_half(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import SafetensorError, safe_open  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
+    from tserve.model.importers.base import WeightSource  # noqa: PLC0415
     from tserve.training.card import write_card  # noqa: PLC0415
 
+    failed = 0
     for checkpoint in args.checkpoint:
-        path = Path(checkpoint) / "model.safetensors"
-        with safe_open(str(path), "pt") as f:
-            metadata = f.metadata()
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
-        halved = {k: v.half() if v.dtype == torch.float32 else v for k, v in tensors.items()}
-        save_file(halved, str(path), metadata=metadata)
-        write_card(checkpoint)
-        print(f"{path}: {sum(v.dtype == torch.float32 for v in tensors.values())} tensors now float16")
-    return 0
+        try:
+            files = WeightSource.files(Path(checkpoint))  # model.safetensors, or each shard its index names
+            for path in files:
+                with safe_open(str(path), "pt") as f:
+                    metadata = f.metadata()
+                    tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+                halved = {k: v.half() if v.dtype == torch.float32 else v for k, v in tensors.items()}
+                save_file(halved, str(path), metadata=metadata)
+                print(f"{path}: {sum(v.dtype == torch.float32 for v in tensors.values())} tensors now float16")
+            write_card(checkpoint)
+        except (ValueError, OSError, SafetensorError) as exc:  # the others given are still converted
+            print(f"error: {checkpoint}: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
 
 
 def _probability(text: str) -> float:

@@ -182,7 +182,8 @@ def load_lm_chunks(
                 continue
             seen.add(h)
             chunks.append({"id": f"{doc_id}#{i}", "text": chunk})
-    # hash the exact text (not normalise_key): chunks are long, near-duplicates are rare
+    # split by the chunk's text (`split_by_hash` normalises it: chunks that differ only in case or punctuation
+    # share a split); duplicates were dropped above by their exact text
     splits = split_by_hash(chunks, lambda c: c["text"], valid_frac, test_frac)
     for s, p in paths.items():
         _write_jsonl(p, splits[s])
