@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 from PIL import Image
 
 from tests.files.test_option_combinations_files import GERMAN, mt, pivot  # noqa: F401 - module fixtures
+from tests.helpers.hooked_server import slow_steps
 from tests.helpers.in_process import InProcessApp
 from tests.helpers.polling import until
 from tests.model.test_option_combinations_images import b64, noise, png
@@ -213,9 +215,15 @@ def test_each_way_of_saying_no_to_the_cache_translates_a_file_again(mt, cache): 
 LONG = ("the quick brown fox jumps.\nhello world good morning.\n" * 150).encode()  # 300 sentences
 
 
-def test_a_job_read_while_it_runs_says_running(mt):  # noqa: F811
+def test_a_job_read_while_it_runs_says_running(mt, monkeypatch):  # noqa: F811
     """A job whose first sentences are done and whose last are not reads "running" (not "queued") with its
-    progress; cancelled, it reads "cancelled"."""
+    progress; cancelled, it reads "cancelled". The translator's steps are slowed until the job has been read, so
+    that no machine is fast enough to finish the job first."""
+    released = threading.Event()
+    for worker in mt.registry.models["mt"].workers:
+        monkeypatch.setattr(worker, "step", worker.step)  # put back after the test
+        slow_steps(worker, 0.05, released)
+
     async def go(c: httpx.AsyncClient) -> tuple[dict, dict]:
         resp = await c.post("/v1/translations/files", files={"file": ("long.txt", LONG)},
                             data={"model": "mt", "num_beams": "1", "cache": "false"})
@@ -226,7 +234,10 @@ def test_a_job_read_while_it_runs_says_running(mt):  # noqa: F811
         state = (await c.get(f"/v1/translations/jobs/{job.id}")).json()
         return state, (await c.delete(f"/v1/translations/jobs/{job.id}")).json()
 
-    running, cancelled = session(mt, go)
+    try:
+        running, cancelled = session(mt, go)
+    finally:
+        released.set()
     assert 0 < running["done_segments"] < running["total_segments"], "the job ended before it was read"
     assert running["status"] == "running", running
     assert cancelled["status"] == "cancelled"
