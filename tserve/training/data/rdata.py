@@ -267,7 +267,10 @@ def unserialize_r(data: bytes) -> Any:
     """Decode one R object from XDR serialization bytes (gzip-compressed input is accepted)."""
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    return _RUnserializer(data).read()
+    try:
+        return _RUnserializer(data).read()
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:  # a reference to nothing read, a cut stream
+        raise DataPreparationError(f"malformed R serialization: {exc}") from exc
 
 
 def _rdb_chunk(rdb: bytes, offset: int, length: int, compressed: int) -> bytes:
