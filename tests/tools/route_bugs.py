@@ -61,6 +61,15 @@ PAIR_LIMITS = f"{LAYER_DATA}test_clean_pair_keeps_pairs_at_its_limits"
 MO_READ = f"{LAYER_DATA}test_mo_catalogues_in_latin1_and_big_endian_are_read"
 MO_DAMAGED = f"{LAYER_DATA}test_a_damaged_mo_catalogue_is_a_data_error_and_a_template_charset_reads_as_utf8"
 PYPI_CACHE = f"{LAYER_DATA}test_pypi_archives_are_cached_by_normalised_name_and_version"
+GRAFANA = "deploy/grafana/dashboards/tserve.json"
+RAY_SERVE = "deploy/ray_serve.py"
+LAYER_DEPLOY = "tests/deploy/test_request_layer_deploy.py::"
+RAY_TARGETS = f"{LAYER_DEPLOY}test_ray_request_targets_given_apart_from_the_batch_size_are_the_ones_used"
+RAY_GPUS = f"{LAYER_DEPLOY}test_ray_gpus_per_replica_follow_the_device_unless_given"
+LATENCY_PANEL = ('"title": "Request latency p95 by route",\n      "description": "",\n      "datasource": {\n'
+                 '        "type": "prometheus",\n        "uid": "${datasource}"\n      },\n      "gridPos": {\n'
+                 '        "x": 12,\n        "y": 24,\n        "w": 12,\n        "h": 8\n      },\n'
+                 '      "fieldConfig": {\n        "defaults": {\n          "unit": "s",')
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -488,4 +497,37 @@ ROUTE_BUGS = [
         (f"{LAYER_DATA}test_fashion_mnist_is_rebuilt_from_the_package_when_forced",)),
     Bug("rdb-xz-chunks-read-as-zlib", "tserve/training/data/rdata.py", "if compressed in (2, 3):", "if compressed == 2:",
         (f"{LAYER_DATA}test_r_lazy_load_databases_are_read_whatever_their_compression",)),
+    # the deployment files and the metrics they name
+    Bug("grafana-ttft-quantile-drops-le", GRAFANA,
+        "histogram_quantile(0.95, sum by (le, model) (rate(tserve_time_to_first_token_seconds_bucket",
+        "histogram_quantile(0.95, sum by (model) (rate(tserve_time_to_first_token_seconds_bucket",
+        (f"{LAYER_DEPLOY}test_every_quantile_panel_keeps_the_bucket_bound_and_the_labels_it_shows",)),
+    Bug("grafana-request-latency-in-milliseconds", GRAFANA, LATENCY_PANEL, LATENCY_PANEL[: -len('"s",')] + '"ms",',
+        (f"{LAYER_DEPLOY}test_panels_of_a_seconds_metric_are_in_seconds",)),
+    Bug("grafana-model-variable-reads-another-label", GRAFANA, '"query": "label_values(tserve_queue_depth, model)"',
+        '"query": "label_values(tserve_queue_depth, model_name)"',
+        (f"{LAYER_DEPLOY}test_the_model_variable_lists_every_served_model",)),
+    Bug("grafana-requests-panel-drops-the-status", GRAFANA, '"sum by (route, status) (rate(tserve_requests_total',
+        '"sum by (route) (rate(tserve_requests_total', (f"{LAYER_DEPLOY}test_every_legend_names_a_label_its_query_keeps",)),
+    Bug("kserve-liveness-probe-on-another-port", "deploy/kserve/inferenceservice.yaml",
+        "path: /healthz\n            port: 8000", "path: /healthz\n            port: 8080",
+        (f"{LAYER_DEPLOY}test_every_kserve_probe_reaches_the_server_on_its_port_and_a_path_it_answers",)),
+    Bug("ray-target-ongoing-option-ignored", RAY_SERVE, '"target_ongoing_requests": self.target_ongoing_requests or slots',
+        '"target_ongoing_requests": slots', (RAY_TARGETS,)),
+    Bug("ray-max-ongoing-option-ignored", RAY_SERVE, '"max_ongoing_requests": self.max_ongoing_requests or 2 * slots',
+        '"max_ongoing_requests": 2 * slots', (RAY_TARGETS,)),
+    Bug("ray-zero-gpus-on-cuda-reserve-one", RAY_SERVE, "        if num_gpus is None:\n", "        if not num_gpus:\n",
+        (RAY_GPUS,)),
+    Bug("ray-scale-to-zero-refused", RAY_SERVE, "min_replicas: int = Field(1, ge=0)", "min_replicas: int = Field(1, ge=1)",
+        (f"{LAYER_DEPLOY}test_ray_autoscaling_may_scale_to_zero",)),
+    Bug("ray-numbered-cuda-device-gets-no-gpu", RAY_SERVE, 'settings.device.startswith("cuda")',
+        'settings.device == "cuda"', (RAY_GPUS,)),
+    Bug("dockerfile-healthcheck-ignores-tserve-port", "Dockerfile", "os.environ.get('TSERVE_PORT', '8000')", "'8000'",
+        (f"{LAYER_DEPLOY}test_the_image_healthcheck_asks_the_port_the_server_listens_on",)),
+    Bug("a-models-gauges-wait-for-its-first-request", "tserve/service/engine/worker.py",
+        "        self._update_gauges()\n        self._thread = threading.Thread(",
+        "        self._thread = threading.Thread(",
+        (f"{LAYER_DEPLOY}test_a_model_is_in_the_model_variable_before_its_first_request",)),
+    Bug("latency-buckets-stop-at-two-minutes", "tserve/service/metrics.py", "60, 120, 180, 300)", "60, 120)",
+        (f"{LAYER_DEPLOY}test_the_latency_buckets_reach_the_longest_request_timeout_deployed",)),
 ]

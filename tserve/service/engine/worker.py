@@ -84,6 +84,8 @@ class Worker:
     # Event-loop side
     # ----------------------------------------------------------------------------------------------
     def start(self) -> None:
+        # Its series exist from now on (a dashboard lists the models it finds in them), not from its first request.
+        self._update_gauges()
         self._thread = threading.Thread(target=self._loop, name=f"{self.thread_name}-{self.name}", daemon=True)
         self._thread.start()
 
