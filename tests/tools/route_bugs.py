@@ -70,6 +70,14 @@ LATENCY_PANEL = ('"title": "Request latency p95 by route",\n      "description":
                  '        "type": "prometheus",\n        "uid": "${datasource}"\n      },\n      "gridPos": {\n'
                  '        "x": 12,\n        "y": 24,\n        "w": 12,\n        "h": 8\n      },\n'
                  '      "fieldConfig": {\n        "defaults": {\n          "unit": "s",')
+TRANSLATE_JS = "tserve/service/static/translate.js"
+FILES_JS = "tserve/service/static/files.js"
+VIEWER_JS = "tserve/service/static/viewer.js"
+LAYER_PAGES = "tests/http/test_request_layer_pages.py::"
+BELOW_PREFIX = f"{LAYER_PAGES}test_auto_detect_and_a_file_download_stay_below_the_path_prefix"
+REFUSED_ALTERNATIVES = f"{LAYER_PAGES}test_a_pair_that_refuses_alternatives_leaves_the_other_pairs_asking_for_them"
+ONE_PAIR = f"{LAYER_PAGES}test_one_served_pair_is_picked_and_a_file_under_auto_detect_goes_without_a_source"
+VIEWER_OPTIONS = f"{LAYER_PAGES}test_viewer_sends_the_key_a_layer_range_and_the_largest_top_k"
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -530,4 +538,35 @@ ROUTE_BUGS = [
         (f"{LAYER_DEPLOY}test_a_model_is_in_the_model_variable_before_its_first_request",)),
     Bug("latency-buckets-stop-at-two-minutes", "tserve/service/metrics.py", "60, 120, 180, 300)", "60, 120)",
         (f"{LAYER_DEPLOY}test_the_latency_buckets_reach_the_longest_request_timeout_deployed",)),
+    # the pages
+    Bug("js-detect-path-absolute", TRANSLATE_JS, 'api("detect", {', 'api("/detect", {', (BELOW_PREFIX,)),
+    Bug("js-plain-pairs-key-drops-target", TRANSLATE_JS, 'const pair = source + ">" + target;', "const pair = source;",
+        (REFUSED_ALTERNATIVES,)),
+    Bug("js-key-panel-on-any-4xx", TRANSLATE_JS, "if (resp.status === 401 || resp.status === 403) showKeyProblem",
+        "if (resp.status >= 400 && resp.status < 500) showKeyProblem",
+        (f"{LAYER_PAGES}test_a_429_shows_the_servers_message_and_does_not_ask_for_a_key",)),
+    Bug("js-single-pair-starts-on-auto", TRANSLATE_JS, "const preferredSource = servedPairs() === 1 ?",
+        "const preferredSource = state.languages.length === 1 ?", (ONE_PAIR,)),
+    Bug("files-single-pair-auto-sends-auto", FILES_JS, 'if (page.servedPairs() === 1) return { source: "", target };',
+        "if (page.servedPairs() === 1) return { source, target };", (ONE_PAIR,)),
+    Bug("files-download-url-absolute", FILES_JS,
+        'page.api(relative(job.download_url || "v1/translations/jobs/" + entry.id + "/file"),',
+        'page.api(job.download_url || "v1/translations/jobs/" + entry.id + "/file",', (BELOW_PREFIX,)),
+    Bug("viewer-layer-range-drops-last", VIEWER_JS, "i <= Math.max(a, b); i++", "i < Math.max(a, b); i++",
+        (VIEWER_OPTIONS,)),
+    Bug("viewer-key-only-on-posts", VIEWER_JS, 'if (key) h["Authorization"] = "Bearer " + key;',
+        'if (key && json) h["Authorization"] = "Bearer " + key;', (VIEWER_OPTIONS,)),
+    Bug("lens-top-k-refuses-20", "tserve/service/static/lens.js", "k < 1 || k > 20", "k < 1 || k >= 20",
+        (VIEWER_OPTIONS,)),
+    Bug("document-atom-target-word-from-source", "tserve/service/static/document.js",
+        '? " (" + seg.target_words[tag.target_boundary] + ")"', '? " (" + seg.source_words[tag.target_boundary] + ")"',
+        (f"{LAYER_PAGES}test_document_view_names_the_words_either_side_of_a_tag_between_words",)),
+    Bug("page-csp-drops-frame-ancestors", "tserve/service/routes/page.py", "form-action 'none'; frame-ancestors 'none'\"",
+        "form-action 'none'\"", (f"{LAYER_PAGES}test_pages_forbid_framing_sniffing_and_stale_copies",)),
+    Bug("viewer-alignment-always-last-layer", VIEWER_JS,
+        "const cm = cross.find((m) => m.layer === layer) || cross[cross.length - 1];",
+        "const cm = cross[cross.length - 1];", (f"{LAYER_PAGES}test_viewer_alignment_follows_the_layer_picked",)),
+    Bug("js-suggested-target-ignored", TRANSLATE_JS,
+        'fillTargets(defaults && defaults.target ? defaults.target.code : "");',
+        'fillTargets(defaults && defaults.source ? defaults.source.code : "");', (REFUSED_ALTERNATIVES,)),
 ]
