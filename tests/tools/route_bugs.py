@@ -78,6 +78,13 @@ BELOW_PREFIX = f"{LAYER_PAGES}test_auto_detect_and_a_file_download_stay_below_th
 REFUSED_ALTERNATIVES = f"{LAYER_PAGES}test_a_pair_that_refuses_alternatives_leaves_the_other_pairs_asking_for_them"
 ONE_PAIR = f"{LAYER_PAGES}test_one_served_pair_is_picked_and_a_file_under_auto_detect_goes_without_a_source"
 VIEWER_OPTIONS = f"{LAYER_PAGES}test_viewer_sends_the_key_a_layer_range_and_the_largest_top_k"
+APP = "tserve/service/app.py"
+ERRORS = "tserve/service/errors.py"
+LAYER_APP = "tests/http/test_request_layer_app.py::"
+CORS = f"{LAYER_APP}test_cors_preflights_allow_get_and_the_request_id_header_but_not_other_methods"
+BODY_LIMIT = f"{LAYER_APP}test_a_body_of_exactly_the_limit_passes_by_length_and_chunked_and_one_byte_more_is_413"
+INTERNAL = f"{LAYER_APP}test_an_internal_error_is_counted_and_logged_as_a_500_under_the_id_its_body_names"
+CLOSED = f"{LAYER_APP}test_a_client_that_leaves_while_its_body_is_read_is_counted_as_499"
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -569,4 +576,35 @@ ROUTE_BUGS = [
     Bug("js-suggested-target-ignored", TRANSLATE_JS,
         'fillTargets(defaults && defaults.target ? defaults.target.code : "");',
         'fillTargets(defaults && defaults.source ? defaults.source.code : "");', (REFUSED_ALTERNATIVES,)),
+    # the application around the routes: middlewares and the error map
+    Bug("key-count-cleared-when-one-request-ends", "tserve/service/security.py", "            self.in_flight[key] -= 1",
+        "            del self.in_flight[key]",
+        (f"{LAYER_APP}test_a_key_under_a_limit_of_two_is_counted_down_by_one_when_one_of_its_requests_ends",)),
+    Bug("cors-preflight-refuses-get", APP, 'allow_methods=["GET", "POST"]', 'allow_methods=["POST"]', (CORS,)),
+    Bug("cors-preflight-refuses-the-request-id-header", APP,
+        'allow_headers=["Authorization", "Content-Type", "X-Request-ID"]', 'allow_headers=["Authorization", "Content-Type"]',
+        (CORS,)),
+    Bug("chunked-body-of-exactly-the-limit-refused", APP, "if seen > limit:", "if seen >= limit:", (BODY_LIMIT,)),
+    Bug("content-length-of-exactly-the-limit-refused", APP, "int(length) > limit)", "int(length) >= limit)",
+        (BODY_LIMIT,)),
+    Bug("file-routes-body-limit-without-room-for-form-fields", APP,
+        "file_body = settings.max_file_bytes + 64 * 1024", "file_body = settings.max_file_bytes",
+        (f"{LAYER_APP}test_a_file_of_exactly_max_file_bytes_with_its_form_fields_reaches_the_file_routes",)),
+    Bug("request-id-not-truncated", APP, '.decode("latin-1")[:128] or', '.decode("latin-1") or',
+        (f"{LAYER_APP}test_a_client_request_id_is_echoed_to_its_first_128_characters",)),
+    Bug("internal-errors-counted-as-200", APP, "        status = 500\n", "        status = 200\n", (INTERNAL,)),
+    Bug("internal-error-names-the-clients-header-not-the-request-id", ERRORS,
+        '    request_id = getattr(request.state, "request_id", None)\n    log.exception',
+        '    request_id = request.headers.get("x-request-id")\n    log.exception', (INTERNAL,)),
+    Bug("client-closed-reported-as-408", ERRORS, '    return APIError(499, "client closed the request"',
+        '    return APIError(408, "client closed the request"', (CLOSED,)),
+    Bug("call-job-errors-lose-the-routes-code", "tserve/service/connection.py",
+        "        raise engine_failure(exc, what, invalid_code) from exc", "        raise engine_failure(exc, what) from exc",
+        (f"{LAYER_APP}test_an_input_past_the_context_is_a_400_coded_as_each_inspection_routes_error",)),
+    Bug("engine-error-codes-replaced-by-the-routes-default", ERRORS, 'getattr(exc, "code", None) or invalid_code',
+        "invalid_code", ("tests/http/test_http_limits.py::test_each_engine_failure_is_its_status_type_and_code",)),
+    Bug("internal-error-answered-outside-the-middlewares", APP, "    app.add_middleware(InternalErrorMiddleware)\n", "",
+        (f"{LAYER_APP}test_an_internal_errors_answer_carries_the_request_id_and_cors_headers",)),
+    Bug("cut-json-body-read-as-a-parse-error", ERRORS,
+        "        if isinstance(exc.__cause__, ClientDisconnect):", "        if False:", (CLOSED,)),
 ]

@@ -13,7 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tserve.service import heap, tracing
-from tserve.service.errors import APIError, error_response, install_error_handlers
+from tserve.service.errors import APIError, InternalErrorMiddleware, error_response, install_error_handlers
 from tserve.service.metrics import Metrics
 from tserve.service.registry import ModelRegistry
 from tserve.service.routes import (
@@ -141,6 +141,8 @@ def build_app(settings: Settings | None = None, *, load_models: bool = True) -> 
     app.state.file_jobs = file_jobs = FileJobs(settings.file_dir, settings.file_retention_s, metrics)
     install_error_handlers(app)
 
+    # Added first = innermost: a route's unhandled exception is answered inside the others (request id, CORS).
+    app.add_middleware(InternalErrorMiddleware)
     # Added last = outermost: refused requests (no key, oversized body) are counted and logged too.
     file_body = settings.max_file_bytes + 64 * 1024  # the file and its form fields
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes,

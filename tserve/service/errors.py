@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tserve.model.decoding.constrained_beam import ConstraintsUnmet
 from tserve.service.engine import InvalidInput, OutOfMemory, QueueFull, RequestTimeout, ShuttingDown
@@ -131,6 +132,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if isinstance(exc.__cause__, APIError):  # e.g. the body limit tripped while the body was read
             return render(request, exc.__cause__)
+        if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's reading of a JSON body, cut by the client
+            return render(request, client_closed())
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return render(request, APIError(exc.status_code, str(exc.detail), type_, None, getattr(exc, "headers", None)))
 
@@ -138,9 +141,41 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _disconnected(request: Request, __: ClientDisconnect) -> JSONResponse:  # while the body was read
         return render(request, client_closed())
 
-    @app.exception_handler(Exception)
+    @app.exception_handler(Exception)  # what a middleware raised; a route's is `InternalErrorMiddleware`'s
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        request_id = getattr(request.state, "request_id", None)
-        log.exception("internal error", extra={"request_id": request_id, "path": request.url.path})
-        return render(request, APIError(500, f"internal error (request id {request_id})", "server_error",
-                                        "internal_error"))
+        return internal_error(request)
+
+
+def internal_error(request: Request) -> JSONResponse:
+    """The answer to an exception nothing else handled (logged here, with the traceback being handled)."""
+    request_id = getattr(request.state, "request_id", None)
+    log.exception("internal error", extra={"request_id": request_id, "path": request.url.path})
+    return error_response(500, f"internal error (request id {request_id})", "server_error", "internal_error",
+                          request=request)
+
+
+class InternalErrorMiddleware:
+    """A route's exception that no handler took becomes the 500 of `internal_error` here, inside the other
+    middlewares, so that it carries the request id and the CORS headers as every other answer does (Starlette's
+    own last-resort handler answers outside them). A response already started is cut as before."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception:
+            if started:
+                raise
+            await internal_error(Request(scope))(scope, receive, send)
