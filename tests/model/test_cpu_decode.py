@@ -190,7 +190,7 @@ def test_translation_equals_sdpa(tiny_mt, beams):
 
 
 @pytest.mark.slow  # 2-7 s: a new interpreter imports the build
-def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path):
+def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path, monkeypatch):
     """The build directory is named by the sources, the flags and torch's and Python's versions (not by where the
     sources lie: checkouts of the same sources share it); a process that finds the build imports it without
     PyTorch's builder (what the Docker image, which has no compiler, does)."""
@@ -205,6 +205,15 @@ def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path):
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     assert (root / name / f"{name}.so").is_file()
     assert cpu_kernels._build_name([*flags, "-DOTHER"]) != name
+    # the same sources elsewhere (another checkout, a copy of the tree) name the same build
+    for attr in ("_SOURCES", "_HEADERS"):
+        copies = []
+        for source in getattr(cpu_kernels, attr):
+            copies.append(tmp_path / source.name)
+            copies[-1].write_bytes(source.read_bytes())
+        monkeypatch.setattr(cpu_kernels, attr, copies)
+    assert cpu_kernels._build_name(flags) == name
+    monkeypatch.undo()
     no_builder = ("import sys\nfrom torch.utils import cpp_extension\ncpp_extension.load = None\n"
                   "from tserve.model.kernels import cpu\nsys.exit(0 if cpu.available() else 1)\n")
     root_dir = Path(__file__).resolve().parents[2]
