@@ -189,8 +189,24 @@ def test_translation_equals_sdpa(tiny_mt, beams):
     assert got == [s.output_ids for s in translate(ref, sources, beams, 20)]
 
 
+def test_the_same_sources_elsewhere_name_the_same_build(tmp_path, monkeypatch):
+    """The build's name depends on what the library is built from, not on where the sources lie: another checkout
+    or a copy of the tree (each planted bug's) finds the build there is instead of compiling its own."""
+    flags = cpu_kernels._flags()
+    name = cpu_kernels._build_name(flags)
+    for attr in ("_SOURCES", "_HEADERS"):
+        copies = []
+        for source in getattr(cpu_kernels, attr):
+            copies.append(tmp_path / source.name)
+            copies[-1].write_bytes(source.read_bytes())
+        monkeypatch.setattr(cpu_kernels, attr, copies)
+    assert cpu_kernels._build_name(flags) == name
+    copies[0].write_bytes(copies[0].read_bytes() + b"\n// changed")
+    assert cpu_kernels._build_name(flags) != name
+
+
 @pytest.mark.slow  # 2-7 s: a new interpreter imports the build
-def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path, monkeypatch):
+def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path):
     """The build directory is named by the sources, the flags and torch's and Python's versions (not by where the
     sources lie: checkouts of the same sources share it); a process that finds the build imports it without
     PyTorch's builder (what the Docker image, which has no compiler, does)."""
@@ -205,15 +221,6 @@ def test_a_build_is_named_by_its_inputs_and_imported_as_it_is(tmp_path, monkeypa
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     assert (root / name / f"{name}.so").is_file()
     assert cpu_kernels._build_name([*flags, "-DOTHER"]) != name
-    # the same sources elsewhere (another checkout, a copy of the tree) name the same build
-    for attr in ("_SOURCES", "_HEADERS"):
-        copies = []
-        for source in getattr(cpu_kernels, attr):
-            copies.append(tmp_path / source.name)
-            copies[-1].write_bytes(source.read_bytes())
-        monkeypatch.setattr(cpu_kernels, attr, copies)
-    assert cpu_kernels._build_name(flags) == name
-    monkeypatch.undo()
     no_builder = ("import sys\nfrom torch.utils import cpp_extension\ncpp_extension.load = None\n"
                   "from tserve.model.kernels import cpu\nsys.exit(0 if cpu.available() else 1)\n")
     root_dir = Path(__file__).resolve().parents[2]
