@@ -303,3 +303,45 @@ def test_a_queued_request_whose_release_fails_loses_no_other_request(lm, monkeyp
     assert isinstance(timed_out, RequestTimeout)
     assert isinstance(running, Exception) and engine.restarts == 1
     assert behind == alone
+
+
+@pytest.mark.parametrize("kind", ["lm", "mt"])
+def test_a_request_whose_rows_cannot_be_claimed_fails_alone_and_the_queue_goes_on(lm, mt, monkeypatch, kind):  # noqa: F811
+    """Claiming a queued request's rows raises (input its runner cannot hold, found only then): that request
+    ends with its error at once, never lost off the queue to hang its client, the step loop does not restart, and
+    the requests queued beside it run as alone."""
+    if kind == "lm":
+        prompt = lm.tokenizer.encode(cycle_prompts(1, seed=57)[0])
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        alone = lm_tokens(lm, prompt, params)
+        engine = lm_engine(lm)
+        submit = lambda: engine.submit(prompt, params)  # noqa: E731
+    else:
+        source = mt.tokenizer.encode(lexicon_sentences(1, seed=57, min_words=4, max_words=6)[0])
+        alone = job_tokens(mt, translation_job(mt, source, num_beams=1, max_new_tokens=10))
+        engine = TranslationEngine("mt", mt, max_rows=4, max_queue=8, timeout_s=60.0, metrics=Metrics())
+        engine.start()
+        submit = lambda: engine.submit(translation_job(mt, source, 1, 10))  # noqa: E731
+    doomed: list = [None]
+    reserve = engine._reserve  # noqa: SLF001
+
+    def failing_reserve(req):  # noqa: ANN001, ANN202
+        if req is doomed[0]:
+            raise ValueError("a source of 17 tokens; this runner holds 16")
+        return reserve(req)
+
+    monkeypatch.setattr(engine, "_reserve", failing_reserve)
+
+    async def run() -> list:
+        before = submit()
+        doomed[0] = submit()
+        after = submit()
+        return [await outcome(engine, r) for r in (before, doomed[0], after)]
+
+    try:
+        before, failed, after = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert isinstance(failed, Exception) and not isinstance(failed, RequestTimeout), failed
+    assert engine.restarts == 0
+    assert before == after == alone

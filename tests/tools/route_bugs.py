@@ -85,6 +85,8 @@ CORS = f"{LAYER_APP}test_cors_preflights_allow_get_and_the_request_id_header_but
 BODY_LIMIT = f"{LAYER_APP}test_a_body_of_exactly_the_limit_passes_by_length_and_chunked_and_one_byte_more_is_413"
 INTERNAL = f"{LAYER_APP}test_an_internal_error_is_counted_and_logged_as_a_500_under_the_id_its_body_names"
 CLOSED = f"{LAYER_APP}test_a_client_that_leaves_while_its_body_is_read_is_counted_as_499"
+TRANSLATION_INPUT = "tserve/service/engine/translation_input.py"
+LAYER_DOCS = "tests/http/test_request_layer_documents.py::"
 DRAINING = f"{LAYER_OPS}test_while_draining_the_repository_api_is_503_and_every_worker_refuses_new_work"
 STREAM_COMBINATIONS = ("tests/engine/test_option_combinations_streaming.py::"
                        "test_a_streamed_completion_is_the_unstreamed_one_under_every_combination")
@@ -606,6 +608,38 @@ ROUTE_BUGS = [
         (f"{LAYER_APP}test_an_internal_errors_answer_carries_the_request_id_and_cors_headers",)),
     Bug("cut-json-body-read-as-a-parse-error", ERRORS,
         "        if isinstance(exc.__cause__, ClientDisconnect):", "        if False:", (CLOSED,)),
+    # documents and pages as translation input
+    Bug("glossary-term-matched-case-sensitively", TRANSLATION_INPUT, "text, flags=re.IGNORECASE) is not None",
+        "text) is not None",
+        ("tests/http/test_documents.py::test_glossary_terms_appear_verbatim_also_beside_ten_other_requests",)),
+    Bug("glossary-term-matched-inside-a-longer-word", TRANSLATION_INPUT, 'rf"(?<!\\w){re.escape(term)}(?!\\w)"',
+        'rf"{re.escape(term)}(?!\\w)"', (f"{LAYER_DOCS}test_a_glossary_term_inside_a_longer_word_is_not_placed",)),
+    Bug("glossary-terms-looked-up-in-the-whole-document", TRANSLATION_INPUT, "if _occurs(source, seg)]",
+        'if _occurs(source, " ".join(doc.segments))]',
+        (f"{LAYER_DOCS}test_a_glossary_term_constrains_only_the_sentence_it_occurs_in",)),
+    Bug("page-of-empty-tags-not-refused", TRANSLATION_INPUT, "        if not markup.blocks:\n",
+        "        if not page.strip():\n", ("tests/http/test_html.py::test_bad_formats_are_400",
+                                           f"{LAYER_DOCS}test_a_page_without_text_is_a_400_naming_the_empty_input")),
+    Bug("empty-page-reported-as-input-too-long", TRANSLATION_INPUT,
+        'raise InvalidInput("the page holds no text to translate", "empty_input")',
+        'raise InvalidInput("the page holds no text to translate")',
+        (f"{LAYER_DOCS}test_a_page_without_text_is_a_400_naming_the_empty_input",)),
+    Bug("batch-results-misnumbered-after-a-multi-sentence-document", "tserve/service/translation/served.py",
+        "            start += len(d.jobs)\n        return per_doc", "            start += 1\n        return per_doc",
+        (f"{LAYER_DOCS}test_each_input_of_a_batch_gets_its_own_sentences_after_a_document_of_several",)),
+    Bug("html-blocks-after-a-multi-sentence-block-take-its-sentences", "tserve/service/translation/served.py",
+        "        i += m\n    return out", "        i += 1\n    return out",
+        (f"{LAYER_DOCS}test_a_page_whose_first_block_has_two_sentences_keeps_every_later_block_on_its_own_text",)),
+    Bug("document-usage-counts-only-the-first-sentence", "tserve/service/routes/translations.py",
+        "    prompt = sum(len(j.source_ids) for d in docs for j in d.jobs)",
+        "    prompt = sum(len(d.jobs[0].source_ids) for d in docs)",
+        (f"{LAYER_DOCS}test_a_documents_usage_counts_the_source_tokens_of_every_sentence",)),
+    Bug("a-request-whose-rows-cannot-be-claimed-is-lost", "tserve/service/engine/worker.py",
+        "        except Exception as exc:  # noqa: BLE001 - the request's own failure, reported to it\n"
+        "            self._fail(req, exc)\n            return None",
+        "        except KeyboardInterrupt as exc:\n            self._fail(req, exc)\n            return None",
+        ("tests/engine/test_option_combinations_after_failures.py::"
+         "test_a_request_whose_rows_cannot_be_claimed_fails_alone_and_the_queue_goes_on",)),
     # a past change that its tests no longer guarded (the history, reverted)
     Bug("kernel-build-named-by-the-sources-place", "tserve/model/kernels/cpu.py",
         "    digest = hashlib.sha256(f\"{' '.join(flags)}",

@@ -363,7 +363,9 @@ class Worker:
                         self._finish(req, Event(error=RequestTimeout("request timed out while queued")))
                     elif not isinstance(req, CallRequest) and self._keeps_reserved_rows(req, admitted):
                         kept.append(req)  # passed over: its rows are for other clients, whose requests may follow
-                    elif isinstance(req, CallRequest) or self._reserve(req):
+                    elif (fits := self._fits(req)) is None:
+                        continue  # it failed alone
+                    elif fits:
                         admitted.append(req)
                         req.admitted_ns, req.admitted_step = time.time_ns(), self.steps
                         self._admissions += 1
@@ -380,6 +382,17 @@ class Worker:
                 waiting = {r.client for r in self.waiting}
                 self._last_admitted = {c: t for c, t in self._last_admitted.items() if c in waiting}
         return admitted
+
+    def _fits(self, req: EngineRequest) -> bool | None:
+        """Whether `req`'s rows are claimed now; None when claiming them failed (input its runner cannot hold):
+        that request is failed and admission goes on, where the fault would otherwise lose it off the queue."""
+        if isinstance(req, CallRequest):
+            return True
+        try:
+            return self._reserve(req)
+        except Exception as exc:  # noqa: BLE001 - the request's own failure, reported to it
+            self._fail(req, exc)
+            return None
 
     def _keeps_reserved_rows(self, req: EngineRequest, admitted: list[EngineRequest]) -> bool:
         """Whether admitting `req` would take rows reserved for other clients (`admission.takes_reserved_rows`)."""
