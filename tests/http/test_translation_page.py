@@ -177,6 +177,9 @@ def _screenshot(pg, tmp_path: Path, name: str, docs: bool = False) -> None:
     pg.screenshot(path=str(tmp_path / name), full_page=True)
     if docs and os.environ.get("TSERVE_UPDATE_SCREENSHOTS"):
         pg.screenshot(path=str(SCREENSHOT), full_page=True)
+        from PIL import Image  # a page's flat colours in a palette: the picture at about a third of its size
+
+        Image.open(SCREENSHOT).convert("RGB").quantize(colors=256).save(SCREENSHOT, optimize=True)
 
 
 # Holds the answer to the text in window.slowInput back for 1.5 s, whatever the page aborts, so that it

@@ -19,6 +19,7 @@ from tests.tools.option_bugs import OPTION_BUGS
 from tests.tools.pair_bugs import PAIR_BUGS
 from tests.tools.planted_bug import Bug
 from tests.tools.route_bugs import ROUTE_BUGS
+from tests.tools.serving_bugs import SERVING_BUGS
 
 MODELS = "tests/model/test_option_combinations_models.py::"
 GRANITE = f"{MODELS}test_granites_fused_decode_steps_keep_its_embedding_multiplier_and_logits_scaling"
@@ -413,4 +414,4 @@ COMBINATION_BUGS = [
         (f"{OPS}test_stopping_the_registry_drains_every_worker_against_one_request_timeout",)),
 ]
 
-COMBINATION_BUGS += OPTION_BUGS + MODEL_OPTION_BUGS + PAIR_BUGS + CONFIG_BUGS + ROUTE_BUGS
+COMBINATION_BUGS += OPTION_BUGS + MODEL_OPTION_BUGS + PAIR_BUGS + CONFIG_BUGS + ROUTE_BUGS + SERVING_BUGS
