@@ -262,7 +262,7 @@ SERVING_BUGS = [
     Bug("dockerfile-healthcheck-ignores-tserve-port", "Dockerfile", "os.environ.get('TSERVE_PORT', '8000')", "'8000'",
         (f"{LAYER_DEPLOY}test_the_image_healthcheck_asks_the_port_the_server_listens_on",)),
     Bug("a-models-gauges-wait-for-its-first-request", "tserve/service/engine/worker.py",
-        "        self._update_gauges()\n        self._thread = threading.Thread(",
+        "        self.m.running.set(len(self.running))\n        self._thread = threading.Thread(",
         "        self._thread = threading.Thread(",
         (f"{LAYER_DEPLOY}test_a_model_is_in_the_model_variable_before_its_first_request",)),
     Bug("latency-buckets-stop-at-two-minutes", "tserve/service/metrics.py", "60, 120, 180, 300)", "60, 120)",

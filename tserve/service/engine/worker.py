@@ -84,8 +84,10 @@ class Worker:
     # Event-loop side
     # ----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        # Its series exist from now on (a dashboard lists the models it finds in them), not from its first request.
-        self._update_gauges()
+        # Its queue's series exist from now on (a dashboard lists the models it finds in them), not from its first
+        # request.
+        self.m.queue_depth.set(self.queue_depth)
+        self.m.running.set(len(self.running))
         self._thread = threading.Thread(target=self._loop, name=f"{self.thread_name}-{self.name}", daemon=True)
         self._thread.start()
 
