@@ -36,3 +36,27 @@ class InProcessApp:
 
     def stop(self) -> None:
         self.registry.stop()
+
+
+async def asgi_request(app, method: str, path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]],  # noqa: ANN001
+                disconnect_first: bool = False) -> tuple[int, bytes]:
+    """One request as the server would pass it: the body in `chunks` (more_body on all but the last), or
+    the client gone before its body (`disconnect_first`)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
+             "client": ("127.0.0.1", 1), "server": ("test", 80)}
+    messages = [] if disconnect_first else [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    status, body = [0], []
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = message["status"]
+        elif message["type"] == "http.response.body":
+            body.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status[0], b"".join(body)

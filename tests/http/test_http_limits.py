@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.helpers import factories, fixture_training
+from tests.helpers.in_process import asgi_request
 from tests.helpers.server import ServerProcess
 from tserve.model import checkpoint
 from tserve.service.app import build_app
@@ -234,23 +235,8 @@ def test_bodies_past_the_limit_are_refused_before_a_route_reads_them():
 
     async def call(path: str, chunks: list[bytes], length: str | None) -> tuple[int, dict]:
         headers = [(b"content-type", b"application/json")] + ([(b"content-length", length.encode())] if length else [])
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
-                 "client": ("127.0.0.1", 1), "server": ("test", 80)}
-        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
-        status, body = [0], []
-
-        async def receive() -> dict:
-            return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            elif message["type"] == "http.response.body":
-                body.append(message.get("body", b""))
-
-        await app(scope, receive, send)
-        return status[0], json.loads(b"".join(body) or b"{}")
+        status, body = await asgi_request(app, "POST", path, chunks, headers)
+        return status, json.loads(body or b"{}")
 
     big = json.dumps({"model": "lm", "prompt": "a" * 2000}).encode()
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.helpers import factories
-from tests.helpers.in_process import InProcessApp
+from tests.helpers.in_process import InProcessApp, asgi_request
 from tserve.service.app import build_app
 from tserve.service.settings import Settings
 
@@ -30,28 +30,6 @@ def _count(app, route: str, status: int) -> float:  # noqa: ANN001 - a FastAPI a
     return value or 0.0
 
 
-async def _asgi(app, method: str, path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]],  # noqa: ANN001
-                disconnect_first: bool = False) -> tuple[int, bytes]:
-    """One request as the server would pass it: the body in `chunks` (more_body on all but the last), or
-    the client gone before its body (`disconnect_first`)."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
-             "client": ("127.0.0.1", 1), "server": ("test", 80)}
-    messages = [] if disconnect_first else [
-        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
-    status, body = [0], []
-
-    async def receive() -> dict:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        if message["type"] == "http.response.start":
-            status[0] = message["status"]
-        elif message["type"] == "http.response.body":
-            body.append(message.get("body", b""))
-
-    await app(scope, receive, send)
-    return status[0], b"".join(body)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -137,9 +115,9 @@ def test_a_body_of_exactly_the_limit_passes_by_length_and_chunked_and_one_byte_m
         for size in (limit, limit + 1):
             data = body(size)
             assert len(data) == size
-            by_length = await _asgi(app, "POST", "/v1/completions", [data],
+            by_length = await asgi_request(app, "POST", "/v1/completions", [data],
                                     [json_type, (b"content-length", str(size).encode())])
-            chunked = await _asgi(app, "POST", "/v1/completions", [data[i:i + 300] for i in range(0, size, 300)],
+            chunked = await asgi_request(app, "POST", "/v1/completions", [data[i:i + 300] for i in range(0, size, 300)],
                                   [json_type])
             out += [by_length[0], chunked[0]]
         return out
@@ -217,7 +195,7 @@ def test_a_client_that_leaves_while_its_body_is_read_is_counted_as_499(caplog, p
     app = build_app(Settings(), load_models=False)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"40")]
     with caplog.at_level(logging.INFO, logger="tserve.access"):
-        status, body = asyncio.run(_asgi(app, "POST", path, [], headers, disconnect_first=True))
+        status, body = asyncio.run(asgi_request(app, "POST", path, [], headers, disconnect_first=True))
     error = json.loads(body)["error"]
     assert status == 499, body
     assert error == "client closed the request" if shape == "flat" else error["code"] == "client_closed"
