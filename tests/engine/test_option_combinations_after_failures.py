@@ -323,14 +323,7 @@ def test_a_request_whose_rows_cannot_be_claimed_fails_alone_and_the_queue_goes_o
         engine.start()
         submit = lambda: engine.submit(translation_job(mt, source, 1, 10))  # noqa: E731
     doomed: list = [None]
-    reserve = engine._reserve  # noqa: SLF001
-
-    def failing_reserve(req):  # noqa: ANN001, ANN202
-        if req is doomed[0]:
-            raise ValueError("a source of 17 tokens; this runner holds 16")
-        return reserve(req)
-
-    monkeypatch.setattr(engine, "_reserve", failing_reserve)
+    fault = failing_once(monkeypatch, engine, "_reserve", lambda req: req is doomed[0])
 
     async def run() -> list:
         before = submit()
@@ -342,6 +335,7 @@ def test_a_request_whose_rows_cannot_be_claimed_fails_alone_and_the_queue_goes_o
         before, failed, after = asyncio.run(run())
     finally:
         engine.stop()
+    assert fault["raised"] == 1
     assert isinstance(failed, Exception) and not isinstance(failed, RequestTimeout), failed
     assert engine.restarts == 0
     assert before == after == alone

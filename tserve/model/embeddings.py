@@ -16,6 +16,11 @@ from torch import Tensor
 from tserve.model.checkpoint import LoadedModel
 
 
+def embedding_size(loaded: LoadedModel) -> int:
+    """The length of every vector `embed_token_lists` and `embed_pixels` give: the model's width."""
+    return loaded.config.d_model
+
+
 def max_input_tokens(loaded: LoadedModel) -> int:
     """How many tokens a text input may have: the encoder's source length, or a decoder's context."""
     return getattr(loaded.config, "max_source_len", None) or loaded.config.max_seq_len

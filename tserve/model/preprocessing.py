@@ -193,7 +193,8 @@ class ImagePreprocessing:
         mean = cfg.get("image_mean", [0.5] * n_channels) if normalize else [0.0] * n_channels
         std = cfg.get("image_std", [0.5] * n_channels) if normalize else [1.0] * n_channels
         rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0
-        return cls(image_size, n_channels, tuple(mean), tuple(std), _HF_RESAMPLE.get(cfg.get("resample", _DEFAULT_RESAMPLE.get(processor, 2)), "bilinear"),
+        resample = cfg.get("resample", _DEFAULT_RESAMPLE.get(processor, 2))
+        return cls(image_size, n_channels, tuple(mean), tuple(std), _HF_RESAMPLE.get(resample, "bilinear"),
                    resize_to=resize_to, rescale=rescale)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
+from tserve.model.embeddings import embedding_size
 from tserve.service.errors import InvalidInput, bad_request
 from tserve.service.routes.deps import (
     base64_images,
@@ -104,12 +105,13 @@ async def create_embeddings(request: Request) -> Any:
             except ValueError as exc:
                 raise bad_request(f"input {i}: {exc}", "invalid_input") from exc
         tokens = sum(len(ids) for ids in items)
-    vectors = await served.embed(request, items)
-    if body.dimensions is not None and body.dimensions != len(vectors[0]):
+    size = embedding_size(served.loaded)
+    if body.dimensions is not None and body.dimensions != size:
         # OpenAI's `dimensions` shortens the vectors of a model trained for it (Matryoshka); cut from any other
-        # model's they lose what they mean, so such a request is refused, as vLLM refuses it.
-        raise bad_request(f"dimensions: model {served.name!r} gives embeddings of {len(vectors[0])} values and "
-                          "cannot shorten them", "unsupported_dimensions")
+        # model's they lose what they mean, so such a request is refused (before any is computed), as vLLM does.
+        raise bad_request(f"dimensions: model {served.name!r} gives embeddings of {size} values and cannot "
+                          "shorten them", "unsupported_dimensions")
+    vectors = await served.embed(request, items)
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
     return {"object": "list", "data": data, "model": served.name,
