@@ -8,8 +8,10 @@ Backends are chosen by name and all compute softmax(q k^T / sqrt(d_head) + mask)
 - `flash`: our own Triton kernels (`model.kernels.flash`); CUDA only, imported lazily when asked for. Its
   decode kernel reads each sequence's keys straight from the KV cache up to that sequence's own length.
 - `flash-decode`: `sdpa`, except one-token steps over the paged cache: `flash`'s decode kernel (CUDA).
-- `cpu-decode`: `sdpa`, except one-token steps over the paged cache: our C++ kernel
-  (`model.kernels.cpu`), which reads each row's positions through its block table with no gather (CPU).
+- `cpu-decode`: our C++ kernels (`model.kernels.cpu`, CPU): one-token steps over the paged cache read each
+  row's positions through its block table with no gather; a prompt's attention (prefill, an encoder's unmasked
+  pass) runs on `prefill_attention`, grouped kv heads read in place; calls they do not take (a mask, dropout,
+  gradients, other dtypes) on `sdpa`.
 
 Asking for weights always works: the call then runs on the `math` path whatever backend serves traffic.
 
@@ -94,6 +96,25 @@ def sdpa_attention(
     return out, None
 
 
+def cpu_kernel_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0
+) -> tuple[Tensor, None]:
+    """`cpu-decode`'s attention of whole sequences: our kernel (`kernels.cpu.prefill_attention`, 2.4-3.5x
+    PyTorch's CPU flash attention on AVX-512, 1.2-1.9x on AVX2: docs/BENCHMARKS.md) where it serves; `sdpa`
+    otherwise. k/v may have fewer heads than q (grouped-query attention: the kernel reads them in place)."""
+    grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if mask is None and not dropout_p and not grads and (not is_causal or q.size(-2) <= k.size(-2)) \
+            and cpu_kernels.prefill_serves(q, k):
+        return cpu_kernels.prefill_attention(q, k, v, is_causal), None
+    group = q.size(1) // k.size(1)
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return sdpa_attention(q, k, v, mask, is_causal, dropout_p)
+
+
+cpu_kernel_attention.takes_groups = True  # `_grouped` hands it k/v as they are
+
+
 AttentionFn = Callable[..., tuple[Tensor, Tensor | None]]
 CachedDecodeFn = CachedDecodeKernel
 
@@ -112,7 +133,9 @@ def get_backend(name: str) -> AttentionFn:
     """Resolve a backend name to its function; `flash` is imported only when asked for."""
     if name == "math":
         return math_attention
-    if name in ("sdpa", "auto", "flash-decode", "cpu-decode"):
+    if name == "cpu-decode":
+        return cpu_kernel_attention
+    if name in ("sdpa", "auto", "flash-decode"):
         return sdpa_attention
     if name == "flash":
         return _flash_module().flash_attention
@@ -347,7 +370,7 @@ def _grouped(attend: AttentionFn, q: Tensor, k: Tensor, v: Tensor, mask: Tensor 
     each kv head's G query heads attend as a block of G queries over its keys, with no copy. Otherwise every
     kv head is repeated for its G query heads, so the weights (`math`) come out per query head."""
     group = q.size(1) // k.size(1)
-    if group == 1:
+    if group == 1 or getattr(attend, "takes_groups", False):
         return attend(q, k, v, mask, is_causal, dropout_p)
     B, H, Tq, D = q.shape
     weighs = attend is math_attention or getattr(attend, "func", None) is math_attention

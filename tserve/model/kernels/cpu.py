@@ -48,9 +48,9 @@ log = logging.getLogger("tserve.kernels")
 
 _SOURCES = [Path(__file__).with_name(name)
             for name in ("cpu_module.cpp", "paged_decode.cpp", "int8_rows.cpp", "int8_gemm.cpp", "block_quant.cpp",
-                         "decode_layers.cpp", "argmax_rows.cpp", "dense_rows.cpp")]
+                         "decode_layers.cpp", "argmax_rows.cpp", "dense_rows.cpp", "prefill_attention.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("int8_row_range.h", "kernel_entries.h", "linear_args.h",
-                                                              "step_team.h", "vector_math.h")]
+                                                              "step_team.h", "vector_math.h", "prefill_tiles.h")]
 
 
 def _flags() -> list[str]:
@@ -164,3 +164,25 @@ def argmax(scores: Tensor, excluded: list[list[int]] | None = None) -> Tensor:
             scores = scores.clone()  # inference-mode logits take no writes outside it
         scores.index_put_((to_device(rows, dev), to_device(ids, dev)), to_device(float("-inf"), dev, scores.dtype))
     return scores.argmax(dim=-1)
+
+
+def prefill_serves(q: Tensor, k: Tensor, isa: str | None = None) -> bool:
+    """Whether `prefill_attention` takes these queries and keys ((B, H, Tq, D), (B, KV, Tk, D)): float32 CPU
+    tensors, each head's channels contiguous, D a multiple of the path's lanes, the kernels built for this CPU."""
+    isa = isa if isa is not None else kernel_isa()
+    return (isa is not None and q.device.type == "cpu" and q.dtype == k.dtype == torch.float32
+            and q.size(-1) % (16 if isa == "avx512" else 8) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1
+            and q.size(1) % k.size(1) == 0)
+
+
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, *, isa: str | None = None) -> Tensor:
+    """Attention of q (B, H, Tq, D) over k, v (B, KV, Tk, D), KV dividing H (query head h reads kv head h // (H /
+    KV)), scaled by 1 / sqrt(D); causal: the queries are the last Tq of the Tk positions, each attending to the
+    keys up to its own. -> (B, H, Tq, D), a view of a (B, Tq, H, D) tensor (what the output projection reads).
+    `prefill_serves` says where it runs; `isa`: "avx512" or "avx2" (default `kernel_isa()`)."""
+    ext = extension()
+    if ext is None:
+        raise RuntimeError("the CPU kernels are not built")
+    out = ext.prefill_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
+                                1.0 / math.sqrt(q.size(-1)), isa if isa is not None else kernel_isa() or "")
+    return out.transpose(1, 2)
