@@ -1,8 +1,8 @@
 """Documents and markup where they meet other options: sentence ends beside quotes and numbers, HTML blocks
 written over several lines, elements kept untranslated however the page writes them (nested, single-quoted,
-scripts), a sentence of exactly the source limit, a glossary whose terms share a target, and the translation
-memory shared in a process under another bound. The app runs in this process (`httpx.ASGITransport`) on the
-committed word-for-word translator, so the tests take seconds."""
+scripts), a sentence of exactly the source limit, a glossary whose terms share a target or fall where a long
+sentence is cut, and the translation memory shared in a process under another bound. The app runs in this
+process (`httpx.ASGITransport`) on the committed word-for-word translator, so the tests take seconds."""
 
 from __future__ import annotations
 
@@ -102,6 +102,44 @@ def test_glossary_entries_that_share_a_target_place_it_once(mt):  # noqa: F811
         (job,) = mt.registry.models["mt"].engine.translator.document(SENTENCE, None, None, glossary).jobs
         assert job.constraint_terms == ["Hund"]
         assert mt.one(input=SENTENCE, glossary=glossary, cache=False)["translation"] == single, glossary
+
+
+# A sentence over the fixture's 64 source tokens, which the plain cut splits between "three" and "daughters"
+LONG = "the quick brown fox jumps over the lazy dog and three daughters know the king today where is the station"
+TERM = {"three daughters": "drei Schwestern"}
+
+
+def test_a_glossary_term_where_a_long_sentence_is_cut_stays_whole_and_is_placed(mt):  # noqa: F811
+    """A term of several words across where the cut of a too-long sentence falls is kept whole in one piece:
+    that piece places the term's translation, and every piece still fits the model."""
+    translator = mt.registry.models["mt"].engine.translator
+    plain = translator.document(LONG, None, None).document.segments
+    assert plain[0].endswith(" three") and plain[1].startswith("daughters ")
+    doc = translator.document(LONG, None, None, TERM)
+    assert [j.constraint_terms for j in doc.jobs] == [[], ["drei Schwestern"]]
+    assert all(len(j.source_ids) <= translator.max_source_len for j in doc.jobs)
+    assert "drei Schwestern" in mt.one(input=LONG, glossary=TERM, cache=False)["translation"]
+
+
+def test_a_glossary_term_where_a_long_sentence_is_cut_is_placed_in_a_document_of_several(mt):  # noqa: F811
+    """In a document, the long sentence among others keeps its term whole too, and only its piece places it."""
+    document = f"Hello world.\n{LONG}\nThe lazy dog."
+    doc = mt.registry.models["mt"].engine.translator.document(document, None, None, TERM)
+    assert len(doc.document.segments) == 4
+    assert [j.constraint_terms for j in doc.jobs] == [[], [], ["drei Schwestern"], []]
+    got = mt.one(input=document, glossary=TERM, cache=False)["translation"]
+    assert got.count("drei Schwestern") == 1 and got.count("\n") == 2
+
+
+def test_a_glossary_term_longer_than_the_models_input_is_a_422_naming_it(mt, monkeypatch):  # noqa: F811
+    """A term that no piece the model takes can hold whole cannot be placed: a 422 naming it, as a term
+    that cannot fit in max_tokens is, rather than a translation that silently lacks it."""
+    monkeypatch.setattr(mt.registry.models["mt"].engine.translator, "max_source_len", 8)
+    body = {"input": LONG, "glossary": {"the quick brown fox": "Wolf"}, "cache": False}
+    error = mt.post("/v1/translations", body, 422).json()["error"]
+    assert error["code"] == "glossary_unplaceable" and "'the quick brown fox'" in error["message"]
+    assert "8 tokens" in error["message"]
+    assert mt.one(input=LONG, glossary={"lazy dog": "Hund"}, cache=False)["translation"]  # a term that fits
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ found where they are and not after abbreviations, and every piece of an over-lon
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -61,3 +62,29 @@ def test_random_documents_round_trip_and_every_piece_fits():
         assert len(doc.layout) == len(doc.segments) + 1
         assert all(s and s == s.strip() and len(s) <= limit for s in doc.segments)
         assert all(not g.strip() for g in doc.layout)
+
+
+def test_a_kept_span_that_fits_is_never_cut_and_keep_is_asked_only_for_sentences_too_long():
+    """A glossary term's occurrence (a kept span) ends up whole in one piece wherever the plain cut would fall
+    inside it, also where only a character cut is left; every piece still fits, and a sentence that fits is
+    not searched for spans."""
+    rng = random.Random(1)
+    words = ["word", "Word", "a,", "b;", "end.", "(x", "y)"]
+    asked = []
+
+    def keep(sentence: str) -> list[tuple[int, int]]:
+        asked.append(sentence)
+        return [(m.start(), m.end()) for m in re.finditer(r"word Word", sentence)]
+
+    for _ in range(300):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        limit = rng.randint(9, 40)
+        doc = split_document(text, lambda s, limit=limit: len(s) <= limit, keep)
+        assert doc.join(doc.segments) == text
+        assert all(s and len(s) <= limit for s in doc.segments)
+        kept = sum(len(keep(s)) for s in split_document(text).segments)
+        assert sum(s.count("word Word") for s in doc.segments) == kept
+    asked.clear()
+    doc = split_document("xxxxxxxxxx(word Word)xxxxxxxxxx. Short.", lambda s: len(s) <= 12, keep)
+    assert doc.segments == ["xxxxxxxxxx", "(word Word", ")xxxxxxxxxx.", "Short."]
+    assert doc.segments[-1] == "Short." and "Short." not in asked

@@ -12,7 +12,9 @@ Rules (no model, nothing downloaded):
   (`e.g.`, `Dr.`, `etc.` ...), a single letter (an initial) or a number (`No. 5`);
 - a segment that the model cannot take whole (`fits` says) is cut where clause punctuation (`,` `;` `:`
   and dashes) is followed by whitespace, at the candidate closest to its middle, then at the whitespace
-  closest to its middle, then in the middle of the characters, until every piece fits.
+  closest to its middle, then in the middle of the characters, until every piece fits;
+- spans of a sentence to be kept whole (`keep` says: a glossary term's occurrences) are never cut inside
+  while the sentence can be cut elsewhere, so a kept span that fits ends up whole in one piece.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*$")
 _LAST_WORD = re.compile(r"(\S+)\.[\"'”’»)\]]*$")
 _CLAUSE = re.compile(r"(?<=[,;:—–])\s+|\s+(?=[—–]\s)")
 _SPACE = re.compile(r"\s+")
+Span = tuple[int, int]  # [start, end) of a sentence's characters
 
 
 @dataclass(frozen=True)
@@ -86,34 +89,47 @@ def split_sentences(text: str) -> Document:
     return Document(segments, layout)
 
 
-def _cut(segment: str) -> tuple[str, str, str]:
-    """(head, gap, tail) at the clause break, else the whitespace, else the character closest to the middle."""
+def _cut(segment: str, spans: Sequence[Span] = ()) -> tuple[str, str, str]:
+    """(head, gap, tail) at the clause break, else the whitespace, else the character closest to the middle;
+    never inside one of `spans` (disjoint) unless the segment is one of them."""
     middle = len(segment) / 2
     for pattern in (_CLAUSE, _SPACE):
-        cuts = [m for m in pattern.finditer(segment) if 0 < m.start() and m.end() < len(segment)]
+        cuts = [m for m in pattern.finditer(segment) if 0 < m.start() and m.end() < len(segment)
+                and not any(m.start() < end and start < m.end() for start, end in spans)]
         if cuts:
             m = min(cuts, key=lambda c: abs((c.start() + c.end()) / 2 - middle))
             return segment[: m.start()], m.group(), segment[m.end():]
     half = len(segment) // 2
+    for start, end in spans:
+        if start < half < end:  # the span's nearer end instead, where one lies inside the segment
+            ends = [i for i in (start, end) if 0 < i < len(segment)]
+            half = min(ends, key=lambda i: abs(i - middle), default=half)
     return segment[:half], "", segment[half:]
 
 
-def _fit(segment: str, fits: Callable[[str], bool]) -> Document:
+def _fit(segment: str, fits: Callable[[str], bool], spans: Sequence[Span] = (),
+         keep: Callable[[str], Sequence[Span]] | None = None) -> Document:
     if len(segment) <= 1 or fits(segment):
         return Document([segment], ["", ""])
-    head, gap, tail = _cut(segment)
-    first, second = _fit(head, fits), _fit(tail, fits)
+    if keep is not None:
+        spans = keep(segment)
+    head, gap, tail = _cut(segment, spans)
+    skip = len(head) + len(gap)
+    first = _fit(head, fits, [(s, e) for s, e in spans if e <= len(head)])
+    second = _fit(tail, fits, [(s - skip, e - skip) for s, e in spans if s >= skip])
     return Document(first.segments + second.segments, first.layout[:-1] + [gap] + second.layout[1:])
 
 
-def split_document(text: str, fits: Callable[[str], bool] | None = None) -> Document:
-    """Sentences of `text`; with `fits`, each cut further until `fits(piece)` holds for every piece."""
+def split_document(text: str, fits: Callable[[str], bool] | None = None,
+                   keep: Callable[[str], Sequence[Span]] | None = None) -> Document:
+    """Sentences of `text`; with `fits`, each cut further until `fits(piece)` holds for every piece. `keep`: the
+    (start, end) spans of a sentence that does not fit that no cut may split (disjoint; asked only then)."""
     doc = split_sentences(text)
     if fits is None:
         return doc
     segments, layout = [], [doc.layout[0]]
     for segment, after in zip(doc.segments, doc.layout[1:], strict=True):
-        part = _fit(segment, fits)
+        part = _fit(segment, fits, keep=keep)
         segments += part.segments
         layout += part.layout[1:-1] + [after]
     return Document(segments, layout)

@@ -30,11 +30,11 @@ _NEG = -1.0e9
 
 
 class ConstraintsUnmet(ValueError):
-    """No hypothesis could place every constraint within the length limit."""
+    """Glossary terms that cannot be placed: no hypothesis placed every constraint within the length limit,
+    or `why` says what else kept them out (a 422 naming them)."""
 
-    def __init__(self, terms: Sequence[str]) -> None:
-        super().__init__("these glossary terms could not be placed within max_tokens: " + ", ".join(
-            repr(t) for t in terms))
+    def __init__(self, terms: Sequence[str], why: str = "could not be placed within max_tokens") -> None:
+        super().__init__(f"these glossary terms {why}: " + ", ".join(repr(t) for t in terms))
         self.terms = list(terms)
 
 

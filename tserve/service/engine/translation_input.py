@@ -7,13 +7,14 @@ refused here with `InvalidInput`."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tserve.model.checkpoint import LoadedModel
 from tserve.model.decoding import TranslationJob, translation_job
 from tserve.model.decoding.constrained_beam import ConstraintsUnmet
 from tserve.model.html_markup import Markup, parse_html
-from tserve.model.segmentation import Document, split_document
+from tserve.model.segmentation import Document, Span, split_document
 from tserve.service.engine.request import InvalidInput
 
 # A multilingual model's (source, target) language codes; a tagged model (MADLAD-400) may leave the source out.
@@ -84,7 +85,27 @@ class Translator:
             ids[segment] = self.encode_source(segment, languages)
             return len(ids[segment]) <= self.max_source_len
 
-        return self._jobs(split_document(text, fits), ids, num_beams, max_tokens, glossary, languages)
+        def keep(sentence: str) -> list[Span]:
+            return self._glossary_spans(sentence, glossary or {}, fits)
+
+        doc = split_document(text, fits, keep if glossary else None)
+        return self._jobs(doc, ids, num_beams, max_tokens, glossary, languages)
+
+    def _glossary_spans(self, sentence: str, glossary: dict[str, str], fits: Callable[[str], bool]) -> list[Span]:
+        """Where glossary source terms occur in a sentence too long for the model, overlapping occurrences as
+        one span: the cut keeps each whole, so that its piece places the term. A span the model cannot take
+        whole would be cut, its term placed nowhere: refused, naming the terms (422)."""
+        found = sorted((m.start(), m.end(), source) for source in glossary for m in _occurrences(source, sentence))
+        spans: list[tuple[int, int, list[str]]] = []
+        for start, end, source in found:
+            if spans and start < spans[-1][1]:
+                spans[-1] = (spans[-1][0], max(end, spans[-1][1]), [*spans[-1][2], source])
+            else:
+                spans.append((start, end, [source]))
+        if long := [s for start, end, sources in spans if not fits(sentence[start:end]) for s in sources]:
+            raise ConstraintsUnmet(list(dict.fromkeys(long)), f"are longer than this model's input of "
+                                   f"{self.max_source_len} tokens and cannot be kept in one piece")
+        return [(start, end) for start, end, _ in spans]
 
     def html_document(self, page: str, num_beams: int | None, max_tokens: int | None,
                       glossary: dict[str, str] | None = None, languages: Languages | None = None) -> DocumentJob:
@@ -131,6 +152,10 @@ class Translator:
 MIN_CONSTRAINED_BEAMS = 4
 
 
-def _occurs(term: str, text: str) -> bool:
+def _occurrences(term: str, text: str) -> Iterator[re.Match[str]]:
     """`term` in `text` as whole words, in any case."""
-    return re.search(rf"(?<!\w){re.escape(term)}(?!\w)", text, flags=re.IGNORECASE) is not None
+    return re.finditer(rf"(?<!\w){re.escape(term)}(?!\w)", text, flags=re.IGNORECASE)
+
+
+def _occurs(term: str, text: str) -> bool:
+    return next(_occurrences(term, text), None) is not None

@@ -307,7 +307,7 @@ class ServedTranslator(ServedModel):
     def documents(self, ask: TranslationAsk, languages: Languages | None) -> list[DocumentJob]:
         """A request `check` passed (its `languages`), cut into a document job per input (with `html`, per page)
         whose sentences each fit the model; the HTTP error for what only the cutting finds (a sentence too long,
-        a page without text: 400; glossary terms that cannot fit in max_tokens: 422)."""
+        a page without text: 400; glossary terms that cannot be placed: 422)."""
         translator = self.engine.translator
         try:
             if ask.markups is not None:
