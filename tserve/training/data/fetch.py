@@ -158,27 +158,60 @@ def deb_info(package: str, root: str | Path | None = None) -> dict[str, Any]:
     return json.loads(marker.read_text(encoding="utf-8"))
 
 
-def _normalise_dist_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+_PYPI_ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2")
+
+
+def _archive_name_and_version(file_name: str) -> tuple[str, str] | None:
+    """The normalized project name and the version a distribution file is named for, or None for another file.
+
+    A wheel's name has no hyphen (PEP 427); an sdist is ``NAME-VERSION`` where older ones keep the project's
+    hyphens in NAME, so its version follows the last hyphen (PEP 625, as pip and ``packaging`` read it).
+    """
+    from packaging.utils import (  # noqa: PLC0415 - only when looking in the cache
+        InvalidSdistFilename,
+        InvalidWheelFilename,
+        canonicalize_name,
+        parse_sdist_filename,
+        parse_wheel_filename,
+    )
+
+    try:
+        if file_name.endswith(".whl"):
+            name, version, _, _ = parse_wheel_filename(file_name)
+            return name, str(version)
+        if file_name.endswith(".tar.bz2"):  # a legacy sdist format packaging does not parse
+            name, _, version = file_name.removesuffix(".tar.bz2").rpartition("-")
+            return (canonicalize_name(name), version) if name and version else None
+        name, version = parse_sdist_filename(file_name)
+        return name, str(version)
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+
+
+def _same_version(found: str, wanted: str) -> bool:
+    from packaging.version import InvalidVersion, Version  # noqa: PLC0415
+
+    try:
+        return Version(found) == Version(wanted)
+    except InvalidVersion:
+        return found == wanted
 
 
 def _find_pypi_archive(directory: Path, package: str, version: str | None) -> Path | None:
+    """The cached wheel or sdist of `package` (any version when `version` is None), or None."""
+    from packaging.utils import canonicalize_name  # noqa: PLC0415
+
     if not directory.is_dir():
         return None
-    want = _normalise_dist_name(package)
+    want = canonicalize_name(package)
     found = []
     for f in sorted(directory.iterdir()):
-        if not f.is_file() or not f.name.endswith((".whl", ".tar.gz", ".zip", ".tar.bz2")):
+        if not f.is_file() or not f.name.endswith(_PYPI_ARCHIVES):
             continue
-        stem = f.name
-        for suffix in (".whl", ".tar.gz", ".zip", ".tar.bz2"):
-            if stem.endswith(suffix):
-                stem = stem[: -len(suffix)]
-        # sdist: NAME-VERSION ; wheel: NAME-VERSION-PYTAG-ABITAG-PLATTAG
-        parts = stem.split("-")
-        if len(parts) < 2 or _normalise_dist_name(parts[0]) != want:
+        named = _archive_name_and_version(f.name)
+        if named is None or named[0] != want:
             continue
-        if version is not None and parts[1] != version:
+        if version is not None and not _same_version(named[1], version):
             continue
         found.append(f)
     return found[-1] if found else None
