@@ -23,6 +23,7 @@ from tests.training.test_option_combinations_training import _write_lm_data
 from tserve.model.checkpoint import load
 from tserve.training import cli, evaluate
 from tserve.training.adopt import adopt
+from tserve.training.adopt import main as adopt_main
 from tserve.training.card import render_card
 from tserve.training.data import looks_like_sentence
 from tserve.training.data.sources import PROCESSING_VERSION, TRANSLATION_TEST_FRAC, TRANSLATION_VALID_FRAC
@@ -179,8 +180,31 @@ def test_adoption_judges_a_translator_by_the_chrf_of_its_everyday_sentences(tmp_
     bundled = tiny_mt_dir(tmp_path / "models" / "tserve-en-de")
     returned = _returned(tmp_path, "en-de", bundled / "model.safetensors")
     [row] = adopt(returned, tmp_path / "models", limit=6, data_root=data_root, install=False)
-    assert row["old"] == row["new"] and row["old"]["ding_chrf"] is not None
+    assert row["old"] == row["new"] and row["old"]["ding_chrf"] is not None and row["not_judged_by"] == {}
     assert row["better"] is False and row["installed"] is False
+
+
+def test_adoption_under_a_limit_holding_no_ding_sentence_says_its_chrf_rule_was_not_applied(tmp_path, data_root,
+                                                                                           capsys, caplog):
+    """The first test item is a Ding phrase, not a sentence: `--limit 1` leaves the chrF rule nothing to read. The
+    better candidate is still installed on BLEU alone, and the printed verdict, the log and the card's note say
+    which rule was not applied and why."""
+    good = tiny_mt_dir(tmp_path / "good")
+    bundled = shutil.copytree(good, tmp_path / "models" / "tserve-en-de")
+    weights = load_file(bundled / "model.safetensors")
+    torch.manual_seed(0)
+    save_file({k: v + 0.5 * torch.randn_like(v) if v.is_floating_point() else v for k, v in weights.items()},
+              bundled / "model.safetensors")
+    returned = _returned(tmp_path, "en-de", good / "model.safetensors")
+    with caplog.at_level("INFO", logger="tserve"):
+        assert adopt_main([str(returned), "--models", str(bundled.parent), "--data-dir", data_root,
+                           "--limit", "1"]) == 0
+    why = "no Ding example sentence among the first 1 test items"
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("| tserve-en-de |") and f"| the Ding sentences' chrF ({why}) | True | True |" in row
+    [logged] = [r for r in caplog.records if getattr(r, "event", None) == "adoption"]
+    assert logged.not_judged_by == {"the Ding sentences' chrF": why} and logged.installed
+    assert f"Not judged by the Ding sentences' chrF: {why}." in (bundled / "MODEL_CARD.md").read_text()
 
 
 @pytest.fixture

@@ -13,8 +13,11 @@ and its weights. Better means:
 - LM: a lower perplexity on its test split.
 
 Both sides are evaluated in float32 on the CPU (`tserve.training.evaluate`), on the same items (all of the test
-split, or the first `--limit`): stored figures could come from other code or data. An installed candidate brings its metrics.json and a card (MODEL_CARD.md) that names the GPU it was
-trained on and the figures it replaced; the int8 / int4 figures of the old weights are dropped (run
+split, or the first `--limit`): stored figures could come from other code or data. The chrF rule reads the Ding
+sentences among those items: when they hold none (a small `--limit`), the rule cannot be applied, and the verdict
+says so (the printed table's "not judged by" column, the log and the installed card's note). An installed
+candidate brings its metrics.json and a card (MODEL_CARD.md) that names the GPU it was trained on and the figures
+it replaced; the int8 / int4 figures of the old weights are dropped (run
 `python -m tserve.training eval models/NAME --quantize int8` and `--quantize int4` again).
 """
 
@@ -43,6 +46,16 @@ def figures(metrics: dict[str, Any]) -> dict[str, float | None]:
     if "perplexity" in metrics:
         return {"perplexity": metrics["perplexity"]}
     return {"bleu": metrics.get("bleu"), "ding_chrf": (metrics.get("ding_sentences") or {}).get("chrf")}
+
+
+RULES = {"bleu": "test BLEU", "ding_chrf": "the Ding sentences' chrF", "perplexity": "test perplexity"}
+
+
+def unjudged(new: dict[str, float | None], old: dict[str, float | None], limit: int | None) -> dict[str, str]:
+    """The rules `is_better` could not apply (a figure missing on either side), each with why."""
+    items = "the test split" if limit is None else f"the first {limit} test items"
+    missing = {"ding_chrf": f"no Ding example sentence among {items}"}
+    return {RULES[k]: missing.get(k, f"no figure on {items}") for k in new if new[k] is None or old[k] is None}
 
 
 def is_better(new: dict[str, float | None], old: dict[str, float | None]) -> bool:
@@ -99,6 +112,8 @@ def _judged_figures(path: Path, limit: int | None, data_root: str | None) -> dic
 def adopt(returned: str | Path, models: str | Path = "models", *, limit: int | None = None,
           data_root: str | None = None, install: bool = True) -> list[dict[str, Any]]:
     """Evaluate each returned candidate against its bundled model and install the better ones; one row each."""
+    from tserve.training.common import log_event  # noqa: PLC0415 - torch, as the evaluation needs it anyway
+
     returned, models = Path(returned), Path(models)
     records = run_records(returned)
     rows = []
@@ -113,20 +128,23 @@ def adopt(returned: str | Path, models: str | Path = "models", *, limit: int | N
             new = figures(_evaluate(cand, limit, data_root, write=limit is None))
             hardware = read_json(cand / TRAINING_FILE).get("hardware")
             better = is_better(new, old)
-            row = {"model": bundled.name, "old": old, "new": new, "hardware": hardware, "better": better,
-                   "installed": better and install}
+            row = {"model": bundled.name, "old": old, "new": new, "hardware": hardware,
+                   "not_judged_by": unjudged(new, old, limit), "better": better, "installed": better and install}
             if row["installed"]:
-                _install(cand, bundled, old, new, hardware, limit)
+                _install(cand, bundled, old, new, hardware, limit, row["not_judged_by"])
+            log_event("adoption", limit=limit, **row)
             rows.append(row)
     return rows
 
 
-def _install(cand: Path, bundled: Path, old: dict, new: dict, hardware: str | None, limit: int | None) -> None:
+def _install(cand: Path, bundled: Path, old: dict, new: dict, hardware: str | None, limit: int | None,
+             not_judged_by: dict[str, str]) -> None:
     info = read_json(cand / TRAINING_FILE)
     change = ", ".join(f"{k} {old[k]} → {new[k]}" for k in new)
     items = "the whole test split" if limit is None else f"the first {limit} test items"
     note = (f"Trained on {hardware or 'a GPU'}; installed on {datetime.date.today().isoformat()} after a float32 "
             f"evaluation on the CPU of {items} against the weights it continued from: {change}.")
+    note += "".join(f" Not judged by {rule}: {why}." for rule, why in not_judged_by.items())
     info["notes"] = f"{info['notes']}\n\n{note}" if info.get("notes") else note
     write_json(cand / TRAINING_FILE, info)
     if limit is not None:  # figures of a slice describe no model: the card says to evaluate it in full
@@ -144,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("returned", help="the lease's $OUT: NAME.safetensors files and the trainings' records")
     ap.add_argument("--models", default="models", help="where the bundled models are (default models/)")
-    ap.add_argument("--limit", type=int, default=None, help="evaluate both on the first N test items only")
+    ap.add_argument("--limit", type=int, default=None, help="evaluate both on the first N test items only (a translator's chrF rule: on the "
+                    "Ding sentences among them; with none, the verdict says it is not applied)")
     ap.add_argument("--data-dir", default=None, help="data cache (default data/ or $TSERVE_DATA_DIR)")
     ap.add_argument("--no-install", action="store_true", help="compare only")
     args = ap.parse_args(argv)
@@ -154,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print("| model | bundled | candidate | trained on | better | installed |\n|---|---|---|---|---|---|")
+    print("| model | bundled | candidate | trained on | not judged by | better | installed |\n"
+          "|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {json.dumps(r['old'])} | {json.dumps(r['new'])} | {r['hardware']} | "
+        waived = "; ".join(f"{rule} ({why})" for rule, why in r["not_judged_by"].items()) or "-"
+        print(f"| {r['model']} | {json.dumps(r['old'])} | {json.dumps(r['new'])} | {r['hardware']} | {waived} | "
               f"{r['better']} | {r['installed']} |")
     return 0
 
