@@ -203,6 +203,49 @@ def test_a_pair_with_either_side_over_the_limit_is_left_out(mt_run):
     assert len(translation.encode_pairs(tok, [short, long_de, long_en], None)) == 3
 
 
+def _validation_data_logged(caplog) -> list[dict]:  # noqa: ANN001 - pytest's caplog
+    return [{k: getattr(r, k) for k in ("validated_on", "train_items", "valid_items")}
+            for r in caplog.records if getattr(r, "event", None) == "validation_data"]
+
+
+def test_a_translator_without_a_validation_split_validates_on_pairs_held_out_of_training(tmp_path, monkeypatch,
+                                                                                         caplog):
+    """No validation split: a slice of the training pairs (5 %, at least one) is held out of the batches and the
+    tokenizer, and the loss that picks the kept weights is theirs; the start's log line, training.json and the
+    card say so."""
+    cfg = translation.MTPreset(model=dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1),
+                               vocab_size=200, max_len=48, batch_tokens=400, epochs=1, loop=_loop(0))
+    encoded = []
+    real = translation.encode_pairs
+
+    def recording(tok, pairs, *args):  # noqa: ANN001, ANN202
+        encoded.append(list(pairs))
+        return real(tok, pairs, *args)
+
+    monkeypatch.setattr(translation, "encode_pairs", recording)
+    with caplog.at_level("INFO", logger="tserve"):
+        translation.train(RunOptions(out=tmp_path, device="cpu", steps=1), pairs={"train": PAIRS}, config=cfg)
+    trained, validated = encoded[:2]
+    assert len(validated) == 1 and validated[0] not in trained and len(trained) + 1 == len(PAIRS)
+    info = json.loads((tmp_path / "training.json").read_text())
+    assert info["validated_on"] == "held-out" and info["data"]["valid_pairs"] == 1
+    assert _validation_data_logged(caplog) == [{"validated_on": "held-out", "train_items": len(PAIRS) - 1,
+                                                "valid_items": 1}]
+    assert "Validated on training items held out of training" in (tmp_path / "MODEL_CARD.md").read_text()
+
+
+def test_an_lm_of_one_text_without_a_validation_split_says_its_validation_is_on_training_text(tmp_path, caplog):
+    """A single training text can spare none: the run validates on it, and the log line, training.json and the card
+    say that the validation figures are training figures."""
+    cfg = lm.LMPreset(model=dict(d_model=16, n_heads=2, d_ff=32, n_layers=1), vocab_size=300, context=32,
+                      batch_size=2, steps=1, loop=_loop(1), val_windows=2)
+    with caplog.at_level("INFO", logger="tserve"):
+        lm.train(RunOptions(out=tmp_path, device="cpu"), corpus={"train": LM_TEXTS[:1] * 3}, config=cfg)
+    assert json.loads((tmp_path / "training.json").read_text())["validated_on"] == "train"
+    assert _validation_data_logged(caplog) == [{"validated_on": "train", "train_items": 3, "valid_items": 3}]
+    assert "the validation figures are training figures" in (tmp_path / "MODEL_CARD.md").read_text()
+
+
 # --------------------------------------------------------------------------------------------------
 # Alignment heads: chosen on the validation split, reported on the test split
 # --------------------------------------------------------------------------------------------------

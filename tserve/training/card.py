@@ -19,6 +19,13 @@ TASK_TITLES = {
     "lm": "English language model (decoder-only transformer)",
     "vit": "Image classifier (Vision Transformer)",
 }
+# training.json's `validated_on` (tserve.training.common.validation_items): what the validation figures are of
+VALIDATED_ON = {
+    "valid": "the data set's validation split",
+    "held-out": "training items held out of training (the data set has no validation split)",
+    "train": "the training data itself (no validation split, and a single training text, none to spare): the "
+             "validation figures are training figures",
+}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -117,6 +124,8 @@ def render_card(directory: str | Path) -> str:
     lines += ["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None] + [""]
     if info.get("hyperparameters"):
         lines += ["Hyperparameters: " + ", ".join(f"{k}={_fmt(v)}" for k, v in _flatten(info["hyperparameters"])), ""]
+    if info.get("validated_on"):
+        lines += [f"Validated on {VALIDATED_ON.get(info['validated_on'], info['validated_on'])}.", ""]
     if info.get("validation"):
         last = info["validation"][-1]
         lines += ["Last validation: " + ", ".join(f"{k} {_fmt(v)}" for k, v in last.items()), ""]

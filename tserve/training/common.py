@@ -12,6 +12,7 @@ import os
 import platform
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from tserve.training.data.sources import T
+from tserve.training.data.splits import hash_bucket, normalise_key
+
 log = logging.getLogger("tserve.training")
+HELD_OUT_FRAC = 0.05  # of the distinct training texts, validated on when a data set has no validation split
+
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -232,3 +238,20 @@ def record_init(info: dict, opts: RunOptions) -> None:
         info["continued_from"].update({k: prev.get(k) for k in ("command", "steps", "seconds", "final_loss")})
         if prev.get("continued_from"):  # keep the whole lineage, not just the last run
             info["continued_from"]["continued_from"] = prev["continued_from"]
+
+
+def validation_items(splits: dict[str, list[T]], key: Callable[[T], str]) -> tuple[list[T], list[T], str]:
+    """A run's training items, its validation items and what those are: "valid" (the data set's validation
+    split), "held-out" (without one: HELD_OUT_FRAC of the distinct training texts, at least one, those whose hash
+    is lowest, so that equal texts stay on one side as in the data sets' own splits) or "train" (training items of
+    a single text, which can spare none: the validation figures are training figures). Logged as
+    `validation_data`, recorded as training.json's `validated_on`."""
+    train, valid, validated_on = splits["train"], splits.get("valid") or [], "valid"
+    if not valid:
+        keys = sorted({normalise_key(key(item)) for item in train}, key=hash_bucket)
+        held = set(keys[: max(1, round(HELD_OUT_FRAC * len(keys)))]) if len(keys) > 1 else set()
+        valid = [item for item in train if normalise_key(key(item)) in held] if held else train
+        train = [item for item in train if normalise_key(key(item)) not in held]
+        validated_on = "held-out" if held else "train"
+    log_event("validation_data", validated_on=validated_on, train_items=len(train), valid_items=len(valid))
+    return train, valid, validated_on

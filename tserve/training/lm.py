@@ -38,6 +38,7 @@ from tserve.training.common import (
     resolve_device,
     seed_everything,
     set_dropout,
+    validation_items,
 )
 from tserve.training.loop import LoopConfig, train_loop
 
@@ -200,10 +201,11 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     g = seed_everything(opts.seed)
     t0 = time.perf_counter()
     splits = corpus if corpus is not None else data_mod.load_lm_corpus(opts.data_root)
+    train_texts, valid_texts, validated_on = validation_items(splits, lambda text: text)
     init = load_init(opts, "decoder")
-    tokenizer = init.tokenizer if init is not None else train_lm_tokenizer(splits["train"], vocab_size=p.vocab_size)
-    train_stream = token_stream(tokenizer, splits["train"])
-    valid_stream = token_stream(tokenizer, splits.get("valid") or splits["train"][:1])
+    tokenizer = init.tokenizer if init is not None else train_lm_tokenizer(train_texts, vocab_size=p.vocab_size)
+    train_stream = token_stream(tokenizer, train_texts)
+    valid_stream = token_stream(tokenizer, valid_texts)
     val = eval_windows(valid_stream, p.context, p.val_windows)
     log_event("data_ready", train_tokens=len(train_stream), valid_tokens=len(valid_stream),
               vocab=tokenizer.vocab_size, seconds=round(time.perf_counter() - t0, 1))
@@ -222,7 +224,8 @@ def train(opts: RunOptions, *, corpus: dict[str, list[str]] | None = None, confi
     info: dict[str, Any] = {
         "task": "lm", "preset": opts.preset, "seed": opts.seed, "command": opts.command, "sources": SOURCES,
         "parameters": count_parameters(model), "hardware": hardware_description(device),
-        "data": {"train_chunks": len(splits["train"]), "train_tokens": int(len(train_stream)),
+        "validated_on": validated_on,
+        "data": {"train_chunks": len(train_texts), "train_tokens": int(len(train_stream)),
                  "valid_tokens": int(len(valid_stream)), "test_chunks": len(splits.get("test", []))},
         "hyperparameters": {"vocab_size": tokenizer.vocab_size, "context": p.context, "batch_size": p.batch_size,
                             "loop": asdict(loop)},

@@ -38,6 +38,7 @@ from tserve.training.common import (
     resolve_device,
     seed_everything,
     set_dropout,
+    validation_items,
 )
 from tserve.training.data.pairs import LANGUAGE_NAMES
 from tserve.training.loop import LoopConfig, train_loop
@@ -185,7 +186,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     g = seed_everything(opts.seed)
     t0 = time.perf_counter()
     splits = pairs if pairs is not None else data_mod.load_translation_pairs(opts.data_root)
-    train_pairs = splits["train"]
+    train_pairs, valid_pairs, validated_on = validation_items(splits, lambda pair: pair.en)
     init = load_init(opts, "seq2seq")
     inherited = "-".join(init.languages) if init is not None and init.languages else None
     direction = opts.direction or inherited or "en-de"
@@ -198,7 +199,7 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     assert pad is not None and bos is not None and eos is not None
     examples = encode_pairs(tokenizer, train_pairs, p.max_len, languages)
-    val_examples = encode_pairs(tokenizer, (splits.get("valid") or train_pairs)[: p.val_pairs], p.max_len,
+    val_examples = encode_pairs(tokenizer, valid_pairs[: p.val_pairs], p.max_len,
                                 languages)
     n_tokens = sum(len(s) + len(t) for s, t in examples)
     log_event("data_ready", train_pairs=len(examples), dropped=len(train_pairs) - len(examples),
@@ -218,8 +219,9 @@ def train(opts: RunOptions, *, pairs: dict[str, list[data_mod.TranslationPair]] 
     info: dict[str, Any] = {
         "task": "translation", "preset": opts.preset, "seed": opts.seed, "command": opts.command, "sources": SOURCES,
         "parameters": count_parameters(model), "hardware": hardware_description(device),
+        "validated_on": validated_on,
         "data": {"train_pairs": len(examples), "train_tokens": n_tokens, "batches_per_epoch": n_batches,
-                 "valid_pairs": len(splits.get("valid", [])), "test_pairs": len(splits.get("test", []))},
+                 "valid_pairs": len(valid_pairs), "test_pairs": len(splits.get("test", []))},
         "hyperparameters": {"vocab_size": tokenizer.vocab_size, "max_len": p.max_len, "batch_tokens": p.batch_tokens,
                             "label_smoothing": p.label_smoothing, "loop": asdict(loop)},
         "direction": direction,

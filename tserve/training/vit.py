@@ -28,6 +28,7 @@ from tserve.model.vit import ViT
 from tserve.training import data as data_mod
 from tserve.training.card import record_run
 from tserve.training.common import (
+    HELD_OUT_FRAC,
     RunOptions,
     configure_threads,
     count_parameters,
@@ -199,7 +200,7 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
     t0 = time.perf_counter()
     splits = data if data is not None else load_dataset(dataset, opts.data_root)
     x_all, y_all = splits["train"]
-    val_mask = validation_split(y_all, 0.05)
+    val_mask = validation_split(y_all, HELD_OUT_FRAC)
     x = to_tensor(pre, preprocess_array(pre, x_all))
     y = torch.from_numpy(np.asarray(y_all, dtype=np.int64))
     x_train, y_train, x_val, y_val = x[~val_mask], y[~val_mask], x[val_mask], y[val_mask]
@@ -215,6 +216,7 @@ def train(opts: RunOptions, *, data: dict[str, tuple[np.ndarray, np.ndarray]] | 
     info: dict[str, Any] = {
         "task": "vit", "dataset": dataset, "preset": opts.preset, "seed": opts.seed, "command": opts.command,
         "sources": SOURCES[dataset], "parameters": count_parameters(model), "hardware": hardware_description(device),
+        "validated_on": "held-out",
         "data": {"train": len(x_train), "valid": len(x_val), "test": len(splits["test"][1]) if "test" in splits else 0},
         "hyperparameters": {"batch_size": p.batch_size, "loop": asdict(loop), "flip": p.flip,
                             "max_rotation": p.max_rotation, "max_shift": p.max_shift, "scale": list(p.scale),
