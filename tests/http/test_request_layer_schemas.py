@@ -1,11 +1,12 @@
 """The request schemas' bounds at their documented edges and the inspection routes' answers to non-default
-selections: a bound of 0-2, "up to 4" or "at most 5" takes its edge value and refuses the next one; `top_k: -1`
-is "no top-k filter" as 0 is; `structured_outputs` takes exactly one constraint even when one of them is
-`json_object`; `return_attention`'s weight bound (--max-attention-floats) admits a selection of exactly the
-limit; `/v1/embeddings` refuses text beside a list of images for an image model; `/v1/logit_lens` answers the
-layers in the order asked with its default `top_k`; `/v1/attention`'s JSON and BertViz answers of a language
-model carry only the fields that model has. Every app runs in this process (`httpx.ASGITransport`) on the tiny
-committed models, so that the tests take seconds."""
+selections: a bound of 0-2, "up to 4" or "at most 5" takes its edge value and refuses the next one; `top_k: -1` is
+"no top-k filter" as 0 is; `structured_outputs` takes exactly one constraint even when one of them is
+`json_object`; a JSON boolean is refused wherever a number goes, as OpenAI refuses it; `return_attention`'s weight
+bound (--max-attention-floats) admits a selection of exactly the limit; `/v1/embeddings` refuses text beside a
+list of images for an image model; `/v1/logit_lens` answers the layers in the order asked with its default
+`top_k`; `/v1/attention`'s JSON and BertViz answers of a language model carry only the fields that model has.
+Every app runs in this process (`httpx.ASGITransport`) on the tiny committed models, so that the tests take
+seconds."""
 
 from __future__ import annotations
 
@@ -58,6 +59,40 @@ def test_temperature_two_is_the_top_of_its_range_and_just_above_is_refused(app):
     assert complete(app, temperature=2.0, seed=1)["choices"][0]["finish_reason"] in ("stop", "length")
     error = complete(app, 400, temperature=2.01)["error"]
     assert "temperature" in error["message"]
+
+
+BOOLEANS_FOR_NUMBERS = [
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"prompt": [5, True]}, "prompt"),
+    ("/v1/completions", {"prompt": "Hello", "logit_bias": {"5": True}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hello", "return_attention": {"layers": [True]}}, "return_attention.layers"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}], "temperature": False},
+     "temperature"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}], "priority": False}, "priority"),
+    ("/v1/embeddings", {"input": "Hello", "dimensions": True}, "dimensions"),
+    ("/v1/translations", {"input": "Hello", "num_beams": True}, "num_beams"),
+    ("/v1/attention", {"input": "Hello", "heads": [False]}, "heads"),
+    ("/v1/logit_lens", {"input": "Hello", "top_k": True}, "top_k"),
+    ("/v1/classifications", {"model": "vit", "image": png(4), "top_k": True}, "top_k"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), BOOLEANS_FOR_NUMBERS,
+                         ids=[f"{path.removeprefix('/v1/')}-{field}" for path, _, field in BOOLEANS_FOR_NUMBERS])
+def test_a_boolean_for_a_number_is_refused_with_400_naming_the_field(app, path, body, field):
+    """OpenAI refuses `"max_tokens": true` ("expected an integer, but got a boolean"): a boolean is not 1 or 0
+    to a /v1 route either, in a number field, a list of numbers or an object of numbers."""
+    error = app.post(path, {"model": "lm"} | body, status=400).json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_request")
+    assert error["message"].startswith(f"{field}: expected ") and "but got a boolean" in error["message"]
+
+
+def test_max_tokens_reads_a_whole_float_and_a_digit_string_but_not_a_boolean(app):
+    """Only booleans are refused: 2.0 and "2" are still read as 2, as pydantic reads them."""
+    for asked in (2.0, "2"):
+        answer = complete(app, max_tokens=asked, ignore_eos=True)
+        assert answer["usage"]["completion_tokens"] == 2, asked
+    assert "max_tokens" in complete(app, 400, max_tokens=True)["error"]["message"]
 
 
 def test_four_stop_strings_are_taken_and_a_fifth_is_refused(app):
@@ -192,6 +227,7 @@ def test_a_multipart_images_form_fields_are_read_as_a_json_bodys(app, path):
     assert ok.status_code == 200, ok.text
     refused = app.request("POST", path, files=files, data={"model": "vit", "priority": "1001"})
     assert refused.status_code == 400, refused.text
+    assert app.request("POST", path, files=files, data={"model": "vit", "priority": "true"}).status_code == 400
     if path == "/v1/embeddings":
         length = len(ok.json()["data"][0]["embedding"])
         assert app.request("POST", path, files=files,

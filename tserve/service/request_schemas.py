@@ -4,14 +4,44 @@ tool messages; vLLM's `structured_outputs`), and the base every request body sha
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class RequestBody(BaseModel):
     # Unknown fields are ignored (clients send vendor extras); NaN and inf are refused.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1 and false as 0; OpenAI's API refuses a boolean where a number goes
+        if expected := _number_expected(cls.model_fields[info.field_name].annotation, value):
+            raise PydanticCustomError("bool_for_number", "expected {expected}, but got a boolean instead",
+                                      {"expected": expected})
+        return value
+
+
+def _number_expected(annotation: Any, value: Any) -> str | None:
+    """What a boolean in `value` stands in for where `annotation` wants a number ("an integer" or "a number"),
+    looking into lists and the values of objects; None when `value` holds no boolean in such a place."""
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    if isinstance(value, bool):
+        if bool in options:
+            return None
+        return "an integer" if int in options else "a number" if float in options else None
+    if isinstance(value, list | dict):
+        items = value if isinstance(value, list) else list(value.values())
+        for option in options:
+            if get_origin(option) is type(value):
+                item_type = get_args(option)[-1]
+                for item in items:
+                    if isinstance(item, bool | list | dict) and (expected := _number_expected(item_type, item)):
+                        return expected
+    return None
 
 
 class JsonSchemaFormat(RequestBody):
