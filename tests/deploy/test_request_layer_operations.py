@@ -179,7 +179,7 @@ def test_the_logit_lens_takes_its_last_layer_and_refuses_the_one_past_it(app):
     last = app.post("/v1/logit_lens", body | {"layers": [count - 1]}).json()
     assert [layer["layer"] for layer in last["layers"]] == [count - 1]
     error = app.post("/v1/logit_lens", body | {"layers": [count]}, status=400).json()["error"]
-    assert f"from 0 to {count - 1}" in error["message"]
+    assert f"numbered 0 to {count - 1}" in error["message"]
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -102,17 +102,19 @@ def test_a_language_models_heatmap_picture_draws_the_selected_heads(app):
     assert picture.content == heatmap_grid(want, [2, 3])
 
 
-def test_the_picture_over_an_image_is_the_last_selected_layers(app):
-    """Without rollout the picture over the image is the class token's attention in the last layer selected
-    (its title says so): selecting an earlier layer as well changes nothing."""
+def test_the_picture_over_an_image_is_the_deepest_selected_layers(app):
+    """Without rollout the picture over the image is the class token's attention in the deepest layer selected
+    (its title says so): selecting an earlier layer as well, before or after it, changes nothing."""
     image = b64(noise(3))
     both = app.post("/v1/attention", {"model": "vit", "image": image, "layers": [0, 1], "heads": [0],
                                       "format": "png"}).content
+    reversed_ = app.post("/v1/attention", {"model": "vit", "image": image, "layers": [1, 0], "heads": [0],
+                                           "format": "png"}).content
     last = app.post("/v1/attention", {"model": "vit", "image": image, "layers": [1], "heads": [0],
                                       "format": "png"}).content
     first = app.post("/v1/attention", {"model": "vit", "image": image, "layers": [0], "heads": [0],
                                        "format": "png"}).content
-    assert both == last
+    assert both == last == reversed_
     assert first != last, "the two layers must draw different pictures to tell"
 
 

@@ -144,8 +144,8 @@ def test_layer_k_is_the_model_cut_after_k_blocks(server, models, kind):
 
 
 @pytest.mark.parametrize("body, fragment", [
-    ({"model": "gpt2", "input": TEXT, "layers": [9]}, "layers must be distinct, from 0 to"),
-    ({"model": "gpt2", "input": TEXT, "layers": [1, 1]}, "layers must be distinct"),
+    ({"model": "gpt2", "input": TEXT, "layers": [9]}, "layers [9] do not exist"),
+    ({"model": "gpt2", "input": TEXT, "layers": [1, 1]}, "layers [1] named more than once"),
     ({"model": "gpt2", "input": TEXT, "top_k": 20}, "the limit is 1000"),
     ({"model": "vit", "input": TEXT}, "has no logit lens"),
     ({"input": TEXT}, "say which model"),

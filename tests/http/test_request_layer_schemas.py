@@ -3,10 +3,10 @@ selections: a bound of 0-2, "up to 4" or "at most 5" takes its edge value and re
 "no top-k filter" as 0 is; `structured_outputs` takes exactly one constraint even when one of them is
 `json_object`; a JSON boolean is refused wherever a number goes, as OpenAI refuses it; `return_attention`'s weight
 bound (--max-attention-floats) admits a selection of exactly the limit; `/v1/embeddings` refuses text beside a
-list of images for an image model; `/v1/logit_lens` answers the layers in the order asked with its default
-`top_k`; `/v1/attention`'s JSON and BertViz answers of a language model carry only the fields that model has.
-Every app runs in this process (`httpx.ASGITransport`) on the tiny committed models, so that the tests take
-seconds."""
+list of images for an image model; `/v1/logit_lens`, `/v1/attention` and `return_attention` answer the layers in
+the order asked and refuse a layer named twice; the lens has its default `top_k`; `/v1/attention`'s JSON and
+BertViz answers of a language model carry only the fields that model has. Every app runs in this process
+(`httpx.ASGITransport`) on the tiny committed models, so that the tests take seconds."""
 
 from __future__ import annotations
 
@@ -175,6 +175,34 @@ def test_lens_layers_come_back_in_the_order_asked_each_the_layer_it_names(app):
     assert [entry["layer"] for entry in picked["layers"]] == [2, 0]
     assert picked["layers"][0] == whole[2] and picked["layers"][1] == whole[0]
     assert whole[2] != whole[0], "the layers must differ to tell"
+
+
+def test_attention_layers_come_back_in_the_order_asked_each_the_layer_it_names(app):
+    """As the lens does: `/v1/attention` (JSON and BertViz) and `return_attention` list the layers as asked, so a
+    client can zip its selection with the answer."""
+    body = {"model": "lm", "input": "hello", "heads": [0]}  # short: within --max-attention-floats
+    whole = app.post("/v1/attention", body).json()["maps"]
+    picked = app.post("/v1/attention", body | {"layers": [1, 0]}).json()["maps"]
+    assert [m["layer"] for m in picked] == [1, 0]
+    assert picked[0] == whole[1] and picked[1] == whole[0]
+    bertviz = app.post("/v1/attention", body | {"layers": [1, 0], "format": "bertviz"}).json()["attention"]
+    assert bertviz == [[whole[1]["weights"]], [whole[0]["weights"]]]
+    maps = complete(app, prompt=PROMPT_IDS, max_tokens=2, temperature=0,
+                    return_attention={"layers": [1, 0], "heads": [0]})["choices"][0]["attention"]["maps"]
+    assert [m["layer"] for m in maps] == [1, 0]
+
+
+@pytest.mark.parametrize(("path", "body", "code"), [
+    ("/v1/attention", {"input": "hello", "layers": [1, 0, 1]}, "invalid_attention_request"),
+    ("/v1/logit_lens", {"input": TEXT, "layers": [1, 0, 1]}, "invalid_lens_request"),
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 2, "return_attention": {"layers": [1, 0, 1]}},
+     "invalid_attention_request"),
+], ids=["attention", "logit_lens", "return_attention"])
+def test_a_layer_named_twice_is_a_400_naming_it(app, path, body, code):
+    """One rule for every route that takes `layers`: a layer named twice is a 400 that names it, rather than
+    answered once on one route and refused on another."""
+    error = app.post(path, {"model": "lm"} | body, status=400).json()["error"]
+    assert error["code"] == code and "layers [1] named more than once" in error["message"]
 
 
 def test_lens_without_top_k_lists_five_tokens_per_position(app):

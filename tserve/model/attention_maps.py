@@ -9,6 +9,7 @@ beside a serving engine. Modules are named `decoder.self`, `encoder.self` and `d
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ class AttentionMap:
                 "key_tokens": self.key_tokens, "weights": self.weights.tolist()}
 
 
-def _selection(what: str, asked: Sequence[int] | None, count: int) -> list[int]:
+def _existing(what: str, asked: Sequence[int] | None, count: int) -> list[int]:
     if asked is None:
         return list(range(count))
     if not asked:  # an empty list selects nothing; leaving the field out selects all
@@ -41,7 +42,17 @@ def _selection(what: str, asked: Sequence[int] | None, count: int) -> list[int]:
     bad = [i for i in asked if not 0 <= i < count]
     if bad:
         raise ValueError(f"{what} {bad} do not exist: this model has {count} {what}, numbered 0 to {count - 1}")
-    return sorted(set(asked))
+    return list(asked)
+
+
+def layer_selection(asked: Sequence[int] | None, count: int) -> list[int]:
+    """The layers a client asked for out of `count` (None: all), in its order, which the answers of
+    `/v1/attention`, `return_attention` and `/v1/logit_lens` keep; a layer named twice is a ValueError naming it."""
+    layers = _existing("layers", asked, count)
+    twice = sorted(i for i, n in Counter(layers).items() if n > 1)
+    if twice:
+        raise ValueError(f"layers {twice} named more than once: name each layer once")
+    return layers
 
 
 def layer_counts(loaded: LoadedModel) -> dict[str, int]:
@@ -77,7 +88,7 @@ def check_selection(loaded: LoadedModel, layers: Sequence[int] | None,
                     heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
     """Validated (layers, heads); ValueError names what exists."""
     n_layers = max(layer_counts(loaded).values())
-    return _selection("layers", layers, n_layers), _selection("heads", heads, loaded.config.n_heads)
+    return layer_selection(layers, n_layers), sorted(set(_existing("heads", heads, loaded.config.n_heads)))
 
 
 def _maps(module: str, per_layer: dict[int, Tensor], layers: list[int], heads: list[int], q_tokens: list[str],
@@ -176,11 +187,11 @@ def attention_rollout(maps: list[AttentionMap]) -> Tensor:
 
 def to_bertviz(maps: list[AttentionMap]) -> dict:
     """The shapes of transformers' `output_attentions`, which BertViz's `head_view` / `model_view` take:
-    per layer a nested list [1][head][query][key], plus the tokens. Maps with cross-attention take the
-    encoder-decoder shape."""
+    per layer a nested list [1][head][query][key], the layers in the order of `maps` (as the client named
+    them), plus the tokens. Maps with cross-attention take the encoder-decoder shape."""
 
     def stack(module: str) -> list:
-        return [[m.weights.tolist()] for m in sorted(maps, key=lambda m: m.layer) if m.module == module]
+        return [[m.weights.tolist()] for m in maps if m.module == module]
 
     def tokens(module: str, side: str) -> list[str]:
         for m in maps:

@@ -26,7 +26,7 @@ class _Prioritised(RequestBody):
 class AttentionSelection(RequestBody):
     """Extension: return the attention maps of the generated tokens (non-streaming requests)."""
 
-    layers: list[int] | None = Field(None, description="default: all")
+    layers: list[int] | None = Field(None, description="answered in the order given, each once; default: all")
     heads: list[int] | None = Field(None, description="default: all")
 
 
@@ -150,7 +150,7 @@ class LogitLensRequest(RequestBody):
     target: str | None = Field(None, description="translation: the target to inspect (default: the model's own "
                                                  "translation, exactly what /v1/translations returns)")
     layers: list[int] | None = Field(None, description="0 is the embedding output, i the stream after block i; "
-                                                       "default: all")
+                                                       "answered in the order given, each once; default: all")
     top_k: int = Field(5, ge=1, le=20)
     source_lang: str | None = Field(None, description="a multilingual translator's source language "
                                     "(as /v1/translations takes it)")
@@ -198,7 +198,7 @@ class AttentionRequest(RequestBody):
     input: str | None = Field(None, description="LM text, or the translation source")
     target: str | None = Field(None, description="translation target to score (default: the model's own translation)")
     image: str | None = Field(None, description="base64 image (ViT)")
-    layers: list[int] | None = Field(None, description="default: all")
+    layers: list[int] | None = Field(None, description="answered in the order given, each once; default: all")
     heads: list[int] | None = Field(None, description="default: all")
     format: Literal["json", "png", "bertviz"] = "json"
     rollout: bool = Field(False, description="png of a ViT: attention rollout across the selected layers")

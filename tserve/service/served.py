@@ -109,10 +109,7 @@ class ServedModel:
         """`/v1/logit_lens`'s answer less the model name, run as a call job in the worker's thread; the entries
         bound (--max-lens-entries) is checked before the model runs."""
         ids, source = self.lens_inputs(body, own_translation)
-        count = lens.n_layers(self.loaded)
-        layers = list(range(count)) if body.layers is None else body.layers
-        if not layers or any(not 0 <= i < count for i in layers) or len(set(layers)) != len(layers):
-            raise InvalidInput(f"layers must be distinct, from 0 to {count - 1}", "invalid_lens_request")
+        layers = am.layer_selection(body.layers, lens.n_layers(self.loaded))
         entries, limit = len(layers) * len(ids) * body.top_k, self.settings.max_lens_entries
         if entries > limit:
             raise InvalidInput(f"{entries} entries asked for (layers x positions x top_k); the limit is {limit}: "

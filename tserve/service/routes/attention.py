@@ -58,8 +58,9 @@ async def attention(body: AttentionRequest, request: Request) -> Any:
     if body.format == "png":
         if result.image is not None:
             patches = served.loaded.config.n_prefix_tokens  # where the patches start
-            cls = am.attention_rollout(maps)[0, patches:] if body.rollout else maps[-1].weights.mean(0)[0, patches:]
-            title = "rollout" if body.rollout else f"layer {maps[-1].layer}, heads averaged"
+            deepest = max(maps, key=lambda m: m.layer)  # whatever the order the layers were named in
+            cls = am.attention_rollout(maps)[0, patches:] if body.rollout else deepest.weights.mean(0)[0, patches:]
+            title = "rollout" if body.rollout else f"layer {deepest.layer}, heads averaged"
             png = image_overlay(result.image, cls, served.loaded.config.grid_size, f"[CLS] attention, {title}")
         else:
             png = heatmap_grid(maps, heads)
