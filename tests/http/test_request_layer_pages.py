@@ -129,15 +129,21 @@ def languages(*pairs: tuple[str, str]) -> list[dict]:
     return [{"code": c, "name": NAMES[c], "targets": sorted(t for s, t in pairs if s == c)} for c in codes]
 
 
-def translator(refuse_n_for: tuple[str, ...] = ()):
+ROWS_REFUSAL = {"error": {"message": "num_beams 4 exceeds the 2 decoder rows this server runs (--max-running-requests)",
+                          "type": "invalid_request_error", "code": "request_too_large", "param": "num_beams"}}
+
+
+def translator(refuse_n_for: tuple[str, ...] = (), refusals: dict[str, dict] | None = None):
     """/v1/translations: "<target>:<input>", with n alternatives when asked, except where the pair's model
-    refuses n (as a model with fewer beams does)."""
+    refuses num_beams (as a server with fewer decoder rows does), and `refusals[input]` for that input whatever
+    it asks."""
     def answer(req):
         body = json.loads(req.post_data)
         pair = f"{body.get('source_lang')}-{body.get('target_lang')}"
+        if body["input"] in (refusals or {}):
+            return reply(400, refusals[body["input"]])
         if "n" in body and pair in refuse_n_for:
-            return reply(400, {"error": {"message": "n 3 exceeds num_beams 1", "type": "invalid_request_error",
-                                         "code": "invalid_n"}})
+            return reply(400, ROWS_REFUSAL)
         best = f"{body['target_lang']}:{body['input']}"
         alts = [{"translation": best + "!" * i, "score": -0.5 * i} for i in range(body.get("n", 0))]
         return reply(200, {"data": [{"translation": best, **({"alternatives": alts} if alts else {})}], "model": pair})
@@ -206,6 +212,30 @@ def test_a_pair_that_refuses_alternatives_leaves_the_other_pairs_asking_for_them
     assert s.bodies("v1/translations")[-1] == {"input": "good morning", "source_lang": "en", "target_lang": "fr",
                                                "n": 3, "num_beams": 4}
     assert s.pg.is_visible("#alternatives-box") and s.pg.locator("#alternatives button").count() == 3
+
+
+@pytest.mark.browser
+def test_a_400_about_the_text_is_shown_and_the_pair_keeps_its_alternatives(site):
+    """Only a refusal that names n or num_beams as its `param` drops the options for the pair: a 400 whose
+    message merely holds the word "n", or names num_beams as one way out of a size limit, is this text's error."""
+    def refusal(message: str) -> dict:
+        return {"error": {"message": message, "type": "invalid_request_error", "code": "request_too_large"}}
+
+    refusals = {"rock n roll": refusal("input 0: 'rock n roll' has 300 tokens; this model takes at most 256"),
+                "a long page": refusal("4 beams of 512 tokens need 40 KV-cache blocks; the cache has 30 "
+                                       "(--kv-cache-memory): lower max_tokens or num_beams")}
+    s = ready(site("", translate_api([("en", "de"), ("de", "en")], refusals=refusals)))
+    s.pg.select_option("#source-lang", "en")
+    for (text, answer), after in zip(refusals.items(), ("good morning", "good evening"), strict=True):
+        s.pg.fill("#source-text", text)
+        s.pg.wait_for_function("m => document.getElementById('error').textContent === m",
+                               arg=answer["error"]["message"] + " (HTTP 400)")
+        s.pg.fill("#source-text", after)
+        assert wait_translation_of(s, after) == "de:" + after
+        assert s.bodies("v1/translations")[-1] == {"input": after, "source_lang": "en", "target_lang": "de",
+                                                   "n": 3, "num_beams": 4}
+        assert s.pg.is_visible("#alternatives-box") and s.pg.locator("#alternatives button").count() == 3
+    assert [b for b in s.bodies("v1/translations") if "n" not in b] == []  # never asked again without them
 
 
 @pytest.mark.browser

@@ -76,6 +76,26 @@ def test_sixteen_beams_and_sixteen_alternatives_are_the_largest_taken(app):
     assert v1_error(app, {"model": "en-de", "input": "good morning", "num_beams": 16, "n": 17})["code"] == "invalid_n"
 
 
+def test_a_refusal_of_n_or_num_beams_names_the_field_as_its_param(app, tmp_path):
+    """A client that falls back to plain translations (the translation page) reads which field was refused from
+    `param`: n or num_beams past their rules, and beams past the decoder rows of a server with fewer rows than the
+    beams asked (--max-running-requests). A refusal about the text names no field."""
+    body = {"model": "en-de", "input": "good morning"}
+    assert v1_error(app, body | {"n": 5, "num_beams": 2})["param"] == "n"
+    assert v1_error(app, body | {"num_beams": 17})["param"] == "num_beams"
+    assert "param" not in v1_error(app, body | {"input": "  "})
+    two_rows = InProcessApp({"en-de": factories.tiny_mt_dir(tmp_path / "en-de", languages=("en", "de"))},
+                            gc_freeze=False, max_running_requests=2)
+    try:
+        resp = two_rows.request("POST", "/v1/translations", json=body | {"n": 3, "num_beams": 4})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert (error["code"], error["param"]) == ("request_too_large", "num_beams") and "2 decoder rows" in error["message"]
+        assert two_rows.post("/v1/translations", body).json()["data"][0]["translation"]
+    finally:
+        two_rows.stop()
+
+
 def test_libretranslate_takes_fifteen_alternatives_and_refuses_sixteen(app):
     """`alternatives` counts the translations besides the best: 0 to 15, so that with the best they are the 16
     beams /v1/translations allows at most."""

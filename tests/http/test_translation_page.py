@@ -360,12 +360,13 @@ def test_browser_shows_errors_and_retries_without_beams(open_page, server):
     pg = open_page(server)
     pg.select_option("#source-lang", "en")
 
-    # A model whose limits refuse n / num_beams: asked once more with neither, no alternatives then.
+    # A server whose limits refuse num_beams: asked once more without n and num_beams, no alternatives then.
     def refuse_beams(route):
         body = json.loads(route.request.post_data)
         if "n" in body or "num_beams" in body:
             route.fulfill(status=400, content_type="application/json", body=json.dumps({"error": {
-                "message": "n 3 exceeds num_beams 2", "type": "invalid_request_error", "code": "invalid_n"}}))
+                "message": "num_beams 4 exceeds the 2 decoder rows this server runs (--max-running-requests)",
+                "type": "invalid_request_error", "code": "request_too_large", "param": "num_beams"}}))
         else:
             route.fallback()
 

@@ -1,9 +1,9 @@
 """Errors, in one place: what every failure path (validation, unknown routes, oversized bodies, overload,
 engine failures, internal faults) answers, without stack traces. `engine_failure` is the one map from what
 the engines and the batcher raise to a status, message and code; the shape follows the protocol of the
-route: OpenAI's `{"error": {"message", "type", "code"}}` everywhere, `{"error": "..."}` under `/v2/` (the Open
-Inference Protocol) and on LibreTranslate's routes. Overload is 429 (queue full) or 503 (loading, shutting
-down, out of memory), always with Retry-After."""
+route: OpenAI's `{"error": {"message", "type", "code"}}` everywhere (and `param`, the request field at fault,
+where one is), `{"error": "..."}` under `/v2/` (the Open Inference Protocol) and on LibreTranslate's routes.
+Overload is 429 (queue full) or 503 (loading, shutting down, out of memory), always with Retry-After."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ class APIError(Exception):
     """An error with an HTTP status that is reported to the client as-is."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.headers = status, message, type_, code, headers
+        self.param = param
 
 
 class OIPError(APIError):
@@ -44,8 +45,8 @@ class OIPError(APIError):
         super().__init__(status, message, "invalid_request_error" if status < 500 else "server_error")
 
 
-def bad_request(message: str, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, "invalid_request_error", code)
+def bad_request(message: str, code: str = "invalid_value", param: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", code, param=param)
 
 
 def not_found(message: str, code: str = "model_not_found") -> APIError:
@@ -73,7 +74,7 @@ def engine_failure(exc: BaseException, what: str, invalid_code: str = "request_t
     if isinstance(exc, ConstraintsUnmet):  # valid input the model could not satisfy
         return APIError(422, str(exc), "invalid_request_error", "glossary_unplaceable")
     if isinstance(exc, ValueError):  # the request cannot run on this server, or a call job refused its input
-        return bad_request(str(exc), getattr(exc, "code", None) or invalid_code)
+        return bad_request(str(exc), getattr(exc, "code", None) or invalid_code, getattr(exc, "param", None))
     return APIError(500, str(exc) or f"{what} failed", "server_error", f"{what}_failed")
 
 
@@ -82,8 +83,9 @@ def client_closed() -> APIError:
     return APIError(499, "client closed the request", "invalid_request_error", "client_closed")
 
 
-def error_body(message: str, type_: str, code: str | None) -> dict:
-    return {"error": {"message": message, "type": type_, "code": code}}
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict:
+    """OpenAI's error object; `param` only where a request field is at fault (a client may act on it)."""
+    return {"error": {"message": message, "type": type_, "code": code} | ({"param": param} if param else {})}
 
 
 OIP_PREFIX = "/v2/"
@@ -98,12 +100,12 @@ def flat_errors(path: str) -> bool:
 
 def error_response(status: int, message: str, type_: str, code: str | None = None,
                    headers: dict[str, str] | None = None, request: Request | None = None,
-                   path: str | None = None) -> JSONResponse:
+                   path: str | None = None, param: str | None = None) -> JSONResponse:
     """The error in the shape of the request's protocol: the request's, or `path`'s (an ASGI middleware's)."""
     path = request.url.path if request is not None else path
     if path is not None and flat_errors(path):
         return JSONResponse({"error": message}, status_code=status, headers=headers)
-    return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
+    return JSONResponse(error_body(message, type_, code, param), status_code=status, headers=headers)
 
 
 def _describe(errors: list[dict]) -> str:
@@ -118,7 +120,7 @@ def _describe(errors: list[dict]) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     def render(request: Request, err: APIError) -> JSONResponse:
-        return error_response(err.status, err.message, err.type, err.code, err.headers, request)
+        return error_response(err.status, err.message, err.type, err.code, err.headers, request, param=err.param)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:

@@ -35,11 +35,12 @@ class OutOfMemory(Exception):
 
 
 class InvalidInput(ValueError):
-    """Input the model cannot take (HTTP 400); `code` names the kind when the caller's default does not."""
+    """Input the model cannot take (HTTP 400); `code` names the kind when the caller's default does not, `param`
+    the request field at fault when one is."""
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(self, message: str, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        self.code, self.param = code, param
 
 
 def request_error(exc: BaseException) -> Exception:

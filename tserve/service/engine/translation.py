@@ -20,7 +20,7 @@ from tserve.model.decoding.seq2seq_runner import REPLAYED, row_blocks
 from tserve.model.detokenizer import IncrementalDetokenizer
 from tserve.service.engine.kv_memory import kv_cache_blocks
 from tserve.service.engine.output import Hypothesis, beam_translation_event, greedy_translation_event
-from tserve.service.engine.request import EngineRequest
+from tserve.service.engine.request import EngineRequest, InvalidInput
 from tserve.service.engine.translation_input import Translator
 from tserve.service.engine.worker import Worker, overlaps
 from tserve.service.metrics import Metrics
@@ -63,8 +63,8 @@ class TranslationEngine(Worker):
         """Queue a translation (raises QueueFull or ValueError), as part `turn` of client request `group` when
         given (a document's sentences). Must be called on the event loop."""
         if job.num_beams > self.rows.num_slots:
-            raise ValueError(f"num_beams {job.num_beams} exceeds the {self.rows.num_slots} decoder rows this "
-                             "server runs (--max-running-requests)")
+            raise InvalidInput(f"num_beams {job.num_beams} exceeds the {self.rows.num_slots} decoder rows this "
+                               "server runs (--max-running-requests)", param="num_beams")
         if self.runner.blocks_needed(job) > self.runner.blocks.num_usable:
             raise ValueError(f"{job.num_beams} beams of {job.max_new_tokens} tokens need "
                              f"{self.runner.blocks_needed(job)} KV-cache blocks; the cache has "

@@ -78,8 +78,9 @@
       const message = errorText(data, resp);
       const error = new Error(message + " (HTTP " + resp.status + ")");
       error.status = resp.status;
-      error.code = data && data.error && typeof data.error === "object" ? data.error.code : null;
-      error.detail = message;
+      const fields = data && data.error && typeof data.error === "object" ? data.error : {};
+      error.code = fields.code || null;
+      error.param = fields.param || null;  // the request field the server refused
       if (resp.status === 401 || resp.status === 403) showKeyProblem(resp.status, message);
       throw error;
     }
@@ -201,9 +202,11 @@
     state.timer = setTimeout(translateNow, DEBOUNCE_MS);
   }
 
+  // Only the server's refusal of n or num_beams themselves (by the field it names, never by the message's
+  // words): any other 400 is about this text and is shown, and the pair keeps its alternatives.
   function refusedOptions(err) {
     if (err.status !== 400 && err.status !== 422) return false;
-    return err.code === "invalid_n" || err.code === "invalid_num_beams" || /num_beams|\bn\b/.test(err.detail || "");
+    return err.param === "n" || err.param === "num_beams";
   }
 
   async function translateText(text, source, target, signal) {

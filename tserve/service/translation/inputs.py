@@ -54,7 +54,7 @@ class TranslationAsk:
 def _integer(name: str, value: object, low: int, high: int | None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise InvalidInput(f"{name} must be an integer {bound}; got {value!r}", f"invalid_{name}")
+        raise InvalidInput(f"{name} must be an integer {bound}; got {value!r}", f"invalid_{name}", name)
 
 
 def check_count(count: int, settings: Settings) -> None:
@@ -72,7 +72,8 @@ def check_options(ask: TranslationAsk, settings: Settings, max_target_len: int, 
     _integer("n", ask.n, 1, MAX_BEAMS)
     beams = ask.num_beams or default_beams
     if ask.n > beams:
-        raise InvalidInput(f"n {ask.n} exceeds num_beams {beams}: each alternative is a beam's hypothesis", "invalid_n")
+        raise InvalidInput(f"n {ask.n} exceeds num_beams {beams}: each alternative is a beam's hypothesis", "invalid_n",
+                           "n")
     if ask.max_tokens is not None:
         _integer("max_tokens", ask.max_tokens, 1, None)
         check_max_tokens(ask.max_tokens, settings.max_tokens_limit)
