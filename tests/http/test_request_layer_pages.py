@@ -1,7 +1,8 @@
 """The translation page (`GET /`) and the attention viewer (`GET /viewer`) beside the options their tests leave at
 the default: the pages served behind a reverse proxy's path prefix, a server with one translation pair, a pair whose
-model refuses alternatives beside one that gives them, a 429, an API key typed into the viewer, a range of layers,
-the largest top-k, an alignment read at another layer than the last, an inline tag that stands between words.
+model refuses alternatives beside one that gives them, a 400 about the text, a 429, an API key typed into the viewer,
+a range of layers, the largest top-k, an alignment read at another layer than the last, maps with different numbers
+of heads, an inline tag that stands between words.
 
 The pages come from the app in-process (`build_app`, no models needed) and are driven in a headless Chromium whose
 every request is answered here: the page itself from the app, the API by small stubs in the shapes the API documents,
@@ -367,6 +368,53 @@ def test_viewer_alignment_follows_the_layer_picked(site):
     got = s.pg.eval_on_selector_all("#alignment line.link", "ls => ls.map(l => [+l.dataset.q, +l.dataset.k, "
                                     "+l.getAttribute('stroke-opacity')])")
     assert got == [[0, 0, 0.9], [0, 1, 0.1], [1, 0, 0.1], [1, 1, 0.9]]
+
+
+def uniform_map(module: str, layer: int, heads: int) -> dict:
+    return {"module": module, "layer": layer, "query_tokens": ["a", "b"], "key_tokens": ["a", "b"],
+            "weights": [[[0.5, 0.5], [0.5, 0.5]]] * heads}
+
+
+@pytest.mark.browser
+def test_each_attention_map_offers_its_own_heads(site):
+    """Modules and layers may have different numbers of heads: the head picker offers those of the map shown,
+    whichever map the answer holds first, and keeps the head picked where the next map has it. The alignment
+    beside a map with more heads than the cross-attention draws the mean of the cross-attention's heads."""
+    maps = {"mt": [uniform_map("encoder.self", 0, 4), uniform_map("decoder.self", 0, 3),
+                   uniform_map("decoder.cross", 0, 2)],
+            "lm": [uniform_map("decoder.self", 0, 1), uniform_map("decoder.self", 1, 3)]}
+    def answer(req) -> dict:
+        model = json.loads(req.post_data)["model"]
+        return reply(200, {"model": model, "target": "b", "maps": maps[model]})
+
+    api = viewer_api()
+    api[("POST", "v1/attention")] = answer
+    s = open_viewer(site, api)
+
+    def heads() -> list[str]:
+        return s.pg.eval_on_selector_all("#head option", "os => os.map(o => o.value)")
+
+    s.pg.select_option("#model", "mt")
+    s.pg.fill("#input", "a b")
+    submit_and_wait(s, "heatmap")
+    assert s.pg.input_value("#module") == "decoder.cross" and heads() == ["0", "1", "mean"]
+    s.pg.select_option("#module", "encoder.self")
+    assert heads() == ["0", "1", "2", "3", "mean"]
+    s.pg.select_option("#head", "3")
+    assert s.pg.text_content("#heatmap-title") == "· encoder.self · layer 0 · head 3"
+    assert s.pg.text_content("#alignment-title") == "· decoder.cross · layer 0 · mean of heads"
+    s.pg.select_option("#module", "decoder.self")
+    assert heads() == ["0", "1", "2", "mean"] and s.pg.input_value("#head") == "0"
+
+    s.pg.select_option("#model", "lm")
+    submit_and_wait(s, "heatmap")
+    assert s.pg.input_value("#layer") == "0" and heads() == ["0", "mean"]
+    s.pg.select_option("#layer", "1")
+    assert heads() == ["0", "1", "2", "mean"]
+    s.pg.select_option("#head", "2")
+    s.pg.select_option("#layer", "0")
+    assert heads() == ["0", "mean"] and s.pg.input_value("#head") == "0"
+    assert s.pg.text_content("#heatmap-title") == "· decoder.self · layer 0 · head 0"
 
 
 @pytest.mark.browser

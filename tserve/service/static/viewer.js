@@ -216,11 +216,7 @@
     modSel.innerHTML = modules.map((m) => "<option>" + esc(m) + "</option>").join("");
     const preferred = DEFAULT_MODULE[state.task];
     modSel.value = modules.includes(preferred) ? preferred : modules[0];
-    const nHeads = a.maps[0].weights.length, headSel = $("head");
-    let opts = "";
-    for (let h = 0; h < nHeads; h++) opts += "<option value=\"" + h + "\">" + h + "</option>";
-    headSel.innerHTML = opts + "<option value=\"mean\">mean of heads</option>";
-    headSel.value = "0";
+    $("head").replaceChildren();  // a new answer starts on head 0
     fillLayers();
     for (const id of ["module", "layer", "head"]) $(id).disabled = false;
     const used = $("target-used");
@@ -238,7 +234,25 @@
     const layers = mapsOf($("module").value).map((m) => m.layer);
     layerSel.innerHTML = layers.map((l) => "<option value=\"" + l + "\">" + l + "</option>").join("");
     layerSel.value = layers.map(String).includes(before) ? before : String(layers[layers.length - 1]);
+    fillHeads();
   }
+
+  function shownMap() { return mapsOf($("module").value).find((m) => m.layer === +$("layer").value); }
+
+  // The heads of the map shown: modules and layers may have different numbers of heads (a translator's encoder
+  // and decoder), so the choice is offered per map and kept where the next map has that head too.
+  function fillHeads() {
+    const headSel = $("head"), before = headSel.value, map = shownMap();
+    const count = map ? map.weights.length : 0;
+    let opts = "";
+    for (let h = 0; h < count; h++) opts += "<option value=\"" + h + "\">" + h + "</option>";
+    headSel.innerHTML = opts + "<option value=\"mean\">mean of heads</option>";
+    headSel.value = before === "mean" || (before !== "" && +before < count) ? before : "0";
+  }
+
+  // `head` of `map`, or the mean of its heads where it has no such head (the alignment beside another module).
+  function headOf(map, head) { return head === "mean" || +head < map.weights.length ? head : "mean"; }
+  function headName(head) { return head === "mean" ? "mean of heads" : "head " + head; }
 
   // The (query x key) weights of one head, or their mean over the heads.
   function headWeights(map, head) {
@@ -267,27 +281,26 @@
     if (!state.answer) return;
     hideTip();
     const module = $("module").value, layer = +$("layer").value, head = $("head").value;
-    const map = mapsOf(module).find((m) => m.layer === layer);
+    const map = shownMap();
     if (!map) return;
-    const headName = head === "mean" ? "mean of heads" : "head " + head;
     const W = headWeights(map, head);
     drawHeatmap(map, W, norms(W));
-    $("heatmap-title").textContent = "· " + module + " · layer " + layer + " · " + headName;
+    $("heatmap-title").textContent = "· " + module + " · layer " + layer + " · " + headName(head);
 
     const cross = state.task === "translation" ? mapsOf("decoder.cross") : [];
     $("alignment-panel").classList.toggle("hidden", !cross.length);
     if (cross.length) {
       const cm = cross.find((m) => m.layer === layer) || cross[cross.length - 1];
-      const CW = headWeights(cm, head);
+      const crossHead = headOf(cm, head), CW = headWeights(cm, crossHead);
       drawAlignment(cm, CW, norms(CW));
-      $("alignment-title").textContent = "· decoder.cross · layer " + cm.layer + " · " + headName;
+      $("alignment-title").textContent = "· decoder.cross · layer " + cm.layer + " · " + headName(crossHead);
     }
 
     const isVit = state.task === "image-classification";
     $("vit-panel").classList.toggle("hidden", !isVit);
     if (isVit) {
       drawVit(map, W);
-      $("vit-title").textContent = "· " + module + " · layer " + layer + " · " + headName;
+      $("vit-title").textContent = "· " + module + " · layer " + layer + " · " + headName(head);
     }
   }
 
@@ -521,7 +534,8 @@
   $("form").addEventListener("submit", submit);
   $("model").addEventListener("change", () => { clearError(); onModelChange(); });
   $("module").addEventListener("change", () => { fillLayers(); render(); });
-  for (const id of ["layer", "head", "scale"]) $(id).addEventListener("change", render);
+  $("layer").addEventListener("change", () => { fillHeads(); render(); });
+  for (const id of ["head", "scale"]) $(id).addEventListener("change", render);
   $("api-key").addEventListener("change", () => { clearError(); loadModels(); });
   $("alignment-panel").classList.add("hidden");
   $("vit-panel").classList.add("hidden");
