@@ -109,7 +109,7 @@ class Site:
 
 
 @pytest.fixture
-def site(browser, pages):
+def site(pages, browser):  # `pages` first: its asyncio.run cannot start inside Playwright's running loop
     opened: list[Site] = []
 
     def open_(page: str, api: dict, init_script: str | None = None) -> Site:
