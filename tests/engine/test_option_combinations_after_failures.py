@@ -17,7 +17,7 @@ from tests.helpers.hooked_server import slow_steps
 from tests.helpers.one_request import job_tokens, lm_tokens
 from tests.helpers.polling import until
 from tserve.model import checkpoint
-from tserve.model.decoding import SamplingParams, Speculation, translation_job
+from tserve.model.decoding import SamplingParams, Speculation, sampler, translation_job
 from tserve.service.engine import GenerationEngine, RequestTimeout, TranslationEngine
 from tserve.service.metrics import Metrics
 
@@ -226,6 +226,46 @@ def test_a_choice_that_fails_for_one_row_of_a_batch_leaves_the_others_as_alone(l
     assert calls["batched"] >= 1  # the failure met the others in one batch
     assert isinstance(got[2], RuntimeError)
     assert [g for i, g in enumerate(got) if i != 2] == [a for i, a in enumerate(alone) if i != 2]
+    assert engine.runner.slots.num_used == 0
+
+
+@pytest.mark.parametrize("path", ["in-order", "async-scheduling", "speculative"])
+def test_a_seeded_request_chosen_again_after_its_batchs_choice_failed_draws_as_alone(lm, twin, monkeypatch, caplog,  # noqa: F811
+                                                                                      path):
+    """A seeded sampled request beside one whose draw fails (its logits no distribution) has drawn from its own
+    generator already in the batch's failed choice; chosen again alone, it draws what it draws alone, not the
+    generator's next noise: its tokens are those of the same seeded request with no neighbour, whichever step
+    loop ran it (tokens read before the next step, after it, or scored ahead from drafts)."""
+    prompts = [lm.tokenizer.encode(p) for p in cycle_prompts(2, seed=43)]
+    seeded = SamplingParams(max_tokens=12, temperature=2.0, seed=7, ignore_eos=True)
+    alone = lm_tokens(lm, prompts[0], seeded)
+    kw = {"speculative": {"speculation": Speculation(num_tokens=3), "draft": twin},
+          "async-scheduling": {"async_scheduling": "on"}}.get(path, {"async_scheduling": "off"})
+    engine = lm_engine(lm, **kw)
+    failing: list = []
+    noise = sampler.exponential_noise
+
+    def exponential_noise(vocab_size, generator):  # noqa: ANN001, ANN202
+        if failing and generator is failing[0].generator and len(failing[0].generated) >= 2:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return noise(vocab_size, generator)
+
+    monkeypatch.setattr(sampler, "exponential_noise", exponential_noise)
+
+    async def run() -> list:
+        reqs = [engine.submit(prompts[0], seeded),
+                engine.submit(prompts[1], SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True))]
+        failing.append(reqs[1])
+        return [await outcome(engine, r) for r in reqs]
+
+    try:
+        with caplog.at_level("WARNING", logger="tserve.engine"):
+            got, failed = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert isinstance(failed, RuntimeError)
+    assert any("one by one" in r.getMessage() for r in caplog.records)  # the failure met the seeded one in a batch
+    assert got == alone
     assert engine.runner.slots.num_used == 0
 
 

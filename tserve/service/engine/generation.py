@@ -19,8 +19,10 @@ with the same generator, so they finish with the tokens they would have had."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -46,6 +48,21 @@ from tserve.service.metrics import Metrics
 log = logging.getLogger("tserve.engine")
 
 DEFAULT_MAX_MODEL_LEN = 4096  # without --max-model-len: the model's context, at most this
+
+
+@contextlib.contextmanager
+def _draws_undone_on_failure(reqs: list[GenerationRequest]) -> Iterator[None]:
+    """A batch's choice that may be made again row by row: when it fails, each seeded request's generator is put
+    back where it stood before it, so that its row chosen again alone draws what it draws beside no one (it may
+    have drawn already in the failed call). A batch of one is not chosen again: nothing is kept for it."""
+    kept = [(r.generator, r.generator.get_state()) for r in reqs
+            if r.params.seed is not None and r.generator is not None] if len(reqs) > 1 else []
+    try:
+        yield
+    except Exception:
+        for generator, state in kept:
+            generator.set_state(state)
+        raise
 
 
 class GenerationRequest(EngineRequest, TextSequence):
@@ -235,7 +252,8 @@ class GenerationEngine(Worker):
         the batch (a row's logits not a distribution) is made again row by row from the same logits, into which a
         choice writes nothing but bans, and only a row whose own choice fails fails."""
         try:
-            chosen = self.runner.choose_later(reqs, logits)
+            with _draws_undone_on_failure(reqs):
+                chosen = self.runner.choose_later(reqs, logits)
         except Exception:
             if len(reqs) == 1:
                 raise  # (`_isolated` fails it)
@@ -259,7 +277,8 @@ class GenerationEngine(Worker):
 
     def _emit_ahead(self, reqs: list[GenerationRequest], drafts: list[list[int]], logits: torch.Tensor) -> None:
         """A speculative step: each request's kept draft and the model's next token, one event each."""
-        tokens, logprobs, where = self.runner.choose_ahead(reqs, drafts, logits)
+        with _draws_undone_on_failure(reqs):  # a failure here runs each row's step again alone (`_isolated`)
+            tokens, logprobs, where = self.runner.choose_ahead(reqs, drafts, logits)
         now = time.perf_counter()
         row = {id(r): i for i, r in enumerate(reqs)}
         emitted: dict[int, int] = {}  # row -> the tokens of this step its request took
