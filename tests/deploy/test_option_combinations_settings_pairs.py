@@ -143,7 +143,7 @@ def test_max_model_memory_counts_a_quantized_models_packed_weights(fmt):
     packed = [m for m in linears if is_int8_linear(m) and not m.exact]  # weights in the engine's own object
     assert linears and held >= tensors + sum(m.in_features * m.out_features for m in packed)
     del probe
-    needed = checkpoint.weight_bytes(TINY_LM, torch.float32)
+    needed = checkpoint.weight_bytes(TINY_LM, torch.float32, fmt)  # the second one, as it will be held
 
     def registry(limit: int) -> ModelRegistry:
         reg = ModelRegistry(Settings(device="cpu", dtype="float32", quantize=fmt, max_model_memory=f"{limit}B",
@@ -164,3 +164,29 @@ def test_max_model_memory_counts_a_quantized_models_packed_weights(fmt):
         assert roomy.states["second"].state == "READY"
     finally:
         roomy.stop()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "q8_0", "q4_0"])
+def test_a_model_that_fits_once_quantized_loads_under_max_model_memory_and_its_float_weights_do_not(fmt, monkeypatch):
+    """--max-model-memory counts a model that --quantize will quantize as the bytes it will hold, from the
+    checkpoint's headers: under a limit between its quantized and its float32 size it loads quantized, and the
+    same limit refuses it unquantized, before its weights are read."""
+    quantized, floats = (checkpoint.weight_bytes(TINY_LM, torch.float32, q) for q in (fmt, "none"))
+    limit = (quantized + floats) // 2
+    assert quantized < limit < floats
+
+    def registry(quantize: str) -> ModelRegistry:
+        return ModelRegistry(Settings(device="cpu", dtype="float32", quantize=quantize, max_model_memory=f"{limit}B",
+                                      warmup=False, gc_freeze=False), Metrics())
+
+    fits = registry(fmt)
+    try:
+        fits.load_model("lm", TINY_LM)
+        assert fits.states["lm"].state == "READY" and fits.models["lm"].loaded.quantization == fmt
+        assert held_bytes(fits.models["lm"].loaded.model) <= limit
+    finally:
+        fits.stop()
+    refused = registry("none")
+    monkeypatch.setattr(checkpoint, "load", lambda *a, **k: pytest.fail("the weights were read"))
+    with pytest.raises(APIError, match="passes --max-model-memory"):
+        refused.load_model("lm", TINY_LM)

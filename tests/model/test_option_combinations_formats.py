@@ -8,6 +8,8 @@ of the same quantized model, the model's own forward, and the bytes a weight of 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,8 +18,9 @@ from torch import nn
 from tests.model.test_fused_decode import paged_cache
 from tests.model.test_option_combinations_models import _behaving
 from tserve.model import logit_lens as lens
+from tserve.model import quantize
 from tserve.model.block_quant import BlockLinear, reference_linear
-from tserve.model.checkpoint import load
+from tserve.model.checkpoint import load, weight_bytes
 from tserve.model.config import DecoderConfig
 from tserve.model.decoder import Decoder
 from tserve.model.fused_decode import FusedDecode
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.kernels  # quantized products: their values follow the 
 
 ISAS = cpu_kernels.extension().block_isas() if cpu_kernels.available() else []
 PATHS = [None, *ISAS]  # None: the PyTorch statement; else our kernels' instruction sets
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -172,3 +176,44 @@ def test_an_int8_layer_holds_its_weights_once_on_either_kernel(exact):
     assert layer.exact == exact
     low, high = BOUNDS["int8"]
     assert low <= _bytes_per_weight(layer) <= high, _bytes_per_weight(layer)
+
+
+# (model, --quantize, --int8-activations, kernel): a tied decoder, an untied Llama with a gated MLP and rope tables,
+# a translator; int8 on PyTorch's engine and, forced, on our exact kernel (the layer of an AVX2-only CPU).
+ESTIMATED = [(model, fmt, "auto", None) for model in ("tiny-lm", "hf-llama", "tiny-mt")
+             for fmt in ("int8", "int4", "q8_0", "q4_0")] + [
+    ("tiny-lm", "int8", "7bit", None), ("hf-llama", "int8", "full", "exact"), ("hf-llama", "q4_0", "auto", None)]
+
+
+@pytest.mark.parametrize(("model", "fmt", "activations", "kernel"), ESTIMATED,
+                         ids=["-".join(filter(None, case)) for case in ESTIMATED])
+def test_the_memory_estimate_of_a_quantized_load_is_what_the_loaded_model_holds(monkeypatch, model, fmt,
+                                                                                 activations, kernel):
+    """--max-model-memory checks a load from the checkpoint's headers before any weight is read
+    (`checkpoint.weight_bytes`, told the quantization): what the model then holds once quantized (`held_bytes`),
+    to the byte, less only the tables it computes from its config (rope, positions), which the float estimate
+    leaves out too. Well under its float32 weights."""
+    if kernel == "exact":
+        if not cpu_kernels.available():
+            pytest.skip("the exact int8 kernel is not built")
+        monkeypatch.setattr(quantize, "full_activations_kernel", lambda: "exact")
+    path = FIXTURES / model
+    tables = held_bytes(load(path).model) - weight_bytes(path, torch.float32)
+    loaded = load(path, quantize=fmt, int8_activations=activations)
+    if kernel == "exact":
+        assert all(m.exact for m in loaded.model.modules() if isinstance(m, Int8Linear))
+    estimate = weight_bytes(path, torch.float32, fmt, activations)
+    assert estimate + tables == held_bytes(loaded.model)
+    assert estimate < 0.8 * weight_bytes(path, torch.float32)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "q8_0", "q4_0"])
+def test_a_quantized_layer_of_widths_its_kernel_pads_holds_what_its_formats_rule_counts(fmt):
+    """97 outputs and 40 inputs (neither whole panels of 16 nor whole groups or blocks of 32): the rule the
+    --max-model-memory estimate counts a layer by (`quantize.quantized_layer_bytes`) is what the layer holds,
+    padding included, besides its float32 bias."""
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 97)
+    layer = {"int8": lambda: Int8Linear(linear, quantize.resolve_activations("auto")),
+             "int4": lambda: Int4Linear(linear, 32)}.get(fmt, lambda: BlockLinear(linear, fmt))()
+    assert quantize.quantized_layer_bytes(fmt, 97, 40) + 97 * 4 == held_bytes(layer)

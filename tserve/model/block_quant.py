@@ -147,6 +147,13 @@ def unpack_panels(panels: Tensor, scale_panels: Tensor, n: int, fmt: str) -> tup
     return codes.reshape(count * _COLS, blocks * BLOCK)[:n], scales[:n]
 
 
+def _block_bytes(rows: int, in_features: int, fmt: str) -> int:
+    """Bytes of `rows` rows of `fmt` blocks over `in_features` inputs (padded to whole blocks): a float16 scale
+    and 32 codes a block, Q8_0's a byte each, Q4_0's two a byte."""
+    blocks = rows * -(-in_features // BLOCK)
+    return blocks * (2 + (BLOCK if fmt == "q8_0" else BLOCK // 2))
+
+
 class BlockLinear(nn.Module):
     """`nn.Linear`'s forward on Q8_0 or Q4_0 weights (`fmt`), on our kernels' panels where they run (`isa`: the
     path, default `cpu_kernels.kernel_isa()`; None: the PyTorch reference, on the plain codes). Input features that are not a
@@ -200,8 +207,15 @@ class BlockLinear(nn.Module):
 
     def weight_bytes(self) -> int:
         """Bytes a GGUF file gives these blocks: 34 (Q8_0) or 18 (Q4_0) per 32 weights."""
-        blocks = self.out_features * (self.in_features + self._k_pad) // BLOCK
-        return blocks * (2 + (BLOCK if self.fmt == "q8_0" else BLOCK // 2))
+        return _block_bytes(self.out_features, self.in_features, self.fmt)
+
+    @staticmethod
+    def held_bytes_of(out_features: int, in_features: int, fmt: str, isa: str | None = "auto") -> int:
+        """What a layer of that shape holds besides its bias: its blocks, in our kernels' panels of 16 output
+        columns (`isa`, default `cpu_kernels.kernel_isa()`), or one byte a code where the reference serves."""
+        if (cpu_kernels.kernel_isa() if isa == "auto" else isa) is None:
+            return _block_bytes(out_features, in_features, "q8_0")
+        return _block_bytes(out_features + -out_features % _COLS, in_features, fmt)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -47,6 +47,7 @@ from tserve.model.quantize import (
     quantize_blocks,
     quantize_int4,
     quantize_int8,
+    quantized_bytes_change,
     resolve_activations,
 )
 from tserve.model.seq2seq import Seq2Seq
@@ -101,14 +102,18 @@ _ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "
                   "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-def weight_bytes(path: str | Path, dtype: torch.dtype) -> int:
+def weight_bytes(path: str | Path, dtype: torch.dtype, quantize: str = "none", int8_activations: str = "auto",
+                 int4_group_size: int = 32) -> int:
     """What a checkpoint's weights take in memory with its floating tensors in `dtype`, from the safetensors
-    headers alone (no tensor is read): what a loader can check against a memory budget first. A GGUF file's
-    tensors count as the floats they are dequantized to."""
+    headers alone (no tensor is read): what a loader can check against a memory budget first. `quantize` (and its
+    options, as `load` takes them): the linear layers counted as that format holds them, found in the model
+    config.json describes, built on the meta device (`model.quantize.quantized_bytes_change`). A GGUF file's
+    tensors count as the floats they are dequantized to, whatever the quantization."""
     if is_gguf(Path(path)):
         return sum(math.prod(t.shape) for t in read_header(Path(path)).tensors.values()
                    if t.name not in CONFIG_TENSORS) * dtype.itemsize
-    total = 0
+    total = 0 if quantize in ("none", "auto") else quantized_bytes_change(
+        _skeleton(Path(path), dtype), quantize, int8_activations, int4_group_size)
     for file in WeightSource.files(Path(path)):
         with open(file, "rb") as f:
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
@@ -123,6 +128,17 @@ def weight_bytes(path: str | Path, dtype: torch.dtype) -> int:
 
 def build_model(config: BlockConfig, backend: str = "auto") -> nn.Module:
     return MODEL_CLASSES[config.architecture](config, backend=backend)
+
+
+def _skeleton(path: Path, dtype: torch.dtype) -> nn.Module:
+    """The model a checkpoint directory's config.json describes, on the meta device (no weight read or
+    allocated), in `dtype` and with its gated MLPs fused, as `load` quantizes it."""
+    raw = _config_json(path)
+    importer, _ = importer_for(raw, path / "config.json")
+    with torch.device("meta"), torch.no_grad():
+        model = build_model(_importer_config(importer, raw, path)).to(dtype)
+        fuse_gated_mlps(model)
+    return model
 
 
 def save_checkpoint(
@@ -374,6 +390,18 @@ def translation_languages(path: Path, raw: dict[str, Any]) -> tuple[str, str] | 
     return (m.group(1), m.group(2)) if m else None
 
 
+def _importer_config(importer: Any, raw: dict[str, Any], path: Path) -> BlockConfig:
+    """The importer's config of `raw`; what it cannot read is a CheckpointError naming config.json."""
+    try:
+        return importer.config(raw, path)
+    except KeyError as exc:
+        raise CheckpointError(f"{path / 'config.json'}: expected config field {exc} not found") from exc
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{path / 'config.json'}: {exc}") from exc
+
+
 def _assemble(path: Path, raw: dict[str, Any], backend: str, gguf_file: GGUFCheckpoint | None = None) -> LoadedModel:
     """Build the model its importer describes, fill its weights, and attach what serving it needs: the
     tokenizer (text models), the languages (translators), generation defaults, labels and preprocessing.
@@ -383,14 +411,7 @@ def _assemble(path: Path, raw: dict[str, Any], backend: str, gguf_file: GGUFChec
         source_format = "gguf-" + source_format.removeprefix("hf-")
     else:
         importer, source_format = importer_for(raw, path / "config.json")
-    try:
-        config = importer.config(raw, path)
-    except KeyError as exc:
-        raise CheckpointError(f"{path / 'config.json'}: expected config field {exc} not found") from exc
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"{path / 'config.json'}: {exc}") from exc
+    config = _importer_config(importer, raw, path)
     model = build_model(config, backend)
     source = gguf_file.weights if gguf_file is not None else WeightSource(path)
     fill_weights(model, importer.weights(config, source), source.file)

@@ -72,7 +72,9 @@ QUANTIZATIONS = ("none", "int8", "int4", *BLOCK_FORMATS)  # q8_0 / q4_0: llama.c
 INT4_GROUP_SIZES = (32, 64, 128)
 OUTPUT_LAYER = "lm_head"  # the language model's and the translator's vocabulary projection: int8 under int4
 Q4_0_OUTPUT = "q8_0"  # the output layer's blocks under q4_0, as llama.cpp's Q4_0 files keep theirs (module docstring)
+OUTPUT_FORMATS = {"int4": "int8", "q4_0": Q4_0_OUTPUT}  # the output layer's format where it is not the others'
 _INT4_N_MULTIPLE = 16  # the packed layout takes output features in tiles of 16
+_INT8_PANEL_COLUMNS = 16  # the exact int8 kernel's panels (`int8_gemm.cpp`'s kCols)
 
 
 ACTIVATIONS = ("auto", "full", "split", "7bit", "7bit-weights")
@@ -164,7 +166,7 @@ class Int8Linear(nn.Module):
         # (`exact` forces the choice, for tests on any CPU).
         if activations == "full" and exact is None:
             resolve_activations("full")  # refused where no kernel takes 8 bits
-            exact = full_activations_kernel() == "exact"
+            exact = self.runs_exact(activations)
         self.exact = activations == "full" and bool(exact)
         if self.exact:
             kernels = cpu_kernels.extension()
@@ -187,6 +189,21 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float(),
                              persistent=False)
         self.activations = activations
+
+    @staticmethod
+    def runs_exact(activations: str) -> bool:
+        """Whether a layer of `activations` (resolved) runs on our exact kernel: `full` where PyTorch's overflows."""
+        return activations == "full" and full_activations_kernel() == "exact"
+
+    @classmethod
+    def held_bytes_of(cls, out_features: int, in_features: int, activations: str) -> int:
+        """What a layer of that shape and `activations` (resolved) holds besides its bias, as `held_bytes` counts it:
+        the int8 weights (in the exact kernel's panels of 16 columns and pairs of inputs, or PyTorch's packed
+        object), their row sums and the exact kernel's coefficients."""
+        if cls.runs_exact(activations):
+            panels = -(-out_features // _INT8_PANEL_COLUMNS) * _INT8_PANEL_COLUMNS * (in_features + in_features % 2)
+            return panels + 2 * 4 * out_features
+        return out_features * in_features + 4 * out_features
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -304,8 +321,15 @@ class Int4Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def weight_bytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size() + \
-            self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
+        return self.held_bytes_of(self.out_features, self.in_features, self.group_size)
+
+    @staticmethod
+    def held_bytes_of(out_features: int, in_features: int, group_size: int) -> int:
+        """What a layer of that shape holds besides its bias: two int4 codes a byte, and a bfloat16 scale and zero
+        per group, over the padded sizes."""
+        n = out_features + -out_features % _INT4_N_MULTIPLE
+        k = in_features + -in_features % group_size
+        return n * k // 2 + n * (k // group_size) * 2 * 2
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -411,6 +435,37 @@ def is_int8_linear(module: nn.Module) -> bool:
 
 def is_quantized_linear(module: nn.Module) -> bool:
     return isinstance(module, (Int8Linear, Int4Linear, BlockLinear))
+
+
+def quantized_layer_bytes(fmt: str, out_features: int, in_features: int, activations: str = "auto",
+                          group_size: int = 32) -> int:
+    """What one linear layer of that shape holds once quantized as `fmt` (int8, int4, q8_0, q4_0), besides its
+    bias (float32 as before): each format's own rule."""
+    if fmt == "int8":
+        return Int8Linear.held_bytes_of(out_features, in_features, resolve_activations(activations))
+    if fmt == "int4":
+        return Int4Linear.held_bytes_of(out_features, in_features, group_size)
+    return BlockLinear.held_bytes_of(out_features, in_features, fmt)
+
+
+def quantized_bytes_change(model: nn.Module, fmt: str, activations: str = "auto", group_size: int = 32) -> int:
+    """What quantizing the float `model` as `fmt` (`model.checkpoint.load`'s `quantize`) changes in what it holds,
+    from its layers' shapes alone (a model built on the meta device will do, its gated MLPs fused as served):
+    each linear layer's float weight freed (a tied output layer's stays, the embedding's), its format's bytes
+    held (the output layer's own under int4 and q4_0, `OUTPUT_FORMATS`). Negative: bytes saved."""
+    output_layer = getattr(model, OUTPUT_LAYER, None)
+    kept = {id(p) for m in model.modules() if type(m) is not nn.Linear for p in m.parameters(recurse=False)}
+    change = 0
+    for m in model.modules():
+        if type(m) is not nn.Linear:
+            continue
+        layer_fmt = OUTPUT_FORMATS.get(fmt, fmt) if m is output_layer else fmt
+        # int8 layers under int4 (the output layer) take `auto` activations, as `quantize_int4` makes them
+        change += quantized_layer_bytes(layer_fmt, m.out_features, m.in_features,
+                                        activations if fmt == "int8" else "auto", group_size)
+        if id(m.weight) not in kept:
+            change -= m.weight.numel() * m.weight.element_size()
+    return change
 
 
 def held_bytes(model: nn.Module) -> int:

@@ -156,14 +156,15 @@ class ModelRegistry:
 
     def _check_memory(self, name: str, path: Path, device: torch.device,
                       beside: tuple[checkpoint.LoadedModel, ...] = ()) -> None:
-        """--max-model-memory: the weights of `path` and of every model held (served, one being replaced, as both
-        are in memory until the swap, the draft model, and `beside`: loaded, not served yet) together, from the
-        checkpoint's headers before any weight is read."""
-        limit = self.settings.max_model_memory_bytes
+        """--max-model-memory: the weights of `path` (as --quantize will hold them) and of every model held (served,
+        one being replaced, as both are in memory until the swap, the draft model, and `beside`: loaded, not served
+        yet) together, from the checkpoint's headers before any weight is read."""
+        s = self.settings
+        limit = s.max_model_memory_bytes
         if limit is None or not path.exists():  # a directory, or a GGUF file
             return
-        dtype = checkpoint.resolve_dtype(self.settings.dtype, device)
-        needed = checkpoint.weight_bytes(path, dtype)
+        dtype = checkpoint.resolve_dtype(s.dtype, device)
+        needed = checkpoint.weight_bytes(path, dtype, s.quantize, s.int8_activations, s.int4_group_size)
         with self._changes:
             holding = [m.loaded for m in (*self.models.values(), *self._retiring)]
         holding += [*beside, *([draft] if (draft := self._held_draft()) is not None else [])]

@@ -145,7 +145,8 @@ class Settings(BaseSettings):
                                           "/v2/repository/models/NAME/load loads by name")
     allow_load_paths: bool = Field(False, description="let a load request name a checkpoint path of its own")
     max_model_memory: str | None = Field(None, description="the weights of every model served, together, at most "
-                                         "(e.g. 8GB, 512MiB); a load past it is refused before its weights are read")
+                                         "(e.g. 8GB, 512MiB; a model --quantize quantizes counted as it will be held); a load "
+                                         "past it is refused before its weights are read")
 
     task_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="more task modules to import (comma-separated dotted paths), each "
