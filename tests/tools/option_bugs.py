@@ -424,9 +424,9 @@ OPTION_BUGS = [
         'reference = load(path, device=quantized.device, dtype="float32")',
         'reference = load(path, device=quantized.device, dtype="float32", quantize=quantized.quantization)', (LIMITED,)),
     Bug("translation-validation-reads-en-de", "tserve/training/translation.py",
-        '    val_examples = encode_pairs(tokenizer, (splits.get("valid") or train_pairs)[: p.val_pairs], p.max_len,\n'
+        "    val_examples = encode_pairs(tokenizer, valid_pairs[: p.val_pairs], p.max_len,\n"
         "                                languages)",
-        '    val_examples = encode_pairs(tokenizer, (splits.get("valid") or train_pairs)[: p.val_pairs], p.max_len)',
+        "    val_examples = encode_pairs(tokenizer, valid_pairs[: p.val_pairs], p.max_len)",
         (DE_EN,)),
     Bug("continued-translator-forgets-its-direction", "tserve/training/translation.py",
         'direction = opts.direction or inherited or "en-de"', 'direction = opts.direction or "en-de"', (DE_EN,)),

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.tools.async_bugs import ASYNC_BUGS  # noqa: E402
 from tests.tools.block_kernel_bugs import BLOCK_KERNEL_BUGS  # noqa: E402
+from tests.tools.prefill_attention_bugs import PREFILL_ATTENTION_BUGS  # noqa: E402
 from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
 from tests.tools.checkpoint_bugs import CHECKPOINT_BUGS  # noqa: E402
 from tests.tools.combination_bugs import COMBINATION_BUGS  # noqa: E402
@@ -500,7 +501,7 @@ BUGS = [
         ("tests/model/test_top_tokens.py::test_logprobs_0_reports_the_chosen_tokens_own_log_probabilities",)),
 ]
 BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS + TOKENIZER_BUGS + TOOLING_BUGS \
-    + CHECKPOINT_BUGS + COMBINATION_BUGS
+    + CHECKPOINT_BUGS + COMBINATION_BUGS + PREFILL_ATTENTION_BUGS
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
 # by a test that `make test-avx2` runs (marked `kernels`). The Triton kernels (tserve/model/kernels/flash.py) are GPU
@@ -508,7 +509,7 @@ BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS
 KERNEL_CODE = ("tserve/model/kernels/cpu.py", "tserve/model/kernels/int8", "tserve/model/kernels/paged_decode", "tserve/model/quantize.py",
                "tserve/model/packed_linear.py", "tserve/model/kernels/block_quant", "tserve/model/block_quant.py",
                "tserve/model/kernels/dense_rows", "tserve/model/kernels/decode_layers", "tserve/model/kernels/vector_math",
-               "tserve/model/kernels/argmax_rows")
+               "tserve/model/kernels/argmax_rows", "tserve/model/kernels/prefill")
 
 # Which tests each half of CI runs (the Makefile's marker expressions): `make test` natively, `make test-avx2` on
 # AVX2-only kernels. A bug's test outside a half's selection does not run in that half here either.

@@ -104,12 +104,9 @@ def cpu_kernel_attention(
     otherwise. k/v may have fewer heads than q (grouped-query attention: the kernel reads them in place)."""
     grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if mask is None and not dropout_p and not grads and (not is_causal or q.size(-2) <= k.size(-2)) \
-            and cpu_kernels.prefill_serves(q, k):
+            and cpu_kernels.prefill_path(q, k) is not None:
         return cpu_kernels.prefill_attention(q, k, v, is_causal), None
-    group = q.size(1) // k.size(1)
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return sdpa_attention(q, k, v, mask, is_causal, dropout_p)
+    return _grouped(sdpa_attention, q, k, v, mask, is_causal, dropout_p)
 
 
 cpu_kernel_attention.takes_groups = True  # `_grouped` hands it k/v as they are

@@ -166,23 +166,30 @@ def argmax(scores: Tensor, excluded: list[list[int]] | None = None) -> Tensor:
     return scores.argmax(dim=-1)
 
 
-def prefill_serves(q: Tensor, k: Tensor, isa: str | None = None) -> bool:
-    """Whether `prefill_attention` takes these queries and keys ((B, H, Tq, D), (B, KV, Tk, D)): float32 CPU
-    tensors, each head's channels contiguous, D a multiple of the path's lanes, the kernels built for this CPU."""
+def prefill_path(q: Tensor, k: Tensor, isa: str | None = None) -> str | None:
+    """The path `prefill_attention` takes these queries and keys ((B, H, Tq, D), (B, KV, Tk, D)) on, or None where it
+    does not take them: float32 CPU tensors, each head's channels contiguous, KV dividing H, D a multiple of the
+    path's lanes (16 on "avx512"; a head of 8 or 24 channels on an AVX-512 CPU takes "avx2", 8 lanes), the kernels
+    built for this CPU (`isa`: the CPU's path, default `kernel_isa()`)."""
     isa = isa if isa is not None else kernel_isa()
-    return (isa is not None and q.device.type == "cpu" and q.dtype == k.dtype == torch.float32
-            and q.size(-1) % (16 if isa == "avx512" else 8) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1
-            and q.size(1) % k.size(1) == 0)
+    if isa is None or q.device.type != "cpu" or not q.dtype == k.dtype == torch.float32 or \
+            q.stride(-1) != 1 or k.stride(-1) != 1 or q.size(1) % k.size(1):
+        return None
+    D = q.size(-1)
+    if isa == "avx512" and D % 16:
+        isa = "avx2"
+    return isa if D % 8 == 0 else None
 
 
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, *, isa: str | None = None) -> Tensor:
     """Attention of q (B, H, Tq, D) over k, v (B, KV, Tk, D), KV dividing H (query head h reads kv head h // (H /
     KV)), scaled by 1 / sqrt(D); causal: the queries are the last Tq of the Tk positions, each attending to the
     keys up to its own. -> (B, H, Tq, D), a view of a (B, Tq, H, D) tensor (what the output projection reads).
-    `prefill_serves` says where it runs; `isa`: "avx512" or "avx2" (default `kernel_isa()`)."""
+    `isa`: "avx512" or "avx2", default `prefill_path`'s."""
     ext = extension()
-    if ext is None:
-        raise RuntimeError("the CPU kernels are not built")
+    isa = isa if isa is not None else prefill_path(q, k)
+    if ext is None or isa is None:
+        raise RuntimeError("the CPU kernels are not built for this CPU or do not take these tensors")
     out = ext.prefill_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
-                                1.0 / math.sqrt(q.size(-1)), isa if isa is not None else kernel_isa() or "")
+                                1.0 / math.sqrt(q.size(-1)), isa)
     return out.transpose(1, 2)

@@ -1,0 +1,43 @@
+"""Planted bugs of the CPU attention kernel of whole sequences (`tserve/model/kernels/prefill_attention.cpp`, its
+tiles `prefill_tiles.h`, and `cpu-decode`'s choice of it in `tserve/model/attention.py`); part of
+`tests/tools/planted_bugs.py`'s list."""
+
+from __future__ import annotations
+
+from tests.tools.planted_bug import Bug
+
+KERNEL = "tserve/model/kernels/prefill_attention.cpp"
+TILES = "tserve/model/kernels/prefill_tiles.h"
+PREFILL = "tests/model/test_prefill_attention.py::"
+FLOAT64 = f"{PREFILL}test_each_path_equals_attention_in_float64"
+CHOICE = f"{PREFILL}test_cpu_decode_takes_a_prompts_attention_and_leaves_the_rest_to_sdpa"
+MODEL = f"{PREFILL}test_a_models_prefill_and_its_next_steps_on_cpu_decode_equal_sdpa"
+
+PREFILL_ATTENTION_BUGS = [
+    Bug("prefill-query-misses-its-own-key", KERNEL, "limit[r] = causal ? offset + t + 1 : Tk;",
+        "limit[r] = causal ? offset + t : Tk;", (FLOAT64, MODEL)),
+    Bug("prefill-causal-offset-ignored", KERNEL, "limit[r] = causal ? offset + t + 1 : Tk;",
+        "limit[r] = causal ? t + 1 : Tk;", (FLOAT64,)),
+    Bug("prefill-values-of-the-next-kv-head", KERNEL, "vp + b * v.stride(0) + g * v.stride(2), v.stride(1), D,",
+        "vp + b * v.stride(0) + (g + 1) % KV * v.stride(2), v.stride(1), D,", (FLOAT64, MODEL)),
+    Bug("prefill-query-heads-of-the-wrong-group", KERNEL, "for (int64_t h = g * group; h < (g + 1) * group; ++h, ++r)",
+        "for (int64_t h = g; h < H; h += KV, ++r)", (FLOAT64, MODEL)),
+    Bug("prefill-queries-not-scaled", KERNEL, "qs[r * D + d] = src[d] * static_cast<float>(scale);",
+        "qs[r * D + d] = src[d];", (FLOAT64, MODEL)),
+    Bug("prefill-interleaved-blocks-overlap", KERNEL, "return i % 2 == 0 ? i / 2 : n - 1 - i / 2;",
+        "return i % 2 == 0 ? i / 2 : n - 1 - (i + 1) / 2;", (FLOAT64,)),
+    Bug("prefill-row-tile-ends-at-its-first-rows-keys", TILES,
+        "return block.limit[std::min(block.rows, (tile + 1) * kRows) - 1];", "return block.limit[tile * kRows];",
+        (FLOAT64,)),
+    Bug("prefill-value-sums-restart-each-run", TILES, "acc[i][c] = t0 == 0 ? zero() : load(out[i] + c * kW);",
+        "acc[i][c] = zero();", (FLOAT64, MODEL)),
+    Bug("prefill-softmax-sum-misses-the-tail", TILES, "    s[j] = std::exp(s[j] - best);\n    total += s[j];",
+        "    s[j] = std::exp(s[j] - best);", (FLOAT64,)),
+    Bug("prefill-later-keys-not-cleared", TILES, "  std::fill(s + len, s + end, 0.0f);\n", "", (FLOAT64,)),
+    Bug("prefill-value-channels-past-the-first-run", TILES, "weigh_tile<R, 2>(p, lds, v + d, stride, t0, t1, out);",
+        "weigh_tile<R, 2>(p, lds, v, stride, t0, t1, out);", (FLOAT64,)),
+    Bug("cpu-decode-prefill-ignores-a-mask", "tserve/model/attention.py",
+        "    if mask is None and not dropout_p and not grads", "    if not dropout_p and not grads", (CHOICE,)),
+    Bug("cpu-decode-prefill-without-gradients-while-training", "tserve/model/attention.py",
+        "    if mask is None and not dropout_p and not grads", "    if mask is None and not dropout_p", (CHOICE,)),
+]
