@@ -384,6 +384,17 @@ def test_decode_attention_benchmark_times_each_path_in_its_own_process(capsys):
     assert "| tiny | 40 |" in capsys.readouterr().out
 
 
+def test_prefill_benchmark_times_each_attention_path_and_both_backends_of_a_model(tmp_path, capsys):
+    out = bench_script("prefill").main(["--tiny", "--formats", "float32", "--work", str(tmp_path)])
+    paths = {r["path"] for r in out["attention"]}
+    assert {"sdpa"} < paths <= {"sdpa", "avx2", "avx512"}
+    assert all(r["ms"] > 0 and r["tokens"] in (40, 70) for r in out["attention"])
+    assert {(r["system"], r["tokens"]) for r in out["models"]} == \
+        {(f"tserve {b}", n) for b in ("cpu-decode", "sdpa") for n in (40, 70)}
+    printed = capsys.readouterr().out
+    assert "| tiny | 70 | sdpa |" in printed and "| tiny-llama | float32 | 40 | tserve cpu-decode |" in printed
+
+
 def test_a_benchmarks_own_working_directory_goes_at_exit_and_a_given_one_stays(tmp_path):
     """A script's scratch space (`bench/scratch.py`): without `--work`, a temporary directory removed when the script
     exits (a roofline run writes ~1 GB); the directory `--work` names is made and kept for the next run."""

@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tserve.model import attention
 from tserve.model.attention import cpu_kernel_attention, sdpa_attention
@@ -169,3 +168,33 @@ def test_a_models_prefill_and_its_next_steps_on_cpu_decode_equal_sdpa(grouping):
         outs.append((first, model.decode_step(torch.tensor([9, 8, 7]), lengths, cache, slots)))
     for got, want in zip(outs[1], outs[0], strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("window", [None, 24])
+def test_a_prompt_after_its_cached_prefix_runs_on_the_kernel_and_equals_sdpa(monkeypatch, window):
+    """A prompt whose first positions are already in the cache (a prefix cache hit, a later turn): its queries are
+    the last of the keys, causal from the bottom right, read by the kernel with no mask; a sliding-window layer
+    keeps its own mask (and `sdpa`)."""
+    shapes = []
+    kernel = cpu_kernels.prefill_attention
+    monkeypatch.setattr(cpu_kernels, "prefill_attention",
+                        lambda q, k, *a, **kw: shapes.append((q.size(2), k.size(2))) or kernel(q, k, *a, **kw))
+    extra = {} if window is None else {"sliding_window": window, "sliding_layers": [0]}
+    cfg = DecoderConfig(vocab_size=50, d_model=64, n_heads=4, n_kv_heads=2, d_ff=64, n_layers=2, max_seq_len=160,
+                        positions="rope", **extra)
+    torch.manual_seed(1)
+    ref = Decoder(cfg, backend="sdpa").eval()
+    ours = Decoder(cfg, backend="cpu-decode").eval()
+    ours.load_state_dict(ref.state_dict())
+    prompt = [(5 * i + 3) % 47 + 1 for i in range(90)]
+    outs = []
+    for model in (ref, ours):
+        cache = model.new_cache(1, 160)
+        slot = torch.tensor([0])
+        model.prefill(torch.tensor([prompt[:64]]), torch.tensor([64]), cache, slot)
+        outs.append(model.prefill(torch.tensor([prompt[64:]]), torch.tensor([26]), cache, slot,
+                                  start=torch.tensor([64])))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    layers = 1 if window is not None else 2  # the sliding layer's calls carry its window's mask: sdpa's
+    assert shapes.count((26, 90)) == layers and shapes.count((64, 64)) == layers

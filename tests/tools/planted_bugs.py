@@ -21,12 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.tools.async_bugs import ASYNC_BUGS  # noqa: E402
 from tests.tools.block_kernel_bugs import BLOCK_KERNEL_BUGS  # noqa: E402
-from tests.tools.prefill_attention_bugs import PREFILL_ATTENTION_BUGS  # noqa: E402
 from tests.tools.cache_bugs import CACHE_BUGS  # noqa: E402
 from tests.tools.checkpoint_bugs import CHECKPOINT_BUGS  # noqa: E402
 from tests.tools.combination_bugs import COMBINATION_BUGS  # noqa: E402
+from tests.tools.fixed_defect_bugs import FIXED_DEFECT_BUGS  # noqa: E402
 from tests.tools.logits_bugs import LOGITS_BUGS  # noqa: E402
 from tests.tools.planted_bug import Bug  # noqa: E402
+from tests.tools.prefill_attention_bugs import PREFILL_ATTENTION_BUGS  # noqa: E402
 from tests.tools.service_bugs import SERVICE_BUGS  # noqa: E402
 from tests.tools.tokenizer_bugs import TOKENIZER_BUGS  # noqa: E402
 from tests.tools.tooling_bugs import TOOLING_BUGS  # noqa: E402
@@ -501,7 +502,7 @@ BUGS = [
         ("tests/model/test_top_tokens.py::test_logprobs_0_reports_the_chosen_tokens_own_log_probabilities",)),
 ]
 BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS + TOKENIZER_BUGS + TOOLING_BUGS \
-    + CHECKPOINT_BUGS + COMBINATION_BUGS + PREFILL_ATTENTION_BUGS
+    + CHECKPOINT_BUGS + COMBINATION_BUGS + PREFILL_ATTENTION_BUGS + FIXED_DEFECT_BUGS
 
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
 # by a test that `make test-avx2` runs (marked `kernels`). The Triton kernels (tserve/model/kernels/flash.py) are GPU

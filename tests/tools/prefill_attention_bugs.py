@@ -1,5 +1,6 @@
 """Planted bugs of the CPU attention kernel of whole sequences (`tserve/model/kernels/prefill_attention.cpp`, its
-tiles `prefill_tiles.h`, and `cpu-decode`'s choice of it in `tserve/model/attention.py`); part of
+tiles `prefill_tiles.h`, `cpu-decode`'s choice of it in `tserve/model/attention.py` and a prompt after its cached
+prefix read without a mask in `tserve/model/decoder.py`; docs/testing/fixed-defects.md); part of
 `tests/tools/planted_bugs.py`'s list."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ PREFILL = "tests/model/test_prefill_attention.py::"
 FLOAT64 = f"{PREFILL}test_each_path_equals_attention_in_float64"
 CHOICE = f"{PREFILL}test_cpu_decode_takes_a_prompts_attention_and_leaves_the_rest_to_sdpa"
 MODEL = f"{PREFILL}test_a_models_prefill_and_its_next_steps_on_cpu_decode_equal_sdpa"
+AFTER_PREFIX = f"{PREFILL}test_a_prompt_after_its_cached_prefix_runs_on_the_kernel_and_equals_sdpa"
 
 PREFILL_ATTENTION_BUGS = [
     Bug("prefill-query-misses-its-own-key", KERNEL, "limit[r] = causal ? offset + t + 1 : Tk;",
@@ -36,6 +38,9 @@ PREFILL_ATTENTION_BUGS = [
     Bug("prefill-later-keys-not-cleared", TILES, "  std::fill(s + len, s + end, 0.0f);\n", "", (FLOAT64,)),
     Bug("prefill-value-channels-past-the-first-run", TILES, "weigh_tile<R, 2>(p, lds, v + d, stride, t0, t1, out);",
         "weigh_tile<R, 2>(p, lds, v, stride, t0, t1, out);", (FLOAT64,)),
+    Bug("prompt-after-a-prefix-keeps-its-mask", "tserve/model/decoder.py",
+        "            mask = None if bottom_right else causal_mask(positions, kv_len)",
+        "            mask = causal_mask(positions, kv_len)", (AFTER_PREFIX,)),
     Bug("cpu-decode-prefill-ignores-a-mask", "tserve/model/attention.py",
         "    if mask is None and not dropout_p and not grads", "    if not dropout_p and not grads", (CHOICE,)),
     Bug("cpu-decode-prefill-without-gradients-while-training", "tserve/model/attention.py",
