@@ -70,7 +70,19 @@ def test_logprobs_of_an_overlapped_step_stay_with_their_rows_when_an_earlier_row
     expected = events(engine_of(lm, async_scheduling="off"), jobs)
     got = events(engine_of(lm, async_scheduling="on"), jobs)
     assert [len(e[-1][1]) for e in expected[:3]] == [1, 2, 3]  # eos right after min_tokens
-    assert got == expected
+    # The overlapped engine steps the ended rows once more, so its steps' products have other row counts: the same
+    # logprobs within float32 rounding (a row given another's would be off by far more), all else equal.
+    assert without_logprobs(got) == without_logprobs(expected)
+    for request, (mine, theirs) in enumerate(zip(logprob_values(got), logprob_values(expected), strict=True)):
+        assert mine == pytest.approx(theirs, abs=1e-4), request
+
+
+def without_logprobs(requests: list[list[tuple]]) -> list[list[tuple]]:
+    return [[(e[0], e[1], [(lp[0], lp[2]) for lp in e[2]], e[3]) if len(e) == 4 else e for e in r] for r in requests]
+
+
+def logprob_values(requests: list[list[tuple]]) -> list[list[float]]:
+    return [[lp[1] for e in r if len(e) == 4 for lp in e[2]] for r in requests]
 
 
 # --------------------------------------------------------------------------------------------------

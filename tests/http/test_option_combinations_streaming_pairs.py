@@ -26,6 +26,15 @@ def models(tmp_path_factory):
     return {"lm": factories.tiny_lm_dir(tmp_path_factory.mktemp("streaming-pairs") / "lm")}
 
 
+def _tokens(entries: list[dict]) -> list:
+    """Logprob entries without their values: each token, its bytes and its alternatives'."""
+    return [(e["token"], e["bytes"], [(t["token"], t["bytes"]) for t in e["top_logprobs"]]) for e in entries]
+
+
+def _values(entries: list[dict]) -> list[float]:
+    return [v for e in entries for v in (e["logprob"], *(t["logprob"] for t in e["top_logprobs"]))]
+
+
 def _per_choice(streamed: list[dict]) -> dict[int, dict]:
     """Per choice index: its deltas in order, content, tool calls rebuilt by index, logprob entries, finish."""
     out: dict[int, dict] = {}
@@ -69,7 +78,10 @@ def test_several_streamed_choices_of_a_tool_call_each_carry_their_own_logprobs(m
     assert wanted[0] != wanted[1] and all(wanted.values())
     for choice in whole["choices"]:
         got = joined[choice["index"]]
-        assert got["logprobs"] == wanted[choice["index"]], choice["index"]
+        # The same tokens and alternatives; their values within float32 rounding (the two requests' steps may batch
+        # their rows differently: other row counts in the products), far closer than another choice's would be.
+        assert _tokens(got["logprobs"]) == _tokens(wanted[choice["index"]]), choice["index"]
+        assert _values(got["logprobs"]) == pytest.approx(_values(wanted[choice["index"]]), abs=1e-4)
         assert _streamed_calls(got) == _calls(choice["message"])
         assert got["finish_reason"] == choice["finish_reason"] == "tool_calls"
 

@@ -129,6 +129,10 @@ def test_cpu_decode_takes_a_prompts_attention_and_leaves_the_rest_to_sdpa(monkey
     for other in (q.double(), q[..., :12]):  # another dtype; a head size no path takes
         cpu_kernel_attention(other, k.to(other.dtype)[..., : other.size(-1)],
                              v.to(other.dtype)[..., : other.size(-1)], None, True)
+    starts = torch.tensor([3])  # rows after prefixes, off the kernel: sdpa is handed their causal mask
+    narrow = [t[..., :12] for t in (q[..., :10, :], k, v)]
+    torch.testing.assert_close(cpu_kernel_attention(*narrow, None, True, starts=starts)[0].double(),
+                               reference_from(*narrow, starts), atol=1e-5, rtol=1e-5)
     assert calls == [1]
     assert attention.get_backend("cpu-decode") is cpu_kernel_attention
     assert attention.get_backend("sdpa") is sdpa_attention
@@ -172,10 +176,11 @@ def test_a_models_prefill_and_its_next_steps_on_cpu_decode_equal_sdpa(grouping):
 
 @needs_kernels
 @pytest.mark.parametrize("window", [None, 24])
-def test_a_prompt_after_its_cached_prefix_runs_on_the_kernel_and_equals_sdpa(monkeypatch, window):
-    """A prompt whose first positions are already in the cache (a prefix cache hit, a later turn): its queries are
-    the last of the keys, causal from the bottom right, read by the kernel with no mask; a sliding-window layer
-    keeps its own mask (and `sdpa`)."""
+def test_prompts_after_their_cached_prefixes_run_on_the_kernel_and_equal_sdpa(monkeypatch, window):
+    """Prompts whose first positions are already in the cache (prefix cache hits, later turns), alone and two of
+    different prefix lengths together: each row's queries start at its own first position, read by the kernel with
+    no mask, the same alone and batched; equal to `sdpa` (which is handed the mask); a sliding-window layer
+    keeps its window's mask (and `sdpa`)."""
     shapes = []
     kernel = cpu_kernels.prefill_attention
     monkeypatch.setattr(cpu_kernels, "prefill_attention",
@@ -187,14 +192,51 @@ def test_a_prompt_after_its_cached_prefix_runs_on_the_kernel_and_equals_sdpa(mon
     ref = Decoder(cfg, backend="sdpa").eval()
     ours = Decoder(cfg, backend="cpu-decode").eval()
     ours.load_state_dict(ref.state_dict())
-    prompt = [(5 * i + 3) % 47 + 1 for i in range(90)]
-    outs = []
-    for model in (ref, ours):
-        cache = model.new_cache(1, 160)
-        slot = torch.tensor([0])
-        model.prefill(torch.tensor([prompt[:64]]), torch.tensor([64]), cache, slot)
-        outs.append(model.prefill(torch.tensor([prompt[64:]]), torch.tensor([26]), cache, slot,
-                                  start=torch.tensor([64])))
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    prompts = [[(5 * i + 3) % 47 + 1 for i in range(90)], [(3 * i + 7) % 43 + 2 for i in range(70)]]
+    cached = [64, 20]  # each prompt's prefix already in the cache
+
+    def run(model, rows):  # noqa: ANN001, ANN202
+        cache = model.new_cache(2, 160)
+        slots = torch.tensor(rows)
+        for i, r in enumerate(rows):  # the prefixes, each alone
+            model.prefill(torch.tensor([prompts[r][: cached[r]]]), torch.tensor([cached[r]]), cache, slots[i:i + 1])
+        rest = [prompts[r][cached[r]:] for r in rows]
+        tokens = torch.zeros(len(rows), max(map(len, rest)), dtype=torch.long)
+        for i, t in enumerate(rest):
+            tokens[i, : len(t)] = torch.tensor(t)
+        return model.prefill(tokens, torch.tensor([len(t) for t in rest]), cache, slots,
+                             start=torch.tensor([cached[r] for r in rows]))
+
+    torch.testing.assert_close(run(ours, [0, 1]), run(ref, [0, 1]), atol=1e-5, rtol=1e-5)
     layers = 1 if window is not None else 2  # the sliding layer's calls carry its window's mask: sdpa's
-    assert shapes.count((26, 90)) == layers and shapes.count((64, 64)) == layers
+    assert shapes.count((50, 90)) == layers  # the two rows' rests (26 and 50 positions) together, no mask
+    together = run(ours, [0, 1])  # the rows alone: the same within the products' rounding (the kernel's part is
+    for i in range(2):              # bitwise the same: test_rows_after_prefixes_of_their_own_lengths_...)
+        torch.testing.assert_close(run(ours, [i])[0], together[i], atol=1e-6, rtol=1e-6)
+
+
+def reference_from(q, k, v, starts) -> torch.Tensor:  # noqa: ANN001
+    """Float64 attention of row b's queries at positions starts[b] + t (those past the keys attend to all)."""
+    group = q.size(1) // k.size(1)
+    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    positions = starts[:, None] + torch.arange(q.size(2))
+    allowed = torch.arange(k.size(2))[None, None, :] <= positions[:, :, None]  # (B, Tq, Tk)
+    return torch.softmax(scores.masked_fill(~allowed[:, None], float("-inf")), -1) @ v
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", PATHS)
+def test_rows_after_prefixes_of_their_own_lengths_each_attend_from_their_own_start(isa):
+    """A batch of prompts after cached prefixes of different lengths (`starts`), right-padded to one length: each
+    row equals attention in float64 from its own start, and equals itself prefilled alone, bitwise."""
+    q, k, v = inputs(3, 6, 2, 40, 130, 16, seed=2)
+    starts = torch.tensor([90, 0, 57])  # row 0 ends at the keys' end; row 1 is a whole prompt; row 2 is padded
+    out = cpu_kernels.prefill_attention(q, k, v, True, starts=starts, isa=isa)
+    torch.testing.assert_close(out.double(), reference_from(q, k, v, starts), atol=2e-6, rtol=1e-5)
+    for b in range(3):
+        alone = cpu_kernels.prefill_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], True, starts=starts[b:b + 1], isa=isa)
+        assert torch.equal(alone, out[b:b + 1])
+    assert torch.equal(out[:1], cpu_kernels.prefill_attention(q[:1], k[:1], v[:1], True, isa=isa))  # the default
+    with pytest.raises(RuntimeError, match="not a position"):
+        cpu_kernels.prefill_attention(q, k, v, True, starts=torch.tensor([0, 130, 0]), isa=isa)

@@ -97,16 +97,27 @@ def sdpa_attention(
 
 
 def cpu_kernel_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0,
+    starts: Tensor | None = None,
 ) -> tuple[Tensor, None]:
     """`cpu-decode`'s attention of whole sequences: our kernel (`kernels.cpu.prefill_attention`, 2.4-3.5x
     PyTorch's CPU flash attention on AVX-512, 1.2-1.9x on AVX2: docs/BENCHMARKS.md) where it serves; `sdpa`
-    otherwise. k/v may have fewer heads than q (grouped-query attention: the kernel reads them in place)."""
+    otherwise. k/v may have fewer heads than q (grouped-query attention: the kernel reads them in place).
+    `starts` (B,), causal only: row b's queries are positions starts[b], starts[b] + 1, ... of the keys (prompts
+    after cached prefixes of their own lengths) instead of the last Tq of them."""
     grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if mask is None and not dropout_p and not grads and (not is_causal or q.size(-2) <= k.size(-2)) \
-            and cpu_kernels.prefill_path(q, k) is not None:
-        return cpu_kernels.prefill_attention(q, k, v, is_causal), None
+    aligned = not is_causal or starts is not None or q.size(-2) <= k.size(-2)
+    if mask is None and not dropout_p and not grads and aligned and cpu_kernels.prefill_path(q, k) is not None:
+        return cpu_kernels.prefill_attention(q, k, v, is_causal, starts=starts if is_causal else None), None
+    if is_causal and starts is not None:
+        mask, is_causal = causal_from(starts, q.size(-2), k.size(-2), mask), False
     return _grouped(sdpa_attention, q, k, v, mask, is_causal, dropout_p)
+
+
+def causal_from(starts: Tensor, Tq: int, Tk: int, mask: Tensor | None = None) -> Tensor:
+    """The causal mask (B, 1, Tq, Tk) of queries at positions starts[b] + t over keys 0..Tk-1, with `mask`."""
+    causal = causal_mask(starts[:, None] + torch.arange(Tq, device=starts.device), Tk)
+    return causal if mask is None else mask & causal
 
 
 cpu_kernel_attention.takes_groups = True  # `_grouped` hands it k/v as they are
@@ -340,6 +351,15 @@ class Attention(nn.Module):
                     return self.proj(out.transpose(1, 2).reshape(q.size(0), 1, -1)), None
                 k, v = cache.update(k, v)
         attend = self._attend
+        if is_causal and isinstance(cache, PagedLayerKV) and cache.kv_len is not None:
+            # Prompts after cached prefixes (the decoder's prefill, `cpu-decode`): each row's queries start at its
+            # own first new position. The kernel takes those; any other path is handed them as a mask.
+            starts = cache.view.positions[:, 0]
+            if attend is cpu_kernel_attention and not need_weights:
+                attend = functools.partial(cpu_kernel_attention, starts=starts)
+                attend.takes_groups = True
+            else:
+                mask, is_causal = causal_from(starts, q.size(2), k.size(2), mask), False
         if need_weights:
             attend = math_attention if self.softcap is None else functools.partial(math_attention, softcap=self.softcap)
         if not need_weights and self.backend == "flash" and mask is not None and mask.is_floating_point():

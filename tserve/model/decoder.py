@@ -188,11 +188,9 @@ class Decoder(nn.Module):
         if start is not None and (kv_len is not None or bool((start > 0).any())):  # attend over the cached ones too
             positions = positions + start[:, None]
             kv_len = kv_len or int((start + lengths).max())
-            # One prompt that ends at kv_len is causal from the bottom right, which the CPU kernel reads without
-            # a mask (a mask would send it to SDPA's masked path, half as fast).
-            bottom_right = tokens.size(0) == 1 and self.blocks[0].attn.backend == "cpu-decode" and \
-                int(start[0]) + tokens.size(1) == kv_len
-            mask = None if bottom_right else causal_mask(positions, kv_len)
+            # `cpu-decode` reads each row's causal rule from its first new position (`Attention.forward`): no mask
+            # (which would send the call to SDPA's masked path, half as fast).
+            mask = None if self.blocks[0].attn.backend == "cpu-decode" else causal_mask(positions, kv_len)
         else:
             kv_len = None
         hidden, _ = self._run(tokens, positions, mask=mask, is_causal=mask is None, cache=cache, slots=slots,

@@ -27,7 +27,6 @@ log = logging.getLogger("tserve.training")
 HELD_OUT_FRAC = 0.05  # of the distinct training texts, validated on when a data set has no validation split
 
 
-
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python, NumPy and torch (all devices) and return a CPU generator for data order/augmentation,
     so that two runs with the same seed and device see the same batches."""

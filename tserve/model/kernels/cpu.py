@@ -184,15 +184,16 @@ def prefill_path(q: Tensor, k: Tensor, isa: str | None = None) -> str | None:
     return isa if D % 8 == 0 else None
 
 
-def prefill_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, *, isa: str | None = None) -> Tensor:
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, *, starts: Tensor | None = None,
+                      isa: str | None = None) -> Tensor:
     """Attention of q (B, H, Tq, D) over k, v (B, KV, Tk, D), KV dividing H (query head h reads kv head h // (H /
-    KV)), scaled by 1 / sqrt(D); causal: the queries are the last Tq of the Tk positions, each attending to the
-    keys up to its own. -> (B, H, Tq, D), a view of a (B, Tq, H, D) tensor (what the output projection reads).
-    `isa`: "avx512" or "avx2", default `prefill_path`'s."""
+    KV)), scaled by 1 / sqrt(D); causal: row b's queries are positions starts[b], starts[b] + 1, ... (default: the
+    last Tq of the Tk positions), each attending to the keys up to its own. -> (B, H, Tq, D), a view of a (B, Tq, H,
+    D) tensor (what the output projection reads). `isa`: "avx512" or "avx2", default `prefill_path`'s."""
     ext = extension()
     isa = isa if isa is not None else prefill_path(q, k)
     if ext is None or isa is None:
         raise RuntimeError("the CPU kernels are not built for this CPU or do not take these tensors")
     out = ext.prefill_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
-                                1.0 / math.sqrt(q.size(-1)), isa)
+                                1.0 / math.sqrt(q.size(-1)), isa, starts)
     return out.transpose(1, 2)

@@ -34,7 +34,7 @@ torch::Tensor dense_rows_on(torch::Tensor x, torch::Tensor w, c10::optional<torc
                             const std::string& path);
 void bind_decode_plan(pybind11::module& m);
 torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, double scale,
-                                const std::string& isa);
+                                const std::string& isa, c10::optional<torch::Tensor> starts);
 
 // The lines each of `threads` threads asks for as it waits before a product of `items` items (`item_bytes` of
 // weights, `scale_bytes` of scales each), in the order asked: per thread, each line's offset from the weights' start,
@@ -120,7 +120,9 @@ int64_t parallel_threads(int64_t n) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_threads", &parallel_threads, "the threads a parallel loop of n items runs on");
   m.def("paged_decode", &paged_decode, "one-token attention from a paged KV cache (float32)");
-  m.def("prefill_attention", &prefill_attention, "a prompt's attention over its keys, causal or not (float32)");
+  m.def("prefill_attention", &prefill_attention, "a prompt's attention over its keys, causal or not (float32)",
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("causal"), pybind11::arg("scale"),
+        pybind11::arg("isa"), pybind11::arg("starts") = pybind11::none());
   m.def("int8_rows_in", &int8_rows_in, "each row mapped onto [0, 1] (or its 14-bit code's halves) for an int8 GEMM");
   m.def("int8_rows_out", &int8_rows_out, "an int8 GEMM's product mapped back to each row's range, plus the bias");
   m.def("int8_pack_panels", &int8_pack_panels, "int8 weights (N, K) as the exact GEMM's panels of 16 columns");

@@ -5,8 +5,9 @@
 // the values summed under them. PyTorch's CPU flash attention (SDPA) takes its keys in blocks, rescales its running
 // sums at each, and repeats grouped kv heads for their query heads first.
 //
-// Float32. q (B, Tq, H, D), k and v (B, Tk, KV, D), any strides but the channels'; causal: query t is position
-// Tk - Tq + t and attends to keys [0, Tk - Tq + t] (a prompt after a cached prefix), otherwise to all. AVX-512
+// Float32. q (B, Tq, H, D), k and v (B, Tk, KV, D), any strides but the channels'; causal: query t of row b is
+// position starts[b] + t (default Tk - Tq: the last Tq of the keys) and attends to keys [0, starts[b] + t] (a prompt
+// after its cached prefix; a row's padding past Tk to all), otherwise to all. AVX-512
 // (F, VL, DQ) and AVX2 paths (`prefill_tiles.h` written once for both), D a multiple of their lanes.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -139,7 +140,7 @@ int64_t interleaved(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - 
 
 // The attention of q over k, v (see the top of the file) -> (B, Tq, H, D), contiguous. isa: "avx512" or "avx2".
 torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, double scale,
-                                const std::string& isa) {
+                                const std::string& isa, c10::optional<torch::Tensor> starts) {
   check_block_isa(isa);
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v: (B, T, heads, D)");
   TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
@@ -153,7 +154,18 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
   const bool wide = isa == "avx512";
   const int64_t lanes = wide ? prefill_avx512::kW : prefill_avx2::kW;
   TORCH_CHECK(D % lanes == 0, "D a multiple of ", lanes, " on the ", isa, " path");
-  TORCH_CHECK(!causal || Tq <= Tk, "causal queries are the last Tq of Tk positions");
+  TORCH_CHECK(!causal || starts.has_value() || Tq <= Tk, "causal queries are the last Tq of Tk positions");
+  std::vector<int64_t> first(B, Tk - Tq);  // each row's first query position
+  if (starts.has_value()) {
+    const auto s = starts->contiguous();  // held: its data is read below
+    TORCH_CHECK(s.dim() == 1 && s.size(0) == B && s.scalar_type() == torch::kLong && s.device().is_cpu(),
+                "starts: (B,) int64 on the CPU");
+    const auto* sp = s.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(0 <= sp[b] && sp[b] < Tk, "starts[", b, "] = ", sp[b], " is not a position of the ", Tk, " keys");
+      first[b] = sp[b];
+    }
+  }
   const AttendBlock attend = wide ? prefill_avx512::attend_block : prefill_avx2::attend_block;
   auto out = torch::empty({B, Tq, H, D}, q.options().memory_format(torch::MemoryFormat::Contiguous));
   if (B == 0 || Tq == 0 || H == 0) return out;
@@ -181,7 +193,6 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
   const int64_t group = H / KV;
   const int64_t positions = std::max<int64_t>(1, kBlockRows / group);  // a block's positions
   const int64_t blocks = (Tq + positions - 1) / positions;
-  const int64_t offset = Tk - Tq;
   const float* qp = q.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -199,7 +210,7 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
         for (int64_t h = g * group; h < (g + 1) * group; ++h, ++r) {
           const float* src = qp + b * q.stride(0) + t * q.stride(1) + h * q.stride(2);
           for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * static_cast<float>(scale);
-          limit[r] = causal ? offset + t + 1 : Tk;
+          limit[r] = causal ? std::min(first[b] + t + 1, Tk) : Tk;
           rows[r] = op + ((b * Tq + t) * H + h) * D;
         }
       }
