@@ -10,7 +10,6 @@
 // after its cached prefix; a row's padding past Tk to all), otherwise to all. AVX-512
 // (F, VL, DQ) and AVX2 paths (`prefill_tiles.h` written once for both), D a multiple of their lanes.
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -20,7 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "vector_math.h"
+
 void check_block_isa(const std::string& isa);
+
+#if defined(TSERVE_VECTOR_MATH)  // x86-64 with AVX2 and FMA, what the kernels are compiled for there
 
 namespace {
 
@@ -60,23 +63,7 @@ inline float reduce_max(vec x) {
   _mm256_store_ps(lanes, x);
   return *std::max_element(lanes, lanes + 8);
 }
-// exp(x) for x <= 0: Cephes' single-precision polynomial (vector_math.h's, relative error about 1e-7).
-inline vec exp_nonpositive(vec x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
-  const vec n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vec r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  vec p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const vec e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(e, _mm256_castsi256_ps(two_n));
-}
+inline vec exp_nonpositive(vec x) { return tserve_vector::exp_nonpositive(x); }
 
 #include "prefill_tiles.h"
 
@@ -100,7 +87,7 @@ inline vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline float reduce_add(vec x) { return _mm512_reduce_add_ps(x); }
 inline float reduce_max(vec x) { return _mm512_reduce_max_ps(x); }
-// The AVX2 path's exp_nonpositive, 16 lanes at a time.
+// vector_math.h's exp_nonpositive (Cephes' polynomial), 16 lanes at a time.
 inline vec exp_nonpositive(vec x) {
   x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
   const vec n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -138,10 +125,17 @@ int64_t interleaved(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - 
 
 }  // namespace
 
+#endif  // TSERVE_VECTOR_MATH
+
 // The attention of q over k, v (see the top of the file) -> (B, Tq, H, D), contiguous. isa: "avx512" or "avx2".
 torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, double scale,
                                 const std::string& isa, c10::optional<torch::Tensor> starts) {
   check_block_isa(isa);
+#if !defined(TSERVE_VECTOR_MATH)
+  TORCH_CHECK(false, "prefill_attention is built for x86-64 only");
+  (void)q, (void)k, (void)v, (void)causal, (void)scale, (void)starts;
+  return {};
+#else
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v: (B, T, heads, D)");
   TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
                   v.scalar_type() == torch::kFloat, "float32 only");
@@ -220,4 +214,5 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
     }
   });
   return out;
+#endif
 }
