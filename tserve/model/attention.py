@@ -43,8 +43,9 @@ from tserve.model.norms import RMSNorm
 # one-token steps straight from the cache (no gather of the rows, no padding mask). What `auto` picks on CUDA:
 # on an H100, SDPA's prefill was 1.6x our Triton prefill kernel, and our decode kernel 2.6x SDPA over a padded
 # cache (docs/BENCHMARKS.md, GPU).
-# cpu-decode: the same on the CPU with our C++ kernel; in process on the opus-mt shape (32 rows, int8) a decode
-# step's self-attention took a third of the time of SDPA after a gather of the rows' blocks (docs/BENCHMARKS.md).
+# cpu-decode: our C++ kernels on the CPU; in process on the opus-mt shape (32 rows, int8) a decode step's
+# self-attention took a third of the time of SDPA after a gather of the rows' blocks, and a 2,048-token prompt's
+# attention on the SmolLM2-135M shape 0.40 of SDPA's (docs/BENCHMARKS.md).
 BACKENDS = ("math", "sdpa", "flash", "flash-decode", "cpu-decode")
 TRITON_BACKENDS = ("flash", "flash-decode")
 
