@@ -35,7 +35,6 @@ from tserve.testing.avx2_only import AVX2_ONLY  # noqa: E402
 
 KERNELS = {"native": {}, "avx2": AVX2_ONLY}  # each bug's tests run on both
 
-
 BUGS = [
     Bug("gemma2-attention-softcap-missing", "tserve/model/attention.py",
         "        scores = torch.tanh(scores / softcap) * softcap", "        pass",
@@ -207,7 +206,6 @@ BUGS = [
     Bug("gqa-kv-head-mapping-off-by-one", "tserve/model/attention.py",
         "k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
         "k, v = k.repeat_interleave(group, dim=1).roll(1, 1), v.repeat_interleave(group, dim=1).roll(1, 1)",
-        # the families' parity with transformers runs on `cpu-decode`, whose kernel reads grouped heads itself
         ("tests/model/test_prefill_attention.py::test_a_models_prefill_and_its_next_steps_on_cpu_decode_equal_sdpa",)),
     Bug("flash-decode-kv-head-of-another-group", "tserve/model/kernels/flash.py",
         "kv_h = h // GROUP", "kv_h = h % GROUP",
@@ -507,10 +505,9 @@ BUGS += SERVICE_BUGS + CACHE_BUGS + BLOCK_KERNEL_BUGS + ASYNC_BUGS + LOGITS_BUGS
 # Where the code is the CPU kernels' (or picks them): a bug planted there must be caught on AVX2-only kernels too,
 # by a test that `make test-avx2` runs (marked `kernels`). The Triton kernels (tserve/model/kernels/flash.py) are GPU
 # code, run on the CPU by Triton's interpreter, whatever the CPU's kernels.
-KERNEL_CODE = ("tserve/model/kernels/cpu.py", "tserve/model/kernels/int8", "tserve/model/kernels/paged_decode", "tserve/model/quantize.py",
-               "tserve/model/packed_linear.py", "tserve/model/kernels/block_quant", "tserve/model/block_quant.py",
-               "tserve/model/kernels/dense_rows", "tserve/model/kernels/decode_layers", "tserve/model/kernels/vector_math",
-               "tserve/model/kernels/argmax_rows", "tserve/model/kernels/prefill")
+KERNEL_CODE = ("tserve/model/quantize.py", "tserve/model/packed_linear.py", "tserve/model/block_quant.py") + tuple(
+    f"tserve/model/kernels/{name}" for name in ("cpu.py", "int8", "paged_decode", "block_quant", "dense_rows",
+                                                "decode_layers", "vector_math", "argmax_rows", "prefill"))
 
 # Which tests each half of CI runs (the Makefile's marker expressions): `make test` natively, `make test-avx2` on
 # AVX2-only kernels. A bug's test outside a half's selection does not run in that half here either.
@@ -565,9 +562,7 @@ def run_tests(tree: Path, tests: tuple[str, ...], kernels: str) -> tuple[dict[st
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests],
                           cwd=tree, env=env, capture_output=True, text=True)
     failed_ids = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    # A process killed by a signal (a kernel's bug that writes out of bounds: a segmentation fault) fails its
-    # tests as CI would see them, though it printed no summary.
-    crashed = proc.returncode < 0
+    crashed = proc.returncode < 0  # killed by a signal (a kernel writing out of bounds): failed, as CI sees it
     return {t: crashed or any(f.startswith(t) for f in failed_ids) for t in tests}, time.monotonic() - start
 
 
