@@ -151,3 +151,31 @@ def test_a_translators_languages(tiny_mt, hf_marian, tmp_path):
     _edit_config(bad, lambda c: c | {"source_lang": "English!", "target_lang": "de"})
     with pytest.raises(CheckpointError, match="source_lang and target_lang must both be language codes"):
         load(bad)
+
+
+def test_loading_draws_no_random_weights_and_leaves_other_threads_and_later_layers_their_own(tiny_lm, tiny_mt):
+    """The weights a checkpoint fills are not drawn at random first (the generator does not move while two text
+    models load); a layer built after loading, or on another thread meanwhile, is initialized as ever."""
+    import threading
+
+    from tserve.model.uninitialized import uninitialized_weights
+
+    def seeded_linear() -> torch.Tensor:
+        torch.manual_seed(7)
+        return torch.nn.Linear(32, 32).weight.detach().clone()
+
+    expected = seeded_linear()
+    state = torch.random.get_rng_state()
+    lm, mt = load(tiny_lm), load(tiny_mt)
+    assert torch.equal(torch.random.get_rng_state(), state)  # nothing drawn
+    assert lm.model.tok_emb.weight.abs().sum() > 0 and mt.model.lm_head.weight.abs().sum() > 0
+    assert torch.equal(seeded_linear(), expected)  # this thread initializes again after loading
+    built = {}
+    with uninitialized_weights():
+        other = threading.Thread(target=lambda: built.setdefault("weight", seeded_linear()))
+        other.start()
+        other.join()
+        state = torch.random.get_rng_state()
+        torch.nn.Linear(32, 32)
+        assert torch.equal(torch.random.get_rng_state(), state)  # this thread, inside: nothing drawn
+    assert torch.equal(built["weight"], expected)  # the other thread, meanwhile: its own seeded weights

@@ -9,6 +9,8 @@ from tests.tools.planted_bug import Bug
 
 GGUF = "tests/model/test_gguf.py::"
 MODELS = "tests/model/test_models.py::"
+UNINITIALIZED = ("tests/model/test_checkpoint.py::"
+                 "test_loading_draws_no_random_weights_and_leaves_other_threads_and_later_layers_their_own")
 LLAMA3 = f"{GGUF}test_llama3_rope_factors_with_no_frequency_between_the_bounds_round_trip"
 
 CHECKPOINT_BUGS = [
@@ -98,4 +100,11 @@ CHECKPOINT_BUGS = [
     Bug("tserve-config-task-unchecked", "tserve/model/importers/tserve.py",
         "    if task is not None and not isinstance(task, str):", "    if False:",
         ("tests/model/test_checkpoint.py::test_bad_checkpoints_name_the_file",)),
+    Bug("loading-draws-random-weights-first", "tserve/model/checkpoint.py",
+        "    with uninitialized_weights():  # every parameter", "    with torch.no_grad():  # every parameter",
+        (UNINITIALIZED,)),
+    Bug("weights-left-uninitialized-on-every-thread", "tserve/model/uninitialized.py",
+        "_skipping = threading.local()", "_skipping = threading", (UNINITIALIZED,)),
+    Bug("weights-left-uninitialized-after-loading", "tserve/model/uninitialized.py",
+        "        _skipping.active = before", "        _skipping.active = True", (UNINITIALIZED,)),
 ]

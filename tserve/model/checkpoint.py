@@ -52,6 +52,7 @@ from tserve.model.quantize import (
 )
 from tserve.model.seq2seq import Seq2Seq
 from tserve.model.tokenizer import Tokenizer, load_tokenizer
+from tserve.model.uninitialized import uninitialized_weights
 from tserve.model.vit import ViT
 
 log = logging.getLogger(__name__)
@@ -412,7 +413,8 @@ def _assemble(path: Path, raw: dict[str, Any], backend: str, gguf_file: GGUFChec
     else:
         importer, source_format = importer_for(raw, path / "config.json")
     config = _importer_config(importer, raw, path)
-    model = build_model(config, backend)
+    with uninitialized_weights():  # every parameter is filled below (fill_weights refuses a checkpoint short of one)
+        model = build_model(config, backend)
     source = gguf_file.weights if gguf_file is not None else WeightSource(path)
     fill_weights(model, importer.weights(config, source), source.file)
     extras = importer.extras(raw, path, config) if hasattr(importer, "extras") else {}
