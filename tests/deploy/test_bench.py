@@ -376,6 +376,7 @@ def test_the_gpu_lease_summary_reads_the_bundle_and_the_weights_beside_it(tmp_pa
     assert "missing from" not in out
 
 
+@pytest.mark.slow
 def test_decode_attention_benchmark_times_each_path_in_its_own_process(capsys):
     rows = bench_script("decode_attention").main(["--tiny", "--positions", "40", "--steps", "2", "--rounds", "1",
                                                   "--sweep-mb", "1"])

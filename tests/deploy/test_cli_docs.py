@@ -176,6 +176,7 @@ def test_unknown_checkpoint_ends_the_process(tmp_path):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_a_test_server_whose_port_was_taken_meanwhile_starts_on_another(tmp_path, monkeypatch):
     """Between a port's choice and its bind another process may take it (the suite's workers start servers at
     once): the server process then starts again on another port instead of failing the test."""

@@ -35,6 +35,7 @@ def test_the_wheel_holds_one_top_level_package_tserve_and_its_command(tmp_path):
     assert "tserve = tserve.service.cli:main" in entry_points
 
 
+@pytest.mark.slow
 def test_python_dash_m_tserve_is_the_command():
     out = subprocess.run([sys.executable, "-m", "tserve", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

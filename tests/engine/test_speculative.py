@@ -119,6 +119,7 @@ def test_steps_padded_to_the_captured_width_and_bucket_give_the_same_output(lm, 
     assert len(calls) > len(shapes) > 0  # some steps padded, some (near the limit) not
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma3", "phi3"])
 def test_families_with_sliding_windows_write_with_drafts_what_they_write_without(tmp_path, family):
     """A draft's tokens attend through the sliding layers' masks (Gemma 3: 16 positions on its first layer; Phi-3:

@@ -51,7 +51,9 @@ def mt_int4(tmp_path_factory):
     return checkpoint.load(factories.tiny_mt_dir(tmp_path_factory.mktemp("mt4")), device="cpu", quantize="int4")
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8", "int4"])
+# int8 and int4 are the long tail: each row of theirs is computed on its own (tests/model/test_quantize.py).
+@pytest.mark.parametrize("quantize", ["none", pytest.param("int8", marks=pytest.mark.slow),
+                                      pytest.param("int4", marks=pytest.mark.slow)])
 def test_forty_mixed_requests_equal_each_alone(quantize, mt, mt_int8, mt_int4):
     """int8 too: its activations are quantized per row, so a row's numbers do not depend on its batch; int4's
     kernel computes each row on its own."""

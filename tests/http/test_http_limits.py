@@ -373,6 +373,7 @@ def drained(servers):
             "log": srv.log()}
 
 
+@pytest.mark.slow
 def test_readyz_is_503_while_draining(drained):
     """After SIGTERM, while a stream still runs, /readyz answers 503 (with Retry-After) every time, and
     /healthz 200 (alive: an orchestrator must not kill the process it is draining); once the stream's last

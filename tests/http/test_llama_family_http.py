@@ -147,6 +147,7 @@ def test_chat_equals_transformers_on_its_rendered_template(server, checkpoints, 
         assert answer["usage"]["prompt_tokens"] == len(ids)
 
 
+@pytest.mark.slow
 def test_sampling_settings_equal_the_one_request_path(server, models, family):
     """seed, n, penalties and logit_bias over HTTP give what `generate` gives alone for the same settings."""
     loaded = models[family]

@@ -29,6 +29,7 @@ MINIMUM = {"tserve-vit-fashion": ("accuracy", 0.85), "tserve-vit-digits": ("accu
            "tserve-en-de": ("bleu", 10.0), "tserve-de-en": ("bleu", 10.0)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_checkpoint_reproduces_recorded_metrics(name):
     path = ROOT / "models" / name

@@ -56,6 +56,7 @@ SHAPES = [  # B, H, Tq, Tk, D, causal
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("B,H,Tq,Tk,D,causal", SHAPES)
 def test_flash_attention_matches_math(B, H, Tq, Tk, D, causal, dtype):
@@ -95,6 +96,7 @@ def test_flash_attention_refuses_dropout():
         flash.flash_attention(q, k, v, None, False, 0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("D", [32, 40])
 def test_flash_decode_attends_each_slot_over_its_own_length(D, dtype):
@@ -193,7 +195,8 @@ def test_lm_cached_generation_on_flash_equals_math(tiny_lm):
 
 # The kernels see what the families' attention differs in, not their tokenizers: a head size other than hidden /
 # heads (qwen3) and layers without positions (smollm3); every family has 2 kv heads for 4 query heads.
-@pytest.mark.parametrize("hf_family", ["qwen3", pytest.param("smollm3", marks=pytest.mark.slow)], indirect=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("hf_family", ["qwen3", "smollm3"], indirect=True)
 def test_grouped_query_family_on_flash_equals_math(hf_family):
     """GQA (2 kv heads for 4 query heads): prefill repeats kv heads, the decode kernel maps each query head to
     its kv head in the cache."""

@@ -120,6 +120,7 @@ def test_the_target_tag_goes_in_front_of_the_source(t5):
     ("<2en>", ["der schnelle braune Fuchs", "Guten Morgen wo ist der Bahnhof", "drei Töchter",
                "der König ist heute schön", "Hallo Welt"]),
 ])
+@pytest.mark.slow
 def test_either_direction_greedy_and_four_beams_equal_generate(t5, tag, texts):
     ours = load(t5)
     hf = transformers.T5ForConditionalGeneration.from_pretrained(t5).eval()
