@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tserve.model.checkpoint import (
     resolve_dtype,
     save_checkpoint,
 )
+from tserve.model.uninitialized import uninitialized_weights
 
 
 def test_round_trip_each_architecture(tiny_lm, tiny_mt, tiny_vit, tmp_path):
@@ -156,10 +158,6 @@ def test_a_translators_languages(tiny_mt, hf_marian, tmp_path):
 def test_loading_draws_no_random_weights_and_leaves_other_threads_and_later_layers_their_own(tiny_lm, tiny_mt):
     """The weights a checkpoint fills are not drawn at random first (the generator does not move while two text
     models load); a layer built after loading, or on another thread meanwhile, is initialized as ever."""
-    import threading
-
-    from tserve.model.uninitialized import uninitialized_weights
-
     def seeded_linear() -> torch.Tensor:
         torch.manual_seed(7)
         return torch.nn.Linear(32, 32).weight.detach().clone()
